@@ -1,0 +1,32 @@
+#pragma once
+// Process start-up shared by every binary: flags (each also read from the
+// environment as OUTBOX_<FLAG_IN_UPPER_SNAKE>, the flag winning), logging and
+// signal handling.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace outbox {
+
+// The environment variable that sets `flag`: "db_pool_size" ->
+// "OUTBOX_DB_POOL_SIZE".
+std::string EnvNameForFlag(const std::string& flag);
+
+// Sets every registered abseil flag whose OUTBOX_* variable is present in
+// the environment. Call before absl::ParseCommandLine so that flags win.
+// Returns InvalidArgument naming the variable if a value does not parse.
+absl::Status ApplyFlagsFromEnvironment();
+
+// Everything a binary does first: blocks SIGINT/SIGTERM in every thread
+// (WaitForTerminationSignal picks them up), applies the environment, parses
+// the command line (exiting with a message on an unknown or bad flag) and
+// sets up logging from --log_format and --log_level. Returns the positional
+// arguments (argv[0] first).
+std::vector<char*> InitProcess(int argc, char** argv, const char* usage);
+
+// Blocks until SIGINT or SIGTERM arrives; returns the signal's name.
+std::string WaitForTerminationSignal();
+
+}  // namespace outbox

@@ -1,0 +1,242 @@
+#include "common/db.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace outbox {
+namespace {
+
+constexpr char kSqlStatePayload[] = "outbox.sqlstate";
+// Advisory lock class for migrations; the second key is the schema name's
+// hash, so the orders and billing schemas do not wait for each other.
+constexpr int kMigrationLockClass = 0x0b0c;
+
+bool IsUrl(const std::string& url) {
+  return absl::StartsWith(url, "postgresql://") ||
+         absl::StartsWith(url, "postgres://");
+}
+
+absl::StatusCode CodeForSqlState(const std::string& state) {
+  if (absl::StartsWith(state, "08")) return absl::StatusCode::kUnavailable;
+  if (state == "57P01" || state == "57P02" || state == "57P03")
+    return absl::StatusCode::kUnavailable;  // shutting down / starting up
+  if (state == "40001" || state == "40P01" || state == "55P03")
+    return absl::StatusCode::kAborted;
+  if (state == "23505") return absl::StatusCode::kAlreadyExists;
+  if (absl::StartsWith(state, "23")) return absl::StatusCode::kFailedPrecondition;
+  if (state == "57014") return absl::StatusCode::kDeadlineExceeded;
+  if (absl::StartsWith(state, "53")) return absl::StatusCode::kResourceExhausted;
+  return absl::StatusCode::kInternal;
+}
+
+std::string FirstLine(const char* what) {
+  std::string s(what);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+std::string WithConnectionDefaults(const std::string& url) {
+  static const std::pair<const char*, const char*> kDefaults[] = {
+      {"connect_timeout", "5"},   {"keepalives", "1"},
+      {"keepalives_idle", "10"},  {"keepalives_interval", "5"},
+      {"keepalives_count", "3"},  {"tcp_user_timeout", "30000"},
+  };
+  const bool is_url = IsUrl(url);
+  std::string out = url;
+  for (const auto& [key, value] : kDefaults) {
+    if (absl::StrContains(url, absl::StrCat(key, "="))) continue;
+    if (is_url) {
+      out += absl::StrContains(out, "?") ? "&" : "?";
+      absl::StrAppend(&out, key, "=", value);
+    } else {
+      absl::StrAppend(&out, " ", key, "=", value);
+    }
+  }
+  return out;
+}
+
+absl::Status StatusFromException(const std::exception& e) {
+  if (const auto* in_doubt = dynamic_cast<const pqxx::in_doubt_error*>(&e)) {
+    return absl::UnavailableError(
+        absl::StrCat("database connection lost during commit; the outcome is "
+                     "unknown: ",
+                     FirstLine(in_doubt->what())));
+  }
+  if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) {
+    const std::string& state = sql->sqlstate();
+    absl::Status s(state.empty() ? absl::StatusCode::kUnavailable
+                                 : CodeForSqlState(state),
+                   absl::StrCat(FirstLine(sql->what()),
+                                state.empty() ? "" : " [SQLSTATE " + state + "]"));
+    if (!state.empty()) s.SetPayload(kSqlStatePayload, absl::Cord(state));
+    return s;
+  }
+  if (dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("database unreachable: ", FirstLine(e.what())));
+  }
+  return absl::InternalError(FirstLine(e.what()));
+}
+
+std::string SqlStateOf(const absl::Status& s) {
+  auto payload = s.GetPayload(kSqlStatePayload);
+  return payload ? std::string(*payload) : std::string();
+}
+
+absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect(
+    const std::string& url, const std::string& application_name) {
+  try {
+    auto conn = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
+    // A silent reconnect would drop session state such as advisory locks.
+    conn->inhibit_reactivation(true);
+    pqxx::nontransaction tx(*conn);
+    tx.exec("SET application_name = " + tx.quote(application_name));
+    // Acknowledged work must survive a server crash, whatever the server's
+    // default.
+    tx.exec("SET synchronous_commit = on");
+    return conn;
+  } catch (const std::exception& e) {
+    absl::Status s = StatusFromException(e);
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to the database: ", s.message()));
+  }
+}
+
+Database::Database(std::string url, int pool_size, std::string application_name,
+                   std::function<void(pqxx::connection&)> on_connect)
+    : url_(std::move(url)),
+      application_name_(std::move(application_name)),
+      on_connect_(std::move(on_connect)),
+      free_slots_(pool_size > 0 ? pool_size : 1) {}
+
+Database::~Database() = default;
+
+std::unique_ptr<pqxx::connection> Database::Acquire(absl::Duration timeout,
+                                                    absl::Status* status) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
+  while (idle_.empty() && free_slots_ == 0) {
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        idle_.empty() && free_slots_ == 0) {
+      *status = absl::UnavailableError(
+          "all database connections are busy; try again");
+      return nullptr;
+    }
+  }
+  if (!idle_.empty()) {
+    auto conn = std::move(idle_.back());
+    idle_.pop_back();
+    return conn;
+  }
+  --free_slots_;
+  lock.unlock();
+  auto conn = Connect(url_, application_name_);
+  if (conn.ok() && on_connect_) {
+    try {
+      on_connect_(**conn);
+    } catch (const std::exception& e) {
+      conn = StatusFromException(e);
+    }
+  }
+  if (!conn.ok()) {
+    lock.lock();
+    ++free_slots_;
+    cv_.notify_one();
+    *status = conn.status();
+    return nullptr;
+  }
+  return std::move(*conn);
+}
+
+void Database::Release(std::unique_ptr<pqxx::connection> conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn != nullptr && conn->is_open()) {
+    idle_.push_back(std::move(conn));
+  } else {
+    ++free_slots_;
+  }
+  cv_.notify_one();
+}
+
+absl::Status Database::Run(
+    const std::function<absl::Status(pqxx::connection&)>& fn,
+    absl::Duration acquire_timeout) {
+  absl::Status status;
+  std::unique_ptr<pqxx::connection> conn = Acquire(acquire_timeout, &status);
+  if (conn == nullptr) return status;
+  try {
+    status = fn(*conn);
+  } catch (const std::exception& e) {
+    status = StatusFromException(e);
+    if (status.code() == absl::StatusCode::kUnavailable) {
+      spdlog::warn("database: {}; dropping the connection", std::string(status.message()));
+      conn.reset();
+    }
+  }
+  Release(std::move(conn));
+  return status;
+}
+
+absl::Status Migrate(const std::string& url, const std::string& schema_name,
+                     const std::vector<Migration>& migrations,
+                     absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  absl::Status last;
+  for (int attempt = 0;; ++attempt) {
+    auto conn = Connect(url, "outbox-migrate");
+    if (conn.ok()) {
+      try {
+        pqxx::work tx(**conn);
+        tx.exec_params("SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                       kMigrationLockClass, schema_name);
+        tx.exec(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " schema_name text NOT NULL,"
+            " version int NOT NULL,"
+            " name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (schema_name, version))");
+        int current = tx.exec_params(
+                            "SELECT coalesce(max(version), 0) FROM "
+                            "schema_migrations WHERE schema_name = $1",
+                            schema_name)[0][0]
+                          .as<int>();
+        int applied = 0;
+        for (const Migration& m : migrations) {
+          if (m.version <= current) continue;
+          tx.exec(m.sql);
+          tx.exec_params(
+              "INSERT INTO schema_migrations (schema_name, version, name) "
+              "VALUES ($1, $2, $3)",
+              schema_name, m.version, m.name);
+          ++applied;
+        }
+        tx.commit();
+        if (applied > 0) {
+          spdlog::info("migrations: {} applied {} (now at version {})",
+                       schema_name, applied, migrations.back().version);
+        }
+        return absl::OkStatus();
+      } catch (const std::exception& e) {
+        last = StatusFromException(e);
+        if (last.code() != absl::StatusCode::kUnavailable) return last;
+      }
+    } else {
+      last = conn.status();
+    }
+    if (absl::Now() > deadline) return last;
+    spdlog::warn("migrations: {}; retrying", std::string(last.message()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+}  // namespace outbox

@@ -1,0 +1,90 @@
+#pragma once
+// PostgreSQL access shared by the services: a small connection pool that
+// survives database restarts, translation of libpqxx exceptions into
+// absl::Status (SQLSTATE kept), and versioned migrations.
+
+#include <pqxx/pqxx>
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace outbox {
+
+// `url` with client-side liveness settings added (connect timeout, TCP
+// keepalives, TCP user timeout) unless the caller set them, so that a dead
+// or unreachable server surfaces as an error instead of a hang.
+std::string WithConnectionDefaults(const std::string& url);
+
+// The status for a libpqxx (or other) exception: broken connections and
+// server shutdowns are Unavailable, serialization failures and deadlocks
+// Aborted, unique violations AlreadyExists, anything else Internal. The
+// message ends with "[SQLSTATE xxxxx]" when the server gave one.
+absl::Status StatusFromException(const std::exception& e);
+
+// The SQLSTATE that StatusFromException recorded in `s`, or "".
+std::string SqlStateOf(const absl::Status& s);
+
+// Opens a connection, applies session settings; Unavailable on failure.
+absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect(
+    const std::string& url, const std::string& application_name);
+
+// A fixed-size pool of connections opened on demand. A connection that
+// breaks is dropped and reopened by a later caller, so the pool recovers by
+// itself when the database comes back. Thread-safe.
+class Database {
+ public:
+  // `on_connect` runs once on each new connection (e.g. to prepare
+  // statements).
+  Database(std::string url, int pool_size, std::string application_name,
+           std::function<void(pqxx::connection&)> on_connect = nullptr);
+  ~Database();
+  Database(const Database&) = delete;
+  Database& operator=(const Database&) = delete;
+
+  // Runs `fn` on a pooled connection. Exceptions thrown by `fn` become
+  // statuses (see StatusFromException). Waits up to `acquire_timeout` for a
+  // free connection. `fn` owns transactions; it must not keep the reference.
+  absl::Status Run(const std::function<absl::Status(pqxx::connection&)>& fn,
+                   absl::Duration acquire_timeout = absl::Seconds(5));
+
+  const std::string& url() const { return url_; }
+
+ private:
+  std::unique_ptr<pqxx::connection> Acquire(absl::Duration timeout,
+                                            absl::Status* status);
+  void Release(std::unique_ptr<pqxx::connection> conn);
+
+  const std::string url_;
+  const std::string application_name_;
+  const std::function<void(pqxx::connection&)> on_connect_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<pqxx::connection>> idle_;
+  int free_slots_;  // connections that may still be opened
+};
+
+// One schema change. Versions start at 1 and never change once released.
+struct Migration {
+  int version;
+  const char* name;
+  const char* sql;
+};
+
+// Applies the migrations not yet recorded in schema_migrations, in version
+// order, in one transaction under an advisory lock, so that replicas
+// starting at once apply each migration exactly once. Retries while the
+// database is unreachable, up to `wait`.
+absl::Status Migrate(const std::string& url, const std::string& schema_name,
+                     const std::vector<Migration>& migrations,
+                     absl::Duration wait = absl::Seconds(30));
+
+}  // namespace outbox

@@ -1,0 +1,107 @@
+#include "common/ids.h"
+
+#include <cstdio>
+
+#include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+
+namespace outbox {
+namespace {
+
+absl::BitGen& Gen() {
+  thread_local absl::BitGen gen;
+  return gen;
+}
+
+std::string RandomHex(int bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes * 2);
+  for (int i = 0; i < bytes; ++i) {
+    uint8_t b = absl::Uniform<uint8_t>(Gen());
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 15]);
+  }
+  return out;
+}
+
+bool AllHex(absl::string_view s) {
+  for (char c : s) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+bool AllZero(absl::string_view s) {
+  return s.find_first_not_of('0') == absl::string_view::npos;
+}
+
+}  // namespace
+
+std::string NewUuid() {
+  uint64_t hi = absl::Uniform<uint64_t>(Gen());
+  uint64_t lo = absl::Uniform<uint64_t>(Gen());
+  hi = (hi & ~0xf000ULL) | 0x4000ULL;                 // version 4
+  lo = (lo & ~(3ULL << 62)) | (2ULL << 62);           // RFC 4122 variant
+  char buf[37];
+  std::snprintf(buf, sizeof(buf), "%08x-%04x-%04x-%04x-%012llx",
+                static_cast<unsigned>(hi >> 32),
+                static_cast<unsigned>((hi >> 16) & 0xffff),
+                static_cast<unsigned>(hi & 0xffff),
+                static_cast<unsigned>(lo >> 48),
+                static_cast<unsigned long long>(lo & 0xffffffffffffULL));
+  return buf;
+}
+
+bool IsUuid(absl::string_view s) {
+  if (s.size() != 36) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? s[i] != '-'
+             : !absl::ascii_isxdigit(static_cast<unsigned char>(s[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool IsTraceParent(absl::string_view s) {
+  if (s.size() != 55 || s[2] != '-' || s[35] != '-' || s[52] != '-') {
+    return false;
+  }
+  absl::string_view version = s.substr(0, 2), trace = s.substr(3, 32),
+                   parent = s.substr(36, 16), flags = s.substr(53, 2);
+  return version == "00" && AllHex(trace) && AllHex(parent) && AllHex(flags) &&
+         !AllZero(trace) && !AllZero(parent);
+}
+
+std::string NewTraceParent() {
+  return "00-" + RandomHex(16) + "-" + RandomHex(8) + "-01";
+}
+
+int PartitionOf(absl::string_view aggregate_id) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : aggregate_id) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return static_cast<int>(h % kPartitionCount);
+}
+
+void ToTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
+  const int64_t micros = absl::ToUnixMicros(t);
+  int64_t secs = micros / 1000000;
+  int64_t rem = micros % 1000000;
+  if (rem < 0) {
+    rem += 1000000;
+    --secs;
+  }
+  out->set_seconds(secs);
+  out->set_nanos(static_cast<int32_t>(rem * 1000));
+}
+
+absl::Time FromTimestamp(const google::protobuf::Timestamp& ts) {
+  return absl::FromUnixSeconds(ts.seconds()) + absl::Nanoseconds(ts.nanos());
+}
+
+}  // namespace outbox

@@ -1,0 +1,37 @@
+#pragma once
+// Identifiers shared by the producer, relay and consumer: UUIDs, W3C trace
+// context, and the partition an aggregate belongs to.
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/time/time.h"
+#include "google/protobuf/timestamp.pb.h"
+
+namespace outbox {
+
+// Number of outbox partitions. Stored in each outbox row, so it may only
+// change together with a migration that rewrites them.
+inline constexpr int kPartitionCount = 32;
+
+// A random (version 4) UUID in canonical lower-case form.
+std::string NewUuid();
+
+// True for the canonical 8-4-4-4-12 hex form (any case).
+bool IsUuid(absl::string_view s);
+
+// True for a W3C traceparent of version 00:
+// "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>", ids not all zero.
+bool IsTraceParent(absl::string_view s);
+
+// A new sampled traceparent with random ids.
+std::string NewTraceParent();
+
+// The partition of `aggregate_id`: FNV-1a, stable across builds and hosts.
+int PartitionOf(absl::string_view aggregate_id);
+
+void ToTimestamp(absl::Time t, google::protobuf::Timestamp* out);
+absl::Time FromTimestamp(const google::protobuf::Timestamp& ts);
+
+}  // namespace outbox

@@ -1,0 +1,48 @@
+#include "common/service.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
+#include "common/config.h"
+#include "common/server.h"
+
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port serving Prometheus metrics at /metrics; empty disables.");
+ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(10),
+          "After SIGTERM, how long running calls may finish before they are "
+          "cancelled.");
+ABSL_FLAG(int, db_pool_size, 8, "Database connections per process.");
+
+namespace outbox {
+
+int ServeUntilSignal(const ServeOptions& options) {
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty() && options.metrics != nullptr) {
+    auto started = MetricsHttpServer::Start(metrics_listen, options.metrics);
+    if (!started.ok()) {
+      spdlog::critical("{}: {}", options.name, std::string(started.status().message()));
+      return 1;
+    }
+    metrics_server = std::move(*started);
+    spdlog::info("{}: metrics on http://{}/metrics", options.name,
+                 metrics_listen);
+  }
+  auto server = GrpcServer::Start(
+      {options.listen, absl::GetFlag(FLAGS_shutdown_timeout)},
+      options.services);
+  if (!server.ok()) {
+    spdlog::critical("{}: {}", options.name, std::string(server.status().message()));
+    return 1;
+  }
+  spdlog::info("{}: serving gRPC on {}", options.name, (*server)->address());
+  std::string sig = WaitForTerminationSignal();
+  spdlog::info("{}: {} received; shutting down", options.name, sig);
+  (*server)->SetServing(false);
+  if (options.before_drain) options.before_drain();
+  (*server)->Shutdown();
+  spdlog::info("{}: stopped", options.name);
+  return 0;
+}
+
+}  // namespace outbox

@@ -1,0 +1,38 @@
+#pragma once
+// What the three service binaries share after start-up: their common flags
+// (--metrics_listen, --shutdown_timeout, --db_pool_size) and the loop that
+// serves gRPC and metrics until SIGINT/SIGTERM, then shuts down in order.
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "common/server.h"
+
+ABSL_DECLARE_FLAG(std::string, metrics_listen);
+ABSL_DECLARE_FLAG(absl::Duration, shutdown_timeout);
+ABSL_DECLARE_FLAG(int, db_pool_size);
+
+namespace outbox {
+
+struct ServeOptions {
+  std::string name;    // e.g. "outbox-producer", for logs
+  std::string listen;  // gRPC address
+  std::vector<NamedService> services;
+  const Metrics* metrics = nullptr;
+  // Called after health went NOT_SERVING and before the gRPC server drains:
+  // stop background work here (the relay stops claiming).
+  std::function<void()> before_drain;
+};
+
+// Serves until SIGINT or SIGTERM, then: health NOT_SERVING, before_drain,
+// drain the gRPC server within --shutdown_timeout. Returns the process exit
+// code (non-zero if a port cannot be bound).
+int ServeUntilSignal(const ServeOptions& options);
+
+}  // namespace outbox

@@ -1,0 +1,40 @@
+// outbox-producer: the OrderService. Each order change and its outbox event
+// commit in one transaction in the orders database.
+
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
+#include "common/config.h"
+#include "common/db.h"
+#include "common/schema.h"
+#include "common/service.h"
+#include "producer/order_service.h"
+#include "producer/order_store.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address.");
+ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_orders",
+          "PostgreSQL URL of the orders database (password from PGPASSWORD).");
+ABSL_FLAG(bool, notify, true,
+          "NOTIFY relays in each write transaction, so delivery does not "
+          "wait for their poll.");
+
+int main(int argc, char** argv) {
+  outbox::InitProcess(argc, argv,
+                      "outbox-producer: the order service with a "
+                      "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
+  const std::string url = absl::GetFlag(FLAGS_db);
+  if (absl::Status s = outbox::Migrate(url, "orders", outbox::OrdersMigrations());
+      !s.ok()) {
+    spdlog::critical("outbox-producer: migrations failed: {}", s.ToString());
+    return 1;
+  }
+  outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
+                      "outbox-producer");
+  outbox::Metrics metrics;
+  outbox::producer::OrderStore store(&db, absl::GetFlag(FLAGS_notify));
+  outbox::producer::OrderServiceImpl service(&store, &metrics);
+  return outbox::ServeUntilSignal({.name = "outbox-producer",
+                                   .listen = absl::GetFlag(FLAGS_listen),
+                                   .services = {{&service, outbox::v1::OrderService::service_full_name()}},
+                                   .metrics = &metrics});
+}

@@ -1,0 +1,196 @@
+#include "producer/order_logic.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+
+namespace outbox::producer {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+// Counts code points of valid UTF-8; -1 if `s` is not valid UTF-8 or holds
+// a control character (C0, DEL or C1).
+int CountCleanChars(absl::string_view s) {
+  int count = 0;
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    uint32_t cp;
+    int len;
+    if (c < 0x80) {
+      cp = c, len = 1;
+    } else if ((c >> 5) == 0x6) {
+      cp = c & 0x1f, len = 2;
+    } else if ((c >> 4) == 0xe) {
+      cp = c & 0x0f, len = 3;
+    } else if ((c >> 3) == 0x1e) {
+      cp = c & 0x07, len = 4;
+    } else {
+      return -1;
+    }
+    if (i + len > s.size()) return -1;
+    for (int k = 1; k < len; ++k) {
+      unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return -1;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) return -1;
+    i += len;
+    ++count;
+  }
+  return count;
+}
+
+absl::Status CheckText(absl::string_view field, absl::string_view value,
+                       int min_chars, int max_chars) {
+  int n = CountCleanChars(value);
+  if (n < 0) return Invalid(field, "must not contain control characters");
+  if (n < min_chars || n > max_chars) {
+    return Invalid(field, min_chars > 0
+                              ? absl::StrCat("must be ", min_chars, "-",
+                                             max_chars, " characters, got ", n)
+                              : absl::StrCat("must be at most ", max_chars,
+                                             " characters, got ", n));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ValidateCreate(const v1::CreateOrderRequest& req) {
+  if (absl::Status s = CheckText("customer_id", req.customer_id(), 1,
+                                 kMaxTextChars);
+      !s.ok()) {
+    return s;
+  }
+  if (req.items_size() < 1 || req.items_size() > kMaxItems) {
+    return Invalid("items", absl::StrCat("must hold 1-", kMaxItems,
+                                         " items, got ", req.items_size()));
+  }
+  int64_t total = 0;
+  for (int i = 0; i < req.items_size(); ++i) {
+    const v1::LineItem& item = req.items(i);
+    const std::string prefix = absl::StrCat("items[", i, "].");
+    if (absl::Status s =
+            CheckText(prefix + "sku", item.sku(), 1, kMaxTextChars);
+        !s.ok()) {
+      return s;
+    }
+    if (item.quantity() < 1 || item.quantity() > kMaxQuantity) {
+      return Invalid(prefix + "quantity",
+                     absl::StrCat("must be 1-", kMaxQuantity, ", got ",
+                                  item.quantity()));
+    }
+    if (item.unit_price_cents() < 0 ||
+        item.unit_price_cents() > kMaxUnitPriceCents) {
+      return Invalid(prefix + "unit_price_cents",
+                     absl::StrCat("must be 0-", kMaxUnitPriceCents, ", got ",
+                                  item.unit_price_cents()));
+    }
+    int64_t line = 0;
+    if (__builtin_mul_overflow(item.unit_price_cents(),
+                               static_cast<int64_t>(item.quantity()), &line) ||
+        __builtin_add_overflow(total, line, &total)) {
+      return Invalid("items", "the order total overflows");
+    }
+  }
+  const std::string& cur = req.currency();
+  if (cur.size() != 3 || !(cur[0] >= 'A' && cur[0] <= 'Z') ||
+      !(cur[1] >= 'A' && cur[1] <= 'Z') || !(cur[2] >= 'A' && cur[2] <= 'Z')) {
+    return Invalid("currency", absl::StrCat("must be three upper-case letters "
+                                            "(ISO 4217, e.g. EUR), got \"",
+                                            cur.size() <= 16 ? cur : "...",
+                                            "\""));
+  }
+  if (absl::Status s = CheckText("idempotency_key", req.idempotency_key(), 0,
+                                 kMaxIdempotencyKeyChars);
+      !s.ok()) {
+    return s;
+  }
+  return total;
+}
+
+absl::Status ValidateOrderId(const std::string& order_id) {
+  if (order_id.empty()) return Invalid("order_id", "is required");
+  if (!IsUuid(order_id)) return Invalid("order_id", "must be a UUID");
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePay(const v1::PayOrderRequest& req) {
+  if (absl::Status s = ValidateOrderId(req.order_id()); !s.ok()) return s;
+  if (req.expected_version() < 0) {
+    return Invalid("expected_version", "must not be negative");
+  }
+  if (req.amount_cents() < 0) {
+    return Invalid("amount_cents", "must not be negative");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCancel(const v1::CancelOrderRequest& req) {
+  if (absl::Status s = ValidateOrderId(req.order_id()); !s.ok()) return s;
+  if (req.expected_version() < 0) {
+    return Invalid("expected_version", "must not be negative");
+  }
+  return CheckText("reason", req.reason(), 0, kMaxReasonChars);
+}
+
+absl::Status CheckVersion(int64_t expected, int64_t actual) {
+  if (expected != 0 && expected != actual) {
+    return absl::AbortedError(
+        absl::StrCat("expected_version: the order is at version ", actual,
+                     ", not ", expected, "; read it again and retry"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTransition(v1::OrderStatus from, v1::OrderStatus to) {
+  const bool ok =
+      (from == v1::ORDER_STATUS_CREATED &&
+       (to == v1::ORDER_STATUS_PAID || to == v1::ORDER_STATUS_CANCELLED)) ||
+      (from == v1::ORDER_STATUS_PAID && to == v1::ORDER_STATUS_CANCELLED);
+  if (ok) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("the order is ", StatusName(from), "; it cannot become ",
+                   StatusName(to)));
+}
+
+std::string StatusName(v1::OrderStatus s) {
+  switch (s) {
+    case v1::ORDER_STATUS_CREATED: return "CREATED";
+    case v1::ORDER_STATUS_PAID: return "PAID";
+    case v1::ORDER_STATUS_CANCELLED: return "CANCELLED";
+    default: return "UNSPECIFIED";
+  }
+}
+
+v1::OrderStatus StatusFromName(absl::string_view name) {
+  if (name == "CREATED") return v1::ORDER_STATUS_CREATED;
+  if (name == "PAID") return v1::ORDER_STATUS_PAID;
+  if (name == "CANCELLED") return v1::ORDER_STATUS_CANCELLED;
+  return v1::ORDER_STATUS_UNSPECIFIED;
+}
+
+std::string RequestFingerprint(const v1::CreateOrderRequest& req) {
+  // Field by field rather than serialized bytes, so the fingerprint does not
+  // depend on the protobuf library's output.
+  std::string canonical = absl::StrCat(req.customer_id().size(), ":",
+                                       req.customer_id(), "|", req.currency());
+  for (const v1::LineItem& item : req.items()) {
+    absl::StrAppend(&canonical, "|", item.sku().size(), ":", item.sku(), "x",
+                    item.quantity(), "@", item.unit_price_cents());
+  }
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : canonical) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace outbox::producer

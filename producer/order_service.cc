@@ -1,0 +1,80 @@
+#include "producer/order_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "common/server.h"
+#include "producer/order_logic.h"
+
+namespace outbox::producer {
+
+std::string TraceParentFrom(const grpc::ServerContext& ctx) {
+  auto it = ctx.client_metadata().find("traceparent");
+  if (it != ctx.client_metadata().end()) {
+    std::string value(it->second.data(), it->second.size());
+    if (IsTraceParent(value)) return value;
+  }
+  return NewTraceParent();
+}
+
+OrderServiceImpl::OrderServiceImpl(OrderStore* store, Metrics* metrics)
+    : store_(store), metrics_(metrics) {}
+
+grpc::Status OrderServiceImpl::Finish(const char* method,
+                                      const absl::Status& s) {
+  metrics_
+      ->AddCounter(absl::StrCat("outbox_producer_requests_total{method=\"",
+                                method, "\",code=\"",
+                                absl::StatusCodeToString(s.code()), "\"}"),
+                   "OrderService calls by method and status code.")
+      ->Add();
+  if (s.code() == absl::StatusCode::kUnavailable ||
+      s.code() == absl::StatusCode::kInternal) {
+    spdlog::warn("{}: {}", method, s.ToString());
+  }
+  return ToGrpcStatus(s);
+}
+
+grpc::Status OrderServiceImpl::CreateOrder(grpc::ServerContext* ctx,
+                                           const v1::CreateOrderRequest* req,
+                                           v1::CreateOrderResponse* resp) {
+  absl::StatusOr<int64_t> total = ValidateCreate(*req);
+  if (!total.ok()) return Finish("CreateOrder", total.status());
+  auto order = store_->Create(*req, *total, TraceParentFrom(*ctx));
+  if (order.ok()) *resp->mutable_order() = std::move(*order);
+  return Finish("CreateOrder", order.status());
+}
+
+grpc::Status OrderServiceImpl::PayOrder(grpc::ServerContext* ctx,
+                                        const v1::PayOrderRequest* req,
+                                        v1::PayOrderResponse* resp) {
+  if (absl::Status s = ValidatePay(*req); !s.ok()) return Finish("PayOrder", s);
+  auto order = store_->Pay(*req, TraceParentFrom(*ctx));
+  if (order.ok()) *resp->mutable_order() = std::move(*order);
+  return Finish("PayOrder", order.status());
+}
+
+grpc::Status OrderServiceImpl::CancelOrder(grpc::ServerContext* ctx,
+                                           const v1::CancelOrderRequest* req,
+                                           v1::CancelOrderResponse* resp) {
+  if (absl::Status s = ValidateCancel(*req); !s.ok()) {
+    return Finish("CancelOrder", s);
+  }
+  auto order = store_->Cancel(*req, TraceParentFrom(*ctx));
+  if (order.ok()) *resp->mutable_order() = std::move(*order);
+  return Finish("CancelOrder", order.status());
+}
+
+grpc::Status OrderServiceImpl::GetOrder(grpc::ServerContext* ctx,
+                                        const v1::GetOrderRequest* req,
+                                        v1::GetOrderResponse* resp) {
+  if (absl::Status s = ValidateOrderId(req->order_id()); !s.ok()) {
+    return Finish("GetOrder", s);
+  }
+  auto order = store_->Get(req->order_id());
+  if (order.ok()) *resp->mutable_order() = std::move(*order);
+  return Finish("GetOrder", order.status());
+}
+
+}  // namespace outbox::producer

@@ -1,0 +1,246 @@
+// OrderStore against a real PostgreSQL: one transaction per change, the
+// prev_seq chain, concurrency and recovery.
+
+#include "producer/order_store.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "common/schema.h"
+#include "producer/order_logic.h"
+#include "tests/testing/pg.h"
+
+namespace outbox::producer {
+namespace {
+
+using testing::TestDatabase;
+
+class OrderStoreTest : public ::testing::Test {
+ protected:
+  OrderStoreTest()
+      : tdb_("orders", OrdersMigrations()),
+        db_(tdb_.url(), 12, "order-store-test"),
+        store_(&db_, true) {}
+
+  static v1::CreateOrderRequest Request(const std::string& key = "") {
+    v1::CreateOrderRequest r;
+    r.set_customer_id("c-1");
+    r.set_currency("EUR");
+    auto* i = r.add_items();
+    i->set_sku("book");
+    i->set_quantity(2);
+    i->set_unit_price_cents(1250);
+    r.set_idempotency_key(key);
+    return r;
+  }
+
+  v1::Order Create(const std::string& key = "") {
+    auto req = Request(key);
+    auto order = store_.Create(req, *ValidateCreate(req), NewTraceParent());
+    EXPECT_TRUE(order.ok()) << order.status();
+    return order.value_or(v1::Order());
+  }
+
+  absl::StatusOr<v1::Order> Pay(const v1::Order& o, int64_t version,
+                                int64_t amount) {
+    v1::PayOrderRequest req;
+    req.set_order_id(o.order_id());
+    req.set_expected_version(version);
+    req.set_amount_cents(amount);
+    return store_.Pay(req, NewTraceParent());
+  }
+
+  absl::StatusOr<v1::Order> Cancel(const v1::Order& o, int64_t version) {
+    v1::CancelOrderRequest req;
+    req.set_order_id(o.order_id());
+    req.set_expected_version(version);
+    req.set_reason("changed my mind");
+    return store_.Cancel(req, NewTraceParent());
+  }
+
+  int64_t Events() { return tdb_.Scalar("SELECT count(*) FROM outbox"); }
+
+  TestDatabase tdb_;
+  Database db_;
+  OrderStore store_;
+};
+
+TEST_F(OrderStoreTest, CreateWritesOrderAndEventTogether) {
+  const std::string trace =
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  auto req = Request();
+  auto order = store_.Create(req, 2500, trace);
+  ASSERT_TRUE(order.ok()) << order.status();
+  EXPECT_TRUE(IsUuid(order->order_id()));
+  EXPECT_EQ(order->status(), v1::ORDER_STATUS_CREATED);
+  EXPECT_EQ(order->version(), 1);
+  EXPECT_EQ(order->total_cents(), 2500);
+  ASSERT_EQ(order->items_size(), 1);
+  EXPECT_EQ(order->items(0).unit_price_cents(), 1250);
+
+  pqxx::result rows = tdb_.Query(
+      "SELECT o.seq, o.prev_seq, o.aggregate_id, o.event_type, o.partition, "
+      "o.trace_parent, o.status, r.last_event_seq, o.payload "
+      "FROM outbox o JOIN orders r ON r.order_id::text = o.aggregate_id");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0][1].as<int64_t>(), 0);
+  EXPECT_EQ(rows[0][2].as<std::string>(), order->order_id());
+  EXPECT_EQ(rows[0][3].as<std::string>(), "OrderCreated");
+  EXPECT_EQ(rows[0][4].as<int>(), PartitionOf(order->order_id()));
+  EXPECT_EQ(rows[0][5].as<std::string>(), trace);
+  EXPECT_EQ(rows[0][6].as<std::string>(), "pending");
+  EXPECT_EQ(rows[0][7].as<int64_t>(), rows[0][0].as<int64_t>());
+  v1::Event event;
+  ASSERT_TRUE(event.ParseFromString(pqxx::binarystring(rows[0][8]).str()));
+  EXPECT_EQ(event.order_created().total_cents(), 2500);
+  EXPECT_EQ(event.order_created().customer_id(), "c-1");
+  EXPECT_EQ(event.trace_parent(), trace);
+}
+
+TEST_F(OrderStoreTest, EventsOfAnOrderFormAPrevSeqChain) {
+  v1::Order o = Create();
+  Create();  // another aggregate's event in between
+  auto paid = Pay(o, 1, 2500);
+  ASSERT_TRUE(paid.ok()) << paid.status();
+  EXPECT_EQ(paid->status(), v1::ORDER_STATUS_PAID);
+  EXPECT_EQ(paid->version(), 2);
+  auto cancelled = Cancel(*paid, 2);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->version(), 3);
+
+  pqxx::result rows = tdb_.Query(absl::StrCat(
+      "SELECT seq, prev_seq, event_type, payload FROM outbox "
+      "WHERE aggregate_id = '", o.order_id(), "' ORDER BY seq"));
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0][1].as<int64_t>(), 0);
+  EXPECT_EQ(rows[1][1].as<int64_t>(), rows[0][0].as<int64_t>());
+  EXPECT_EQ(rows[2][1].as<int64_t>(), rows[1][0].as<int64_t>());
+  EXPECT_EQ(rows[1][2].as<std::string>(), "OrderPaid");
+  EXPECT_EQ(rows[2][2].as<std::string>(), "OrderCancelled");
+  v1::Event cancel_event;
+  ASSERT_TRUE(
+      cancel_event.ParseFromString(pqxx::binarystring(rows[2][3]).str()));
+  EXPECT_EQ(cancel_event.order_cancelled().refund_cents(), 2500);
+  EXPECT_EQ(tdb_.Scalar(absl::StrCat(
+                "SELECT last_event_seq FROM orders WHERE order_id = '",
+                o.order_id(), "'")),
+            rows[2][0].as<int64_t>());
+}
+
+TEST_F(OrderStoreTest, RefusedChangesWriteNothing) {
+  v1::Order o = Create();
+  EXPECT_EQ(Pay(o, 2, 2500).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Pay(o, 1, 2499).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::Order missing = o;
+  missing.set_order_id(NewUuid());
+  EXPECT_EQ(Pay(missing, 0, 2500).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Cancel(missing, 0).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Cancel(o, 1).ok());
+  EXPECT_EQ(Pay(o, 2, 2500).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Cancel(o, 2).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Events(), 2);  // created + cancelled
+  EXPECT_EQ(tdb_.Scalar("SELECT version FROM orders"), 2);
+}
+
+TEST_F(OrderStoreTest, FailureAfterTheOrderWriteLeavesNeither) {
+  // The outbox insert fails after the order row was written in the same
+  // transaction: both must roll back.
+  tdb_.Exec(
+      "CREATE FUNCTION fail() RETURNS trigger AS $$ BEGIN "
+      "RAISE EXCEPTION 'injected failure'; END $$ LANGUAGE plpgsql; "
+      "CREATE TRIGGER fail BEFORE INSERT ON outbox "
+      "FOR EACH ROW EXECUTE FUNCTION fail()");
+  auto req = Request("key-1");
+  auto created = store_.Create(req, 2500, NewTraceParent());
+  EXPECT_FALSE(created.ok());
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders"), 0);
+  EXPECT_EQ(Events(), 0);
+
+  tdb_.Exec("DROP TRIGGER fail ON outbox");
+  v1::Order o = Create("key-1");  // the key is free again
+  tdb_.Exec(
+      "CREATE TRIGGER fail BEFORE INSERT ON outbox "
+      "FOR EACH ROW EXECUTE FUNCTION fail()");
+  EXPECT_FALSE(Pay(o, 1, 2500).ok());
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders WHERE status = 'CREATED' "
+                        "AND version = 1"),
+            1);
+  EXPECT_EQ(Events(), 1);
+}
+
+TEST_F(OrderStoreTest, ConcurrentRetriesWithOneKeyMakeOneOrder) {
+  constexpr int kThreads = 10;
+  std::vector<std::string> ids(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      auto req = Request("retry-key");
+      auto order = store_.Create(req, 2500, NewTraceParent());
+      ids[i] = order.ok() ? order->order_id() : order.status().ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& id : ids) EXPECT_EQ(id, ids[0]);
+  EXPECT_TRUE(IsUuid(ids[0])) << ids[0];
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders"), 1);
+  EXPECT_EQ(Events(), 1);
+
+  auto other = Request("retry-key");
+  other.mutable_items(0)->set_quantity(3);
+  auto reused = store_.Create(other, 3750, NewTraceParent());
+  EXPECT_EQ(reused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Events(), 1);
+}
+
+TEST_F(OrderStoreTest, RacingChangesKeepTheChain) {
+  // Pays and cancels race on one order; whatever wins, the events chain.
+  v1::Order o = Create();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      bool done = i % 2 ? Pay(o, 0, 2500).ok() : Cancel(o, 0).ok();
+      if (done) ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  pqxx::result rows =
+      tdb_.Query("SELECT seq, prev_seq FROM outbox ORDER BY seq");
+  ASSERT_EQ(static_cast<int>(rows.size()), 1 + ok.load());
+  EXPECT_GE(ok.load(), 1);
+  EXPECT_LE(ok.load(), 2);  // CREATED -> PAID -> CANCELLED at most
+  for (size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i][1].as<int64_t>(), rows[i - 1][0].as<int64_t>());
+  }
+}
+
+TEST_F(OrderStoreTest, RecoversWhenConnectionsAreKilled) {
+  v1::Order o = Create();
+  // What a database restart does to every open connection.
+  tdb_.Exec(absl::StrCat(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+      "WHERE datname = '", tdb_.name(), "' AND pid <> pg_backend_pid()"));
+  // Calls on dead connections fail as Unavailable, then new ones succeed.
+  absl::StatusOr<v1::Order> got;
+  int unavailable = 0;
+  for (int i = 0; i < 20; ++i) {
+    got = store_.Get(o.order_id());
+    if (got.ok()) break;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable)
+        << got.status();
+    ++unavailable;
+  }
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->order_id(), o.order_id());
+  EXPECT_LE(unavailable, 1);  // only the connection in the pool was dead
+}
+
+}  // namespace
+}  // namespace outbox::producer

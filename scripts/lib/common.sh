@@ -1,0 +1,131 @@
+# Shared by scripts/setup, scripts/up and scripts/test: package installation,
+# the build, and a throwaway PostgreSQL. Source it; it defines functions only.
+
+OUTBOX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+
+# Debian 12 packages: build tools, gRPC/protobuf, libpqxx, abseil, spdlog,
+# GoogleTest, the PostgreSQL 15 server, and what the tests use (Node.js for
+# `buf curl` and the manifest checks, kubectl is optional).
+OUTBOX_PACKAGES=(
+  build-essential cmake pkg-config git ca-certificates
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
+  libpqxx-dev libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
+  postgresql-15 postgresql-client-15
+  nodejs iproute2 procps
+)
+
+log() { printf '\033[1m==>\033[0m %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Installs the packages that are missing; silent when all are present.
+ensure_packages() {
+  local missing=() p
+  for p in "${OUTBOX_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
+      missing+=("$p")
+  done
+  # nodejs may come from elsewhere with npm bundled.
+  if command -v node >/dev/null && command -v npm >/dev/null; then
+    local kept=()
+    for p in "${missing[@]}"; do [ "$p" = nodejs ] || kept+=("$p"); done
+    missing=("${kept[@]}")
+  elif ! dpkg-query -W -f='${Status}' npm 2>/dev/null | grep -q "ok installed"; then
+    missing+=(npm)
+  fi
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# Test-only Node.js tools (buf curl, kubernetes-models), pinned by
+# package-lock.json, into node_modules/.
+ensure_node_tools() {
+  local stamp="$OUTBOX_ROOT/node_modules/.outbox-installed"
+  if [ ! -f "$stamp" ] || [ "$OUTBOX_ROOT/package-lock.json" -nt "$stamp" ]; then
+    log "installing test tools from npm (buf, kubernetes-models)"
+    (cd "$OUTBOX_ROOT" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+      die "npm ci failed"
+    touch "$stamp"
+  fi
+}
+
+# Configures and builds into build/ (Release unless BUILD_TYPE says).
+build() {
+  local type="${BUILD_TYPE:-Release}"
+  if [ ! -f "$OUTBOX_ROOT/build/CMakeCache.txt" ]; then
+    log "configuring ($type)"
+    cmake -S "$OUTBOX_ROOT" -B "$OUTBOX_ROOT/build" -DCMAKE_BUILD_TYPE="$type" >/dev/null
+  fi
+  log "building (this takes a few minutes the first time)"
+  cmake --build "$OUTBOX_ROOT/build" -j"${JOBS:-2}" 2>&1 |
+    grep -E 'error|warning: unused|Error|FAILED' || true
+  [ "${PIPESTATUS[0]}" -eq 0 ] || die "build failed; run: cmake --build build"
+  for b in outbox-producer; do
+    [ -x "$OUTBOX_ROOT/build/bin/$b" ] || die "build/bin/$b is missing"
+  done
+}
+
+# A port on 127.0.0.1 that nothing listens on now.
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$((20000 + RANDOM % 30000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
+  done
+  die "no free port found"
+}
+
+# pg_start DIR: a throwaway PostgreSQL 15 in DIR (created if needed; reused
+# if it already holds a cluster), on a free port, loopback only, with the
+# databases outbox_orders and outbox_billing. Sets PG_PORT and PG_URL (no
+# database name). initdb refuses root, so as root it runs as `postgres`.
+pg_start() {
+  local dir="$1" run=()
+  mkdir -p "$dir"
+  if [ "$(id -u)" -eq 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir /var/lib/postgresql postgres
+    chown -R postgres "$dir"
+    chmod 700 "$dir"
+    run=(runuser -u postgres --)
+  fi
+  if [ ! -f "$dir/data/PG_VERSION" ]; then
+    "${run[@]}" "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust \
+      --no-sync -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 ||
+      { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+  fi
+  local try
+  for try in 1 2 3; do
+    PG_PORT=$(free_port)
+    if "${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
+      -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $dir \
+          -c shared_buffers=64MB -c max_connections=300 -c fsync=on \
+          -c max_wal_size=256MB -c log_min_messages=warning" \
+      start >/dev/null; then
+      break
+    fi
+    [ "$try" = 3 ] && { tail -20 "$dir/postgres.log" >&2; die "PostgreSQL did not start"; }
+  done
+  echo "$PG_PORT" >"$dir/port"
+  PG_URL="postgresql://postgres@127.0.0.1:$PG_PORT"
+  local db
+  for db in outbox_orders outbox_billing; do
+    psql "$PG_URL/postgres" -qAtc "SELECT 1 FROM pg_database WHERE datname = '$db'" |
+      grep -q 1 || psql "$PG_URL/postgres" -qc "CREATE DATABASE $db" >/dev/null
+  done
+}
+
+# pg_stop DIR: stops the server started by pg_start (by its pid file).
+pg_stop() {
+  local dir="$1" run=()
+  [ -f "$dir/data/postmaster.pid" ] || return 0
+  [ "$(id -u)" -eq 0 ] && run=(runuser -u postgres --)
+  "${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w -t 30 stop >/dev/null 2>&1 ||
+    kill -9 "$(head -1 "$dir/data/postmaster.pid")" 2>/dev/null || true
+}

@@ -1,0 +1,530 @@
+#!/usr/bin/env node
+// Validates rendered kustomize overlays offline.
+//
+//   node tests/deploy/validate.mjs [--root DIR] OVERLAY=RENDERED.yaml ...
+//
+// (tests/deploy/validate.sh renders every overlay and calls this.)
+//
+// 1. Every object validates against the upstream Kubernetes schemas of the
+//    npm package kubernetes-models, strictly (unknown fields are errors).
+// 2. Policy: what a platform review checks on each overlay - grpc probes on
+//    the --listen port, resources, security contexts, grace period versus
+//    --shutdown_timeout, Prometheus annotations versus --metrics_listen,
+//    topology spread, one PodDisruptionBudget per workload, Services and
+//    references that resolve, secrets kept out of plain values, replica
+//    counts in prod, and the NetworkPolicies evaluated for who may reach
+//    whom.
+// 3. The container build (deploy/docker/Dockerfile, .dockerignore) agrees
+//    with the manifests (user id, binary paths, exec-form entrypoint).
+//
+// Exits 0 if everything holds, 1 otherwise (2 on bad usage).
+
+import { readFileSync, existsSync } from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import {
+  parseDocs, ident, find, podSpecOf, matchSelector, matchServiceSelector, resolveEnv, argvOf,
+  effectiveFlag, parseDuration, parseHostPort, WILDCARD_HOSTS, parseQuantity, resolveTargetPort,
+  workloadsForService, resolveServiceAddress, WORKLOAD_KINDS,
+} from "./lib/k8s.mjs";
+import { makeSchemaValidator } from "./lib/schema.mjs";
+import { allowed, ingressAllowed, isolated } from "./lib/netpol.mjs";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+let root = path.resolve(here, "../..");
+const overlays = [];
+for (const a of process.argv.slice(2)) {
+  if (a.startsWith("--root=")) root = path.resolve(a.slice(7));
+  else if (/^[\w.-]+=.+/.test(a)) {
+    const i = a.indexOf("=");
+    overlays.push({ name: a.slice(0, i), file: a.slice(i + 1) });
+  } else {
+    console.error(`usage: validate.mjs [--root=DIR] OVERLAY=RENDERED.yaml ...  (bad argument: ${a})`);
+    process.exit(2);
+  }
+}
+if (overlays.length === 0) {
+  console.error("usage: validate.mjs [--root=DIR] OVERLAY=RENDERED.yaml ...");
+  process.exit(2);
+}
+
+// What the binaries are (see README / DESIGN.md section 7).
+const COMPONENTS = {
+  "outbox-producer": { listen: "127.0.0.1:50051", database: "outbox_orders", needsService: true },
+  "outbox-relay": { listen: "127.0.0.1:50052", database: "outbox_orders", needsService: false },
+  "outbox-consumer": { listen: "127.0.0.1:50053", database: "outbox_billing", needsService: true },
+};
+const SHUTDOWN_TIMEOUT_DEFAULT = "10s";
+const GRACE_MARGIN_SECONDS = 5; // time to exit after the drain deadline
+const PROD_MIN_REPLICAS = 2;
+const MONITORING_NAMESPACE = "monitoring";
+
+let passed = 0;
+const failures = [];
+let scope = "";
+function check(cond, what) {
+  if (cond) passed++;
+  else failures.push(`${scope}: ${what}`);
+  return !!cond;
+}
+
+// ---------------------------------------------------------------- Dockerfile
+function readDockerfile() {
+  const file = path.join(root, "deploy/docker/Dockerfile");
+  scope = "deploy/docker/Dockerfile";
+  if (!check(existsSync(file), "exists")) return null;
+  const raw = readFileSync(file, "utf8");
+  // Join continuation lines, drop comments.
+  const lines = raw.replace(/\\\r?\n/g, " ").split(/\r?\n/).filter((l) => !/^\s*#/.test(l) && l.trim() !== "");
+  const args = {};
+  const stages = [];
+  for (const l of lines) {
+    const m = /^\s*(\w+)\s+(.*)$/.exec(l);
+    if (!m) continue;
+    const instr = m[1].toUpperCase();
+    const rest = m[2].trim();
+    if (instr === "ARG" && stages.length === 0) {
+      const a = /^(\w+)(?:=(.*))?$/.exec(rest);
+      if (a) args[a[1]] = (a[2] ?? "").replace(/^"|"$/g, "");
+    }
+    if (instr === "FROM") {
+      const from = rest.replace(/\$\{(\w+)\}|\$(\w+)/g, (_, a, b) => args[a ?? b] ?? "");
+      const fm = /^(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?$/i.exec(from);
+      stages.push({ image: fm?.[1] ?? from, name: fm?.[2] ?? "", instr: [] });
+      continue;
+    }
+    if (stages.length > 0) stages.at(-1).instr.push({ instr, rest });
+  }
+  check(stages.length >= 2, `is multi-stage (found ${stages.length} FROM)`);
+  const builder = stages[0];
+  const final = stages.at(-1);
+  check(/^(docker\.io\/(library\/)?)?debian:(12|bookworm)(\b|[.-])/.test(builder?.image ?? ""), `builder stage is on debian:12 (found ${builder?.image})`);
+  check(/^(docker\.io\/(library\/)?)?debian:(12|bookworm)[\w.-]*-slim|distroless/.test(final?.image ?? ""),
+    `runtime stage is a slim Debian 12 or distroless image (found ${final?.image})`);
+  const users = final.instr.filter((i) => i.instr === "USER");
+  const user = users.at(-1)?.rest ?? "";
+  const um = /^(\d+)(?::(\d+))?$/.exec(user);
+  check(um && Number(um[1]) !== 0, `runtime stage ends with a numeric non-root USER (found "${user}")`);
+  const eps = final.instr.filter((i) => i.instr === "ENTRYPOINT");
+  let entrypoint = null;
+  try {
+    entrypoint = JSON.parse(eps.at(-1)?.rest ?? "null");
+  } catch {
+    entrypoint = null;
+  }
+  check(Array.isArray(entrypoint) && entrypoint.length > 0, `ENTRYPOINT is in exec (JSON array) form (found ${eps.at(-1)?.rest ?? "none"})`);
+  const cmds = final.instr.filter((i) => i.instr === "CMD");
+  for (const c of cmds) check(c.rest.startsWith("["), `CMD is in exec form (found ${c.rest})`);
+  const finalText = final.instr.map((i) => `${i.instr} ${i.rest}`).join("\n");
+  for (const bin of [...Object.keys(COMPONENTS), "outboxctl"]) {
+    check(new RegExp(`COPY\\s[^\\n]*\\b${bin}\\b[^\\n]*\\s/usr/local/bin/`).test(finalText), `runtime stage copies ${bin} into /usr/local/bin/`);
+  }
+  const ignoreFile = path.join(root, ".dockerignore");
+  scope = ".dockerignore";
+  if (check(existsSync(ignoreFile), "exists")) {
+    const entries = readFileSync(ignoreFile, "utf8").split(/\r?\n/).map((l) => l.trim().replace(/^\/|\/$/g, "").replace(/^\*\*\//, ""));
+    for (const e of ["build", ".local", "node_modules", ".git"]) check(entries.includes(e), `excludes ${e}/`);
+  }
+  return { uid: um ? Number(um[1]) : null, gid: um?.[2] ? Number(um[2]) : null, entrypoint };
+}
+
+// ---------------------------------------------------------------- per overlay
+function containerSecurity(podSpec, c) {
+  const pod = podSpec.securityContext ?? {};
+  const sc = c.securityContext ?? {};
+  check(pod.runAsNonRoot === true, "pod securityContext.runAsNonRoot is true");
+  check(Number.isInteger(pod.runAsUser) && pod.runAsUser > 0, `pod securityContext.runAsUser is a numeric non-root uid (found ${pod.runAsUser})`);
+  check(pod.seccompProfile?.type === "RuntimeDefault", "pod securityContext.seccompProfile is RuntimeDefault");
+  const eff = (k) => sc[k] ?? pod[k];
+  check(eff("runAsNonRoot") === true, `container ${c.name}: runAsNonRoot is true`);
+  check(Number.isInteger(eff("runAsUser")) && eff("runAsUser") > 0, `container ${c.name}: runAsUser is a numeric non-root uid`);
+  check(sc.readOnlyRootFilesystem === true, `container ${c.name}: readOnlyRootFilesystem is true`);
+  check(sc.allowPrivilegeEscalation === false, `container ${c.name}: allowPrivilegeEscalation is false`);
+  check(sc.privileged !== true, `container ${c.name}: not privileged`);
+  check((sc.capabilities?.drop ?? []).includes("ALL"), `container ${c.name}: capabilities drop ALL`);
+  check((sc.capabilities?.add ?? []).length === 0, `container ${c.name}: adds no capabilities`);
+  check((sc.seccompProfile ?? pod.seccompProfile)?.type === "RuntimeDefault", `container ${c.name}: seccompProfile RuntimeDefault`);
+  return eff("runAsUser");
+}
+
+function checkResources(c) {
+  const r = c.resources ?? {};
+  for (const kind of ["requests", "limits"]) {
+    for (const res of ["cpu", "memory"]) {
+      check(r[kind]?.[res] !== undefined, `container ${c.name}: resources.${kind}.${res} is set`);
+    }
+  }
+  for (const res of ["cpu", "memory"]) {
+    if (r.requests?.[res] !== undefined && r.limits?.[res] !== undefined) {
+      check(parseQuantity(r.requests[res]) <= parseQuantity(r.limits[res]), `container ${c.name}: ${res} request <= limit`);
+    }
+  }
+}
+
+function checkImage(c, overlay) {
+  const img = c.image ?? "";
+  const m = /^(.*?)(?::([\w][\w.-]{0,127}))?(?:@(sha256:[0-9a-f]{64}))?$/.exec(img);
+  check(m && (m[2] || m[3]), `container ${c.name}: image "${img}" has a tag or digest`);
+  check(m?.[2] !== "latest", `container ${c.name}: image is not :latest`);
+  check(["IfNotPresent", "Always", "Never"].includes(c.imagePullPolicy), `container ${c.name}: imagePullPolicy is explicit`);
+  if (overlay === "prod") check(m?.[1]?.includes("/") && m?.[2] !== "dev", `container ${c.name}: prod image comes from a registry, not the local dev tag (found ${img})`);
+}
+
+function checkProbes(c, listenPort) {
+  for (const kind of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+    const p = c[kind];
+    if (!check(p?.grpc, `container ${c.name}: ${kind} is a grpc probe`)) continue;
+    check(p.grpc.port === listenPort, `container ${c.name}: ${kind}.grpc.port ${p.grpc.port} equals the --listen port ${listenPort}`);
+    check(!p.grpc.service, `container ${c.name}: ${kind} checks the overall health service "" (the binaries report only that one)`);
+    if (kind !== "readinessProbe") check((p.successThreshold ?? 1) === 1, `container ${c.name}: ${kind}.successThreshold is 1`);
+  }
+  const s = c.startupProbe;
+  if (s) {
+    const budget = (s.initialDelaySeconds ?? 0) + (s.periodSeconds ?? 10) * (s.failureThreshold ?? 3);
+    check(budget >= 30, `container ${c.name}: startupProbe allows >= 30 s for migrations (allows ${budget} s)`);
+  }
+}
+
+function componentOf(container) {
+  const bin = path.basename(container.command?.[0] ?? "");
+  return COMPONENTS[bin] ? bin : null;
+}
+
+async function validateOverlay(name, file, validator, docker) {
+  scope = `${name}`;
+  const objs = parseDocs(readFileSync(file, "utf8"), file);
+  check(objs.length > 0, "renders at least one object");
+
+  // 1. Schemas.
+  let schemaOk = 0;
+  for (const o of objs) {
+    scope = `${name} ${ident(o)}`;
+    const errs = await validator.validate(o);
+    if (errs.length === 0) schemaOk++;
+    for (const e of errs) check(false, `schema: ${e}`);
+    if (errs.length === 0) passed++;
+  }
+
+  // Namespace(s).
+  scope = name;
+  const namespaces = new Set(objs.map((o) => o.metadata?.namespace).filter(Boolean));
+  check(namespaces.size === 1, `all namespaced objects are in one namespace (found ${[...namespaces].join(", ") || "none"})`);
+  const ns = [...namespaces][0] ?? "default";
+  const nsObj = find(objs, "Namespace", ns);
+  const nsLabels = { "kubernetes.io/metadata.name": ns, ...(nsObj?.metadata?.labels ?? {}) };
+  if (check(nsObj, `renders its Namespace ${ns}`)) {
+    check(nsLabels["pod-security.kubernetes.io/enforce"] === "restricted", `Namespace ${ns} enforces the restricted Pod Security Standard`);
+  }
+
+  // Unique names per kind.
+  const seen = new Set();
+  for (const o of objs) {
+    const k = `${o.kind}/${o.metadata?.namespace ?? ""}/${o.metadata?.name}`;
+    check(!seen.has(k), `${ident(o)} rendered once`);
+    seen.add(k);
+  }
+
+  const workloads = objs.filter((o) => WORKLOAD_KINDS.has(o.kind));
+  const deployments = objs.filter((o) => o.kind === "Deployment");
+  const pdbs = objs.filter((o) => o.kind === "PodDisruptionBudget");
+  const services = objs.filter((o) => o.kind === "Service");
+  const policies = objs.filter((o) => o.kind === "NetworkPolicy");
+  const found = {};
+
+  // 2. Every workload (Deployments and the dev PostgreSQL StatefulSet).
+  for (const w of workloads) {
+    scope = `${name} ${ident(w)}`;
+    const spec = podSpecOf(w);
+    const labels = w.spec?.template?.metadata?.labels ?? {};
+    check(matchSelector(w.spec?.selector, labels), "spec.selector matches its pod template labels");
+    check(spec.automountServiceAccountToken === false, "automountServiceAccountToken is false");
+    check(spec.enableServiceLinks === false, "enableServiceLinks is false (service link variables would be read as OUTBOX_* flags)");
+    check(Number.isInteger(spec.terminationGracePeriodSeconds), "terminationGracePeriodSeconds is set");
+    check((spec.containers ?? []).length > 0, "has containers");
+    for (const c of [...(spec.initContainers ?? []), ...(spec.containers ?? [])]) {
+      const uid = containerSecurity(spec, c);
+      checkResources(c);
+      checkImage(c, name);
+      const { env, sources, missing } = resolveEnv(c, objs);
+      for (const m of missing) {
+        const okOutOfBand = name === "prod" && m.kind === "secret" && !m.rendered;
+        check(okOutOfBand, `container ${c.name}: reference to ${m.kind} ${m.name}${m.key ? ` key ${m.key}` : ""} resolves`);
+      }
+      // Credentials only from Secrets.
+      for (const e of c.env ?? []) {
+        if (/PASSWORD|SECRET|TOKEN|^OUTBOX_DB$/.test(e.name)) {
+          check(e.valueFrom?.secretKeyRef, `container ${c.name}: ${e.name} comes from a Secret`);
+        }
+      }
+      for (const [k, v] of Object.entries(env)) {
+        if (!String(sources[k]).startsWith("secret:")) {
+          check(!/:\/\/[^/@\s:]+:[^/@\s]+@/.test(v), `container ${c.name}: ${k} (${sources[k]}) holds no URL with a password`);
+        }
+      }
+      const comp = componentOf(c);
+      if (!comp) {
+        for (const kind of ["startupProbe", "readinessProbe", "livenessProbe"]) check(c[kind], `container ${c.name}: has a ${kind}`);
+        continue;
+      }
+      // ---- an outbox service container
+      check(!found[comp], `${comp} runs in one workload only`);
+      found[comp] = { workload: w, container: c, env };
+      check(w.kind === "Deployment", `${comp} is a Deployment`);
+      if (docker) {
+        check(docker.uid === null || uid === docker.uid, `container ${c.name}: runAsUser ${uid} equals the image's USER ${docker.uid}`);
+      }
+      const { args } = argvOf(c, env);
+      const listen = effectiveFlag(args, env, "listen", COMPONENTS[comp].listen);
+      const lhp = parseHostPort(listen.value);
+      check(lhp, `container ${c.name}: --listen "${listen.value}" is host:port`);
+      check(lhp && WILDCARD_HOSTS.has(lhp.host), `container ${c.name}: --listen binds all addresses (found "${listen.value}" from ${listen.source}); probes and Services reach the pod IP`);
+      const ports = c.ports ?? [];
+      const grpcPort = ports.find((p) => p.containerPort === lhp?.port);
+      check(grpcPort, `container ${c.name}: declares the --listen port ${lhp?.port} in ports`);
+      check(grpcPort?.name === "grpc", `container ${c.name}: the --listen port is named "grpc"`);
+      if (lhp) checkProbes(c, lhp.port);
+
+      const metrics = effectiveFlag(args, env, "metrics_listen", "");
+      const mhp = parseHostPort(metrics.value);
+      check(mhp, `container ${c.name}: --metrics_listen is set (found "${metrics.value}" from ${metrics.source})`);
+      check(mhp && WILDCARD_HOSTS.has(mhp.host), `container ${c.name}: --metrics_listen binds all addresses`);
+      const metricsPort = ports.find((p) => p.containerPort === mhp?.port);
+      check(metricsPort?.name === "metrics", `container ${c.name}: declares the --metrics_listen port ${mhp?.port} as a port named "metrics"`);
+      const ann = w.spec?.template?.metadata?.annotations ?? {};
+      check(ann["prometheus.io/scrape"] === "true", 'pod annotation prometheus.io/scrape is "true"');
+      check(ann["prometheus.io/port"] === String(mhp?.port), `pod annotation prometheus.io/port equals the metrics port ${mhp?.port} (found ${ann["prometheus.io/port"]})`);
+      check(ann["prometheus.io/path"] === "/metrics", "pod annotation prometheus.io/path is /metrics");
+      check(lhp?.port !== mhp?.port, `container ${c.name}: gRPC and metrics ports differ`);
+
+      const st = effectiveFlag(args, env, "shutdown_timeout", SHUTDOWN_TIMEOUT_DEFAULT);
+      const stSec = parseDuration(st.value);
+      check(Number.isFinite(stSec) && stSec > 0, `container ${c.name}: --shutdown_timeout "${st.value}" is a finite duration`);
+      const preStop = c.lifecycle?.preStop?.sleep?.seconds ?? 0;
+      check(!c.lifecycle?.preStop?.exec, `container ${c.name}: no exec preStop hook (the image has no shell)`);
+      const grace = spec.terminationGracePeriodSeconds ?? 30;
+      check(grace >= preStop + stSec + GRACE_MARGIN_SECONDS,
+        `terminationGracePeriodSeconds ${grace} > preStop sleep ${preStop} s + --shutdown_timeout ${stSec} s (from ${st.source}) + ${GRACE_MARGIN_SECONDS} s margin`);
+
+      // Database URL: from the Secret; in dev it must resolve to the
+      // rendered PostgreSQL Service and the component's database.
+      const db = effectiveFlag(args, env, "db", "");
+      if (name === "prod") {
+        check(db.source === "args" || (c.env ?? []).some((e) => e.name === "OUTBOX_DB" && e.valueFrom?.secretKeyRef),
+          `container ${c.name}: --db comes from the Secret`);
+      } else {
+        let u = null;
+        try {
+          u = new URL(db.value);
+        } catch {
+          u = null;
+        }
+        if (check(u && /^postgres(ql)?:$/.test(u.protocol), `container ${c.name}: --db "${db.value}" is a postgresql:// URL`)) {
+          check(decodeURIComponent(u.pathname.slice(1)) === COMPONENTS[comp].database, `container ${c.name}: --db names the database ${COMPONENTS[comp].database}`);
+          check(u.password === "", `container ${c.name}: --db URL carries no password (PGPASSWORD does)`);
+          check(env.PGPASSWORD !== undefined, `container ${c.name}: PGPASSWORD is set`);
+          const r = resolveServiceAddress(objs, ns, `${u.hostname}:${u.port || 5432}`);
+          check(r?.workload, `container ${c.name}: --db host ${u.hostname}:${u.port || 5432} is a rendered Service with a backing pod`);
+          if (r?.workload) {
+            check(r.container?.image?.includes("postgres:15"), `container ${c.name}: --db reaches PostgreSQL 15 (found ${r.container?.image})`);
+            if (r.workload.kind === "StatefulSet") {
+              const pgEnv = resolveEnv(r.container, objs).env;
+              check(pgEnv.POSTGRES_PASSWORD === env.PGPASSWORD && pgEnv.POSTGRES_USER === decodeURIComponent(u.username),
+                `container ${c.name}: --db user and PGPASSWORD match the dev PostgreSQL's POSTGRES_USER/POSTGRES_PASSWORD`);
+            }
+          }
+        }
+      }
+
+      if (comp === "outbox-relay") {
+        const target = effectiveFlag(args, env, "consumer", "127.0.0.1:50053");
+        const r = resolveServiceAddress(objs, ns, target.value);
+        check(r?.workload, `--consumer "${target.value}" is a rendered Service with a backing pod`);
+        if (r?.workload) {
+          const cc = r.workload.spec.template.spec.containers.find((x) => componentOf(x) === "outbox-consumer");
+          const cEnv = cc ? resolveEnv(cc, objs).env : {};
+          const cListen = cc ? parseHostPort(effectiveFlag(argvOf(cc, cEnv).args, cEnv, "listen", COMPONENTS["outbox-consumer"].listen).value) : null;
+          check(cc && r.containerPort === cListen?.port, `--consumer "${target.value}" reaches the consumer's --listen port ${cListen?.port} (reaches ${r.containerPort})`);
+        }
+      }
+    }
+  }
+
+  // The dev PostgreSQL: storage, and the databases created at first start.
+  for (const s of objs.filter((o) => o.kind === "StatefulSet")) {
+    scope = `${name} ${ident(s)}`;
+    check((s.spec.volumeClaimTemplates ?? []).length > 0, "has a volumeClaimTemplate");
+    check(s.spec.replicas === 1, "runs a single instance");
+    const c = s.spec.template.spec.containers[0];
+    const initMount = (c.volumeMounts ?? []).find((m) => m.mountPath === "/docker-entrypoint-initdb.d");
+    const vol = initMount && (s.spec.template.spec.volumes ?? []).find((v) => v.name === initMount.name);
+    const cm = vol?.configMap && find(objs, "ConfigMap", vol.configMap.name);
+    if (check(cm, "mounts a rendered ConfigMap at /docker-entrypoint-initdb.d")) {
+      const sql = Object.values(cm.data ?? {}).join("\n");
+      for (const dbName of ["outbox_orders", "outbox_billing"]) {
+        check(new RegExp(`CREATE\\s+DATABASE\\s+"?${dbName}\\b`, "i").test(sql), `the init script creates the database ${dbName}`);
+      }
+    }
+  }
+
+  // 3. The three components, replicas, spread, budgets, Services.
+  for (const comp of Object.keys(COMPONENTS)) {
+    scope = `${name} ${comp}`;
+    if (!check(found[comp], `a Deployment runs ${comp}`)) continue;
+    const w = found[comp].workload;
+    const labels = w.spec.template.metadata.labels ?? {};
+    const replicas = w.spec.replicas ?? 1;
+    if (name === "prod") check(replicas >= PROD_MIN_REPLICAS, `prod runs >= ${PROD_MIN_REPLICAS} replicas (found ${replicas})`);
+    const tsc = (w.spec.template.spec.topologySpreadConstraints ?? []).find((t) => t.topologyKey === "kubernetes.io/hostname");
+    if (check(tsc, "has a topologySpreadConstraint on kubernetes.io/hostname")) {
+      check(tsc.maxSkew === 1, "hostname spread maxSkew is 1");
+      check(matchSelector(tsc.labelSelector, labels), "hostname spread labelSelector selects its own pods");
+      if (name === "prod") check(tsc.whenUnsatisfiable === "DoNotSchedule", "prod hostname spread is DoNotSchedule");
+    }
+    const mine = pdbs.filter((p) => matchSelector(p.spec?.selector, labels));
+    check(mine.length === 1, `exactly one PodDisruptionBudget selects its pods (found ${mine.length})`);
+    for (const p of mine) {
+      const minAvail = p.spec.minAvailable;
+      const maxUnavail = p.spec.maxUnavailable;
+      const num = (v, n) => (typeof v === "string" && v.endsWith("%") ? Math.floor((parseInt(v, 10) * n) / 100) : Number(v));
+      if (minAvail !== undefined) {
+        check(num(minAvail, replicas) < replicas, `PDB ${p.metadata.name} lets a node drain proceed (minAvailable ${minAvail} < replicas ${replicas})`);
+        if (replicas >= 2) check(num(minAvail, replicas) >= 1, `PDB ${p.metadata.name} keeps a replica up`);
+      } else {
+        check(num(maxUnavail, replicas) >= 1, `PDB ${p.metadata.name} lets a node drain proceed (maxUnavailable ${maxUnavail})`);
+        if (replicas >= 2) check(num(maxUnavail, replicas) < replicas, `PDB ${p.metadata.name} keeps a replica up (maxUnavailable ${maxUnavail} < replicas ${replicas})`);
+      }
+    }
+    const svc = services.filter((s) => matchServiceSelector(s.spec?.selector, labels));
+    if (COMPONENTS[comp].needsService) {
+      const lp = parseHostPort(effectiveFlag(argvOf(found[comp].container, found[comp].env).args, found[comp].env, "listen", COMPONENTS[comp].listen).value)?.port;
+      check(svc.some((s) => s.metadata.name === comp && (s.spec.ports ?? []).some((p) => p.port === lp)), `a Service ${comp} exposes port ${lp}`);
+    }
+  }
+
+  // Every Service selects exactly one workload and its ports resolve.
+  for (const s of services) {
+    scope = `${name} ${ident(s)}`;
+    const ws = workloadsForService(objs, s);
+    check(ws.length === 1, `selects exactly one workload (found ${ws.length})`);
+    for (const p of s.spec.ports ?? []) {
+      const r = ws[0] && resolveTargetPort(podSpecOf(ws[0]), p.targetPort ?? p.port, p.protocol ?? "TCP");
+      check(r, `port ${p.port} -> targetPort ${p.targetPort ?? p.port} is a declared container port`);
+    }
+  }
+  // Every PDB selects some workload.
+  for (const p of pdbs) {
+    scope = `${name} ${ident(p)}`;
+    check(workloads.some((w) => matchSelector(p.spec?.selector, w.spec.template.metadata.labels)), "selects a workload's pods");
+  }
+
+  // 4. Secrets: dev generates one; prod must not carry any.
+  scope = name;
+  const secrets = objs.filter((o) => o.kind === "Secret");
+  if (name === "prod") {
+    check(secrets.length === 0, `renders no Secret (prod expects a pre-created one; found ${secrets.map((s) => s.metadata.name).join(", ")})`);
+    const refs = new Set();
+    for (const f of Object.values(found)) {
+      for (const e of f.container.env ?? []) if (e.valueFrom?.secretKeyRef) refs.add(`${e.valueFrom.secretKeyRef.name}/${e.valueFrom.secretKeyRef.key}`);
+    }
+    check(refs.size > 0, "services read credentials from a Secret");
+    expectedProdSecretKeys.push(...refs);
+  }
+
+  // 5. NetworkPolicies, evaluated.
+  scope = `${name} NetworkPolicy`;
+  check(policies.some((p) => Object.keys(p.spec?.podSelector ?? {}).length === 0 && (p.spec.policyTypes ?? []).includes("Ingress") && !(p.spec.ingress ?? []).length),
+    "a default-deny ingress policy selects every pod");
+  check(policies.some((p) => Object.keys(p.spec?.podSelector ?? {}).length === 0 && (p.spec.policyTypes ?? []).includes("Egress") && !(p.spec.egress ?? []).length),
+    "a default-deny egress policy selects every pod");
+  const podEp = (w) => ({
+    pod: true, name: w.metadata.name, namespace: ns, nsLabels,
+    labels: w.spec.template.metadata.labels ?? {},
+    ports: w.spec.template.spec.containers.flatMap((c) => c.ports ?? []),
+  });
+  for (const w of workloads) {
+    check(isolated(policies, podEp(w), "Ingress"), `${ident(w)} pods are isolated for ingress`);
+    check(isolated(policies, podEp(w), "Egress"), `${ident(w)} pods are isolated for egress`);
+  }
+  const eps = {};
+  for (const [comp, f] of Object.entries(found)) eps[comp] = { ...podEp(f.workload), comp };
+  const portOf = (comp, pname) => (eps[comp]?.ports ?? []).find((p) => p.name === pname)?.containerPort;
+  const strangerPod = { pod: true, name: "another pod of the namespace", namespace: ns, nsLabels, labels: { app: "something-else" }, ports: [] };
+  const foreignPod = { pod: true, name: "a pod of another namespace", namespace: "elsewhere", nsLabels: { "kubernetes.io/metadata.name": "elsewhere" }, labels: { "app.kubernetes.io/name": "outbox-relay" }, ports: [] };
+  const prometheus = { pod: true, name: "prometheus (namespace monitoring)", namespace: MONITORING_NAMESPACE, nsLabels: { "kubernetes.io/metadata.name": MONITORING_NAMESPACE }, labels: { "app.kubernetes.io/name": "prometheus" }, ports: [] };
+  const kubeDns = { pod: true, name: "kube-dns", namespace: "kube-system", nsLabels: { "kubernetes.io/metadata.name": "kube-system" }, labels: { "k8s-app": "kube-dns" }, ports: [{ name: "dns", containerPort: 53, protocol: "UDP" }, { name: "dns-tcp", containerPort: 53, protocol: "TCP" }] };
+  const outsider = { pod: false, name: "a client outside the cluster", ip: "198.51.100.7" };
+  const externalDb = { pod: false, name: "an external PostgreSQL", ip: "203.0.113.10" };
+  const internet = { pod: false, name: "an arbitrary external address", ip: "192.0.2.80" };
+  // For a source that is one of this overlay's workloads both its egress and
+  // the destination's ingress must admit the connection; for any other
+  // source only the destination's ingress is ours to judge.
+  const ours = (ep) => ep.pod && ep.namespace === ns && workloads.some((w) => w.metadata.name === ep.name);
+  const expect = (src, dst, port, proto, want) => {
+    const got = ours(src) ? allowed(policies, src, dst, port, proto) : ingressAllowed(policies, src, dst, port, proto);
+    check(got === want, `${src.name} -> ${dst.name}:${port}/${proto} is ${want ? "allowed" : "denied"} (policies ${got ? "allow" : "deny"} it)`);
+  };
+  const P = eps["outbox-producer"], R = eps["outbox-relay"], C = eps["outbox-consumer"];
+  if (P && R && C) {
+    const pg = portOf("outbox-producer", "grpc"), rg = portOf("outbox-relay", "grpc"), cg = portOf("outbox-consumer", "grpc");
+    // Producer: open to clients.
+    for (const src of [outsider, strangerPod, foreignPod]) expect(src, P, pg, "TCP", true);
+    // ... but the other two components have no reason to call it.
+    for (const src of [R, C]) expect(src, P, pg, "TCP", false);
+    // Consumer: the relay only.
+    expect(R, C, cg, "TCP", true);
+    for (const src of [P, strangerPod, foreignPod, outsider, prometheus]) expect(src, C, cg, "TCP", false);
+    // Relay admin: no in-cluster client.
+    for (const src of [P, C, strangerPod, outsider]) expect(src, R, rg, "TCP", false);
+    // Metrics: this namespace and the monitoring namespace.
+    for (const dst of [P, R, C]) {
+      const mp = portOf(dst.comp, "metrics");
+      expect(prometheus, dst, mp, "TCP", true);
+      expect(strangerPod, dst, mp, "TCP", true);
+      expect(foreignPod, dst, mp, "TCP", false);
+      expect(outsider, dst, mp, "TCP", false);
+    }
+    // Egress.
+    for (const src of [P, R, C]) {
+      expect(src, kubeDns, 53, "UDP", true);
+      expect(src, kubeDns, 53, "TCP", true);
+      expect(src, internet, 443, "TCP", false);
+      expect(src, strangerPod, 8080, "TCP", false);
+    }
+    expect(P, C, cg, "TCP", false);
+    expect(C, R, rg, "TCP", false);
+    const pgWorkload = workloads.find((w) => w.kind === "StatefulSet");
+    if (name === "prod") {
+      check(!pgWorkload, "runs no PostgreSQL of its own (external database)");
+      for (const src of [P, R, C]) expect(src, externalDb, 5432, "TCP", true);
+    } else if (check(pgWorkload, "runs a PostgreSQL StatefulSet")) {
+      const PG = podEp(pgWorkload);
+      for (const src of [P, R, C]) expect(src, PG, 5432, "TCP", true);
+      for (const src of [strangerPod, foreignPod, outsider]) expect(src, PG, 5432, "TCP", false);
+      expect(PG, internet, 443, "TCP", false);
+      for (const src of [P, R, C]) expect(src, externalDb, 5432, "TCP", false);
+    }
+  }
+  return { objects: objs.length, schemaOk, deployments: deployments.length, policies: policies.length };
+}
+
+const expectedProdSecretKeys = [];
+const schema = makeSchemaValidator(path.join(root, "node_modules"));
+const docker = readDockerfile();
+const summaries = [];
+for (const o of overlays) {
+  const before = passed;
+  const beforeFail = failures.length;
+  try {
+    const s = await validateOverlay(o.name, o.file, schema, docker);
+    summaries.push(`  ${o.name}: ${s.objects} objects, ${s.schemaOk}/${s.objects} valid against the Kubernetes schemas (kubernetes-models ${schema.version}, strict), ` +
+      `${s.deployments} Deployments, ${s.policies} NetworkPolicies; ${passed - before} checks passed, ${failures.length - beforeFail} failed`);
+  } catch (e) {
+    failures.push(`${o.name}: ${e.stack ?? e}`);
+  }
+}
+for (const f of failures) console.log(`FAIL ${f}`);
+console.log("deploy validation:");
+for (const s of summaries) console.log(s);
+if (expectedProdSecretKeys.length) console.log(`  prod expects a pre-created Secret with: ${[...new Set(expectedProdSecretKeys)].sort().join(", ")}`);
+console.log(`validate: ${passed} passed, ${failures.length} failed`);
+process.exit(failures.length === 0 ? 0 : 1);

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Offline checks of the Kubernetes manifests and the container build:
+# renders every kustomize overlay (and the base) with `kubectl kustomize`,
+# then tests/deploy/validate.mjs validates each rendered object against the
+# upstream Kubernetes schemas (npm kubernetes-models, strict) and checks the
+# deployment policy (probes, resources, security, grace periods, metrics,
+# spread, budgets, network policies, Dockerfile). No cluster is needed.
+#
+# Usage: tests/deploy/validate.sh        (from any directory; exit 0 or 1)
+# Needs: kubectl (for its built-in kustomize), node, and `npm ci` run at
+# the repository root.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+k8s="$root/deploy/k8s"
+
+fail() { echo "validate: $*" >&2; exit 1; }
+
+command -v kubectl >/dev/null || fail "kubectl not found (its built-in kustomize renders the overlays)"
+command -v node >/dev/null || fail "node not found"
+[[ -d "$root/node_modules/kubernetes-models" && -d "$root/node_modules/yaml" ]] ||
+  fail "node_modules incomplete: run 'npm ci' in $root"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# The base must render on its own as well.
+kubectl kustomize "$k8s/base" >"$tmp/base.yaml" 2>"$tmp/err" ||
+  fail "kubectl kustomize deploy/k8s/base failed: $(cat "$tmp/err")"
+
+pairs=()
+for dir in "$k8s"/overlays/*/; do
+  name=$(basename "$dir")
+  kubectl kustomize "$dir" >"$tmp/$name.yaml" 2>"$tmp/err" ||
+    fail "kubectl kustomize deploy/k8s/overlays/$name failed: $(cat "$tmp/err")"
+  echo "rendered overlays/$name: $(grep -c '^kind:' "$tmp/$name.yaml") objects"
+  pairs+=("$name=$tmp/$name.yaml")
+done
+[[ ${#pairs[@]} -ge 2 ]] || fail "expected overlays dev and prod under $k8s/overlays"
+for want in dev prod; do
+  [[ -s "$tmp/$want.yaml" ]] || fail "overlay $want missing"
+done
+
+node "$root/tests/deploy/validate.mjs" "--root=$root" "${pairs[@]}"
