@@ -96,7 +96,11 @@ absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect(
   try {
     auto conn = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
     // A silent reconnect would drop session state such as advisory locks.
+    // (Deprecated in libpqxx 6.4, where reactivation still exists.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     conn->inhibit_reactivation(true);
+#pragma GCC diagnostic pop
     pqxx::nontransaction tx(*conn);
     tx.exec("SET application_name = " + tx.quote(application_name));
     // Acknowledged work must survive a server crash, whatever the server's

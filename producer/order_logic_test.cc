@@ -147,7 +147,9 @@ TEST(StateMachine, AllowsOnlyTheDocumentedTransitions) {
                       to == v1::ORDER_STATUS_CANCELLED);
       absl::Status s = CheckTransition(from, to);
       EXPECT_EQ(s.ok(), allowed) << StatusName(from) << "->" << StatusName(to);
-      if (!allowed) EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+      if (!allowed) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+      }
     }
   }
 }

@@ -84,7 +84,7 @@ mutate "root user" "runAsUser is a numeric non-root uid" $B/relay.yaml \
   's.replace("runAsUser: 10001", "runAsUser: 0")'
 mutate "uid differs from the image" "runAsUser 10002 equals the image.s USER 10001" $B/relay.yaml \
   's.replace("runAsUser: 10001", "runAsUser: 10002")'
-mutate "no seccomp profile" "seccompProfile" $B/producer.yaml \
+mutate "no seccomp profile" "pod securityContext.seccompProfile is RuntimeDefault" $B/producer.yaml \
   's.replace("      securityContext:\n        runAsNonRoot: true\n        runAsUser: 10001\n        runAsGroup: 10001\n        seccompProfile:\n          type: RuntimeDefault\n", "      securityContext:\n        runAsNonRoot: true\n        runAsUser: 10001\n        runAsGroup: 10001\n", 1)'
 mutate "service links on" "enableServiceLinks is false" $B/relay.yaml \
   's.replace("enableServiceLinks: false", "enableServiceLinks: true", 1)'

@@ -1,0 +1,43 @@
+// outbox-consumer: EventSink (the relay delivers here) and BillingQuery.
+// Applies each event's billing effect and inbox record in one transaction,
+// drops duplicates and holds events that arrive before their predecessor.
+
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
+#include "common/config.h"
+#include "common/db.h"
+#include "common/schema.h"
+#include "common/service.h"
+#include "consumer/applier.h"
+#include "consumer/sink_service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50053", "gRPC listen address.");
+ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_billing",
+          "PostgreSQL URL of the billing database (password from "
+          "PGPASSWORD).");
+
+int main(int argc, char** argv) {
+  outbox::InitProcess(argc, argv,
+                      "outbox-consumer: applies delivered events exactly once, "
+                      "in order.\nFlags also come from OUTBOX_<FLAG>.");
+  const std::string url = absl::GetFlag(FLAGS_db);
+  if (absl::Status s =
+          outbox::Migrate(url, "billing", outbox::BillingMigrations());
+      !s.ok()) {
+    spdlog::critical("outbox-consumer: migrations failed: {}", s.ToString());
+    return 1;
+  }
+  outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
+                      "outbox-consumer");
+  outbox::Metrics metrics;
+  outbox::consumer::Applier applier(&db, &metrics);
+  outbox::consumer::EventSinkImpl sink(&applier);
+  outbox::consumer::BillingQueryImpl query(&db, &metrics);
+  return outbox::ServeUntilSignal(
+      {.name = "outbox-consumer",
+       .listen = absl::GetFlag(FLAGS_listen),
+       .services = {{&sink, outbox::v1::EventSink::service_full_name()},
+                    {&query, outbox::v1::BillingQuery::service_full_name()}},
+       .metrics = &metrics});
+}

@@ -1,0 +1,156 @@
+#include "consumer/sink_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "common/server.h"
+
+namespace outbox::consumer {
+
+EventSinkImpl::EventSinkImpl(Applier* applier) : applier_(applier) {}
+
+grpc::Status EventSinkImpl::Deliver(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::DeliverResponse, v1::DeliverRequest>* stream) {
+  spdlog::info("consumer: delivery stream opened by {}", ctx->peer());
+  v1::DeliverRequest req;
+  // Read returns false when the peer half-closes or the call is cancelled
+  // (including by the server's shutdown deadline), so this loop never
+  // blocks Shutdown forever.
+  while (stream->Read(&req)) {
+    if (req.events_size() > kMaxBatchEvents) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("events: a batch holds at most ", kMaxBatchEvents,
+                       " events, got ", req.events_size()));
+    }
+    std::vector<const v1::Event*> events;
+    events.reserve(req.events_size());
+    for (const v1::Event& e : req.events()) events.push_back(&e);
+    auto results = applier_->ApplyBatch(events);
+    if (!results.ok()) {
+      spdlog::warn("consumer: batch {} not applied: {}", req.batch_id(),
+                   results.status().ToString());
+      return ToGrpcStatus(results.status());
+    }
+    v1::DeliverResponse resp;
+    resp.set_batch_id(req.batch_id());
+    for (auto& r : *results) *resp.add_results() = std::move(r);
+    if (!stream->Write(resp)) {
+      // Committed but unanswered: the relay redelivers and gets DUPLICATE.
+      return grpc::Status(grpc::StatusCode::CANCELLED, "peer went away");
+    }
+  }
+  if (ctx->IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled");
+  }
+  return grpc::Status::OK;
+}
+
+BillingQueryImpl::BillingQueryImpl(Database* db, Metrics* metrics)
+    : db_(db), metrics_(metrics) {}
+
+grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext*,
+                                            const v1::GetOrderViewRequest* req,
+                                            v1::GetOrderViewResponse* resp) {
+  if (req->order_id().empty() || req->order_id().size() > 128) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "order_id: must be 1-128 characters");
+  }
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    pqxx::result r = tx.exec_params(
+        "SELECT order_id, customer_id, status, total_cents, currency, last_seq "
+        "FROM order_view WHERE order_id = $1",
+        req->order_id());
+    if (r.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "order ", req->order_id(), " has no applied events here"));
+    }
+    v1::OrderView* v = resp->mutable_order();
+    v->set_order_id(r[0][0].as<std::string>());
+    v->set_customer_id(r[0][1].as<std::string>());
+    v1::OrderStatus status = v1::ORDER_STATUS_UNSPECIFIED;
+    v1::OrderStatus_Parse("ORDER_STATUS_" + r[0][2].as<std::string>(), &status);
+    v->set_status(status);
+    v->set_total_cents(r[0][3].as<int64_t>());
+    v->set_currency(r[0][4].as<std::string>());
+    v->set_last_seq(r[0][5].as<int64_t>());
+    for (const auto& row : tx.exec_params(
+             "SELECT event_id::text, kind, amount_cents FROM charges "
+             "WHERE order_id = $1 ORDER BY created_at",
+             req->order_id())) {
+      v1::Charge* ch = v->add_charges();
+      ch->set_event_id(row[0].as<std::string>());
+      ch->set_kind(row[1].as<std::string>());
+      ch->set_amount_cents(row[2].as<int64_t>());
+    }
+    return absl::OkStatus();
+  });
+  return ToGrpcStatus(s);
+}
+
+grpc::Status BillingQueryImpl::GetStats(grpc::ServerContext*,
+                                        const v1::GetConsumerStatsRequest*,
+                                        v1::ConsumerStats* resp) {
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    pqxx::row r = tx.exec1(
+        "SELECT (SELECT count(*) FROM inbox), (SELECT count(*) FROM "
+        "held_events), coalesce((SELECT extract(epoch FROM now() - "
+        "min(received_at)) FROM held_events), 0)::float8, "
+        "(SELECT count(*) FROM aggregate_cursors)");
+    resp->set_applied(r[0].as<int64_t>());
+    resp->set_held(r[1].as<int64_t>());
+    resp->set_oldest_held_seconds(r[2].as<double>());
+    resp->set_aggregates(r[3].as<int64_t>());
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return ToGrpcStatus(s);
+  auto count = [&](const char* outcome) {
+    return metrics_
+        ->AddCounter(absl::StrCat("outbox_consumer_events_total{outcome=\"",
+                                  outcome, "\"}"),
+                     "Events answered, by outcome.")
+        ->value();
+  };
+  resp->set_applied_by_process(count("applied"));
+  resp->set_duplicates_by_process(count("duplicate"));
+  resp->set_held_by_process(count("held"));
+  resp->set_rejected_by_process(count("rejected"));
+  return grpc::Status::OK;
+}
+
+grpc::Status BillingQueryImpl::ListHeldEvents(
+    grpc::ServerContext*, const v1::ListHeldEventsRequest* req,
+    v1::ListHeldEventsResponse* resp) {
+  if (req->limit() < 0 || req->limit() > 10000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "limit: must be 0-10000 (0 means 100)");
+  }
+  const int limit = req->limit() == 0 ? 100 : req->limit();
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    for (const auto& row : tx.exec_params(
+             "SELECT h.event_id::text, h.aggregate_id, h.seq, h.prev_seq, "
+             "coalesce(c.last_seq, 0), "
+             "(extract(epoch FROM h.received_at) * 1000000)::bigint "
+             "FROM held_events h LEFT JOIN aggregate_cursors c USING "
+             "(aggregate_id) ORDER BY h.received_at LIMIT $1",
+             limit)) {
+      v1::HeldEvent* h = resp->add_events();
+      h->set_event_id(row[0].as<std::string>());
+      h->set_aggregate_id(row[1].as<std::string>());
+      h->set_seq(row[2].as<int64_t>());
+      h->set_prev_seq(row[3].as<int64_t>());
+      h->set_cursor(row[4].as<int64_t>());
+      ToTimestamp(absl::FromUnixMicros(row[5].as<int64_t>()),
+                  h->mutable_received_at());
+    }
+    return absl::OkStatus();
+  });
+  return ToGrpcStatus(s);
+}
+
+}  // namespace outbox::consumer

@@ -1,0 +1,76 @@
+# Helpers for shell tests that run the real binaries: fresh databases on the
+# test PostgreSQL (OUTBOX_TEST_PG_URL), processes started and stopped by
+# pid, and `buf curl` as an independent reflection-based gRPC client.
+# Source it; call `use_workdir NAME` first.
+
+OUTBOX_ROOT="${OUTBOX_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+BIN="${OUTBOX_BIN:-$OUTBOX_ROOT/build/bin}"
+BUF="$OUTBOX_ROOT/node_modules/.bin/buf"
+PIDS=()
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "ok: $*"; }
+
+use_workdir() {
+  : "${OUTBOX_TEST_PG_URL:?run through ./scripts/test, which starts PostgreSQL}"
+  WORK=$(mktemp -d "/tmp/outbox-$1.XXXXXX")
+  trap stop_all EXIT
+}
+
+stop_all() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  if [ -n "${KEEP_WORK:-}" ]; then echo "logs in $WORK"; else rm -rf "$WORK"; fi
+}
+
+# new_db NAME: creates a fresh database; prints its URL.
+new_db() {
+  local name="t_$1_$RANDOM$RANDOM"
+  psql "$OUTBOX_TEST_PG_URL/postgres" -qc "CREATE DATABASE $name" >/dev/null
+  echo "$OUTBOX_TEST_PG_URL/$name"
+}
+
+# A port on 127.0.0.1 that nothing listens on now.
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 30000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+}
+
+# start NAME BINARY ARGS...: runs build/bin/BINARY in the background, logging
+# to $WORK/NAME.log; sets LAST_PID.
+start() {
+  local name="$1" bin="$2"
+  shift 2
+  "$BIN/$bin" "$@" >>"$WORK/$name.log" 2>&1 &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+}
+
+# rpc PORT SERVICE/METHOD [JSON]: a unary call through reflection, as
+# grpcurl users make it; prints the response (or the error) as JSON.
+rpc() {
+  "$BUF" curl --protocol grpc --http2-prior-knowledge --timeout 10s \
+    -d "${3:-{\}}" "http://127.0.0.1:$1/$2" 2>&1
+}
+
+# wait_serving PORT [SECONDS]: until grpc.health.v1 says SERVING.
+wait_serving() {
+  local deadline=$((SECONDS + ${2:-30}))
+  while [ $SECONDS -lt $deadline ]; do
+    rpc "$1" grpc.health.v1.Health/Check | grep -q '"SERVING"' && return 0
+    sleep 0.2
+  done
+  fail "port $1 did not report SERVING within ${2:-30}s"
+}
+
+# json_field KEY: the first "KEY": value on stdin, unquoted.
+json_field() {
+  grep -o "\"$1\": *\"\?[^\",}]*" | head -1 | sed -E "s/\"$1\": *\"?//"
+}
