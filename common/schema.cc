@@ -46,7 +46,7 @@ CREATE TABLE outbox (
 );
 -- What the relay claims: pending rows of its partitions, in seq order.
 CREATE INDEX outbox_pending_idx ON outbox (partition, seq) WHERE status = 'pending';
--- Rows that hold back later events of their aggregate.
+-- The relay claims only the earliest undelivered row of each aggregate.
 CREATE INDEX outbox_undelivered_idx ON outbox (aggregate_id, seq) WHERE status <> 'delivered';
 CREATE INDEX outbox_published_idx ON outbox (published_at) WHERE status = 'delivered';
 )sql"},

@@ -1,0 +1,160 @@
+#include "relay/admin_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "common/server.h"
+
+namespace outbox::relay {
+namespace {
+
+constexpr char kRowColumns[] =
+    "seq, prev_seq, event_id::text, aggregate_type, aggregate_id, event_type, "
+    "schema_version, coalesce(trace_parent, ''), payload, status, attempts, "
+    "coalesce(last_error, ''), partition, "
+    "(extract(epoch FROM created_at) * 1000000)::bigint, "
+    "(extract(epoch FROM available_at) * 1000000)::bigint, "
+    "coalesce((extract(epoch FROM published_at) * 1000000)::bigint, 0)";
+
+void RowToProto(const pqxx::row& row, v1::OutboxRow* out) {
+  v1::Event* e = out->mutable_event();
+  if (!e->ParseFromString(pqxx::binarystring(row[8]).str())) {
+    e->Clear();
+    out->set_last_error("payload: not a valid outbox.v1.Event");
+  }
+  e->set_seq(row[0].as<int64_t>());
+  e->set_prev_seq(row[1].as<int64_t>());
+  e->set_event_id(row[2].as<std::string>());
+  e->set_aggregate_type(row[3].as<std::string>());
+  e->set_aggregate_id(row[4].as<std::string>());
+  e->set_event_type(row[5].as<std::string>());
+  e->set_schema_version(row[6].as<int>());
+  e->set_trace_parent(row[7].as<std::string>());
+  out->set_status(row[9].as<std::string>());
+  out->set_attempts(row[10].as<int>());
+  if (out->last_error().empty()) out->set_last_error(row[11].as<std::string>());
+  out->set_partition(row[12].as<int>());
+  ToTimestamp(absl::FromUnixMicros(row[13].as<int64_t>()),
+              out->mutable_created_at());
+  ToTimestamp(absl::FromUnixMicros(row[14].as<int64_t>()),
+              out->mutable_available_at());
+  if (int64_t published = row[15].as<int64_t>(); published != 0) {
+    ToTimestamp(absl::FromUnixMicros(published), out->mutable_published_at());
+  }
+}
+
+}  // namespace
+
+RelayAdminImpl::RelayAdminImpl(Database* db, const Relay* relay)
+    : db_(db), relay_(relay) {}
+
+grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext*,
+                                      const v1::GetRelayStatsRequest*,
+                                      v1::RelayStats* resp) {
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    pqxx::row r = tx.exec1(
+        "SELECT count(*) FILTER (WHERE status = 'pending'), "
+        "coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE "
+        "status = 'pending')), 0)::float8, "
+        "count(*) FILTER (WHERE status = 'dead'), "
+        "count(*) FILTER (WHERE status = 'delivered') FROM outbox");
+    resp->set_pending(r[0].as<int64_t>());
+    resp->set_oldest_pending_seconds(r[1].as<double>());
+    resp->set_dead_letters(r[2].as<int64_t>());
+    resp->set_delivered_total(r[3].as<int64_t>());
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return ToGrpcStatus(s);
+  RelayState state = relay_->State();
+  for (int p : state.partitions_owned) resp->add_partitions_owned(p);
+  resp->set_partitions_total(kPartitionCount);
+  resp->set_in_flight(state.in_flight);
+  resp->set_stream_connected(state.stream_connected);
+  resp->set_replica_id(state.replica_id);
+  return grpc::Status::OK;
+}
+
+grpc::Status RelayAdminImpl::ListDeadLetters(
+    grpc::ServerContext*, const v1::ListDeadLettersRequest* req,
+    v1::ListDeadLettersResponse* resp) {
+  if (req->limit() < 0 || req->limit() > 10000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "limit: must be 0-10000 (0 means 100)");
+  }
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    for (const auto& row : tx.exec_params(
+             absl::StrCat("SELECT ", kRowColumns,
+                          " FROM outbox WHERE status = 'dead' AND "
+                          "($1 = '' OR aggregate_id = $1) ORDER BY seq LIMIT $2"),
+             req->aggregate_id(), req->limit() == 0 ? 100 : req->limit())) {
+      RowToProto(row, resp->add_rows());
+    }
+    return absl::OkStatus();
+  });
+  return ToGrpcStatus(s);
+}
+
+grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext*,
+                                     const v1::RequeueRequest* req,
+                                     v1::RequeueResponse* resp) {
+  if (req->event_id().empty() == req->aggregate_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "event_id or aggregate_id: give exactly one");
+  }
+  if (!req->event_id().empty() && !IsUuid(req->event_id())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "event_id: must be a UUID");
+  }
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::work tx(c);
+    pqxx::result r = tx.exec_params(
+        "WITH q AS (UPDATE outbox SET status = 'pending', attempts = 0, "
+        "available_at = now(), last_error = NULL WHERE status = 'dead' AND "
+        "(event_id::text = lower($1) OR aggregate_id = $2) RETURNING partition) "
+        "SELECT count(*), pg_notify('outbox_events', coalesce(min(partition), "
+        "0)::text) FROM q",
+        req->event_id(), req->aggregate_id());
+    tx.commit();
+    resp->set_requeued(r[0][0].as<int64_t>());
+    if (resp->requeued() == 0) {
+      return absl::NotFoundError(
+          req->event_id().empty()
+              ? absl::StrCat("aggregate ", req->aggregate_id(),
+                             " has no dead letters")
+              : absl::StrCat("event ", req->event_id(),
+                             " is not a dead letter"));
+    }
+    spdlog::info("relay: requeued {} dead letters ({}{})", resp->requeued(),
+                 req->event_id(), req->aggregate_id());
+    return absl::OkStatus();
+  });
+  return ToGrpcStatus(s);
+}
+
+grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext*,
+                                      const v1::GetEventRequest* req,
+                                      v1::OutboxRow* resp) {
+  if (!IsUuid(req->event_id())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "event_id: must be a UUID");
+  }
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    pqxx::result r = tx.exec_params(
+        absl::StrCat("SELECT ", kRowColumns,
+                     " FROM outbox WHERE event_id = $1::uuid"),
+        req->event_id());
+    if (r.empty()) {
+      return absl::NotFoundError(
+          absl::StrCat("event ", req->event_id(), " is not in the outbox"));
+    }
+    RowToProto(r[0], resp);
+    return absl::OkStatus();
+  });
+  return ToGrpcStatus(s);
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,33 @@
+#pragma once
+// outbox.v1.RelayAdmin: the relay's state, dead letters, requeue and a
+// decoded look at any outbox row.
+
+#include "common/db.h"
+#include "outbox/v1/relay.grpc.pb.h"
+#include "relay/relay.h"
+
+namespace outbox::relay {
+
+class RelayAdminImpl final : public v1::RelayAdmin::Service {
+ public:
+  // `db` (the orders database) and `relay` must outlive the service.
+  RelayAdminImpl(Database* db, const Relay* relay);
+
+  grpc::Status GetStats(grpc::ServerContext* ctx,
+                        const v1::GetRelayStatsRequest* req,
+                        v1::RelayStats* resp) override;
+  grpc::Status ListDeadLetters(grpc::ServerContext* ctx,
+                               const v1::ListDeadLettersRequest* req,
+                               v1::ListDeadLettersResponse* resp) override;
+  grpc::Status Requeue(grpc::ServerContext* ctx, const v1::RequeueRequest* req,
+                       v1::RequeueResponse* resp) override;
+  grpc::Status GetEvent(grpc::ServerContext* ctx,
+                        const v1::GetEventRequest* req,
+                        v1::OutboxRow* resp) override;
+
+ private:
+  Database* const db_;
+  const Relay* const relay_;
+};
+
+}  // namespace outbox::relay

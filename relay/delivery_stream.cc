@@ -1,0 +1,113 @@
+#include "relay/delivery_stream.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace outbox::relay {
+
+DeliveryStream::DeliveryStream(v1::EventSink::Stub* stub,
+                               std::function<void()> wake)
+    : wake_(std::move(wake)) {
+  stream_ = stub->Deliver(&ctx_);
+  writer_ = std::thread([this] { WriteLoop(); });
+  reader_ = std::thread([this] { ReadLoop(); });
+}
+
+DeliveryStream::~DeliveryStream() {
+  Cancel();
+  writer_.join();
+  reader_.join();
+}
+
+void DeliveryStream::Send(v1::DeliverRequest request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  outbox_.push_back(std::move(request));
+  cv_.notify_all();
+}
+
+std::vector<v1::DeliverResponse> DeliveryStream::TakeResponses() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::DeliverResponse> out;
+  out.swap(responses_);
+  return out;
+}
+
+std::string DeliveryStream::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void DeliveryStream::Cancel() {
+  ctx_.TryCancel();
+  Break("cancelled by the relay");
+}
+
+void DeliveryStream::CloseSend() {
+  std::lock_guard<std::mutex> lock(mu_);
+  close_send_ = true;
+  cv_.notify_all();
+}
+
+void DeliveryStream::Break(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.empty()) error_ = why;
+    broken_ = true;
+    cv_.notify_all();
+  }
+  wake_();
+}
+
+void DeliveryStream::WriteLoop() {
+  WriteBatches();
+  std::lock_guard<std::mutex> lock(mu_);
+  writer_done_ = true;
+  cv_.notify_all();
+}
+
+void DeliveryStream::WriteBatches() {
+  for (;;) {
+    v1::DeliverRequest req;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return broken_ || close_send_ || !outbox_.empty(); });
+      if (broken_) return;
+      if (outbox_.empty()) {  // close_send_ with nothing left to write
+        lock.unlock();
+        stream_->WritesDone();
+        return;
+      }
+      req = std::move(outbox_.front());
+      outbox_.pop_front();
+    }
+    if (!stream_->Write(req)) {
+      // The reader learns the status from Finish; make sure it wakes up.
+      ctx_.TryCancel();
+      Break("write failed: stream closed");
+      return;
+    }
+  }
+}
+
+void DeliveryStream::ReadLoop() {
+  v1::DeliverResponse resp;
+  while (stream_->Read(&resp)) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      responses_.push_back(std::move(resp));
+    }
+    wake_();
+  }
+  {
+    // Finish may only run once the writer has stopped using the stream.
+    std::unique_lock<std::mutex> lock(mu_);
+    broken_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return writer_done_; });
+  }
+  grpc::Status s = stream_->Finish();
+  Break(s.ok() ? "stream ended by the consumer"
+               : absl::StrCat("stream failed: ", s.error_code(), " ",
+                              s.error_message()));
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,64 @@
+#pragma once
+// One EventSink.Deliver stream seen from the relay: batches are queued and
+// written by a writer thread, answers are collected by a reader thread, so
+// the relay's loop never blocks on the network (a paused consumer stalls
+// the stream, not the relay; Cancel unblocks both threads).
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "outbox/v1/consumer.grpc.pb.h"
+
+namespace outbox::relay {
+
+class DeliveryStream {
+ public:
+  // Opens the stream on `stub` (which must outlive it). `wake` is called
+  // (from the stream's threads) whenever an answer arrives or the stream
+  // breaks.
+  DeliveryStream(v1::EventSink::Stub* stub, std::function<void()> wake);
+  // Cancels the call if still open, joins the threads.
+  ~DeliveryStream();
+
+  // Queues a batch; never blocks.
+  void Send(v1::DeliverRequest request);
+  // Answers received since the last call, in arrival order.
+  std::vector<v1::DeliverResponse> TakeResponses();
+  // True once the stream can carry nothing more; `error()` says why.
+  bool broken() const { return broken_.load(); }
+  std::string error() const;
+  // Aborts the call (answers not yet received are lost; rows stay pending).
+  void Cancel();
+  // Half-closes after the queued batches are written (graceful shutdown).
+  void CloseSend();
+
+ private:
+  void WriteLoop();
+  void WriteBatches();
+  void ReadLoop();
+  void Break(const std::string& why);
+
+  std::function<void()> wake_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DeliverRequest,
+                                           v1::DeliverResponse>>
+      stream_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::DeliverRequest> outbox_;
+  bool close_send_ = false;
+  bool writer_done_ = false;
+  std::vector<v1::DeliverResponse> responses_;
+  std::string error_;
+  std::atomic<bool> broken_{false};
+  std::thread writer_;
+  std::thread reader_;
+};
+
+}  // namespace outbox::relay

@@ -1,0 +1,75 @@
+// outbox-relay: streams committed outbox events to the consumer, at least
+// once and in per-aggregate order; serves RelayAdmin on --listen.
+
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
+#include "common/config.h"
+#include "common/db.h"
+#include "common/schema.h"
+#include "common/service.h"
+#include "relay/admin_service.h"
+#include "relay/relay.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50052",
+          "gRPC listen address of the admin service.");
+ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_orders",
+          "PostgreSQL URL of the orders database (password from PGPASSWORD).");
+ABSL_FLAG(std::string, consumer, "127.0.0.1:50053",
+          "host:port of the consumer's EventSink.");
+ABSL_FLAG(int, max_attempts, 5,
+          "REJECTED answers after which a row becomes a dead letter.");
+ABSL_FLAG(int, batch_size, 128, "Events per delivery batch (1-1000).");
+ABSL_FLAG(int, window, 1024, "Events in flight at most (credit window).");
+ABSL_FLAG(absl::Duration, poll_interval, absl::Milliseconds(500),
+          "Fallback poll when no NOTIFY arrives.");
+ABSL_FLAG(absl::Duration, ack_timeout, absl::Seconds(15),
+          "A stream whose oldest batch is unanswered this long is reset.");
+ABSL_FLAG(absl::Duration, reject_backoff, absl::Milliseconds(500),
+          "Delay before retrying a REJECTED row; doubles per attempt.");
+ABSL_FLAG(absl::Duration, retry_max, absl::Seconds(5),
+          "Cap of the backoff after transport or database failures.");
+
+int main(int argc, char** argv) {
+  outbox::InitProcess(argc, argv,
+                      "outbox-relay: delivers outbox events to the consumer.\n"
+                      "Flags also come from OUTBOX_<FLAG>.");
+  outbox::relay::RelayOptions options;
+  options.db_url = absl::GetFlag(FLAGS_db);
+  options.consumer = absl::GetFlag(FLAGS_consumer);
+  options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.window = absl::GetFlag(FLAGS_window);
+  options.poll_interval = absl::GetFlag(FLAGS_poll_interval);
+  options.ack_timeout = absl::GetFlag(FLAGS_ack_timeout);
+  options.reject_backoff = absl::GetFlag(FLAGS_reject_backoff);
+  options.retry_max = absl::GetFlag(FLAGS_retry_max);
+  if (options.max_attempts < 1 || options.batch_size < 1 ||
+      options.batch_size > 1000 || options.window < options.batch_size ||
+      options.poll_interval <= absl::ZeroDuration() ||
+      options.ack_timeout <= absl::ZeroDuration()) {
+    spdlog::critical(
+        "outbox-relay: need --max_attempts >= 1, --batch_size 1-1000, "
+        "--window >= --batch_size, positive --poll_interval and --ack_timeout");
+    return 2;
+  }
+  if (absl::Status s = outbox::Migrate(options.db_url, "orders",
+                                       outbox::OrdersMigrations());
+      !s.ok()) {
+    spdlog::critical("outbox-relay: migrations failed: {}", s.ToString());
+    return 1;
+  }
+  outbox::Database db(options.db_url, absl::GetFlag(FLAGS_db_pool_size),
+                      "outbox-relay-admin");
+  outbox::Metrics metrics;
+  outbox::relay::Relay relay(options, &metrics);
+  outbox::relay::RelayAdminImpl admin(&db, &relay);
+  relay.Start();
+  return outbox::ServeUntilSignal(
+      {.name = "outbox-relay",
+       .listen = absl::GetFlag(FLAGS_listen),
+       .services = {{&admin, outbox::v1::RelayAdmin::service_full_name()}},
+       .metrics = &metrics,
+       .before_drain =
+           [&] { relay.Stop(absl::GetFlag(FLAGS_shutdown_timeout)); }});
+}

@@ -1,0 +1,138 @@
+#pragma once
+// The relay: delivers committed outbox rows to the consumer at least once and
+// in per-aggregate order.
+//
+// One worker thread owns one database connection, on which it holds
+// PostgreSQL session advisory locks for the partitions it owns, claims
+// pending rows of those partitions in seq order, and marks rows after the
+// consumer's answer (never before: a crash anywhere means redelivery). Rows
+// stream over one long-lived EventSink.Deliver stream, bounded by a credit
+// window. Replicas count each other through a membership advisory lock and
+// each takes ceil(partitions / replicas); a replica that dies loses its
+// locks with its session, and the others take its partitions over.
+//
+// A REJECTED answer counts an attempt and reschedules the row with backoff;
+// after max_attempts the row is a dead letter. Later rows of that aggregate
+// wait behind it (and only those). Transport failures never count.
+
+#include <pqxx/pqxx>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "outbox/v1/consumer.grpc.pb.h"
+#include "outbox/v1/relay.pb.h"
+#include "relay/delivery_stream.h"
+
+
+namespace outbox::relay {
+
+struct RelayOptions {
+  std::string db_url;
+  std::string consumer;  // host:port of EventSink
+  int max_attempts = 5;
+  int batch_size = 128;   // events per DeliverRequest
+  int window = 1024;      // events in flight at most
+  absl::Duration poll_interval = absl::Milliseconds(500);
+  absl::Duration ack_timeout = absl::Seconds(15);
+  absl::Duration rebalance_interval = absl::Seconds(1);
+  absl::Duration retry_initial = absl::Milliseconds(100);  // transport backoff
+  absl::Duration retry_max = absl::Seconds(5);
+  absl::Duration reject_backoff = absl::Milliseconds(500);  // first REJECTED
+  absl::Duration reject_backoff_max = absl::Seconds(60);
+};
+
+// A consistent copy of the relay's own state, for stats.
+struct RelayState {
+  std::vector<int> partitions_owned;
+  int64_t in_flight = 0;
+  bool stream_connected = false;
+  std::string replica_id;
+};
+
+class Relay {
+ public:
+  Relay(RelayOptions options, Metrics* metrics);
+  ~Relay();  // Stop(0) if still running
+
+  void Start();
+  // Stops claiming, waits up to `drain` for answers to what is in flight,
+  // marks what was answered, releases partitions. Unanswered rows stay
+  // pending. Idempotent.
+  void Stop(absl::Duration drain);
+
+  RelayState State() const;
+
+ private:
+  struct InFlight {
+    uint64_t batch_id;
+    absl::Time sent_at;
+    std::vector<int64_t> seqs;
+    std::vector<int> partitions;
+  };
+  struct Mark {
+    int64_t seq;
+    bool delivered;      // else rejected
+    std::string reason;  // for rejected
+  };
+
+  void Run();
+  void Listen();
+  void Wake();
+  // Each returns false when the database connection is lost.
+  bool EnsureConnection();
+  bool Rebalance();
+  bool Claim();
+  bool FlushMarks();
+  void HandleResponses();
+  void DropStream(const std::string& why);
+  void EnsureStream();
+
+  const RelayOptions options_;
+  const std::string replica_id_;
+  const int member_key_;
+  Counter* const delivered_;
+  Counter* const rejected_;
+  Counter* const dead_;
+  Counter* const reconnects_;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::EventSink::Stub> stub_;
+
+  // Worker-thread state.
+  std::unique_ptr<pqxx::connection> conn_;
+  std::set<int> owned_;
+  std::unique_ptr<DeliveryStream> stream_;
+  absl::Time next_stream_attempt_ = absl::InfinitePast();
+  absl::Duration stream_backoff_;
+  absl::Time next_db_attempt_ = absl::InfinitePast();
+  absl::Duration db_backoff_;
+  absl::Time next_rebalance_ = absl::InfinitePast();
+  uint64_t next_batch_id_ = 1;
+  std::map<uint64_t, InFlight> in_flight_;
+  std::set<int64_t> in_flight_seqs_;
+  std::vector<Mark> marks_;  // answered, not yet written
+  std::set<int> releasing_;  // partitions being given up: no new claims
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool woken_ = false;
+  bool stopping_ = false;
+  absl::Time drain_deadline_;
+  RelayState state_;  // copy for State(), under mu_
+
+  std::atomic<bool> listen_stop_{false};
+  std::thread worker_;
+  std::thread listener_;
+};
+
+}  // namespace outbox::relay

@@ -1,0 +1,300 @@
+// The relay against real PostgreSQL databases and a real consumer served
+// over loopback gRPC: delivery in order, NOTIFY wake-up, poison events and
+// requeue, restarts, two replicas sharing partitions, and a consumer outage.
+
+#include "relay/relay.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "common/schema.h"
+#include "common/server.h"
+#include "consumer/applier.h"
+#include "consumer/sink_service.h"
+#include "producer/order_logic.h"
+#include "producer/order_store.h"
+#include "relay/admin_service.h"
+#include "tests/testing/grpc.h"
+#include "tests/testing/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+// Polls `done` every 50 ms for up to `limit`.
+bool WaitFor(const std::function<bool()>& done,
+             absl::Duration limit = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return done();
+}
+
+// A consumer served in-process on `port` (0 = any).
+class Consumer {
+ public:
+  Consumer(const std::string& url, int port)
+      : db_(url, 4, "relay-test-consumer"), applier_(&db_, &metrics_),
+        sink_(&applier_) {
+    auto server = GrpcServer::Start(
+        {absl::StrCat("127.0.0.1:", port), absl::Seconds(1)},
+        {{&sink_, v1::EventSink::service_full_name()}});
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  int port() const { return server_->port(); }
+
+ private:
+  Database db_;
+  Metrics metrics_;
+  consumer::Applier applier_;
+  consumer::EventSinkImpl sink_;
+  std::unique_ptr<GrpcServer> server_;
+};
+
+class RelayTest : public ::testing::Test {
+ protected:
+  RelayTest()
+      : orders_("relay_orders", OrdersMigrations()),
+        billing_("relay_billing", BillingMigrations()),
+        orders_db_(orders_.url(), 4, "relay-test-producer"),
+        store_(&orders_db_, true) {}
+
+  RelayOptions Options(int consumer_port) {
+    RelayOptions o;
+    o.db_url = orders_.url();
+    o.consumer = absl::StrCat("127.0.0.1:", consumer_port);
+    o.batch_size = 16;
+    o.window = 64;
+    o.poll_interval = absl::Milliseconds(100);
+    o.rebalance_interval = absl::Milliseconds(100);
+    o.retry_initial = absl::Milliseconds(20);
+    o.retry_max = absl::Milliseconds(200);
+    o.reject_backoff = absl::Milliseconds(20);
+    o.reject_backoff_max = absl::Milliseconds(100);
+    o.max_attempts = 3;
+    return o;
+  }
+
+  // Creates `n` orders; pays every second one and cancels every third, so
+  // aggregates carry one to three events.
+  std::vector<std::string> MakeOrders(int n) {
+    std::vector<std::string> ids;
+    for (int i = 0; i < n; ++i) {
+      v1::CreateOrderRequest req;
+      req.set_customer_id(absl::StrCat("c", i));
+      req.set_currency("EUR");
+      auto* item = req.add_items();
+      item->set_sku("sku");
+      item->set_quantity(1 + i % 3);
+      item->set_unit_price_cents(100);
+      auto order = store_.Create(req, *producer::ValidateCreate(req), "");
+      EXPECT_TRUE(order.ok()) << order.status();
+      ids.push_back(order->order_id());
+      if (i % 2 == 0) {
+        v1::PayOrderRequest pay;
+        pay.set_order_id(order->order_id());
+        pay.set_amount_cents(order->total_cents());
+        EXPECT_TRUE(store_.Pay(pay, "").ok());
+      }
+      if (i % 3 == 0) {
+        v1::CancelOrderRequest cancel;
+        cancel.set_order_id(order->order_id());
+        EXPECT_TRUE(store_.Cancel(cancel, "").ok());
+      }
+    }
+    return ids;
+  }
+
+  int64_t Pending() {
+    return orders_.Scalar("SELECT count(*) FROM outbox WHERE status = 'pending'");
+  }
+  int64_t Events() { return orders_.Scalar("SELECT count(*) FROM outbox"); }
+  int64_t Applied() { return billing_.Scalar("SELECT count(*) FROM inbox"); }
+
+  // Every outbox event is in the inbox exactly once, nothing else is, and
+  // each aggregate's events were applied in seq order.
+  void ExpectExactlyOnceInOrder() {
+    std::set<std::string> sent, applied;
+    for (const auto& r : orders_.Query("SELECT event_id::text FROM outbox")) {
+      sent.insert(r[0].as<std::string>());
+    }
+    for (const auto& r : billing_.Query("SELECT event_id::text FROM inbox")) {
+      applied.insert(r[0].as<std::string>());
+    }
+    EXPECT_EQ(sent, applied);
+    EXPECT_EQ(billing_.Scalar(
+                  "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION "
+                  "BY aggregate_id ORDER BY apply_id) AS before FROM inbox) x "
+                  "WHERE before >= seq"),
+              0);
+    EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM held_events"), 0);
+  }
+
+  testing::TestDatabase orders_;
+  testing::TestDatabase billing_;
+  Database orders_db_;
+  producer::OrderStore store_;
+  Metrics metrics_;
+};
+
+TEST_F(RelayTest, DeliversEveryEventOnceInOrder) {
+  MakeOrders(60);
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events(); }))
+      << Applied() << " of " << Events();
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  ExpectExactlyOnceInOrder();
+  EXPECT_EQ(relay.State().partitions_owned.size(),
+            static_cast<size_t>(kPartitionCount));
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM charges WHERE kind = "
+                            "'charge'"),
+            30);
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM charges WHERE kind = "
+                            "'refund'"),
+            10);  // paid and cancelled: i % 6 == 0
+}
+
+TEST_F(RelayTest, NotifyWakesTheRelayWithoutWaitingForThePoll) {
+  Consumer consumer(billing_.url(), 0);
+  RelayOptions options = Options(consumer.port());
+  options.poll_interval = absl::Minutes(10);
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return relay.State().stream_connected; }));
+  absl::SleepFor(absl::Milliseconds(300));  // idle, waiting on the poll
+  MakeOrders(1);  // three events: each is claimed when NOTIFY or an answer wakes the relay
+  // Without NOTIFY this would wait ten minutes for the poll.
+  EXPECT_TRUE(WaitFor([&] { return Applied() == 3; }, absl::Seconds(10)));
+}
+
+TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
+  std::vector<std::string> ids = MakeOrders(6);  // order 0: three events
+  const std::string poison = ids[0];
+  // Its first event now claims a schema this consumer cannot read.
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) FROM "
+      "outbox WHERE aggregate_id = '", poison, "')"));
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar("SELECT count(*) FROM outbox WHERE status = 'dead'") == 1;
+  }));
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() - 3; }));
+  pqxx::result dead = orders_.Query(
+      "SELECT aggregate_id, attempts, last_error FROM outbox WHERE status = "
+      "'dead'");
+  EXPECT_EQ(dead[0][0].as<std::string>(), poison);
+  EXPECT_EQ(dead[0][1].as<int>(), 3);
+  EXPECT_NE(dead[0][2].as<std::string>().find("schema_version"),
+            std::string::npos);
+  // Its successors wait at the relay, not at the consumer.
+  EXPECT_EQ(orders_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox WHERE status = 'pending' AND "
+                "aggregate_id = '", poison, "'")),
+            2);
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM held_events"), 0);
+
+  // The operator fixes the cause and requeues through the admin API.
+  orders_.Exec("UPDATE outbox SET schema_version = 1");
+  Database admin_db(orders_.url(), 2, "relay-test-admin");
+  RelayAdminImpl admin(&admin_db, &relay);
+  auto server = GrpcServer::Start(
+      {"127.0.0.1:0", absl::Seconds(1)},
+      {{&admin, v1::RelayAdmin::service_full_name()}});
+  ASSERT_TRUE(server.ok());
+  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  {
+    grpc::ClientContext ctx;
+    v1::ListDeadLettersResponse list;
+    ASSERT_TRUE(stub->ListDeadLetters(&ctx, {}, &list).ok());
+    ASSERT_EQ(list.rows_size(), 1);
+    EXPECT_EQ(list.rows(0).event().aggregate_id(), poison);
+    EXPECT_EQ(list.rows(0).status(), "dead");
+  }
+  grpc::ClientContext ctx;
+  v1::RequeueRequest req;
+  req.set_aggregate_id(poison);
+  v1::RequeueResponse resp;
+  ASSERT_TRUE(stub->Requeue(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.requeued(), 1);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events(); }));
+  ExpectExactlyOnceInOrder();
+  grpc::ClientContext again;
+  EXPECT_EQ(stub->Requeue(&again, req, &resp).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(RelayTest, RestartLosesNothing) {
+  MakeOrders(40);
+  Consumer consumer(billing_.url(), 0);
+  {
+    Relay first(Options(consumer.port()), &metrics_);
+    first.Start();
+    ASSERT_TRUE(WaitFor([&] { return Applied() > 0; }));
+    first.Stop(absl::ZeroDuration());  // whatever is in flight stays pending
+  }
+  MakeOrders(20);
+  Relay second(Options(consumer.port()), &metrics_);
+  second.Start();
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }))
+      << Applied() << " of " << Events();
+  ExpectExactlyOnceInOrder();
+}
+
+TEST_F(RelayTest, TwoRelaysSplitPartitionsAndOneTakesOverWhenTheOtherStops) {
+  Consumer consumer(billing_.url(), 0);
+  Metrics m2;
+  Relay a(Options(consumer.port()), &metrics_);
+  a.Start();
+  ASSERT_TRUE(WaitFor(
+      [&] { return a.State().partitions_owned.size() == kPartitionCount; }));
+  auto b = std::make_unique<Relay>(Options(consumer.port()), &m2);
+  b->Start();
+  auto split = [&] {
+    RelayState sa = a.State(), sb = b->State();
+    std::set<int> both(sa.partitions_owned.begin(), sa.partitions_owned.end());
+    for (int p : sb.partitions_owned) {
+      if (!both.insert(p).second) return false;  // owned twice
+    }
+    return sa.partitions_owned.size() == kPartitionCount / 2 &&
+           sb.partitions_owned.size() == kPartitionCount / 2;
+  };
+  ASSERT_TRUE(WaitFor(split)) << a.State().partitions_owned.size() << " + "
+                              << b->State().partitions_owned.size();
+  MakeOrders(30);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events(); }));
+  b.reset();  // stops: its session and its locks end
+  ASSERT_TRUE(WaitFor(
+      [&] { return a.State().partitions_owned.size() == kPartitionCount; }));
+  MakeOrders(30);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  ExpectExactlyOnceInOrder();
+}
+
+TEST_F(RelayTest, ConsumerOutageIsRetriedWithoutCountingAttempts) {
+  int port;
+  { port = Consumer(billing_.url(), 0).port(); }  // a port nobody serves now
+  MakeOrders(10);
+  Relay relay(Options(port), &metrics_);
+  relay.Start();
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_EQ(Pending(), Events());
+  EXPECT_EQ(orders_.Scalar("SELECT max(attempts) FROM outbox"), 0);
+  Consumer consumer(billing_.url(), port);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  ExpectExactlyOnceInOrder();
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox WHERE status = 'dead'"),
+            0);
+}
+
+}  // namespace
+}  // namespace outbox::relay
