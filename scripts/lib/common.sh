@@ -67,7 +67,7 @@ build() {
   cmake --build "$OUTBOX_ROOT/build" -j"${JOBS:-2}" 2>&1 |
     grep -E 'error|warning: unused|Error|FAILED' || true
   [ "${PIPESTATUS[0]}" -eq 0 ] || die "build failed; run: cmake --build build"
-  for b in outbox-producer; do
+  for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
     [ -x "$OUTBOX_ROOT/build/bin/$b" ] || die "build/bin/$b is missing"
   done
 }

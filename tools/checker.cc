@@ -1,0 +1,229 @@
+#include "tools/checker.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <pqxx/pqxx>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/db.h"
+#include "outbox/v1/event.pb.h"
+
+namespace outbox::tools {
+namespace {
+
+constexpr size_t kMaxExamples = 20;
+
+struct Committed {
+  std::string aggregate_id;
+  int64_t seq;
+  int64_t prev_seq;
+  std::string type;
+  std::string status;
+  int64_t created_us;
+  int64_t refund_cents;
+};
+
+struct Applied {
+  std::string event_id;
+  std::string aggregate_id;
+  int64_t seq;
+  int64_t applied_us;
+};
+
+void Example(CheckReport* r, std::string s) {
+  if (r->examples.size() < kMaxExamples) r->examples.push_back(std::move(s));
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+}  // namespace
+
+std::string CheckReport::Summary() const {
+  std::string s = absl::StrFormat(
+      "events committed   %d\n"
+      "applied            %d\n"
+      "dead letters       %d (and %d events waiting behind them)\n"
+      "still pending      %d\n"
+      "held at consumer   %d\n"
+      "drained            %s in %s\n"
+      "latency created->applied  p50 %.1f ms  p99 %.1f ms\n"
+      "I1 lost            %d (missing effects %d)\n"
+      "I2 duplicate effect %d\n"
+      "I3 order violations %d\n"
+      "I4 phantoms        %d\n"
+      "view mismatches    %d\n",
+      events, applied, dead_letters, behind_dead, pending, held,
+      drained ? "yes" : "NO", absl::FormatDuration(drain_time), latency_p50_ms,
+      latency_p99_ms, lost, missing_effects, duplicate_effects,
+      order_violations, phantoms, view_mismatches);
+  for (const std::string& e : examples) absl::StrAppend(&s, "  ! ", e, "\n");
+  absl::StrAppend(&s, ok() ? "RESULT: OK, every invariant holds\n"
+                           : "RESULT: VIOLATION\n");
+  return s;
+}
+
+absl::StatusOr<CheckReport> Check(const std::string& orders_url,
+                                  const std::string& billing_url,
+                                  absl::Duration wait) {
+  CheckReport r;
+  try {
+    pqxx::connection orders(WithConnectionDefaults(orders_url));
+    pqxx::connection billing(WithConnectionDefaults(billing_url));
+    const absl::Time start = absl::Now();
+    for (;;) {
+      pqxx::nontransaction o(orders), b(billing);
+      const int64_t undrained = o.exec(
+          "SELECT count(*) FROM outbox p WHERE status = 'pending' AND NOT "
+          "EXISTS (SELECT 1 FROM outbox d WHERE d.aggregate_id = "
+          "p.aggregate_id AND d.status = 'dead')")[0][0].as<int64_t>();
+      const int64_t held =
+          b.exec("SELECT count(*) FROM held_events")[0][0].as<int64_t>();
+      if (undrained == 0 && held == 0) {
+        r.drained = true;
+        break;
+      }
+      if (absl::Now() - start > wait) break;
+      o.abort();
+      b.abort();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    r.drain_time = absl::Now() - start;
+
+    pqxx::read_transaction o(orders);
+    std::map<std::string, Committed> committed;
+    std::set<std::string> dead_aggregates;
+    for (const auto& row : o.exec(
+             "SELECT event_id::text, aggregate_id, seq, prev_seq, event_type, "
+             "status, (extract(epoch FROM created_at) * 1000000)::bigint, "
+             "payload FROM outbox")) {
+      Committed c{row[1].as<std::string>(), row[2].as<int64_t>(),
+                  row[3].as<int64_t>(), row[4].as<std::string>(),
+                  row[5].as<std::string>(), row[6].as<int64_t>(), 0};
+      if (c.type == "OrderCancelled") {
+        v1::Event e;
+        if (e.ParseFromString(pqxx::binarystring(row[7]).str())) {
+          c.refund_cents = e.order_cancelled().refund_cents();
+        }
+      }
+      if (c.status == "dead") dead_aggregates.insert(c.aggregate_id);
+      committed.emplace(row[0].as<std::string>(), std::move(c));
+    }
+    std::map<std::string, std::string> order_status;
+    for (const auto& row :
+         o.exec("SELECT order_id::text, status FROM orders")) {
+      order_status[row[0].as<std::string>()] = row[1].as<std::string>();
+    }
+    o.commit();
+
+    pqxx::read_transaction b(billing);
+    std::vector<Applied> applied;
+    for (const auto& row : b.exec(
+             "SELECT event_id::text, aggregate_id, seq, "
+             "(extract(epoch FROM applied_at) * 1000000)::bigint FROM inbox "
+             "ORDER BY apply_id")) {
+      applied.push_back({row[0].as<std::string>(), row[1].as<std::string>(),
+                         row[2].as<int64_t>(), row[3].as<int64_t>()});
+    }
+    std::map<std::string, int> charges_by_event;
+    for (const auto& row : b.exec("SELECT event_id::text FROM charges")) {
+      ++charges_by_event[row[0].as<std::string>()];
+    }
+    std::map<std::string, std::string> view_status;
+    for (const auto& row : b.exec("SELECT order_id, status FROM order_view")) {
+      view_status[row[0].as<std::string>()] = row[1].as<std::string>();
+    }
+    r.held = b.exec("SELECT count(*) FROM held_events")[0][0].as<int64_t>();
+    b.commit();
+
+    r.events = static_cast<int64_t>(committed.size());
+    r.applied = static_cast<int64_t>(applied.size());
+    std::set<std::string> applied_ids;
+    std::map<std::string, int64_t> last_applied;  // aggregate -> seq
+    std::vector<double> latencies;
+    for (const Applied& a : applied) {
+      applied_ids.insert(a.event_id);
+      auto c = committed.find(a.event_id);
+      if (c == committed.end()) {
+        ++r.phantoms;
+        Example(&r, absl::StrCat("I4 phantom: event ", a.event_id, " of ",
+                                 a.aggregate_id, " applied, never committed"));
+        continue;
+      }
+      int64_t& last = last_applied[a.aggregate_id];
+      if (c->second.prev_seq != last) {
+        ++r.order_violations;
+        Example(&r, absl::StrCat("I3 order: aggregate ", a.aggregate_id,
+                                 " applied seq ", a.seq, " (prev_seq ",
+                                 c->second.prev_seq, ") after seq ", last));
+      }
+      last = a.seq;
+      latencies.push_back((a.applied_us - c->second.created_us) / 1000.0);
+    }
+    for (const auto& [id, c] : committed) {
+      if (c.status == "dead") {
+        ++r.dead_letters;
+        continue;
+      }
+      if (applied_ids.count(id)) {
+        // The effect each applied event must have, exactly once.
+        const bool pays = c.type == "OrderPaid" ||
+                          (c.type == "OrderCancelled" && c.refund_cents > 0);
+        const int charges = charges_by_event.count(id) ? charges_by_event[id] : 0;
+        if (pays && charges == 0) {
+          ++r.missing_effects;
+          Example(&r, absl::StrCat("I1 effect: ", c.type, " ", id, " of ",
+                                   c.aggregate_id, " has no charge row"));
+        }
+        if (charges > (pays ? 1 : 0)) {
+          ++r.duplicate_effects;
+          Example(&r, absl::StrCat("I2 duplicate effect: ", c.type, " ", id,
+                                   " of ", c.aggregate_id, " has ", charges,
+                                   " charge rows"));
+        }
+        continue;
+      }
+      if (c.status == "pending" && dead_aggregates.count(c.aggregate_id)) {
+        ++r.behind_dead;
+      } else if (!r.drained) {
+        ++r.pending;  // not delivered yet, or held: not lost (yet)
+      } else {
+        ++r.lost;
+        Example(&r, absl::StrCat("I1 lost: ", c.type, " ", id, " (seq ", c.seq,
+                                 ", aggregate ", c.aggregate_id, ", ", c.status,
+                                 ") was never applied"));
+      }
+    }
+    for (const auto& [event_id, n] : charges_by_event) {
+      if (!committed.count(event_id)) {
+        ++r.phantoms;
+        Example(&r, absl::StrCat("I4 phantom charge for event ", event_id));
+      }
+    }
+    for (const auto& [order_id, status] : order_status) {
+      if (dead_aggregates.count(order_id) || !r.drained) continue;
+      auto v = view_status.find(order_id);
+      if (v == view_status.end() || v->second != status) {
+        ++r.view_mismatches;
+        Example(&r, absl::StrCat("order ", order_id, " is ", status,
+                                 " but the consumer's view says ",
+                                 v == view_status.end() ? "nothing" : v->second));
+      }
+    }
+    r.latency_p50_ms = Percentile(latencies, 0.50);
+    r.latency_p99_ms = Percentile(latencies, 0.99);
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  return r;
+}
+
+}  // namespace outbox::tools

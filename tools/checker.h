@@ -1,0 +1,49 @@
+#pragma once
+// The invariant checker shared by `outboxctl verify`, `scripts/up --demo`
+// and the failure-injection suite. It reads the orders database (the truth
+// of what was committed) and the billing database (what was applied) and
+// reports each guarantee of DESIGN.md section 5.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace outbox::tools {
+
+struct CheckReport {
+  int64_t events = 0;        // committed outbox rows
+  int64_t applied = 0;       // inbox rows
+  int64_t dead_letters = 0;  // rows the relay gave up on
+  int64_t behind_dead = 0;   // pending rows waiting behind a dead letter
+  int64_t pending = 0;       // other undelivered rows
+  int64_t held = 0;          // parked at the consumer
+  int64_t lost = 0;          // I1: delivered or drained, never applied
+  int64_t duplicate_effects = 0;  // I2: charges beyond one per paying event
+  int64_t missing_effects = 0;    // I1 for effects: expected charge absent
+  int64_t order_violations = 0;   // I3: applied out of the prev_seq chain
+  int64_t phantoms = 0;           // I4: applied but never committed
+  int64_t view_mismatches = 0;    // consumer's order view != producer's order
+  absl::Duration drain_time;      // I5: time until drained (or the wait)
+  bool drained = false;
+  double latency_p50_ms = 0, latency_p99_ms = 0;  // created -> applied
+  std::vector<std::string> examples;  // the first violations, readable
+
+  bool ok() const {
+    return drained && lost == 0 && duplicate_effects == 0 &&
+           missing_effects == 0 && order_violations == 0 && phantoms == 0 &&
+           view_mismatches == 0;
+  }
+  // A multi-line summary for people.
+  std::string Summary() const;
+};
+
+// Waits up to `wait` until nothing drainable is pending and nothing is held
+// (rows behind a dead letter cannot drain and are reported apart), then
+// checks every invariant. Unavailable if a database cannot be read.
+absl::StatusOr<CheckReport> Check(const std::string& orders_url,
+                                  const std::string& billing_url,
+                                  absl::Duration wait);
+
+}  // namespace outbox::tools

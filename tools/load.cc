@@ -1,0 +1,232 @@
+#include "tools/load.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/ids.h"
+#include "outbox/v1/order.grpc.pb.h"
+
+namespace outbox::tools {
+namespace {
+
+bool Retryable(grpc::StatusCode c) {
+  return c == grpc::StatusCode::UNAVAILABLE ||
+         c == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         c == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+         c == grpc::StatusCode::INTERNAL || c == grpc::StatusCode::UNKNOWN ||
+         c == grpc::StatusCode::CANCELLED;
+}
+
+// A call that reached the server may have committed: its outcome is unknown.
+bool Indeterminate(grpc::StatusCode c) {
+  return c == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         c == grpc::StatusCode::UNAVAILABLE ||
+         c == grpc::StatusCode::INTERNAL || c == grpc::StatusCode::UNKNOWN ||
+         c == grpc::StatusCode::CANCELLED;
+}
+
+class Client {
+ public:
+  Client(const LoadOptions& o, std::atomic<int64_t>* calls,
+         std::atomic<int64_t>* retries, std::atomic<int64_t>* indeterminate)
+      : o_(o), calls_(calls), retries_(retries), indeterminate_(indeterminate) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    stub_ = v1::OrderService::NewStub(grpc::CreateCustomChannel(
+        o.producer, grpc::InsecureChannelCredentials(), args));
+  }
+
+  // Runs `call` until it succeeds, fails for good, or max_tries pass.
+  template <typename F>
+  grpc::Status Retry(F&& call) {
+    grpc::Status s;
+    for (int attempt = 0; attempt < o_.max_tries; ++attempt) {
+      if (attempt > 0) {
+        retries_->fetch_add(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(
+            std::min(1000, 50 << std::min(attempt, 5))));
+      }
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(o_.call_timeout));
+      ctx.set_wait_for_ready(true);
+      const absl::Time t0 = absl::Now();
+      s = call(&ctx);
+      calls_->fetch_add(1);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        latencies_.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+      }
+      if (s.ok() || !Retryable(s.error_code())) return s;
+      if (Indeterminate(s.error_code())) indeterminate_->fetch_add(1);
+    }
+    return s;
+  }
+
+  v1::OrderService::Stub* stub() { return stub_.get(); }
+  std::vector<double> TakeLatencies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(latencies_);
+  }
+
+ private:
+  const LoadOptions& o_;
+  std::atomic<int64_t>* calls_;
+  std::atomic<int64_t>* retries_;
+  std::atomic<int64_t>* indeterminate_;
+  std::unique_ptr<v1::OrderService::Stub> stub_;
+  std::mutex mu_;
+  std::vector<double> latencies_;
+};
+
+}  // namespace
+
+std::string LoadReport::Summary() const {
+  return absl::StrFormat(
+      "orders created %d, paid %d, cancelled %d in %s (%.0f calls/s)\n"
+      "calls %d, retries %d, indeterminate outcomes %d, operations given up "
+      "%d\ncall latency p50 %.1f ms  p99 %.1f ms\n",
+      created, paid, cancelled, absl::FormatDuration(elapsed),
+      calls / std::max(1e-3, absl::ToDoubleSeconds(elapsed)), calls, retries,
+      indeterminate, gave_up, call_p50_ms, call_p99_ms);
+}
+
+LoadReport RunLoad(const LoadOptions& o) {
+  std::atomic<int64_t> calls{0}, retries{0}, indeterminate{0};
+  std::atomic<int64_t> created{0}, paid{0}, cancelled{0}, gave_up{0};
+  std::atomic<int> next{0};
+  const std::string prefix =
+      o.key_prefix.empty() ? NewUuid().substr(0, 8) + "-" : o.key_prefix;
+  std::vector<double> latencies;
+  std::mutex latencies_mu;
+  const absl::Time start = absl::Now();
+
+  auto worker = [&](int w) {
+    Client client(o, &calls, &retries, &indeterminate);
+    std::mt19937_64 rng(o.seed * 1000003 + w);
+    std::uniform_real_distribution<double> coin(0, 1);
+    for (int i; (i = next.fetch_add(1)) < o.orders;) {
+      v1::CreateOrderRequest req;
+      req.set_customer_id(absl::StrCat("customer-", i % 97));
+      req.set_currency("EUR");
+      req.set_idempotency_key(absl::StrCat(prefix, i));
+      const int items = 1 + rng() % 3;
+      for (int k = 0; k < items; ++k) {
+        auto* item = req.add_items();
+        item->set_sku(absl::StrCat("sku-", rng() % 50));
+        item->set_quantity(1 + rng() % 5);
+        item->set_unit_price_cents(100 + rng() % 10000);
+      }
+      v1::CreateOrderResponse created_resp;
+      grpc::Status s = client.Retry([&](grpc::ClientContext* ctx) {
+        return client.stub()->CreateOrder(ctx, req, &created_resp);
+      });
+      if (!s.ok()) {
+        ++gave_up;
+        continue;
+      }
+      ++created;
+      v1::Order order = created_resp.order();
+      const bool pay = coin(rng) < o.pay_fraction;
+      const bool cancel = coin(rng) < o.cancel_fraction;
+      // Re-reads the order: what a client does after an unknown outcome.
+      auto reread = [&] {
+        v1::GetOrderRequest get;
+        get.set_order_id(order.order_id());
+        v1::GetOrderResponse got;
+        grpc::Status g = client.Retry([&](grpc::ClientContext* ctx) {
+          return client.stub()->GetOrder(ctx, get, &got);
+        });
+        if (g.ok()) order = got.order();
+        return g.ok();
+      };
+      if (pay) {
+        v1::PayOrderRequest p;
+        p.set_order_id(order.order_id());
+        p.set_expected_version(order.version());
+        p.set_amount_cents(order.total_cents());
+        v1::PayOrderResponse pr;
+        s = client.Retry([&](grpc::ClientContext* ctx) {
+          return client.stub()->PayOrder(ctx, p, &pr);
+        });
+        if (s.ok()) {
+          order = pr.order();
+          ++paid;
+        } else if (reread() && order.status() == v1::ORDER_STATUS_PAID) {
+          ++paid;  // an earlier try committed; its answer was lost
+        } else {
+          ++gave_up;
+        }
+      }
+      if (cancel) {
+        v1::CancelOrderRequest c;
+        c.set_order_id(order.order_id());
+        c.set_expected_version(order.version());
+        c.set_reason("load test");
+        v1::CancelOrderResponse cr;
+        s = client.Retry([&](grpc::ClientContext* ctx) {
+          return client.stub()->CancelOrder(ctx, c, &cr);
+        });
+        if (s.ok() || (reread() && order.status() == v1::ORDER_STATUS_CANCELLED)) {
+          ++cancelled;
+        } else {
+          ++gave_up;
+        }
+      }
+    }
+    auto mine = client.TakeLatencies();
+    std::lock_guard<std::mutex> lock(latencies_mu);
+    latencies.insert(latencies.end(), mine.begin(), mine.end());
+  };
+
+  std::atomic<bool> done{false};
+  std::thread progress([&] {
+    while (!done) {
+      for (int t = 0; t < 10 && !done; ++t) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (!done && o.progress) {
+        std::fprintf(stderr,
+                     "load: %d/%d orders started, %lld calls, %lld retries\n",
+                     std::min<int>(next.load(), o.orders), o.orders,
+                     static_cast<long long>(calls.load()),
+                     static_cast<long long>(retries.load()));
+      }
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int w = 0; w < std::max(1, o.concurrency); ++w) {
+    workers.emplace_back(worker, w);
+  }
+  for (auto& t : workers) t.join();
+  done = true;
+  progress.join();
+
+  LoadReport r;
+  r.created = created;
+  r.paid = paid;
+  r.cancelled = cancelled;
+  r.calls = calls;
+  r.retries = retries;
+  r.indeterminate = indeterminate;
+  r.gave_up = gave_up;
+  r.elapsed = absl::Now() - start;
+  std::sort(latencies.begin(), latencies.end());
+  if (!latencies.empty()) {
+    r.call_p50_ms = latencies[latencies.size() / 2];
+    r.call_p99_ms = latencies[std::min(latencies.size() - 1,
+                                       latencies.size() * 99 / 100)];
+  }
+  return r;
+}
+
+}  // namespace outbox::tools

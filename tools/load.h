@@ -1,0 +1,41 @@
+#pragma once
+// A load generator that behaves like a careful client: it creates orders
+// with idempotency keys, pays some and cancels some (so aggregates carry one
+// to three events), and retries a call whose outcome is unknown the way a
+// real client would: CreateOrder with the same key, Pay/Cancel after
+// re-reading the order. Outcomes it cannot know are counted as
+// indeterminate, never guessed.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace outbox::tools {
+
+struct LoadOptions {
+  std::string producer = "127.0.0.1:50051";
+  int orders = 100;
+  int concurrency = 8;
+  double pay_fraction = 0.7;     // of created orders
+  double cancel_fraction = 0.3;  // of created orders (paid ones get refunds)
+  absl::Duration call_timeout = absl::Seconds(5);
+  int max_tries = 20;            // per call, then the operation gives up
+  uint64_t seed = 1;
+  std::string key_prefix;        // idempotency keys: prefix + index
+  bool progress = true;          // a line a second on stderr
+};
+
+struct LoadReport {
+  int64_t created = 0, paid = 0, cancelled = 0;
+  int64_t calls = 0, retries = 0;
+  int64_t indeterminate = 0;  // calls whose outcome stayed unknown
+  int64_t gave_up = 0;        // operations abandoned after max_tries
+  absl::Duration elapsed;
+  double call_p50_ms = 0, call_p99_ms = 0;
+  std::string Summary() const;
+};
+
+LoadReport RunLoad(const LoadOptions& options);
+
+}  // namespace outbox::tools

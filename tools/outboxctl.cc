@@ -1,0 +1,262 @@
+// outboxctl: operate and exercise the outbox from a terminal.
+//
+//   outboxctl stats                      relay and consumer state
+//   outboxctl dead-letters [--aggregate ID] [--limit N]
+//   outboxctl requeue EVENT_ID | --aggregate ID
+//   outboxctl show EVENT_ID              one outbox row, decoded
+//   outboxctl load --orders N --concurrency C
+//   outboxctl verify --orders_db URL --billing_db URL [--wait 60s]
+//   outboxctl demo --orders N ...        load, then verify, with a summary
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "outbox/v1/consumer.grpc.pb.h"
+#include "outbox/v1/relay.grpc.pb.h"
+#include "tools/checker.h"
+#include "tools/load.h"
+
+ABSL_FLAG(std::string, producer, "127.0.0.1:50051", "Producer address.");
+ABSL_FLAG(std::string, relay, "127.0.0.1:50052", "Relay admin address.");
+ABSL_FLAG(std::string, consumer, "127.0.0.1:50053", "Consumer address.");
+ABSL_FLAG(std::string, orders_db, "postgresql://127.0.0.1:5432/outbox_orders",
+          "Orders database (verify, demo).");
+ABSL_FLAG(std::string, billing_db,
+          "postgresql://127.0.0.1:5432/outbox_billing",
+          "Billing database (verify, demo).");
+ABSL_FLAG(std::string, aggregate, "", "Aggregate id (dead-letters, requeue).");
+ABSL_FLAG(int, limit, 100, "Rows to list.");
+ABSL_FLAG(int, orders, 100, "Orders to create (load, demo).");
+ABSL_FLAG(int, concurrency, 8, "Client threads (load, demo).");
+ABSL_FLAG(double, pay_fraction, 0.7, "Share of orders paid (load, demo).");
+ABSL_FLAG(double, cancel_fraction, 0.3, "Share of orders cancelled.");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the load's random choices.");
+ABSL_FLAG(absl::Duration, wait, absl::Seconds(120),
+          "How long verify waits for the backlog to drain.");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Per-call deadline.");
+
+namespace {
+
+using outbox::v1::BillingQuery;
+using outbox::v1::RelayAdmin;
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+  return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+}
+
+void Deadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_timeout)));
+}
+
+int Fail(const std::string& what, const grpc::Status& s) {
+  std::fprintf(stderr, "outboxctl: %s: %s (%d)\n", what.c_str(),
+               s.error_message().c_str(), s.error_code());
+  return 1;
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+int Stats() {
+  int rc = 0;
+  {
+    auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    outbox::v1::RelayStats s;
+    grpc::Status st = stub->GetStats(&ctx, {}, &s);
+    if (st.ok()) {
+      std::printf(
+          "relay %s (%s)\n  pending %lld, oldest %.1f s, dead letters %lld, "
+          "delivered %lld\n  partitions owned %d of %d, in flight %lld, "
+          "stream %s\n",
+          s.replica_id().c_str(), absl::GetFlag(FLAGS_relay).c_str(),
+          static_cast<long long>(s.pending()), s.oldest_pending_seconds(),
+          static_cast<long long>(s.dead_letters()),
+          static_cast<long long>(s.delivered_total()),
+          s.partitions_owned_size(), s.partitions_total(),
+          static_cast<long long>(s.in_flight()),
+          s.stream_connected() ? "connected" : "down");
+    } else {
+      rc = Fail("relay stats", st);
+    }
+  }
+  {
+    auto stub = BillingQuery::NewStub(Channel(absl::GetFlag(FLAGS_consumer)));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    outbox::v1::ConsumerStats s;
+    grpc::Status st = stub->GetStats(&ctx, {}, &s);
+    if (st.ok()) {
+      std::printf(
+          "consumer (%s)\n  applied %lld, held %lld (oldest %.1f s), "
+          "aggregates %lld\n  this process: applied %lld, duplicates %lld, "
+          "held %lld, rejected %lld\n",
+          absl::GetFlag(FLAGS_consumer).c_str(),
+          static_cast<long long>(s.applied()), static_cast<long long>(s.held()),
+          s.oldest_held_seconds(), static_cast<long long>(s.aggregates()),
+          static_cast<long long>(s.applied_by_process()),
+          static_cast<long long>(s.duplicates_by_process()),
+          static_cast<long long>(s.held_by_process()),
+          static_cast<long long>(s.rejected_by_process()));
+    } else {
+      rc = Fail("consumer stats", st);
+    }
+  }
+  return rc;
+}
+
+int DeadLetters() {
+  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::ListDeadLettersRequest req;
+  req.set_limit(absl::GetFlag(FLAGS_limit));
+  req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
+  outbox::v1::ListDeadLettersResponse resp;
+  grpc::Status st = stub->ListDeadLetters(&ctx, req, &resp);
+  if (!st.ok()) return Fail("dead-letters", st);
+  if (resp.rows().empty()) std::printf("no dead letters\n");
+  for (const auto& row : resp.rows()) {
+    std::printf("%s  seq %lld  %s %s  attempts %d\n    %s\n",
+                row.event().event_id().c_str(),
+                static_cast<long long>(row.event().seq()),
+                row.event().event_type().c_str(),
+                row.event().aggregate_id().c_str(), row.attempts(),
+                row.last_error().c_str());
+  }
+  return 0;
+}
+
+int Requeue(const std::vector<char*>& args) {
+  outbox::v1::RequeueRequest req;
+  if (args.size() > 2) req.set_event_id(args[2]);
+  req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
+  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::RequeueResponse resp;
+  grpc::Status st = stub->Requeue(&ctx, req, &resp);
+  if (!st.ok()) return Fail("requeue", st);
+  std::printf("requeued %lld dead letters\n",
+              static_cast<long long>(resp.requeued()));
+  return 0;
+}
+
+int Show(const std::vector<char*>& args) {
+  if (args.size() < 3) {
+    std::fprintf(stderr, "usage: outboxctl show EVENT_ID\n");
+    return 2;
+  }
+  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::GetEventRequest req;
+  req.set_event_id(args[2]);
+  outbox::v1::OutboxRow row;
+  grpc::Status st = stub->GetEvent(&ctx, req, &row);
+  if (!st.ok()) return Fail("show", st);
+  std::printf("%s\n", Json(row).c_str());
+  return 0;
+}
+
+outbox::tools::LoadOptions LoadOptionsFromFlags() {
+  outbox::tools::LoadOptions o;
+  o.producer = absl::GetFlag(FLAGS_producer);
+  o.orders = absl::GetFlag(FLAGS_orders);
+  o.concurrency = absl::GetFlag(FLAGS_concurrency);
+  o.pay_fraction = absl::GetFlag(FLAGS_pay_fraction);
+  o.cancel_fraction = absl::GetFlag(FLAGS_cancel_fraction);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.call_timeout = absl::GetFlag(FLAGS_timeout);
+  return o;
+}
+
+int Verify() {
+  auto report = outbox::tools::Check(absl::GetFlag(FLAGS_orders_db),
+                                     absl::GetFlag(FLAGS_billing_db),
+                                     absl::GetFlag(FLAGS_wait));
+  if (!report.ok()) {
+    std::fprintf(stderr, "outboxctl: verify: %s\n",
+                 report.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s", report->Summary().c_str());
+  return report->ok() ? 0 : 1;
+}
+
+int Demo() {
+  std::printf("demo: %d orders through producer %s, relay %s, consumer %s\n",
+              absl::GetFlag(FLAGS_orders), absl::GetFlag(FLAGS_producer).c_str(),
+              absl::GetFlag(FLAGS_relay).c_str(),
+              absl::GetFlag(FLAGS_consumer).c_str());
+  outbox::tools::LoadReport load =
+      outbox::tools::RunLoad(LoadOptionsFromFlags());
+  std::printf("\n-- load --\n%s", load.Summary().c_str());
+  std::printf("\n-- waiting for every event to be applied --\n");
+  std::fflush(stdout);
+  auto report = outbox::tools::Check(absl::GetFlag(FLAGS_orders_db),
+                                     absl::GetFlag(FLAGS_billing_db),
+                                     absl::GetFlag(FLAGS_wait));
+  if (!report.ok()) {
+    std::fprintf(stderr, "demo: %s\n", report.status().ToString().c_str());
+    return 1;
+  }
+  auto stub = BillingQuery::NewStub(Channel(absl::GetFlag(FLAGS_consumer)));
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::ConsumerStats stats;
+  const bool have_stats = stub->GetStats(&ctx, {}, &stats).ok();
+  std::printf("\n-- summary --\norders             %lld\n%s",
+              static_cast<long long>(load.created), report->Summary().c_str());
+  if (have_stats) {
+    std::printf("duplicates absorbed %lld, held on arrival %lld (consumer "
+                "counters)\n",
+                static_cast<long long>(stats.duplicates_by_process()),
+                static_cast<long long>(stats.held_by_process()));
+  }
+  return report->ok() && load.gave_up == 0 ? 0 : 1;
+}
+
+int Load() {
+  outbox::tools::LoadReport r = outbox::tools::RunLoad(LoadOptionsFromFlags());
+  std::printf("%s", r.Summary().c_str());
+  return r.gave_up == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args = outbox::InitProcess(
+      argc, argv,
+      "outboxctl COMMAND [flags]\n"
+      "commands: stats, dead-letters, requeue EVENT_ID|--aggregate ID, "
+      "show EVENT_ID,\n  load --orders N --concurrency C, verify, demo --orders N");
+  const std::string cmd = args.size() > 1 ? args[1] : "";
+  if (cmd == "stats") return Stats();
+  if (cmd == "dead-letters") return DeadLetters();
+  if (cmd == "requeue") return Requeue(args);
+  if (cmd == "show") return Show(args);
+  if (cmd == "load") return Load();
+  if (cmd == "verify") return Verify();
+  if (cmd == "demo") return Demo();
+  std::fprintf(stderr,
+               "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
+               "requeue --aggregate ID | show EVENT_ID | load --orders N "
+               "--concurrency C | verify | demo --orders N\n");
+  return 2;
+}
