@@ -87,8 +87,9 @@ free_port() {
 # databases outbox_orders and outbox_billing. Sets PG_PORT and PG_URL (no
 # database name). initdb refuses root, so as root it runs as `postgres`.
 pg_start() {
-  local dir="$1" run=()
-  mkdir -p "$dir"
+  local dir run=()
+  mkdir -p "$1"
+  dir=$(cd "$1" && pwd)
   if [ "$(id -u)" -eq 0 ]; then
     id postgres >/dev/null 2>&1 || useradd --system --home-dir /var/lib/postgresql postgres
     chown -R postgres "$dir"
@@ -123,7 +124,8 @@ pg_start() {
 
 # pg_stop DIR: stops the server started by pg_start (by its pid file).
 pg_stop() {
-  local dir="$1" run=()
+  local dir run=()
+  dir=$(cd "$1" 2>/dev/null && pwd) || return 0
   [ -f "$dir/data/postmaster.pid" ] || return 0
   [ "$(id -u)" -eq 0 ] && run=(runuser -u postgres --)
   "${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w -t 30 stop >/dev/null 2>&1 ||
