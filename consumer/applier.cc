@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/fault.h"
 #include "common/ids.h"
 #include "consumer/apply_rules.h"
 
@@ -256,6 +257,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyOnce(
           "WHERE aggregate_id = $1",
           agg, cur);
     }
+    MaybeCrash("consumer.before_commit");
     tx.commit();
     return absl::OkStatus();
   });

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/fault.h"
 #include "common/ids.h"
 #include "common/server.h"
 
@@ -34,6 +35,8 @@ grpc::Status EventSinkImpl::Deliver(
                    results.status().ToString());
       return ToGrpcStatus(results.status());
     }
+    // Committed, not answered: the relay must redeliver and get DUPLICATE.
+    MaybeCrash("consumer.after_commit_before_answer");
     v1::DeliverResponse resp;
     resp.set_batch_id(req.batch_id());
     for (auto& r : *results) *resp.add_results() = std::move(r);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/fault.h"
 #include "common/ids.h"
 #include "common/log.h"
 #include "producer/order_logic.h"
@@ -140,7 +141,9 @@ absl::StatusOr<v1::Order> OrderStore::Create(const v1::CreateOrderRequest& req,
     created->set_currency(req.currency());
     created->set_total_cents(total_cents);
     pqxx::result row = AppendEvent(tx, event, "version = version", notify_);
+    MaybeCrash("producer.before_commit");
     tx.commit();
+    MaybeCrash("producer.after_commit_before_answer");
     result = OrderFromRow(row[0]);
     return result.status();
   });
@@ -197,7 +200,9 @@ absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,
     paid->set_currency(current->currency());
     pqxx::result updated = AppendEvent(
         tx, event, "status = 'PAID', version = orders.version + 1", notify_);
+    MaybeCrash("producer.before_commit");
     tx.commit();
+    MaybeCrash("producer.after_commit_before_answer");
     result = OrderFromRow(updated[0]);
     return result.status();
   });
@@ -236,7 +241,9 @@ absl::StatusOr<v1::Order> OrderStore::Cancel(const v1::CancelOrderRequest& req,
     pqxx::result updated = AppendEvent(
         tx, event, "status = 'CANCELLED', version = orders.version + 1",
         notify_);
+    MaybeCrash("producer.before_commit");
     tx.commit();
+    MaybeCrash("producer.after_commit_before_answer");
     result = OrderFromRow(updated[0]);
     return result.status();
   });

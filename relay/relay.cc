@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/db.h"
+#include "common/fault.h"
 #include "common/ids.h"
 
 namespace outbox::relay {
@@ -309,6 +310,7 @@ bool Relay::Claim() {
         in_flight_seqs_.insert(seq);
       }
       if (!batch.seqs.empty()) {
+        MaybeCrash("relay.after_claim_before_send");
         batch.sent_at = absl::Now();
         in_flight_[batch.batch_id] = std::move(batch);
         stream_->Send(std::move(req));
@@ -356,6 +358,8 @@ void Relay::HandleResponses() {
 
 bool Relay::FlushMarks() {
   if (marks_.empty()) return true;
+  // Answered by the consumer, not yet marked: redelivery must follow.
+  MaybeCrash("relay.after_send_before_mark");
   std::vector<int64_t> delivered;
   for (const Mark& m : marks_) {
     if (m.delivered) delivered.push_back(m.seq);
@@ -386,7 +390,9 @@ bool Relay::FlushMarks() {
         spdlog::warn("relay: row {} is a dead letter: {}", m.seq, m.reason);
       }
     }
+    MaybeCrash("relay.before_mark_commit");
     tx.commit();
+    MaybeCrash("relay.after_mark_commit");
   } catch (const std::exception& e) {
     spdlog::warn("relay: marking {} rows: {}", marks_.size(),
                  std::string(StatusFromException(e).message()));

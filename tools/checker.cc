@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/db.h"
+#include "common/log.h"
 #include "outbox/v1/event.pb.h"
 
 namespace outbox::tools {
@@ -69,6 +70,26 @@ std::string CheckReport::Summary() const {
   absl::StrAppend(&s, ok() ? "RESULT: OK, every invariant holds\n"
                            : "RESULT: VIOLATION\n");
   return s;
+}
+
+std::string CheckReport::Json() const {
+  std::string ex = "[";
+  for (size_t i = 0; i < examples.size(); ++i) {
+    absl::StrAppend(&ex, i ? "," : "", "\"", JsonEscape(examples[i]), "\"");
+  }
+  ex += "]";
+  return absl::StrFormat(
+      "{\"ok\":%s,\"events\":%d,\"applied\":%d,\"dead_letters\":%d,"
+      "\"behind_dead\":%d,\"pending\":%d,\"held\":%d,\"drained\":%s,"
+      "\"drain_seconds\":%.3f,\"lost\":%d,\"missing_effects\":%d,"
+      "\"duplicate_effects\":%d,\"order_violations\":%d,\"phantoms\":%d,"
+      "\"view_mismatches\":%d,\"latency_p50_ms\":%.2f,"
+      "\"latency_p99_ms\":%.2f,\"examples\":%s}\n",
+      ok() ? "true" : "false", events, applied, dead_letters, behind_dead,
+      pending, held, drained ? "true" : "false",
+      absl::ToDoubleSeconds(drain_time), lost, missing_effects,
+      duplicate_effects, order_violations, phantoms, view_mismatches,
+      latency_p50_ms, latency_p99_ms, ex);
 }
 
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,

@@ -37,6 +37,8 @@ struct CheckReport {
   }
   // A multi-line summary for people.
   std::string Summary() const;
+  // One JSON object, for scripts.
+  std::string Json() const;
 };
 
 // Waits up to `wait` until nothing drainable is pending and nothing is held

@@ -115,6 +115,10 @@ LoadReport RunLoad(const LoadOptions& o) {
     std::mt19937_64 rng(o.seed * 1000003 + w);
     std::uniform_real_distribution<double> coin(0, 1);
     for (int i; (i = next.fetch_add(1)) < o.orders;) {
+      if (o.duration > absl::ZeroDuration() &&
+          absl::Now() - start > o.duration) {
+        break;
+      }
       v1::CreateOrderRequest req;
       req.set_customer_id(absl::StrCat("customer-", i % 97));
       req.set_currency("EUR");

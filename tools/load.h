@@ -15,7 +15,8 @@ namespace outbox::tools {
 
 struct LoadOptions {
   std::string producer = "127.0.0.1:50051";
-  int orders = 100;
+  int orders = 100;               // at most
+  absl::Duration duration;        // if set, no new order starts after it
   int concurrency = 8;
   double pay_fraction = 0.7;     // of created orders
   double cancel_fraction = 0.3;  // of created orders (paid ones get refunds)

@@ -41,6 +41,9 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the load's random choices.");
 ABSL_FLAG(absl::Duration, wait, absl::Seconds(120),
           "How long verify waits for the backlog to drain.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Per-call deadline.");
+ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(),
+          "load: start no new order after this long (0: run to --orders).");
+ABSL_FLAG(std::string, format, "text", "verify: text or json.");
 
 namespace {
 
@@ -183,6 +186,7 @@ outbox::tools::LoadOptions LoadOptionsFromFlags() {
   o.cancel_fraction = absl::GetFlag(FLAGS_cancel_fraction);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.call_timeout = absl::GetFlag(FLAGS_timeout);
+  o.duration = absl::GetFlag(FLAGS_duration);
   return o;
 }
 
@@ -195,7 +199,9 @@ int Verify() {
                  report.status().ToString().c_str());
     return 1;
   }
-  std::printf("%s", report->Summary().c_str());
+  std::printf("%s", absl::GetFlag(FLAGS_format) == "json"
+                        ? report->Json().c_str()
+                        : report->Summary().c_str());
   return report->ok() ? 0 : 1;
 }
 
