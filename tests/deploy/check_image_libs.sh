@@ -42,7 +42,14 @@ runtime_pkgs=$(read_packages runtime)
 echo "runtime packages: $runtime_pkgs"
 
 failures=0
-for p in $builder_pkgs $runtime_pkgs; do
+if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
+  echo "note: no apt package lists (run apt-get update); skipping the availability check of the Dockerfile's packages"
+  builder_pkgs=
+  runtime_avail=
+else
+  runtime_avail=$runtime_pkgs
+fi
+for p in $builder_pkgs $runtime_avail; do
   cand=$(apt-cache policy "$p" 2>/dev/null | awk '/Candidate:/ {print $2}')
   if [[ -z "$cand" || "$cand" == "(none)" ]]; then
     echo "FAIL package $p is not available from the configured Debian release (apt-get update?)"

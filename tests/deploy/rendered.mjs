@@ -293,10 +293,19 @@ function killAll(signal = "SIGKILL") {
     }
   }
 }
+function dropDatabases() {
+  if (process.env.KEEP_DATABASES === "1") return;
+  for (const local of dbNames.values()) {
+    psql(pgUrl.pathname.slice(1) || "postgres", `DROP DATABASE IF EXISTS "${local}" WITH (FORCE)`);
+  }
+  dbNames.clear();
+}
 process.on("exit", () => killAll());
 for (const s of ["SIGINT", "SIGTERM", "SIGHUP"]) {
   process.on(s, () => {
+    console.log(`run_rendered: ${s}; stopping what this run started`);
     killAll();
+    dropDatabases();
     process.exit(1);
   });
 }
@@ -456,10 +465,6 @@ try {
   check(false, `unexpected error: ${e.stack ?? e}`);
 }
 killAll();
-if (process.env.KEEP_DATABASES !== "1") {
-  for (const local of dbNames.values()) {
-    psql(pgUrl.pathname.slice(1) || "postgres", `DROP DATABASE IF EXISTS "${local}" WITH (FORCE)`);
-  }
-}
+dropDatabases();
 console.log(`run_rendered: ${passed} passed, ${failures.length} failed`);
 process.exit(failures.length === 0 ? 0 : 1);

@@ -66,6 +66,12 @@ cleanup() {
       fi
     done <"$tmp/pids"
   fi
+  # Databases of this run that rendered.mjs could not drop (it died).
+  if [[ -f "$tmp/databases" && "${KEEP_DATABASES:-0}" != 1 ]]; then
+    while read -r db; do
+      psql "$OUTBOX_TEST_PG_URL" -X -q -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true
+    done <"$tmp/databases"
+  fi
   if [[ $rc -ne 0 ]]; then
     echo "run_rendered: logs kept in $tmp"
   else
@@ -87,5 +93,7 @@ node_pid=$!
 rc=0
 wait "$node_pid" || rc=$?
 node_pid=
-[[ $rc -eq 124 ]] && echo "run_rendered: timed out after ${RUN_RENDERED_TIMEOUT:-300} s" >&2
-exit "$rc"
+if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+  echo "run_rendered: timed out after ${RUN_RENDERED_TIMEOUT:-300} s" >&2
+fi
+[[ $rc -eq 0 ]] || exit 1

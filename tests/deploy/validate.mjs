@@ -54,6 +54,23 @@ const COMPONENTS = {
   "outbox-relay": { listen: "127.0.0.1:50052", database: "outbox_orders", needsService: false },
   "outbox-consumer": { listen: "127.0.0.1:50053", database: "outbox_billing", needsService: true },
 };
+// The flags of each binary and the form of their values, so that a typo in
+// a ConfigMap key (OUTBOX_*) or an argument fails here already; with the
+// binaries at hand, run_rendered.sh checks the same against --helpfull.
+const DURATION = (v) => Number.isFinite(parseDuration(v)) && parseDuration(v) >= 0;
+const INT = (v) => /^\d+$/.test(v);
+const BOOL = (v) => /^(true|false|1|0|yes|no|t|f|y|n)$/i.test(v);
+const HOSTPORT = (v) => parseHostPort(v) !== null;
+const COMMON_FLAGS = {
+  listen: HOSTPORT, db: (v) => /^postgres(ql)?:\/\//.test(v), metrics_listen: (v) => v === "" || HOSTPORT(v),
+  log_format: (v) => ["text", "json"].includes(v), log_level: (v) => ["trace", "debug", "info", "warn", "error"].includes(v),
+  shutdown_timeout: DURATION, db_pool_size: INT,
+};
+const FLAGS = {
+  "outbox-producer": { ...COMMON_FLAGS, notify: BOOL },
+  "outbox-relay": { ...COMMON_FLAGS, consumer: HOSTPORT, max_attempts: INT, batch_size: INT, window: INT, poll_interval: DURATION, ack_timeout: DURATION },
+  "outbox-consumer": { ...COMMON_FLAGS },
+};
 const SHUTDOWN_TIMEOUT_DEFAULT = "10s";
 const GRACE_MARGIN_SECONDS = 5; // time to exit after the drain deadline
 const PROD_MIN_REPLICAS = 2;
@@ -274,6 +291,21 @@ async function validateOverlay(name, file, validator, docker) {
         check(docker.uid === null || uid === docker.uid, `container ${c.name}: runAsUser ${uid} equals the image's USER ${docker.uid}`);
       }
       const { args } = argvOf(c, env);
+      const known = FLAGS[comp];
+      for (const [k, v] of Object.entries(env)) {
+        if (!k.startsWith("OUTBOX_")) continue;
+        const flag = k.slice(7).toLowerCase();
+        if (check(known[flag], `container ${c.name}: ${k} (${sources[k]}) is a flag of ${comp}`)) {
+          check(known[flag](v), `container ${c.name}: ${k}="${v}" is a valid --${flag} value`);
+        }
+      }
+      for (const a of args) {
+        const m = /^--?([A-Za-z0-9_]+)(?:=(.*))?$/s.exec(a);
+        if (!m) continue;
+        if (check(known[m[1]], `container ${c.name}: argument --${m[1]} is a flag of ${comp}`) && m[2] !== undefined) {
+          check(known[m[1]](m[2]), `container ${c.name}: --${m[1]}="${m[2]}" is a valid value`);
+        }
+      }
       const listen = effectiveFlag(args, env, "listen", COMPONENTS[comp].listen);
       const lhp = parseHostPort(listen.value);
       check(lhp, `container ${c.name}: --listen "${listen.value}" is host:port`);

@@ -124,6 +124,12 @@ mutate "image runs as root" "numeric non-root USER" deploy/docker/Dockerfile \
   's.replace("USER 10001:10001", "USER root", 1)'
 mutate "dockerignore lets node_modules in" "excludes node_modules" .dockerignore \
   's.replace("node_modules\n", "", 1)'
+mutate "misspelt setting in the ConfigMap" "OUTBOX_POLL_INTERVALL \(configmap:outbox-relay-[a-z0-9]+\) is a flag of outbox-relay" $B/kustomization.yaml \
+  's.replace("OUTBOX_POLL_INTERVAL=500ms", "OUTBOX_POLL_INTERVALL=500ms", 1)'
+mutate "bad duration" "OUTBOX_ACK_TIMEOUT=\"15 seconds\" is a valid --ack_timeout value" $B/kustomization.yaml \
+  's.replace("OUTBOX_ACK_TIMEOUT=15s", "OUTBOX_ACK_TIMEOUT=15 seconds", 1)'
+mutate "unknown argument" "argument --metrics_port is a flag of outbox-consumer" $B/consumer.yaml \
+  's.replace("- --metrics_listen=0.0.0.0:9090", "- --metrics_listen=0.0.0.0:9090\n            - --metrics_port=9090", 1)'
 mutate "unknown kind" "not a known upstream Kubernetes kind" $B/serviceaccount.yaml \
   's.replace("kind: ServiceAccount", "kind: ServiceAcount", 1)'
 mutate "kustomize error" "kubectl kustomize deploy/k8s/overlays/dev failed" deploy/k8s/overlays/dev/kustomization.yaml \
