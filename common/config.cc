@@ -76,6 +76,13 @@ std::vector<char*> InitProcess(int argc, char** argv, const char* usage) {
   return positional;
 }
 
+bool TerminationRequested() {
+  sigset_t pending;
+  sigemptyset(&pending);
+  sigpending(&pending);
+  return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1;
+}
+
 std::string WaitForTerminationSignal() {
   sigset_t set = TerminationSignals();
   int sig = 0;

@@ -29,4 +29,8 @@ std::vector<char*> InitProcess(int argc, char** argv, const char* usage);
 // Blocks until SIGINT or SIGTERM arrives; returns the signal's name.
 std::string WaitForTerminationSignal();
 
+// True if SIGINT or SIGTERM arrived and nobody has waited for it yet: lets
+// start-up loops (migrations retrying an unreachable database) stop early.
+bool TerminationRequested();
+
 }  // namespace outbox

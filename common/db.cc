@@ -8,6 +8,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 
 namespace outbox {
 namespace {
@@ -239,7 +240,12 @@ absl::Status Migrate(const std::string& url, const std::string& schema_name,
     }
     if (absl::Now() > deadline) return last;
     spdlog::warn("migrations: {}; retrying", std::string(last.message()));
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    for (int i = 0; i < 10; ++i) {
+      if (TerminationRequested()) {
+        return absl::CancelledError("terminated while waiting for the database");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
 }
 

@@ -82,7 +82,8 @@ struct Migration {
 // Applies the migrations not yet recorded in schema_migrations, in version
 // order, in one transaction under an advisory lock, so that replicas
 // starting at once apply each migration exactly once. Retries while the
-// database is unreachable, up to `wait`.
+// database is unreachable, up to `wait`; Cancelled if SIGINT or SIGTERM
+// arrives meanwhile.
 absl::Status Migrate(const std::string& url, const std::string& schema_name,
                      const std::vector<Migration>& migrations,
                      absl::Duration wait = absl::Seconds(30));

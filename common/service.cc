@@ -15,6 +15,20 @@ ABSL_FLAG(int, db_pool_size, 8, "Database connections per process.");
 
 namespace outbox {
 
+std::optional<int> MigrateAtStartup(const std::string& name,
+                                    const std::string& url,
+                                    const std::string& schema,
+                                    const std::vector<Migration>& migrations) {
+  absl::Status s = Migrate(url, schema, migrations);
+  if (s.ok()) return std::nullopt;
+  if (absl::IsCancelled(s)) {
+    spdlog::info("{}: stopped during start-up", name);
+    return 0;
+  }
+  spdlog::critical("{}: migrations failed: {}", name, s.ToString());
+  return 1;
+}
+
 int ServeUntilSignal(const ServeOptions& options) {
   std::unique_ptr<MetricsHttpServer> metrics_server;
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

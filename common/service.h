@@ -6,11 +6,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/time/time.h"
+#include "common/db.h"
 #include "common/metrics.h"
 #include "common/server.h"
 
@@ -29,6 +31,13 @@ struct ServeOptions {
   // stop background work here (the relay stops claiming).
   std::function<void()> before_drain;
 };
+
+// Applies `migrations` to `url` at start-up (see Migrate). Returns the exit
+// code the binary must stop with, or nothing when the database is ready.
+std::optional<int> MigrateAtStartup(const std::string& name,
+                                    const std::string& url,
+                                    const std::string& schema,
+                                    const std::vector<Migration>& migrations);
 
 // Serves until SIGINT or SIGTERM, then: health NOT_SERVING, before_drain,
 // drain the gRPC server within --shutdown_timeout. Returns the process exit

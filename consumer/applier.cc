@@ -15,21 +15,35 @@
 namespace outbox::consumer {
 namespace {
 
-// A PostgreSQL text[] literal of `values` (escaped for the array syntax).
-std::string TextArray(const std::set<std::string>& values) {
-  std::string out = "{";
-  bool first = true;
-  for (const std::string& v : values) {
-    if (!first) out += ",";
-    first = false;
-    out += "\"";
+// PostgreSQL array literals, for passing a whole batch as one parameter
+// (unnest($1::text[], $2::bigint[], ...)).
+class ArrayLiteral {
+ public:
+  void Add(absl::string_view v) {
+    out_ += out_.empty() ? "{\"" : ",\"";
     for (char c : v) {
-      if (c == '"' || c == '\\') out += '\\';
-      out += c;
+      if (c == '"' || c == '\\') out_ += '\\';
+      out_ += c;
     }
-    out += "\"";
+    out_ += '"';
   }
-  return out + "}";
+  void Add(int64_t v) { Add(absl::StrCat(v)); }
+  std::string str() const { return out_.empty() ? "{}" : out_ + "}"; }
+  bool empty() const { return out_.empty(); }
+
+ private:
+  std::string out_;
+};
+
+std::string Hex(const std::string& bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
 }
 
 std::string OccurredAt(const v1::Event& e) {
@@ -37,48 +51,49 @@ std::string OccurredAt(const v1::Event& e) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%E6S+00", t, absl::UTCTimeZone());
 }
 
-// Writes the inbox row and the billing effects of `e`. False if the inbox
-// already had it (nothing written then).
-bool ApplyEffects(pqxx::work& tx, const v1::Event& e) {
-  pqxx::result inbox = tx.exec_params(
-      "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "
-      "occurred_at) VALUES ($1, $2, $3, $4, $5) "
-      "ON CONFLICT DO NOTHING RETURNING apply_id",
-      e.event_id(), e.aggregate_id(), e.seq(), e.event_type(), OccurredAt(e));
-  if (inbox.empty()) return false;
+// The billing view of one order while a batch is applied.
+struct OrderState {
+  bool exists = false;
+  std::string customer_id;
+  std::string status;
+  int64_t total_cents = 0;
+  std::string currency;
+  int64_t last_seq = 0;
+  bool dirty = false;
+};
+
+struct ChargeRow {
+  std::string event_id, order_id, kind, currency;
+  int64_t amount_cents;
+};
+
+// The effect of `e` on `order`; appends the money movement it causes. A
+// refund only when this consumer saw the order paid: its own state, applied
+// in order, decides.
+void Evolve(const v1::Event& e, OrderState* order,
+            std::vector<ChargeRow>* charges) {
+  order->dirty = true;
+  order->last_seq = e.seq();
   if (e.has_order_created()) {
     const v1::OrderCreated& p = e.order_created();
-    tx.exec_params(
-        "INSERT INTO order_view (order_id, customer_id, status, total_cents, "
-        "currency, last_seq) VALUES ($1, $2, 'CREATED', $3, $4, $5) "
-        "ON CONFLICT (order_id) DO UPDATE SET customer_id = EXCLUDED.customer_id, "
-        "total_cents = EXCLUDED.total_cents, currency = EXCLUDED.currency, "
-        "last_seq = EXCLUDED.last_seq, updated_at = now()",
-        p.order_id(), p.customer_id(), p.total_cents(), p.currency(), e.seq());
+    order->exists = true;
+    order->customer_id = p.customer_id();
+    order->status = "CREATED";
+    order->total_cents = p.total_cents();
+    order->currency = p.currency();
   } else if (e.has_order_paid()) {
     const v1::OrderPaid& p = e.order_paid();
-    tx.exec_params(
-        "WITH v AS (UPDATE order_view SET status = 'PAID', last_seq = $3, "
-        "updated_at = now() WHERE order_id = $2 RETURNING currency) "
-        "INSERT INTO charges (event_id, order_id, kind, amount_cents, currency) "
-        "SELECT $1, $2, 'charge', $4, coalesce((SELECT currency FROM v), $5) "
-        "ON CONFLICT DO NOTHING",
-        e.event_id(), p.order_id(), e.seq(), p.amount_cents(), p.currency());
+    if (order->currency.empty()) order->currency = p.currency();
+    charges->push_back({e.event_id(), e.aggregate_id(), "charge",
+                        order->currency, p.amount_cents()});
+    order->status = "PAID";
   } else if (e.has_order_cancelled()) {
-    // A refund only if this consumer saw the order paid: its own state,
-    // applied in order, decides.
-    const v1::OrderCancelled& p = e.order_cancelled();
-    tx.exec_params(
-        "WITH old AS (SELECT status, total_cents, currency FROM order_view "
-        "WHERE order_id = $2), "
-        "v AS (UPDATE order_view SET status = 'CANCELLED', last_seq = $3, "
-        "updated_at = now() WHERE order_id = $2) "
-        "INSERT INTO charges (event_id, order_id, kind, amount_cents, currency) "
-        "SELECT $1, $2, 'refund', total_cents, currency FROM old "
-        "WHERE status = 'PAID' ON CONFLICT DO NOTHING",
-        e.event_id(), p.order_id(), e.seq());
+    if (order->status == "PAID") {
+      charges->push_back({e.event_id(), e.aggregate_id(), "refund",
+                          order->currency, order->total_cents});
+    }
+    order->status = "CANCELLED";
   }
-  return true;
 }
 
 v1::EventResult Result(const v1::Event& e, v1::DeliveryOutcome outcome,
@@ -174,51 +189,102 @@ absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyOnce(
   }
   if (aggregates.empty()) return results;
 
+  // The whole batch is decided in memory and written with a fixed handful
+  // of statements, whatever its size.
   int64_t drained = 0;
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    drained = 0;
     pqxx::work tx(c);
-    const std::string ids = TextArray(aggregates);
+    ArrayLiteral ids;
+    for (const std::string& a : aggregates) ids.Add(a);
     // Lock every aggregate of the batch, in sorted order, for the whole
-    // transaction: holding and applying serialize on these rows.
+    // transaction: holding and applying serialize on these rows, so two
+    // replicas never strand a held event, and never deadlock.
     tx.exec_params(
         "INSERT INTO aggregate_cursors (aggregate_id) "
         "SELECT a FROM unnest($1::text[]) AS a ORDER BY a "
         "ON CONFLICT DO NOTHING",
-        ids);
+        ids.str());
     std::map<std::string, int64_t> cursor;
     for (const auto& row : tx.exec_params(
              "SELECT aggregate_id, last_seq FROM aggregate_cursors "
              "WHERE aggregate_id = ANY($1::text[]) ORDER BY aggregate_id "
              "FOR UPDATE",
-             ids)) {
+             ids.str())) {
       cursor[row[0].as<std::string>()] = row[1].as<int64_t>();
     }
-    std::set<std::string> advanced;
+    const std::map<std::string, int64_t> cursor_before = cursor;
+    // Held events of these aggregates, by (aggregate, prev_seq).
+    std::map<std::pair<std::string, int64_t>, v1::Event> held;
+    std::set<std::string> held_ids;
+    for (const auto& row : tx.exec_params(
+             "SELECT payload FROM held_events WHERE aggregate_id = "
+             "ANY($1::text[])",
+             ids.str())) {
+      v1::Event h;
+      if (!h.ParseFromString(pqxx::binarystring(row[0]).str())) {
+        return absl::DataLossError("a held event is unreadable");
+      }
+      held_ids.insert(h.event_id());
+      held.emplace(std::make_pair(h.aggregate_id(), h.prev_seq()),
+                   std::move(h));
+    }
+    std::map<std::string, OrderState> orders;
+    for (const auto& row : tx.exec_params(
+             "SELECT order_id, customer_id, status, total_cents, currency, "
+             "last_seq FROM order_view WHERE order_id = ANY($1::text[])",
+             ids.str())) {
+      OrderState& o = orders[row[0].as<std::string>()];
+      o.exists = true;
+      o.customer_id = row[1].as<std::string>();
+      o.status = row[2].as<std::string>();
+      o.total_cents = row[3].as<int64_t>();
+      o.currency = row[4].as<std::string>();
+      o.last_seq = row[5].as<int64_t>();
+    }
+
+    std::vector<v1::Event> to_apply;  // in apply order
+    std::vector<v1::Event> to_hold;
+    std::vector<std::string> unheld;  // drained from held_events
+    auto apply = [&](const v1::Event& e) {
+      to_apply.push_back(e);
+      int64_t& cur = cursor[e.aggregate_id()];
+      cur = e.seq();
+      // Its held successors follow at once, in chain order.
+      for (auto it = held.find({e.aggregate_id(), cur}); it != held.end();
+           it = held.find({e.aggregate_id(), cur})) {
+        to_apply.push_back(it->second);
+        cur = it->second.seq();
+        if (held_ids.count(it->second.event_id())) {
+          unheld.push_back(it->second.event_id());
+          ++drained;
+        }
+        held.erase(it);
+      }
+    };
     for (size_t i = 0; i < events.size(); ++i) {
       if (!valid[i]) continue;
       const v1::Event& e = *events[i];
-      int64_t& cur = cursor[e.aggregate_id()];
+      const int64_t cur = cursor[e.aggregate_id()];
       switch (Decide(e.seq(), e.prev_seq(), cur)) {
         case Decision::kDuplicate:
           results[i] = Result(e, v1::DUPLICATE);
           break;
         case Decision::kApply:
-          if (ApplyEffects(tx, e)) {
-            cur = e.seq();
-            advanced.insert(e.aggregate_id());
-            results[i] = Result(e, v1::APPLIED);
-          } else {
-            results[i] = Result(e, v1::DUPLICATE);
-          }
+          apply(e);
+          results[i] = Result(e, v1::APPLIED);
           break;
-        case Decision::kHold:
-          tx.exec_params(
-              "INSERT INTO held_events (event_id, aggregate_id, seq, prev_seq, "
-              "payload) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-              e.event_id(), e.aggregate_id(), e.seq(), e.prev_seq(),
-              pqxx::binarystring(e.SerializeAsString()));
+        case Decision::kHold: {
+          // Parked in memory too, so a predecessor later in this batch
+          // drains it at once.
+          auto key = std::make_pair(e.aggregate_id(), e.prev_seq());
+          if (!held.count(key)) {
+            held.emplace(key, e);
+            to_hold.push_back(e);
+          }
           results[i] = Result(e, v1::HELD);
           break;
+        }
         case Decision::kReject:
           results[i] = Result(
               e, v1::REJECTED,
@@ -228,34 +294,110 @@ absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyOnce(
           break;
       }
     }
-    // Held successors of every aggregate that moved, in chain order.
-    for (const std::string& agg : advanced) {
-      int64_t& cur = cursor[agg];
-      for (;;) {
-        pqxx::result next = tx.exec_params(
-            "SELECT payload FROM held_events WHERE aggregate_id = $1 AND "
-            "prev_seq = $2 ORDER BY seq LIMIT 1",
-            agg, cur);
-        if (next.empty()) break;
-        v1::Event held;
-        if (!held.ParseFromString(pqxx::binarystring(next[0][0]).str())) {
-          return absl::DataLossError(
-              absl::StrCat("held event of ", agg, " is unreadable"));
-        }
-        ApplyEffects(tx, held);
-        tx.exec_params("DELETE FROM held_events WHERE event_id = $1",
-                       held.event_id());
-        cur = held.seq();
-        ++drained;
+    // Held in this batch and drained in this batch: never written as held.
+    std::set<std::string> applied_ids;
+    for (const v1::Event& e : to_apply) applied_ids.insert(e.event_id());
+    for (v1::EventResult& r : results) {
+      if (r.outcome() == v1::HELD && applied_ids.count(r.event_id())) {
+        r.set_outcome(v1::APPLIED);
       }
-      // Held copies of events applied meanwhile are duplicates now.
+    }
+
+    if (!to_apply.empty()) {
+      ArrayLiteral ev, agg, seq, type, at;
+      for (const v1::Event& e : to_apply) {
+        ev.Add(e.event_id());
+        agg.Add(e.aggregate_id());
+        seq.Add(e.seq());
+        type.Add(e.event_type());
+        at.Add(OccurredAt(e));
+      }
+      pqxx::result inserted = tx.exec_params(
+          "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "
+          "occurred_at) SELECT * FROM unnest($1::uuid[], $2::text[], "
+          "$3::bigint[], $4::text[], $5::timestamptz[]) "
+          "ON CONFLICT DO NOTHING",
+          ev.str(), agg.str(), seq.str(), type.str(), at.str());
+      if (inserted.affected_rows() != to_apply.size()) {
+        // The inbox knew an event the cursor did not: never written by this
+        // code. Refuse rather than guess which effect is owed.
+        return absl::DataLossError(
+            "inbox and aggregate cursors disagree; refusing the batch");
+      }
+      std::vector<ChargeRow> charges;
+      for (const v1::Event& e : to_apply) {
+        Evolve(e, &orders[e.aggregate_id()], &charges);
+      }
+      ArrayLiteral oid, cust, status, total, cur, last;
+      for (const auto& [id, o] : orders) {
+        if (!o.dirty) continue;
+        oid.Add(id);
+        cust.Add(o.customer_id);
+        status.Add(o.status.empty() ? "UNKNOWN" : o.status);
+        total.Add(o.total_cents);
+        cur.Add(o.currency);
+        last.Add(o.last_seq);
+      }
       tx.exec_params(
-          "DELETE FROM held_events WHERE aggregate_id = $1 AND seq <= $2", agg,
-          cur);
+          "INSERT INTO order_view (order_id, customer_id, status, "
+          "total_cents, currency, last_seq) SELECT * FROM unnest($1::text[], "
+          "$2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[]) "
+          "ON CONFLICT (order_id) DO UPDATE SET customer_id = "
+          "EXCLUDED.customer_id, status = EXCLUDED.status, total_cents = "
+          "EXCLUDED.total_cents, currency = EXCLUDED.currency, last_seq = "
+          "EXCLUDED.last_seq, updated_at = now()",
+          oid.str(), cust.str(), status.str(), total.str(), cur.str(),
+          last.str());
+      if (!charges.empty()) {
+        ArrayLiteral cev, cord, kind, amount, ccur;
+        for (const ChargeRow& ch : charges) {
+          cev.Add(ch.event_id);
+          cord.Add(ch.order_id);
+          kind.Add(ch.kind);
+          amount.Add(ch.amount_cents);
+          ccur.Add(ch.currency);
+        }
+        tx.exec_params(
+            "INSERT INTO charges (event_id, order_id, kind, amount_cents, "
+            "currency) SELECT * FROM unnest($1::uuid[], $2::text[], "
+            "$3::text[], $4::bigint[], $5::text[]) ON CONFLICT DO NOTHING",
+            cev.str(), cord.str(), kind.str(), amount.str(), ccur.str());
+      }
+    }
+    ArrayLiteral hev, hagg, hseq, hprev, hpay;
+    for (const v1::Event& e : to_hold) {
+      if (applied_ids.count(e.event_id())) continue;
+      hev.Add(e.event_id());
+      hagg.Add(e.aggregate_id());
+      hseq.Add(e.seq());
+      hprev.Add(e.prev_seq());
+      hpay.Add(Hex(e.SerializeAsString()));
+    }
+    if (!hev.empty()) {
       tx.exec_params(
-          "UPDATE aggregate_cursors SET last_seq = $2, updated_at = now() "
-          "WHERE aggregate_id = $1",
-          agg, cur);
+          "INSERT INTO held_events (event_id, aggregate_id, seq, prev_seq, "
+          "payload) SELECT e, a, s, p, decode(h, 'hex') FROM unnest("
+          "$1::uuid[], $2::text[], $3::bigint[], $4::bigint[], $5::text[]) "
+          "AS t(e, a, s, p, h) ON CONFLICT DO NOTHING",
+          hev.str(), hagg.str(), hseq.str(), hprev.str(), hpay.str());
+    }
+    ArrayLiteral moved, moved_to;
+    for (const auto& [agg, seq] : cursor) {
+      if (seq == cursor_before.at(agg)) continue;
+      moved.Add(agg);
+      moved_to.Add(seq);
+    }
+    if (!moved.empty()) {
+      // Held copies at or below the new position are drained or stale.
+      tx.exec_params(
+          "DELETE FROM held_events h USING unnest($1::text[], $2::bigint[]) "
+          "AS m(a, s) WHERE h.aggregate_id = m.a AND h.seq <= m.s",
+          moved.str(), moved_to.str());
+      tx.exec_params(
+          "UPDATE aggregate_cursors c SET last_seq = m.s, updated_at = now() "
+          "FROM unnest($1::text[], $2::bigint[]) AS m(a, s) "
+          "WHERE c.aggregate_id = m.a",
+          moved.str(), moved_to.str());
     }
     MaybeCrash("consumer.before_commit");
     tx.commit();

@@ -22,11 +22,9 @@ int main(int argc, char** argv) {
                       "outbox-consumer: applies delivered events exactly once, "
                       "in order.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
-  if (absl::Status s =
-          outbox::Migrate(url, "billing", outbox::BillingMigrations());
-      !s.ok()) {
-    spdlog::critical("outbox-consumer: migrations failed: {}", s.ToString());
-    return 1;
+  if (auto exit_code = outbox::MigrateAtStartup(
+          "outbox-consumer", url, "billing", outbox::BillingMigrations())) {
+    return *exit_code;
   }
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
                       "outbox-consumer");

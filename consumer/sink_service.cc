@@ -29,7 +29,10 @@ grpc::Status EventSinkImpl::Deliver(
     std::vector<const v1::Event*> events;
     events.reserve(req.events_size());
     for (const v1::Event& e : req.events()) events.push_back(&e);
+    const absl::Time t0 = absl::Now();
     auto results = applier_->ApplyBatch(events);
+    spdlog::debug("consumer: batch {} of {} events in {}", req.batch_id(),
+                  events.size(), absl::FormatDuration(absl::Now() - t0));
     if (!results.ok()) {
       spdlog::warn("consumer: batch {} not applied: {}", req.batch_id(),
                    results.status().ToString());

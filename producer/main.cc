@@ -23,10 +23,9 @@ int main(int argc, char** argv) {
                       "outbox-producer: the order service with a "
                       "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
-  if (absl::Status s = outbox::Migrate(url, "orders", outbox::OrdersMigrations());
-      !s.ok()) {
-    spdlog::critical("outbox-producer: migrations failed: {}", s.ToString());
-    return 1;
+  if (auto exit_code = outbox::MigrateAtStartup("outbox-producer", url, "orders",
+                                                outbox::OrdersMigrations())) {
+    return *exit_code;
   }
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
                       "outbox-producer");

@@ -27,6 +27,7 @@ class OrderServiceImpl final : public v1::OrderService::Service {
  private:
   // Counts the call by method and code, logs failures that are ours.
   grpc::Status Finish(const char* method, const absl::Status& s);
+  Counter* CallCounter(const char* method, absl::StatusCode code);
 
   OrderStore* const store_;
   Metrics* const metrics_;

@@ -244,3 +244,28 @@ TEST_F(OrderStoreTest, RecoversWhenConnectionsAreKilled) {
 
 }  // namespace
 }  // namespace outbox::producer
+
+namespace outbox {
+namespace {
+
+TEST(Migrations, ConcurrentStartupsApplyEachMigrationOnce) {
+  // Eight replicas starting at once against an empty database, as a
+  // rollout does: the advisory lock lets one migrate while the others wait.
+  testing::TestDatabase tdb("migrate", {});
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(8);
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = Migrate(tdb.url(), "orders", OrdersMigrations()); });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM schema_migrations"),
+            static_cast<int64_t>(OrdersMigrations().size()));
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM pg_tables WHERE tablename IN "
+                       "('orders', 'outbox')"),
+            2);
+}
+
+}  // namespace
+}  // namespace outbox

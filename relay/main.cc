@@ -53,11 +53,9 @@ int main(int argc, char** argv) {
         "--window >= --batch_size, positive --poll_interval and --ack_timeout");
     return 2;
   }
-  if (absl::Status s = outbox::Migrate(options.db_url, "orders",
-                                       outbox::OrdersMigrations());
-      !s.ok()) {
-    spdlog::critical("outbox-relay: migrations failed: {}", s.ToString());
-    return 1;
+  if (auto exit_code = outbox::MigrateAtStartup(
+          "outbox-relay", options.db_url, "orders", outbox::OrdersMigrations())) {
+    return *exit_code;
   }
   outbox::Database db(options.db_url, absl::GetFlag(FLAGS_db_pool_size),
                       "outbox-relay-admin");

@@ -69,6 +69,8 @@ Relay::Relay(RelayOptions options, Metrics* metrics)
       reconnects_(metrics->AddCounter(
           "outbox_relay_stream_failures_total",
           "Delivery streams that broke or timed out.")),
+      batches_(metrics->AddCounter("outbox_relay_batches_total",
+                                   "Delivery batches sent.")),
       stream_backoff_(options_.retry_initial),
       db_backoff_(options_.retry_initial) {
   grpc::ChannelArguments args;
@@ -257,13 +259,15 @@ bool Relay::Claim() {
   }
   if (partitions.empty()) return true;
   try {
-    while (static_cast<int>(in_flight_seqs_.size()) < options_.window) {
+    while (static_cast<int>(in_flight_seqs_.size()) < options_.window &&
+           static_cast<int>(in_flight_.size()) < options_.pipeline_depth) {
       const int limit = std::min<int>(
           options_.batch_size, options_.window - in_flight_seqs_.size());
       std::vector<int64_t> excluded(in_flight_seqs_.begin(),
                                     in_flight_seqs_.end());
       for (const Mark& m : marks_) excluded.push_back(m.seq);
       pqxx::result rows;
+      const absl::Time t0 = absl::Now();
       {
         pqxx::nontransaction tx(*conn_);
         // Only the earliest undelivered row of an aggregate is claimable:
@@ -283,6 +287,8 @@ bool Relay::Claim() {
             "ORDER BY o.seq LIMIT $3",
             IntArray(partitions), IntArray(excluded), limit);
       }
+      spdlog::debug("relay: claimed {} rows in {}", rows.size(),
+                    absl::FormatDuration(absl::Now() - t0));
       if (rows.empty()) break;
       v1::DeliverRequest req;
       InFlight batch;
@@ -314,6 +320,7 @@ bool Relay::Claim() {
         batch.sent_at = absl::Now();
         in_flight_[batch.batch_id] = std::move(batch);
         stream_->Send(std::move(req));
+        batches_->Add();
       }
       if (static_cast<int>(rows.size()) < limit) break;
     }

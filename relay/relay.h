@@ -42,6 +42,10 @@ struct RelayOptions {
   int max_attempts = 5;
   int batch_size = 128;   // events per DeliverRequest
   int window = 1024;      // events in flight at most
+  // Batches in flight at most. Two keep the consumer busy while an answer
+  // travels back; more would only split the backlog into smaller batches
+  // (one commit each) instead of letting a batch fill up.
+  int pipeline_depth = 2;
   absl::Duration poll_interval = absl::Milliseconds(500);
   absl::Duration ack_timeout = absl::Seconds(15);
   absl::Duration rebalance_interval = absl::Seconds(1);
@@ -104,6 +108,7 @@ class Relay {
   Counter* const rejected_;
   Counter* const dead_;
   Counter* const reconnects_;
+  Counter* const batches_;
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
