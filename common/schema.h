@@ -10,6 +10,9 @@
 
 namespace outbox {
 
+// The channel relays LISTEN on; a NOTIFY on it means "new pending rows".
+inline constexpr char kNotifyChannel[] = "outbox_events";
+
 const std::vector<Migration>& OrdersMigrations();
 const std::vector<Migration>& BillingMigrations();
 

@@ -15,8 +15,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_orders",
           "PostgreSQL URL of the orders database (password from PGPASSWORD).");
 ABSL_FLAG(bool, notify, true,
-          "NOTIFY relays in each write transaction, so delivery does not "
-          "wait for their poll.");
+          "NOTIFY relays after commits (one per burst), so delivery does "
+          "not wait for their poll.");
 
 int main(int argc, char** argv) {
   outbox::InitProcess(argc, argv,
@@ -30,7 +30,11 @@ int main(int argc, char** argv) {
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
                       "outbox-producer");
   outbox::Metrics metrics;
-  outbox::producer::OrderStore store(&db, absl::GetFlag(FLAGS_notify));
+  std::unique_ptr<outbox::producer::Notifier> notifier;
+  if (absl::GetFlag(FLAGS_notify)) {
+    notifier = std::make_unique<outbox::producer::Notifier>(url);
+  }
+  outbox::producer::OrderStore store(&db, notifier.get());
   outbox::producer::OrderServiceImpl service(&store, &metrics);
   return outbox::ServeUntilSignal({.name = "outbox-producer",
                                    .listen = absl::GetFlag(FLAGS_listen),

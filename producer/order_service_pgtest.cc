@@ -20,7 +20,7 @@ namespace {
 class Producer {
  public:
   explicit Producer(const std::string& db_url)
-      : db_(db_url, 4, "order-service-test"), store_(&db_, true),
+      : db_(db_url, 4, "order-service-test"), store_(&db_, nullptr),
         service_(&store_, &metrics_) {
     auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(2)},
                                     {{&service_, v1::OrderService::service_full_name()}});

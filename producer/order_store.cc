@@ -74,7 +74,7 @@ v1::Event NewEvent(const std::string& order_id, int64_t prev_seq,
 // statement; returns the order row as kOrderColumns after the update.
 // `order_update` is the SET list for the order ("status = 'PAID', ...").
 pqxx::result AppendEvent(pqxx::work& tx, const v1::Event& event,
-                         const std::string& order_update, bool notify) {
+                         const std::string& order_update) {
   const int partition = PartitionOf(event.aggregate_id());
   const std::string payload = event.SerializeAsString();
   return tx.exec_params(
@@ -86,17 +86,16 @@ pqxx::result AppendEvent(pqxx::work& tx, const v1::Event& event,
           "u AS (UPDATE orders SET ", order_update,
           ", last_event_seq = e.seq, updated_at = now() FROM e "
           "WHERE order_id = $3::uuid RETURNING orders.*) "
-          "SELECT ", kOrderColumns,
-          notify ? ", pg_notify($10, $9::text)" : ", $10::text", " FROM u"),
+          "SELECT ", kOrderColumns, " FROM u"),
       event.event_id(), event.aggregate_type(), event.aggregate_id(),
       event.prev_seq(), event.event_type(), event.schema_version(),
-      pqxx::binarystring(payload), event.trace_parent(), partition,
-      kNotifyChannel);
+      pqxx::binarystring(payload), event.trace_parent(), partition);
 }
 
 }  // namespace
 
-OrderStore::OrderStore(Database* db, bool notify) : db_(db), notify_(notify) {}
+OrderStore::OrderStore(Database* db, Notifier* notifier)
+    : db_(db), notifier_(notifier) {}
 
 absl::StatusOr<v1::Order> OrderStore::Create(const v1::CreateOrderRequest& req,
                                              int64_t total_cents,
@@ -140,9 +139,10 @@ absl::StatusOr<v1::Order> OrderStore::Create(const v1::CreateOrderRequest& req,
     *created->mutable_items() = req.items();
     created->set_currency(req.currency());
     created->set_total_cents(total_cents);
-    pqxx::result row = AppendEvent(tx, event, "version = version", notify_);
+    pqxx::result row = AppendEvent(tx, event, "version = version");
     MaybeCrash("producer.before_commit");
     tx.commit();
+    if (notifier_ != nullptr) notifier_->Poke();
     MaybeCrash("producer.after_commit_before_answer");
     result = OrderFromRow(row[0]);
     return result.status();
@@ -199,9 +199,10 @@ absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,
     paid->set_amount_cents(req.amount_cents());
     paid->set_currency(current->currency());
     pqxx::result updated = AppendEvent(
-        tx, event, "status = 'PAID', version = orders.version + 1", notify_);
+        tx, event, "status = 'PAID', version = orders.version + 1");
     MaybeCrash("producer.before_commit");
     tx.commit();
+    if (notifier_ != nullptr) notifier_->Poke();
     MaybeCrash("producer.after_commit_before_answer");
     result = OrderFromRow(updated[0]);
     return result.status();
@@ -239,10 +240,10 @@ absl::StatusOr<v1::Order> OrderStore::Cancel(const v1::CancelOrderRequest& req,
                                     ? current->total_cents()
                                     : 0);
     pqxx::result updated = AppendEvent(
-        tx, event, "status = 'CANCELLED', version = orders.version + 1",
-        notify_);
+        tx, event, "status = 'CANCELLED', version = orders.version + 1");
     MaybeCrash("producer.before_commit");
     tx.commit();
+    if (notifier_ != nullptr) notifier_->Poke();
     MaybeCrash("producer.after_commit_before_answer");
     result = OrderFromRow(updated[0]);
     return result.status();

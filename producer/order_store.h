@@ -10,17 +10,15 @@
 #include "common/db.h"
 #include "outbox/v1/event.pb.h"
 #include "outbox/v1/order.pb.h"
+#include "producer/notifier.h"
 
 namespace outbox::producer {
 
-// The NOTIFY channel that wakes relays; the payload is the partition.
-inline constexpr char kNotifyChannel[] = "outbox_events";
-
 class OrderStore {
  public:
-  // `db` must outlive the store. `notify` adds a NOTIFY to each write
-  // transaction (it takes a brief global lock at commit).
-  OrderStore(Database* db, bool notify);
+  // `db` and `notifier` (may be null: relays then only poll) must outlive
+  // the store. The notifier is poked after each committed change.
+  OrderStore(Database* db, Notifier* notifier);
 
   // Requests must have passed ValidateCreate/ValidatePay/ValidateCancel.
   // `trace_parent` is stored with the event.
@@ -41,7 +39,7 @@ class OrderStore {
 
  private:
   Database* const db_;
-  const bool notify_;
+  Notifier* const notifier_;
 };
 
 }  // namespace outbox::producer

@@ -23,7 +23,7 @@ class OrderStoreTest : public ::testing::Test {
   OrderStoreTest()
       : tdb_("orders", OrdersMigrations()),
         db_(tdb_.url(), 12, "order-store-test"),
-        store_(&db_, true) {}
+        store_(&db_, nullptr) {}
 
   static v1::CreateOrderRequest Request(const std::string& key = "") {
     v1::CreateOrderRequest r;

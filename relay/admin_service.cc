@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
+#include "common/schema.h"
 #include "common/server.h"
 
 namespace outbox::relay {
@@ -114,9 +115,8 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext*,
         "WITH q AS (UPDATE outbox SET status = 'pending', attempts = 0, "
         "available_at = now(), last_error = NULL WHERE status = 'dead' AND "
         "(event_id::text = lower($1) OR aggregate_id = $2) RETURNING partition) "
-        "SELECT count(*), pg_notify('outbox_events', coalesce(min(partition), "
-        "0)::text) FROM q",
-        req->event_id(), req->aggregate_id());
+        "SELECT count(*), pg_notify($3, '') FROM q",
+        req->event_id(), req->aggregate_id(), kNotifyChannel);
     tx.commit();
     resp->set_requeued(r[0][0].as<int64_t>());
     if (resp->requeued() == 0) {

@@ -27,6 +27,8 @@ ABSL_FLAG(absl::Duration, ack_timeout, absl::Seconds(15),
           "A stream whose oldest batch is unanswered this long is reset.");
 ABSL_FLAG(absl::Duration, reject_backoff, absl::Milliseconds(500),
           "Delay before retrying a REJECTED row; doubles per attempt.");
+ABSL_FLAG(absl::Duration, retention, absl::ZeroDuration(),
+          "Delete delivered rows older than this (e.g. 168h); 0 keeps all.");
 ABSL_FLAG(absl::Duration, retry_max, absl::Seconds(5),
           "Cap of the backoff after transport or database failures.");
 
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
   options.ack_timeout = absl::GetFlag(FLAGS_ack_timeout);
   options.reject_backoff = absl::GetFlag(FLAGS_reject_backoff);
   options.retry_max = absl::GetFlag(FLAGS_retry_max);
+  options.retention = absl::GetFlag(FLAGS_retention);
   if (options.max_attempts < 1 || options.batch_size < 1 ||
       options.batch_size > 1000 || options.window < options.batch_size ||
       options.poll_interval <= absl::ZeroDuration() ||

@@ -13,6 +13,7 @@
 #include "common/db.h"
 #include "common/fault.h"
 #include "common/ids.h"
+#include "common/schema.h"
 
 namespace outbox::relay {
 namespace {
@@ -21,7 +22,6 @@ namespace {
 // key or the partition number.
 constexpr int kMemberLockClass = 0x0b0d;
 constexpr int kPartitionLockClass = 0x0b0e;
-constexpr char kNotifyChannel[] = "outbox_events";
 
 template <typename C>
 std::string IntArray(const C& values) {
@@ -71,6 +71,8 @@ Relay::Relay(RelayOptions options, Metrics* metrics)
           "Delivery streams that broke or timed out.")),
       batches_(metrics->AddCounter("outbox_relay_batches_total",
                                    "Delivery batches sent.")),
+      pruned_(metrics->AddCounter("outbox_relay_pruned_total",
+                                  "Delivered rows deleted by --retention.")),
       stream_backoff_(options_.retry_initial),
       db_backoff_(options_.retry_initial) {
   grpc::ChannelArguments args;
@@ -270,22 +272,8 @@ bool Relay::Claim() {
       const absl::Time t0 = absl::Now();
       {
         pqxx::nontransaction tx(*conn_);
-        // Only the earliest undelivered row of an aggregate is claimable:
-        // its successors wait at the relay until it is answered, so a row
-        // that is rejected, backing off or dead stalls its own aggregate
-        // only, and nothing is parked at the consumer needlessly.
-        rows = tx.exec_params(
-            "SELECT o.seq, o.prev_seq, o.event_id::text, o.aggregate_type, "
-            "o.aggregate_id, o.event_type, o.schema_version, "
-            "coalesce(o.trace_parent, ''), o.payload, o.partition "
-            "FROM outbox o WHERE o.status = 'pending' "
-            "AND o.partition = ANY($1::int[]) AND o.available_at <= now() "
-            "AND NOT (o.seq = ANY($2::bigint[])) "
-            "AND NOT EXISTS (SELECT 1 FROM outbox b WHERE "
-            "b.aggregate_id = o.aggregate_id AND b.seq < o.seq AND "
-            "b.status <> 'delivered') "
-            "ORDER BY o.seq LIMIT $3",
-            IntArray(partitions), IntArray(excluded), limit);
+        rows = tx.exec_params(kClaimSql, IntArray(partitions),
+                              IntArray(excluded), limit);
       }
       spdlog::debug("relay: claimed {} rows in {}", rows.size(),
                     absl::FormatDuration(absl::Now() - t0));
@@ -412,6 +400,32 @@ bool Relay::FlushMarks() {
   return true;
 }
 
+bool Relay::PruneDelivered() {
+  constexpr int kBatch = 5000;
+  try {
+    pqxx::nontransaction tx(*conn_);
+    // Small batches keep each transaction short, so vacuum is never held
+    // back and claims never wait behind a long delete.
+    const auto deleted = tx.exec_params(
+                               "DELETE FROM outbox WHERE seq IN (SELECT seq "
+                               "FROM outbox WHERE status = 'delivered' AND "
+                               "published_at < now() - make_interval(secs => "
+                               "$1::float8) LIMIT $2)",
+                               absl::ToDoubleSeconds(options_.retention),
+                               kBatch)
+                             .affected_rows();
+    pruned_->Add(deleted);
+    next_prune_ = absl::Now() + (static_cast<int>(deleted) == kBatch
+                                     ? absl::ZeroDuration()
+                                     : absl::Minutes(1));
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::warn("relay: retention: {}",
+                 std::string(StatusFromException(e).message()));
+    return false;
+  }
+}
+
 void Relay::DropStream(const std::string& why) {
   HandleResponses();  // what was answered before the break still counts
   if (!in_flight_.empty()) {
@@ -474,6 +488,10 @@ void Relay::Run() {
       }
       EnsureStream();
       if (db_ok && stream_ != nullptr && !stream_->broken()) db_ok = Claim();
+      if (db_ok && options_.retention > absl::ZeroDuration() &&
+          owned_.count(0) && absl::Now() >= next_prune_) {
+        db_ok = PruneDelivered();
+      }
     }
     if (!db_ok && conn_ != nullptr) {
       // Lost or broken: the server releases our locks with the session.

@@ -36,6 +36,26 @@
 
 namespace outbox::relay {
 
+// The claim: pending rows of partitions $1 (int[]), not in flight ($2,
+// bigint[]), at most $3, in seq order. Only the earliest undelivered row of
+// an aggregate is claimable: its successors wait at the relay until it is
+// answered, so a row that is rejected, backing off or dead stalls its own
+// aggregate only, and nothing is parked at the consumer needlessly. The
+// earliest-row test is a correlated scalar subquery because that always
+// runs as one index lookup per candidate, whatever the statistics; the
+// equivalent anti-join was planned as a quadratic nested loop on stale
+// statistics (9 s a claim behind 200k delivered rows).
+inline constexpr char kClaimSql[] =
+    "SELECT o.seq, o.prev_seq, o.event_id::text, o.aggregate_type, "
+    "o.aggregate_id, o.event_type, o.schema_version, "
+    "coalesce(o.trace_parent, ''), o.payload, o.partition "
+    "FROM outbox o WHERE o.status = 'pending' "
+    "AND o.partition = ANY($1::int[]) AND o.available_at <= now() "
+    "AND NOT (o.seq = ANY($2::bigint[])) "
+    "AND o.seq = (SELECT min(b.seq) FROM outbox b WHERE "
+    "b.aggregate_id = o.aggregate_id AND b.status <> 'delivered') "
+    "ORDER BY o.seq LIMIT $3";
+
 struct RelayOptions {
   std::string db_url;
   std::string consumer;  // host:port of EventSink
@@ -53,6 +73,10 @@ struct RelayOptions {
   absl::Duration retry_max = absl::Seconds(5);
   absl::Duration reject_backoff = absl::Milliseconds(500);  // first REJECTED
   absl::Duration reject_backoff_max = absl::Seconds(60);
+  // Delivered rows older than this are deleted in small batches by the
+  // replica that owns partition 0, so the outbox does not grow forever.
+  // Zero keeps every row.
+  absl::Duration retention;
 };
 
 // A consistent copy of the relay's own state, for stats.
@@ -97,6 +121,7 @@ class Relay {
   bool Rebalance();
   bool Claim();
   bool FlushMarks();
+  bool PruneDelivered();
   void HandleResponses();
   void DropStream(const std::string& why);
   void EnsureStream();
@@ -109,6 +134,7 @@ class Relay {
   Counter* const dead_;
   Counter* const reconnects_;
   Counter* const batches_;
+  Counter* const pruned_;
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
@@ -122,6 +148,7 @@ class Relay {
   absl::Time next_db_attempt_ = absl::InfinitePast();
   absl::Duration db_backoff_;
   absl::Time next_rebalance_ = absl::InfinitePast();
+  absl::Time next_prune_ = absl::InfinitePast();
   uint64_t next_batch_id_ = 1;
   std::map<uint64_t, InFlight> in_flight_;
   std::set<int64_t> in_flight_seqs_;

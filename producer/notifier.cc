@@ -1,0 +1,63 @@
+#include "producer/notifier.h"
+
+#include <spdlog/spdlog.h>
+
+#include <pqxx/pqxx>
+
+#include "common/db.h"
+#include "common/schema.h"
+
+namespace outbox::producer {
+
+Notifier::Notifier(std::string db_url)
+    : db_url_(std::move(db_url)), thread_([this] { Run(); }) {}
+
+Notifier::~Notifier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  thread_.join();
+}
+
+void Notifier::Poke() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!poked_) {
+    poked_ = true;
+    cv_.notify_all();
+  }
+}
+
+void Notifier::Run() {
+  std::unique_ptr<pqxx::connection> conn;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return poked_ || stop_; });
+      if (stop_) return;
+      poked_ = false;  // pokes from now on ask for the next NOTIFY
+    }
+    if (conn == nullptr) {
+      auto c = Connect(db_url_, "outbox-producer-notify");
+      if (!c.ok()) {
+        spdlog::warn("producer: cannot NOTIFY relays ({}); they will poll",
+                     std::string(c.status().message()));
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; });
+        continue;
+      }
+      conn = std::move(*c);
+    }
+    try {
+      pqxx::nontransaction tx(*conn);
+      tx.exec(std::string("NOTIFY ") + kNotifyChannel);
+    } catch (const std::exception& e) {
+      spdlog::warn("producer: NOTIFY failed ({}); relays will poll",
+                   std::string(StatusFromException(e).message()));
+      conn.reset();
+    }
+  }
+}
+
+}  // namespace outbox::producer
