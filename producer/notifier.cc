@@ -52,6 +52,10 @@ void Notifier::Run() {
     try {
       pqxx::nontransaction tx(*conn);
       tx.exec(std::string("NOTIFY ") + kNotifyChannel);
+      // At most one NOTIFY per 2 ms: under load, commits in that window
+      // share it (each costs the server a transaction and a global lock).
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stop_; });
     } catch (const std::exception& e) {
       spdlog::warn("producer: NOTIFY failed ({}); relays will poll",
                    std::string(StatusFromException(e).message()));

@@ -167,39 +167,33 @@ absl::StatusOr<pqxx::row> LockOrder(pqxx::work& tx, const std::string& id) {
 
 }  // namespace
 
-absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,
-                                          const std::string& trace_parent) {
+absl::StatusOr<v1::Order> OrderStore::Change(
+    const std::string& order_id, int64_t expected_version, v1::OrderStatus to,
+    const char* event_type, const std::string& trace_parent,
+    const std::function<absl::Status(const v1::Order&, v1::Event*)>& fill) {
   absl::StatusOr<v1::Order> result;
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::work tx(c);
-    absl::StatusOr<pqxx::row> row = LockOrder(tx, req.order_id());
+    // The row lock serializes this order's changes: prev_seq read here is
+    // the seq of an event that has committed.
+    absl::StatusOr<pqxx::row> row = LockOrder(tx, order_id);
     if (!row.ok()) return row.status();
     absl::StatusOr<v1::Order> current = OrderFromRow(*row);
     if (!current.ok()) return current.status();
-    if (absl::Status v = CheckVersion(req.expected_version(),
-                                      current->version());
+    if (absl::Status v = CheckVersion(expected_version, current->version());
         !v.ok()) {
       return v;
     }
-    if (absl::Status t =
-            CheckTransition(current->status(), v1::ORDER_STATUS_PAID);
-        !t.ok()) {
+    if (absl::Status t = CheckTransition(current->status(), to); !t.ok()) {
       return t;
     }
-    if (req.amount_cents() != current->total_cents()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("amount_cents: ", req.amount_cents(),
-                       " does not equal the order total ",
-                       current->total_cents()));
-    }
-    v1::Event event = NewEvent(req.order_id(), (*row)[9].as<int64_t>(),
-                               "OrderPaid", trace_parent, absl::Now());
-    v1::OrderPaid* paid = event.mutable_order_paid();
-    paid->set_order_id(req.order_id());
-    paid->set_amount_cents(req.amount_cents());
-    paid->set_currency(current->currency());
+    v1::Event event = NewEvent(order_id, (*row)[9].as<int64_t>(), event_type,
+                               trace_parent, absl::Now());
+    if (absl::Status f = fill(*current, &event); !f.ok()) return f;
     pqxx::result updated = AppendEvent(
-        tx, event, "status = 'PAID', version = orders.version + 1");
+        tx, event,
+        absl::StrCat("status = '", StatusName(to),
+                     "', version = orders.version + 1"));
     MaybeCrash("producer.before_commit");
     tx.commit();
     if (notifier_ != nullptr) notifier_->Poke();
@@ -211,45 +205,41 @@ absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,
   return result;
 }
 
+absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,
+                                          const std::string& trace_parent) {
+  return Change(
+      req.order_id(), req.expected_version(), v1::ORDER_STATUS_PAID,
+      "OrderPaid", trace_parent,
+      [&](const v1::Order& current, v1::Event* event) {
+        if (req.amount_cents() != current.total_cents()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("amount_cents: ", req.amount_cents(),
+                           " does not equal the order total ",
+                           current.total_cents()));
+        }
+        v1::OrderPaid* paid = event->mutable_order_paid();
+        paid->set_order_id(req.order_id());
+        paid->set_amount_cents(req.amount_cents());
+        paid->set_currency(current.currency());
+        return absl::OkStatus();
+      });
+}
+
 absl::StatusOr<v1::Order> OrderStore::Cancel(const v1::CancelOrderRequest& req,
                                              const std::string& trace_parent) {
-  absl::StatusOr<v1::Order> result;
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::work tx(c);
-    absl::StatusOr<pqxx::row> row = LockOrder(tx, req.order_id());
-    if (!row.ok()) return row.status();
-    absl::StatusOr<v1::Order> current = OrderFromRow(*row);
-    if (!current.ok()) return current.status();
-    if (absl::Status v = CheckVersion(req.expected_version(),
-                                      current->version());
-        !v.ok()) {
-      return v;
-    }
-    if (absl::Status t =
-            CheckTransition(current->status(), v1::ORDER_STATUS_CANCELLED);
-        !t.ok()) {
-      return t;
-    }
-    v1::Event event = NewEvent(req.order_id(), (*row)[9].as<int64_t>(),
-                               "OrderCancelled", trace_parent, absl::Now());
-    v1::OrderCancelled* cancelled = event.mutable_order_cancelled();
-    cancelled->set_order_id(req.order_id());
-    cancelled->set_reason(req.reason());
-    cancelled->set_currency(current->currency());
-    cancelled->set_refund_cents(current->status() == v1::ORDER_STATUS_PAID
-                                    ? current->total_cents()
-                                    : 0);
-    pqxx::result updated = AppendEvent(
-        tx, event, "status = 'CANCELLED', version = orders.version + 1");
-    MaybeCrash("producer.before_commit");
-    tx.commit();
-    if (notifier_ != nullptr) notifier_->Poke();
-    MaybeCrash("producer.after_commit_before_answer");
-    result = OrderFromRow(updated[0]);
-    return result.status();
-  });
-  if (!s.ok()) return s;
-  return result;
+  return Change(
+      req.order_id(), req.expected_version(), v1::ORDER_STATUS_CANCELLED,
+      "OrderCancelled", trace_parent,
+      [&](const v1::Order& current, v1::Event* event) {
+        v1::OrderCancelled* cancelled = event->mutable_order_cancelled();
+        cancelled->set_order_id(req.order_id());
+        cancelled->set_reason(req.reason());
+        cancelled->set_currency(current.currency());
+        cancelled->set_refund_cents(
+            current.status() == v1::ORDER_STATUS_PAID ? current.total_cents()
+                                                       : 0);
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<v1::Order> OrderStore::Get(const std::string& order_id) {

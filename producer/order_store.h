@@ -4,6 +4,7 @@
 // row under its row lock, so events of one order form a chain and an
 // event is only ever visible after its predecessor has committed.
 
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -38,6 +39,15 @@ class OrderStore {
   absl::StatusOr<v1::Order> Get(const std::string& order_id);
 
  private:
+  // One change of an existing order: lock, check version and transition,
+  // let `fill` check the request against the order and write the event's
+  // payload, then append the event and update the order in one commit.
+  absl::StatusOr<v1::Order> Change(
+      const std::string& order_id, int64_t expected_version,
+      v1::OrderStatus to, const char* event_type,
+      const std::string& trace_parent,
+      const std::function<absl::Status(const v1::Order&, v1::Event*)>& fill);
+
   Database* const db_;
   Notifier* const notifier_;
 };

@@ -10,28 +10,21 @@
 namespace outbox::relay {
 namespace {
 
-constexpr char kRowColumns[] =
-    "seq, prev_seq, event_id::text, aggregate_type, aggregate_id, event_type, "
-    "schema_version, coalesce(trace_parent, ''), payload, status, attempts, "
-    "coalesce(last_error, ''), partition, "
-    "(extract(epoch FROM created_at) * 1000000)::bigint, "
-    "(extract(epoch FROM available_at) * 1000000)::bigint, "
-    "coalesce((extract(epoch FROM published_at) * 1000000)::bigint, 0)";
+// kEventColumns, then the delivery state (columns 9-15).
+const std::string& RowColumns() {
+  static const std::string columns = absl::StrCat(
+      kEventColumns,
+      ", status, attempts, coalesce(last_error, ''), partition, "
+      "(extract(epoch FROM created_at) * 1000000)::bigint, "
+      "(extract(epoch FROM available_at) * 1000000)::bigint, "
+      "coalesce((extract(epoch FROM published_at) * 1000000)::bigint, 0)");
+  return columns;
+}
 
 void RowToProto(const pqxx::row& row, v1::OutboxRow* out) {
-  v1::Event* e = out->mutable_event();
-  if (!e->ParseFromString(pqxx::binarystring(row[8]).str())) {
-    e->Clear();
+  if (!EventFromRow(row, out->mutable_event())) {
     out->set_last_error("payload: not a valid outbox.v1.Event");
   }
-  e->set_seq(row[0].as<int64_t>());
-  e->set_prev_seq(row[1].as<int64_t>());
-  e->set_event_id(row[2].as<std::string>());
-  e->set_aggregate_type(row[3].as<std::string>());
-  e->set_aggregate_id(row[4].as<std::string>());
-  e->set_event_type(row[5].as<std::string>());
-  e->set_schema_version(row[6].as<int>());
-  e->set_trace_parent(row[7].as<std::string>());
   out->set_status(row[9].as<std::string>());
   out->set_attempts(row[10].as<int>());
   if (out->last_error().empty()) out->set_last_error(row[11].as<std::string>());
@@ -87,7 +80,7 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
     for (const auto& row : tx.exec_params(
-             absl::StrCat("SELECT ", kRowColumns,
+             absl::StrCat("SELECT ", RowColumns(),
                           " FROM outbox WHERE status = 'dead' AND "
                           "($1 = '' OR aggregate_id = $1) ORDER BY seq LIMIT $2"),
              req->aggregate_id(), req->limit() == 0 ? 100 : req->limit())) {
@@ -144,7 +137,7 @@ grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext*,
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
     pqxx::result r = tx.exec_params(
-        absl::StrCat("SELECT ", kRowColumns,
+        absl::StrCat("SELECT ", RowColumns(),
                      " FROM outbox WHERE event_id = $1::uuid"),
         req->event_id());
     if (r.empty()) {

@@ -284,23 +284,13 @@ bool Relay::Claim() {
       req.set_batch_id(batch.batch_id);
       for (const auto& row : rows) {
         const int64_t seq = row[0].as<int64_t>();
-        v1::Event* e = req.add_events();
-        if (!e->ParseFromString(pqxx::binarystring(row[8]).str())) {
+        if (!EventFromRow(row, req.add_events())) {
           req.mutable_events()->RemoveLast();
           marks_.push_back({seq, false, "payload: not a valid outbox.v1.Event"});
           continue;
         }
-        // The columns are authoritative for the envelope.
-        e->set_seq(seq);
-        e->set_prev_seq(row[1].as<int64_t>());
-        e->set_event_id(row[2].as<std::string>());
-        e->set_aggregate_type(row[3].as<std::string>());
-        e->set_aggregate_id(row[4].as<std::string>());
-        e->set_event_type(row[5].as<std::string>());
-        e->set_schema_version(row[6].as<int>());
-        e->set_trace_parent(row[7].as<std::string>());
         batch.seqs.push_back(seq);
-        batch.partitions.push_back(row[9].as<int>());
+        batch.partitions.push_back(row[kEventColumnCount].as<int>());
         in_flight_seqs_.insert(seq);
       }
       if (!batch.seqs.empty()) {
