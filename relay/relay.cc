@@ -171,6 +171,9 @@ bool Relay::EnsureConnection() {
     tx.exec(
         "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
         "SET tcp_keepalives_count = 3");
+    // A mark lost in a server crash only means the row is delivered again
+    // (and answered DUPLICATE): marks need not wait for the WAL flush.
+    tx.exec("SET synchronous_commit = off");
     tx.exec_params("SELECT pg_advisory_lock($1, $2)", kMemberLockClass,
                    member_key_);
   } catch (const std::exception& e) {
