@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <mutex>
+#include <random>
 #include <string>
 
 #include "absl/random/random.h"
@@ -36,6 +38,24 @@ const std::map<std::string, double>* Armed() {
   return armed;
 }
 
+// True with probability `p`, from OUTBOX_FAULT_SEED's sequence if set.
+bool Draw(double p) {
+  static std::mutex mu;
+  static std::mt19937_64* seeded = [] {
+    const char* seed = std::getenv("OUTBOX_FAULT_SEED");
+    uint64_t value = 0;
+    return seed != nullptr && absl::SimpleAtoi(seed, &value)
+               ? new std::mt19937_64(value)
+               : nullptr;
+  }();
+  if (seeded == nullptr) {
+    thread_local absl::BitGen gen;
+    return absl::Bernoulli(gen, p);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  return std::uniform_real_distribution<double>(0, 1)(*seeded) < p;
+}
+
 }  // namespace
 
 void MaybeCrash(const char* point) {
@@ -43,8 +63,7 @@ void MaybeCrash(const char* point) {
   if (armed->empty()) return;
   auto it = armed->find(point);
   if (it == armed->end()) return;
-  thread_local absl::BitGen gen;
-  if (absl::Bernoulli(gen, it->second)) {
+  if (Draw(it->second)) {
     std::fprintf(stderr, "OUTBOX_FAULT: crashing at %s\n", point);
     std::fflush(stderr);
     kill(getpid(), SIGKILL);

@@ -5,7 +5,8 @@
 //
 //   OUTBOX_FAULT=relay.after_send_before_mark:0.05,consumer.after_commit_before_answer:0.02
 //
-// arms each named point with the probability of a crash per pass. A crash is
+// arms each named point with the probability of a crash per pass;
+// OUTBOX_FAULT_SEED=N makes the draws repeatable. A crash is
 // SIGKILL to the process itself: no destructors, no flushing, like a power
 // cut. Unarmed, a point costs one load and a branch.
 
