@@ -1,0 +1,89 @@
+"""The suite's own throwaway PostgreSQL, through scripts/lib/common.sh
+(pg_start / pg_stop), and psql for every query (standard library only)."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+PG_BIN = os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin")
+
+
+class SqlError(Exception):
+    pass
+
+
+class Postgres:
+    def __init__(self, root):
+        self.root = root  # the repository
+        self.dir = None
+        self.port = None
+        self.url = None  # no database name
+
+    def _common(self, call):
+        lib = os.path.join(self.root, "scripts", "lib", "common.sh")
+        return subprocess.run(
+            ["bash", "-c", f'source "$1"; {call} "$2"', "chaos", lib, self.dir],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=180)
+
+    def start(self):
+        # Its own folder straight under /tmp: as root the server runs as the
+        # postgres user, which must be able to reach it.
+        self.dir = tempfile.mkdtemp(prefix="outbox-chaos-pg.")
+        r = self._common("pg_start")
+        port_file = os.path.join(self.dir, "port")
+        if r.returncode != 0 or not os.path.exists(port_file):
+            raise RuntimeError(f"pg_start failed:\n{r.stdout}{r.stderr}")
+        with open(port_file) as f:
+            self.port = int(f.read().strip())
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}"
+        return self
+
+    def stop(self):
+        if self.dir is None:
+            return
+        try:
+            self._common("pg_stop")
+        except Exception:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
+
+    def db_url(self, db):
+        return f"{self.url}/{db}"
+
+    def psql(self, db, sql, timeout=15, check=True):
+        """Runs `sql` and returns its unaligned, tuples-only output."""
+        try:
+            r = subprocess.run(
+                ["psql", self.db_url(db), "-XAtq", "-v", "ON_ERROR_STOP=1",
+                 "-c", sql],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                timeout=timeout,
+                env=dict(os.environ, PGCONNECT_TIMEOUT="3"))
+        except subprocess.TimeoutExpired as e:
+            raise SqlError(f"psql timed out after {timeout}s: {sql[:80]}") from e
+        if check and r.returncode != 0:
+            raise SqlError(r.stderr.strip() or f"psql exited {r.returncode}")
+        return r.stdout
+
+    def create_db(self, name):
+        self.psql("postgres", f"CREATE DATABASE {name}")
+
+    def drop_db(self, name):
+        self.psql("postgres", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)",
+                  timeout=60, check=False)
+
+    def restart_immediate(self):
+        """pg_ctl restart -m immediate: a crash of the server, then crash
+        recovery. Returns (ok, output)."""
+        cmd = [os.path.join(PG_BIN, "pg_ctl"), "-D",
+               os.path.join(self.dir, "data"), "-l",
+               os.path.join(self.dir, "postgres.log"), "-m", "immediate",
+               "-w", "-t", "60", "restart"]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--"] + cmd
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=90)
+        return r.returncode == 0, (r.stdout + r.stderr).strip()

@@ -1,0 +1,781 @@
+"""One scenario end to end: fresh databases, the real processes, the
+client load, the faults, the heal, the checker, and the evidence when an
+invariant breaks."""
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import traceback
+
+from . import procs as P
+from .observe import Sampler
+from .pg import SqlError
+from .proxy import FaultProxy
+from .scenarios import ACK_TIMEOUT
+
+UUID_RE = re.compile(
+    r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+LOAD_ORDERS_RE = re.compile(
+    r"orders created (\d+), paid (\d+), cancelled (\d+)")
+LOAD_CALLS_RE = re.compile(
+    r"calls (\d+), retries (\d+), indeterminate outcomes (\d+), "
+    r"operations given up (\d+)")
+SHUTDOWN_TIMEOUT = 2.0  # --shutdown_timeout of every service
+
+
+class HarnessError(Exception):
+    """The harness could not run the scenario (not a product violation)."""
+
+
+class PortPool:
+    """Free ports on 127.0.0.1 below the ephemeral range, never handed out
+    twice in one suite."""
+
+    def __init__(self):
+        self.used = set()
+        self.rng = random.Random()  # not the scenario's: ports are no fault
+
+    def take(self):
+        for _ in range(1000):
+            port = self.rng.randint(20000, 32000)
+            if port in self.used:
+                continue
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            finally:
+                s.close()
+            self.used.add(port)
+            return port
+        raise HarnessError("no free port on 127.0.0.1")
+
+
+class Run:
+    """The context a scenario's injector works with."""
+
+    def __init__(self, suite, scenario, seconds, seed, index):
+        self.suite = suite
+        self.scn = scenario
+        self.name = scenario.name
+        self.seconds = seconds
+        self.seed = seed
+        self.rng = random.Random(f"{scenario.name}/{seed}")
+        self.t0 = time.monotonic()
+        self.deadline = None
+        self.workdir = tempfile.mkdtemp(prefix=f"outbox-chaos-{self.name}.")
+        self._timeline = open(os.path.join(self.workdir, "timeline.log"), "a")
+        safe = self.name.replace("-", "_")
+        self.orders_db = f"chaos{index}_{safe}_orders"
+        self.billing_db = f"chaos{index}_{safe}_billing"
+        self.sup = P.Supervisor(self, delay=0.5)
+        self.producers, self.relays, self.consumers = [], [], []
+        self.rc_proxies, self.db_proxies = [], []
+        self.loads = []
+        self.sampler = None
+        self.faults = 0
+        self.poisoned = None
+        self.i6 = "-"
+        self.violations = []
+        self.errors = []
+        self.notes = []
+        self.report = None
+        self.backlog = None  # pending rows when the checker starts
+        self.wait = None     # how long the checker may wait for the drain
+        self.load = {}
+        self.hung = []
+        self._ready_cache = set()
+
+    # -- output -------------------------------------------------------------
+
+    def t(self):
+        return time.monotonic() - self.t0
+
+    def log(self, msg, quiet=False):
+        line = f"[{self.name}] t={self.t():.1f}s {msg}"
+        with self.suite.print_lock:
+            self._timeline.write(line + "\n")
+            self._timeline.flush()
+            if not quiet or self.suite.verbose:
+                print(line, flush=True)
+
+    # -- building blocks for injectors ----------------------------------------
+
+    def remaining(self):
+        return self.deadline - time.monotonic()
+
+    def sleep(self, seconds):
+        """Sleeps; False once the fault window is over (then it sleeps only
+        until the window's end)."""
+        left = self.remaining()
+        if left <= 0:
+            return False
+        if seconds >= left:
+            time.sleep(left)
+            return False
+        time.sleep(seconds)
+        return True
+
+    def hold(self, seconds):
+        """Keeps a fault in place for `seconds` (it may outlast the window by
+        that much; the heal follows right after)."""
+        time.sleep(max(0.0, seconds))
+
+    def kill(self, proc, sig=signal.SIGKILL, down=0.0):
+        if self.sampler is not None and proc.kind == "consumer":
+            self.sampler.scrape_consumer(proc)  # its last counts
+        pid = self.sup.kill(proc, sig, down)
+        if pid is None:
+            self.log(f"{proc.name} is down already; no {signal.Signals(sig).name}",
+                     quiet=True)
+            return
+        self.faults += 1
+        verb = "killed" if sig == signal.SIGKILL else "terminated (SIGTERM)"
+        self.log(f"{verb} {proc.name} (pid {pid}); restart in "
+                 f"{max(down, self.sup.delay):.1f}s")
+
+    def pause(self, proc, seconds):
+        pid = self.sup.pause(proc)
+        if pid is None:
+            return
+        self.faults += 1
+        self.log(f"paused {proc.name} (pid {pid}, SIGSTOP) for {seconds:.1f}s")
+        self.hold(seconds)
+        self.sup.resume(proc)
+        self.log(f"resumed {proc.name} (pid {pid}, SIGCONT)")
+
+    def pg_restart(self):
+        t = time.monotonic()
+        ok, out = self.suite.pg.restart_immediate()
+        self.faults += 1
+        self.log(f"pg_ctl restart -m immediate: {'done' if ok else 'FAILED'} "
+                 f"in {time.monotonic() - t:.1f}s")
+        if not ok:
+            raise HarnessError(f"pg_ctl restart failed: {out[-500:]}")
+
+    def _names(self, proxies):
+        return ", ".join(p.name for p in proxies)
+
+    def net_latency(self, proxies, lo, hi, seconds):
+        for p in proxies:
+            p.set_latency(lo, hi)
+        self.faults += 1
+        self.log(f"latency {lo * 1000:.0f}-{hi * 1000:.0f} ms on "
+                 f"{self._names(proxies)} for {seconds:.1f}s")
+        self.hold(seconds)
+        for p in proxies:
+            p.set_pass()
+
+    def net_reset(self, proxies, flap):
+        n = sum(p.reset(flap) for p in proxies)
+        self.faults += 1
+        self.log(f"reset (RST) {n} connections on {self._names(proxies)}"
+                 + (f", and new ones for {flap:.1f}s" if flap else ""))
+
+    def net_blackhole(self, proxies, seconds):
+        for p in proxies:
+            p.set_blackhole()
+        self.faults += 1
+        self.log(f"blackhole on {self._names(proxies)} for {seconds:.1f}s")
+        self.hold(seconds)
+        for p in proxies:
+            p.set_pass()
+        self.log(f"blackhole over on {self._names(proxies)}", quiet=True)
+
+    def sql_orders(self, sql, timeout=30):
+        return self.suite.pg.psql(self.orders_db, sql, timeout=timeout)
+
+    def sql_billing(self, sql, timeout=30):
+        return self.suite.pg.psql(self.billing_db, sql, timeout=timeout)
+
+    POISON_UPDATE = (
+        "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) "
+        "FROM outbox WHERE status = 'pending' AND event_type = "
+        "'OrderCreated') AND status = 'pending' RETURNING seq, aggregate_id")
+
+    # Poisons the next OrderCreated row as it is inserted, in the producer's
+    # own transaction: committed poison that no relay can have sent before.
+    POISON_TRIGGER = """
+CREATE TABLE chaos_poison (id int PRIMARY KEY, armed bool NOT NULL,
+                           seq bigint, aggregate_id text);
+INSERT INTO chaos_poison VALUES (1, true, NULL, NULL);
+CREATE FUNCTION chaos_poison_next() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.event_type = 'OrderCreated' THEN
+    UPDATE chaos_poison SET armed = false, seq = NEW.seq,
+           aggregate_id = NEW.aggregate_id WHERE id = 1 AND armed;
+    IF FOUND THEN NEW.schema_version := 2; END IF;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
+  FOR EACH ROW EXECUTE FUNCTION chaos_poison_next();
+"""
+
+    def _poison_fate(self, seq, agg):
+        """Waits until poisoned row `seq` is no longer pending; True when it
+        became the dead letter."""
+        status = "pending"
+        wait_until = time.monotonic() + 15
+        while time.monotonic() < wait_until:
+            status = self.sql_orders(
+                f"SELECT status FROM outbox WHERE seq = {seq}").strip()
+            if status != "pending":
+                break
+            time.sleep(0.1)
+        if status == "delivered":
+            self.log(f"row {seq} had been sent with schema_version 1 before "
+                     "the update and was delivered (not poison after all)")
+            return False
+        self.poisoned = (seq, agg)
+        attempts = self.sql_orders(
+            f"SELECT attempts FROM outbox WHERE seq = {seq}").strip()
+        self.log(f"row {seq} of {agg} is {status} after {attempts} attempts")
+        return True
+
+    def poison(self, update_tries=5):
+        """Makes one committed OrderCreated event poison (schema_version 2)
+        and waits for its fate. First as an operator would, with an UPDATE
+        of the oldest pending OrderCreated row; but a relay that keeps up
+        has usually sent that row already (its copy says version 1, so it
+        is applied and marked delivered anyway). After `update_tries` such
+        races, an insert trigger poisons the next OrderCreated row inside
+        the producer's transaction instead."""
+        hits = 0
+        give_up = time.monotonic() + max(20.0, self.seconds)
+        while hits < update_tries and time.monotonic() < give_up:
+            try:
+                out = self.sql_orders(self.POISON_UPDATE).strip()
+            except SqlError as e:
+                self.log(f"poison: {e}; retrying", quiet=True)
+                out = ""
+            if not out:
+                time.sleep(0.05)
+                continue
+            seq_s, agg = out.splitlines()[0].split("|")
+            hits += 1
+            self.log(f"poisoned row {seq_s} (OrderCreated of {agg}) by UPDATE")
+            if self._poison_fate(int(seq_s), agg):
+                self.faults += 1
+                return
+        self.log("the relay is ahead of every UPDATE: poisoning the next "
+                 "OrderCreated at insert, in the producer's transaction")
+        self.sql_orders(self.POISON_TRIGGER)
+        while time.monotonic() < give_up:
+            out = self.sql_orders(
+                "SELECT p.seq, p.aggregate_id FROM chaos_poison p JOIN outbox "
+                "o USING (seq) WHERE NOT p.armed").strip()
+            if out:
+                seq_s, agg = out.split("|")
+                self.log(f"poisoned row {seq_s} (OrderCreated of {agg}) at "
+                         "insert")
+                if self._poison_fate(int(seq_s), agg):
+                    self.faults += 1
+                    return
+                break
+            time.sleep(0.1)
+        raise HarnessError("poison: no committed OrderCreated row became "
+                           "poison (is the load running?)")
+
+    # -- the scenario ---------------------------------------------------------
+
+    def _db_url(self, proc_name, db):
+        pg = self.suite.pg
+        if not self.scn.proxy_db:
+            return pg.db_url(db)
+        proxy = FaultProxy(self.suite.ploop, f"{proc_name}->postgres",
+                           pg.port, seed=self.rng.random())
+        self.db_proxies.append(proxy)
+        return f"postgresql://postgres@127.0.0.1:{proxy.port}/{db}"
+
+    def _proc(self, kind, i, extra_args):
+        name = f"{kind}-{i}"
+        port, mport = self.suite.ports.take(), self.suite.ports.take()
+        db = self.billing_db if kind == "consumer" else self.orders_db
+        binary = os.path.join(self.suite.bin, f"outbox-{kind}")
+        argv = [binary, f"--listen=127.0.0.1:{port}",
+                f"--db={self._db_url(name, db)}",
+                f"--metrics_listen=127.0.0.1:{mport}",
+                f"--shutdown_timeout={SHUTDOWN_TIMEOUT:g}s"] + extra_args
+        env = {"OUTBOX_FAULT": self.scn.fault_env} if self.scn.fault_env else {}
+        p = P.Proc(self, name, kind, argv, port, mport, env)
+        self.sup.add(p)
+        return p
+
+    def setup(self):
+        pg = self.suite.pg
+        for db in (self.orders_db, self.billing_db):
+            pg.drop_db(db)
+            pg.create_db(db)
+        scn = self.scn
+        for i in range(1, scn.consumers + 1):
+            self.consumers.append(self._proc("consumer", i, []))
+        for i in range(1, scn.relays + 1):
+            target = self.consumers[(i - 1) % len(self.consumers)
+                                    if scn.pairs else 0]
+            port = target.listen_port
+            if scn.proxy_relay_consumer:
+                proxy = FaultProxy(self.suite.ploop,
+                                   f"relay-{i}->{target.name}", port,
+                                   seed=self.rng.random())
+                self.rc_proxies.append(proxy)
+                port = proxy.port
+            flags = {"ack_timeout": f"{ACK_TIMEOUT:g}s",
+                     "poll_interval": "200ms", "retry_max": "1s"}
+            flags.update(scn.relay_flags)
+            self.relays.append(self._proc(
+                "relay", i, [f"--consumer=127.0.0.1:{port}"] +
+                [f"--{k}={v}" for k, v in flags.items()]))
+        for i in range(1, scn.producers + 1):
+            self.producers.append(self._proc("producer", i, []))
+        topo = (f"{len(self.producers)} producer(s), {len(self.relays)} "
+                f"relay(s), {len(self.consumers)} consumer(s)")
+        if scn.pairs and len(self.consumers) > 1:
+            topo += " (relay i -> consumer i)"
+        if self.rc_proxies:
+            topo += ", a proxy per relay->consumer link"
+        if self.db_proxies:
+            topo += ", a proxy per service->PostgreSQL link"
+        self.log(f"{scn.summary}")
+        self.log(f"topology: {topo}; logs in {self.workdir}")
+        if scn.fault_env:
+            self.log(f"OUTBOX_FAULT={scn.fault_env}")
+        self.sup.start()
+        self.wait_ready(self.sup.procs, 60)
+        self.log("all processes serving: " + ", ".join(
+            f"{p.name}=:{p.listen_port}" for p in self.sup.procs))
+
+    def _healthy(self, port):
+        buf = os.path.join(self.suite.root, "node_modules", ".bin", "buf")
+        if not os.path.exists(buf):
+            try:
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                return True
+            except OSError:
+                return False
+        try:
+            r = subprocess.run(
+                [buf, "curl", "--protocol", "grpc", "--http2-prior-knowledge",
+                 "--timeout", "3s",
+                 f"http://127.0.0.1:{port}/grpc.health.v1.Health/Check"],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                timeout=10)
+        except subprocess.TimeoutExpired:
+            return False
+        return '"SERVING"' in r.stdout
+
+    def wait_ready(self, procs, timeout):
+        """Until each process logged 'serving gRPC on' and its health check
+        says SERVING (a crashing process is restarted meanwhile)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            waiting = []
+            for p in procs:
+                key = (p.name, p.incarnation)
+                if key in self._ready_cache and p.alive():
+                    continue
+                if (p.alive() and not p.paused
+                        and P.READY_RE.search(p.log_since_start())
+                        and self._healthy(p.listen_port)):
+                    self._ready_cache.add(key)
+                    continue
+                waiting.append(p)
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise HarnessError(
+                    "not serving within %ds: %s" % (timeout, ", ".join(
+                        f"{p.name} ({p.log_path})" for p in waiting)))
+            time.sleep(0.2)
+
+    def start_load(self):
+        outboxctl = os.path.join(self.suite.bin, "outboxctl")
+        for i, prod in enumerate(self.producers, 1):
+            argv = [outboxctl, "load", f"--producer=127.0.0.1:{prod.listen_port}",
+                    "--orders=1000000", f"--duration={self.seconds:g}s",
+                    "--concurrency=4", "--timeout=2s",
+                    f"--seed={self.seed * 10 + i}"]
+            out = open(os.path.join(self.workdir, f"load-{i}.out"), "wb")
+            err = open(os.path.join(self.workdir, f"load-{i}.log"), "wb")
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=err, env=P.clean_env({}),
+                                 start_new_session=True)
+            out.close()
+            err.close()
+            P.track(p)
+            self.loads.append((i, p))
+            self.log(f"load-{i}: {' '.join(argv[1:])} (pid {p.pid})",
+                     quiet=True)
+
+    def heal(self):
+        for proxy in self.rc_proxies + self.db_proxies:
+            proxy.set_pass()
+        armed = {}
+        with self.sup.lock:
+            if self.scn.fault_env:
+                # Disarm the crash points: a clean restart of each binary.
+                for p in self.sup.procs:
+                    p.env.pop("OUTBOX_FAULT", None)
+                    armed[p.name] = p.incarnation
+                    if p.alive():
+                        self.sup.kill(p, signal.SIGTERM)
+            self.sup.heal()
+        deadline = time.monotonic() + 60
+        while armed and time.monotonic() < deadline:
+            if all(p.incarnation > armed[p.name] for p in self.sup.procs):
+                break
+            time.sleep(0.1)
+        self.wait_ready(self.sup.procs, 90)
+        self.log("healed: every process serving, proxies passing"
+                 + (", crash points disarmed" if self.scn.fault_env else ""))
+
+    def wait_load(self, timeout=150):
+        deadline = time.monotonic() + timeout
+        total = {k: 0 for k in ("created", "paid", "cancelled", "calls",
+                                "retries", "indeterminate", "gave_up")}
+        for i, p in self.loads:
+            if not P.reap(p, max(0.1, deadline - time.monotonic())):
+                os.kill(p.pid, signal.SIGKILL)
+                P.reap(p, 5)
+                raise HarnessError(f"load-{i} still running {timeout}s after "
+                                   "the faults stopped; killed it")
+            with open(os.path.join(self.workdir, f"load-{i}.out")) as f:
+                out = f.read()
+            m1, m2 = LOAD_ORDERS_RE.search(out), LOAD_CALLS_RE.search(out)
+            if m1 is None or m2 is None or p.returncode not in (0, 1):
+                raise HarnessError(
+                    f"load-{i} exited {P.signame(p.returncode)} without its "
+                    f"summary: {out[-300:]!r}")
+            for k, v in zip(("created", "paid", "cancelled"), m1.groups()):
+                total[k] += int(v)
+            for k, v in zip(("calls", "retries", "indeterminate", "gave_up"),
+                            m2.groups()):
+                total[k] += int(v)
+        self.load = total
+        self.log(f"load done: {total['created']} orders created, "
+                 f"{total['paid']} paid, {total['cancelled']} cancelled; "
+                 f"{total['calls']} calls, {total['retries']} retries, "
+                 f"{total['indeterminate']} indeterminate, "
+                 f"{total['gave_up']} given up")
+
+    def verify(self):
+        pg = self.suite.pg
+        try:
+            self.backlog = int(self.sql_orders(
+                "SELECT count(*) FROM outbox WHERE status = 'pending'").strip())
+        except SqlError:
+            self.backlog = None
+        # The I5 bound. The client is not rate limited, so a long run can end
+        # with a long backlog: 120 s, plus 1 s per 1000 events pending.
+        wait = self.suite.verify_wait
+        if wait is None:
+            wait = 120 + (self.backlog or 0) // 1000
+        self.wait = wait
+        argv = [os.path.join(self.suite.bin, "outboxctl"), "verify",
+                f"--orders_db={pg.db_url(self.orders_db)}",
+                f"--billing_db={pg.db_url(self.billing_db)}",
+                f"--wait={wait}s", "--format=json"]
+        self.log(f"checking: outboxctl verify --wait={wait}s", quiet=True)
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True,
+                               timeout=wait + 120)
+        except subprocess.TimeoutExpired:
+            raise HarnessError("outboxctl verify did not finish")
+        with open(os.path.join(self.workdir, "verify.json"), "w") as f:
+            f.write(r.stdout + r.stderr)
+        line = next((ln for ln in reversed(r.stdout.splitlines())
+                     if ln.startswith("{")), None)
+        if line is None or r.returncode not in (0, 1):
+            raise HarnessError(f"outboxctl verify failed (rc "
+                               f"{r.returncode}): {r.stderr.strip()[-500:]}")
+        rep = json.loads(line)
+        self.report = rep
+        if not rep["drained"]:
+            self.violations.append(
+                f"I5 liveness: not drained within {wait}s after the faults "
+                f"stopped ({rep['pending']} pending, {rep['held']} held)")
+        for key, label in (("lost", "I1 lost events"),
+                           ("missing_effects", "I1 missing effects"),
+                           ("duplicate_effects", "I2 duplicate effects"),
+                           ("order_violations", "I3 order violations"),
+                           ("phantoms", "I4 phantoms"),
+                           ("view_mismatches", "order view mismatches")):
+            if rep[key]:
+                self.violations.append(f"{label}: {rep[key]}")
+        if rep["dead_letters"] != self.scn.expect_dead:
+            self.violations.append(
+                f"dead letters: {rep['dead_letters']} (expected "
+                f"{self.scn.expect_dead}; transport faults never dead-letter)")
+        if self.scn.check is not None:
+            self.violations += self.scn.check(self, rep)
+        self.log(f"checked: {rep['events']} events, {rep['applied']} applied, "
+                 f"backlog {self.backlog} drained in "
+                 f"{rep['drain_seconds']:.1f}s, lost {rep['lost']}, "
+                 f"duplicate effects {rep['duplicate_effects']}, order "
+                 f"violations {rep['order_violations']}, phantoms "
+                 f"{rep['phantoms']}, dead letters {rep['dead_letters']}")
+
+    def sabotage(self):
+        """Harness self-check (--sabotage): breaks the billing database the
+        way a bug would, so the run must fail and show its evidence."""
+        gone = self.sql_billing(
+            "DELETE FROM charges WHERE event_id = (SELECT event_id FROM "
+            "charges ORDER BY created_at LIMIT 1) RETURNING event_id, "
+            "order_id").strip()
+        self.sql_billing(
+            "INSERT INTO inbox (event_id, aggregate_id, seq, event_type) "
+            "VALUES (gen_random_uuid(), 'sabotage', 1, 'OrderCreated')")
+        self.log(f"SABOTAGE: deleted the charge {gone} and inserted an inbox "
+                 "row nobody committed")
+
+    # -- evidence -------------------------------------------------------------
+
+    def collect_evidence(self):
+        """SQL state and admin stats while everything is still up, into
+        evidence.txt (and CSV copies of the tables)."""
+        parts = []
+
+        def q(title, fn, sql):
+            try:
+                parts.append(f"-- {title}\n{fn(sql, 60)}")
+            except Exception as e:
+                parts.append(f"-- {title}\n(failed: {e})")
+
+        q("outbox by status", self.sql_orders,
+          "SELECT status, count(*), max(attempts) FROM outbox GROUP BY 1")
+        q("oldest undelivered rows", self.sql_orders,
+          "SELECT seq, aggregate_id, prev_seq, event_type, schema_version, "
+          "status, attempts, partition, available_at, last_error FROM outbox "
+          "WHERE status <> 'delivered' ORDER BY seq LIMIT 20")
+        q("partitions owned, by session (advisory locks 0x0b0e)",
+          self.sql_orders,
+          "SELECT l.pid, a.application_name, a.state, count(*), "
+          "array_agg(l.objid ORDER BY l.objid) FROM pg_locks l LEFT JOIN "
+          "pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND "
+          "l.classid = 2830 AND l.granted GROUP BY 1, 2, 3 ORDER BY 1")
+        q("held events", self.sql_billing,
+          "SELECT h.seq, h.prev_seq, h.aggregate_id, coalesce(c.last_seq, 0) "
+          "AS cursor, h.received_at FROM held_events h LEFT JOIN "
+          "aggregate_cursors c USING (aggregate_id) ORDER BY h.seq LIMIT 20")
+        ids = sorted(set(UUID_RE.findall(" ".join(
+            (self.report or {}).get("examples", [])))))[:10]
+        if ids:
+            lst = ",".join(f"'{i}'" for i in ids)
+            q("outbox rows of the aggregates/events named by the checker",
+              self.sql_orders,
+              "SELECT seq, event_id, aggregate_id, prev_seq, event_type, "
+              "status, attempts, created_at, published_at FROM outbox WHERE "
+              f"aggregate_id IN ({lst}) OR event_id::text IN ({lst}) OR "
+              f"aggregate_id IN (SELECT aggregate_id FROM outbox WHERE "
+              f"event_id::text IN ({lst})) ORDER BY aggregate_id, seq")
+            q("inbox rows of the same", self.sql_billing,
+              "SELECT apply_id, seq, event_id, aggregate_id, event_type, "
+              f"applied_at FROM inbox WHERE aggregate_id IN ({lst}) OR "
+              f"event_id::text IN ({lst}) ORDER BY aggregate_id, apply_id")
+            q("charges of the same", self.sql_billing,
+              "SELECT event_id, order_id, kind, amount_cents, created_at FROM "
+              f"charges WHERE order_id IN ({lst}) OR event_id::text IN "
+              f"({lst}) ORDER BY order_id, created_at")
+        outboxctl = os.path.join(self.suite.bin, "outboxctl")
+        for r in self.relays:
+            c = self.consumers[0]
+            try:
+                out = subprocess.run(
+                    [outboxctl, "stats", f"--relay=127.0.0.1:{r.listen_port}",
+                     f"--consumer=127.0.0.1:{c.listen_port}", "--timeout=3s"],
+                    stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                    timeout=20)
+                parts.append(f"-- outboxctl stats ({r.name})\n{out.stdout}"
+                             f"{out.stderr}")
+            except Exception as e:
+                parts.append(f"-- outboxctl stats ({r.name}): {e}")
+        for table, fn, sql in (
+                ("outbox", self.sql_orders,
+                 "SELECT seq, event_id, aggregate_id, prev_seq, event_type, "
+                 "schema_version, status, attempts, partition, created_at, "
+                 "published_at, last_error FROM outbox ORDER BY seq"),
+                ("inbox", self.sql_billing,
+                 "SELECT * FROM inbox ORDER BY apply_id"),
+                ("held_events", self.sql_billing,
+                 "SELECT event_id, aggregate_id, seq, prev_seq, received_at "
+                 "FROM held_events ORDER BY seq"),
+                ("charges", self.sql_billing, "SELECT * FROM charges")):
+            try:
+                csv = fn(f"COPY ({sql}) TO STDOUT WITH CSV HEADER", 120)
+                with open(os.path.join(self.workdir, f"{table}.csv"), "w") as f:
+                    f.write(csv)
+            except Exception:
+                pass
+        text = "\n".join(parts)
+        with open(os.path.join(self.workdir, "evidence.txt"), "w") as f:
+            f.write(text)
+        return text
+
+    def log_counts(self):
+        """What the logs tell about the faults' reach."""
+        pats = {
+            "ack timeouts": "no answer within --ack_timeout",
+            "streams lost": "delivery stream lost",
+        }
+        counts = {k: 0 for k in pats}
+        for p in self.relays:
+            try:
+                with open(p.log_path, errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            for k, pat in pats.items():
+                counts[k] += text.count(pat)
+        return counts
+
+    # -- run it all -----------------------------------------------------------
+
+    def execute(self):
+        started = time.monotonic()
+        verified = False
+        try:
+            self.setup()
+            self.sampler = Sampler(self, self.consumers, self.suite.pg,
+                                   self.billing_db)
+            self.sampler.start()
+            self.start_load()
+            self.deadline = time.monotonic() + self.seconds
+            self.log(f"load and faults for {self.seconds:g}s")
+            self.scn.inject(self)
+            self.log(f"faults stop ({self.faults} injected); healing")
+            self.heal()
+            self.wait_load()
+            if self.suite.sabotage:
+                self.sabotage()
+            self.verify()
+            verified = True
+        except HarnessError as e:
+            self.errors.append(str(e))
+            self.log(f"HARNESS ERROR: {e}")
+        except SqlError as e:
+            self.errors.append(f"SQL: {e}")
+            self.log(f"HARNESS ERROR: SQL: {e}")
+        except (OSError, ValueError, RuntimeError) as e:
+            self.errors.append(f"{type(e).__name__}: {e}")
+            self.log(f"HARNESS ERROR: {type(e).__name__}: {e}")
+            with open(os.path.join(self.workdir, "traceback.txt"), "w") as f:
+                traceback.print_exc(file=f)
+        finally:
+            self._finish(started, verified)
+        return self.result()
+
+    def _finish(self, started, verified):
+        now = self.suite.stamp()
+        if now != self.suite.bin_stamp:
+            changed = [b for b in now if now[b] != self.suite.bin_stamp.get(b)]
+            self.errors.append(
+                f"build/bin changed during the scenario ({', '.join(changed)} "
+                "rebuilt?): its result proves nothing; run it again")
+            self.suite.bin_stamp = now
+        failed = bool(self.violations or self.errors)
+        evidence = ""
+        if self.sampler is not None:
+            self.sampler.sample_once()
+            self.sampler.stop()
+        if failed and self.orders_db:
+            try:
+                evidence = self.collect_evidence()
+            except Exception as e:
+                evidence = f"(evidence collection failed: {e})"
+        for i, p in self.loads:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+            P.reap(p, 5)
+        self.hung = self.sup.stop_all(SHUTDOWN_TIMEOUT + 6)
+        for proxy in self.rc_proxies + self.db_proxies:
+            proxy.close()
+        for name in self.hung:
+            self.notes.append(f"{name} ignored SIGTERM for "
+                              f"{SHUTDOWN_TIMEOUT + 6:g}s")
+        for p in self.sup.procs:
+            self.notes += [f"unexpected exit: {u}" for u in p.unexpected]
+        self.wall = time.monotonic() - started
+        self._timeline.close()
+        if failed:
+            print(f"[{self.name}] FAILED; logs and evidence kept in "
+                  f"{self.workdir}", flush=True)
+            for v in self.violations:
+                print(f"[{self.name}]   violation: {v}", flush=True)
+            for e in self.errors:
+                print(f"[{self.name}]   error: {e}", flush=True)
+            for ex in (self.report or {}).get("examples", []):
+                print(f"[{self.name}]   ! {ex}", flush=True)
+            if evidence:
+                lines = evidence.splitlines()
+                print("\n".join(f"[{self.name}]   | {ln}" for ln in lines[:80]),
+                      flush=True)
+        if not self.suite.keep_dbs:
+            self.suite.pg.drop_db(self.orders_db)
+            self.suite.pg.drop_db(self.billing_db)
+        if not failed and not self.suite.keep:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def result(self):
+        rep = self.report or {}
+        totals = self.sampler.totals() if self.sampler else {}
+        crashes = {}
+        restarts = 0
+        for p in self.sup.procs:
+            restarts += max(0, p.incarnation - 1)
+            for point, n in p.crash_points.items():
+                crashes[point] = crashes.get(point, 0) + n
+        faults = self.faults + sum(crashes.values())
+        counts = self.log_counts()
+        notes = list(self.notes)
+        if counts["ack timeouts"]:
+            notes.append(f"relay streams reset on ack timeout: "
+                         f"{counts['ack timeouts']}")
+        if crashes:
+            notes.append("crashes: " + ", ".join(
+                f"{k} x{v}" for k, v in sorted(crashes.items())))
+        status = ("ERROR" if self.errors else
+                  "FAIL" if self.violations else "PASS")
+        return {
+            "scenario": self.name, "seed": self.seed, "result": status,
+            "seconds": self.seconds, "wall_seconds": round(self.wall, 1),
+            "events": rep.get("events"), "applied": rep.get("applied"),
+            "deliveries": totals.get("deliveries"),
+            "duplicates": totals.get("duplicate"),
+            "held_answers": totals.get("held"),
+            "rejected": totals.get("rejected"),
+            "held_peak": self.sampler.held_peak if self.sampler else None,
+            "lost": rep.get("lost"),
+            "missing_effects": rep.get("missing_effects"),
+            "duplicate_effects": rep.get("duplicate_effects"),
+            "order_violations": rep.get("order_violations"),
+            "phantoms": rep.get("phantoms"),
+            "view_mismatches": rep.get("view_mismatches"),
+            "drained": rep.get("drained"),
+            "drain_seconds": rep.get("drain_seconds"),
+            "backlog_at_check": self.backlog,
+            "drain_bound_seconds": self.wait,
+            "dead_letters": rep.get("dead_letters"),
+            "behind_dead": rep.get("behind_dead"),
+            "i6": self.i6,
+            "latency_p50_ms": rep.get("latency_p50_ms"),
+            "latency_p99_ms": rep.get("latency_p99_ms"),
+            "orders": self.load.get("created"),
+            "indeterminate": self.load.get("indeterminate"),
+            "gave_up": self.load.get("gave_up"),
+            "faults": faults, "restarts": restarts,
+            "violations": self.violations, "errors": self.errors,
+            "examples": rep.get("examples", []), "notes": notes,
+            "workdir": self.workdir if (self.violations or self.errors
+                                        or self.suite.keep) else None,
+            "replay": f"./scripts/chaos --seconds {self.seconds:g} --seed "
+                      f"{self.seed} --scenario {self.name}",
+        }

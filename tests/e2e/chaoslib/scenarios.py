@@ -1,0 +1,214 @@
+"""The failure scenarios: a topology, relay flags, and a fault injector that
+runs for the scenario's window. Every random choice comes from run.rng
+(random.Random seeded with "<scenario>/<seed>"), so `--seed N --scenario
+NAME` replays the same schedule of faults."""
+
+import signal
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+# Crash points armed in the crash-points scenario (probability per pass).
+# A producer passes its points once per write (hundreds a second), a relay
+# once per batch, a consumer once per batch transaction: the numbers make
+# each binary crash a few times in a short window and still progress.
+CRASH_POINTS = ",".join([
+    "relay.after_send_before_mark:0.03",
+    "relay.after_claim_before_send:0.02",
+    "relay.before_mark_commit:0.02",
+    "relay.after_mark_commit:0.02",
+    "consumer.before_commit:0.03",
+    "consumer.after_commit_before_answer:0.04",
+    "producer.before_commit:0.0005",
+    "producer.after_commit_before_answer:0.0005",
+])
+
+ACK_TIMEOUT = 2.0  # the relay's --ack_timeout in every scenario
+
+
+@dataclass
+class Scenario:
+    name: str
+    summary: str
+    inject: Callable
+    producers: int = 1
+    relays: int = 1
+    consumers: int = 1
+    relay_flags: dict = field(default_factory=dict)
+    fault_env: Optional[str] = None  # OUTBOX_FAULT for every binary
+    proxy_relay_consumer: bool = False
+    proxy_db: bool = False
+    pairs: bool = False  # relay i -> consumer i (else all -> consumer 1)
+    expect_dead: int = 0
+    check: Optional[Callable] = None  # extra assertions -> list of strings
+
+
+# -- injectors ---------------------------------------------------------------
+
+
+def kill_relays(run):
+    """SIGKILL a relay at random moments (1 in 5: SIGTERM, a clean bounce;
+    1 in 7: SIGSTOP for 1-3 s, a relay that hangs with its partitions),
+    now and then both; the supervisor restarts them."""
+    while run.sleep(run.rng.uniform(0.8, 2.2)):
+        if len(run.relays) > 1 and run.rng.random() < 0.15:
+            victims = list(run.relays)
+        else:
+            victims = [run.rng.choice(run.relays)]
+        how = run.rng.random()
+        down = run.rng.uniform(0.0, 1.5)
+        if how < 1 / 7:
+            run.pause(victims[0], run.rng.uniform(1.0, 3.0))
+            continue
+        for v in victims:
+            run.kill(v, signal.SIGKILL if how < 0.8 else signal.SIGTERM, down)
+
+
+def kill_consumer(run):
+    """SIGKILL the consumer at random moments. The gaps are long enough for
+    the relay to reconnect (up to ~2 s after the consumer is back) and
+    stream a while, so most kills land on a batch being applied or
+    answered."""
+    while run.sleep(run.rng.uniform(2.0, 4.0)):
+        run.kill(run.rng.choice(run.consumers), signal.SIGKILL,
+                 run.rng.uniform(0.0, 1.0))
+
+
+def pause_consumer(run):
+    """SIGSTOP the consumer for longer than the relay's --ack_timeout, so
+    the relay's stream stalls and is reset, then SIGCONT."""
+    while run.sleep(run.rng.uniform(0.5, 1.5)):
+        c = run.rng.choice(run.consumers)
+        run.pause(c, ACK_TIMEOUT + run.rng.uniform(1.0, 2.5))
+
+
+def restart_postgres(run):
+    while run.sleep(run.rng.uniform(1.5, 3.0)):
+        run.pg_restart()
+
+
+def net_faults(proxies_of):
+    def inject(run):
+        proxies = proxies_of(run)
+        while run.sleep(run.rng.uniform(0.5, 1.5)):
+            action = run.rng.choice(["latency", "reset", "blackhole"])
+            if len(proxies) > 1 and run.rng.random() < 0.4:
+                targets = list(proxies)
+            else:
+                targets = [run.rng.choice(proxies)]
+            if action == "latency":
+                lo = run.rng.uniform(0.02, 0.05)
+                hi = run.rng.uniform(0.1, 0.2)
+                run.net_latency(targets, lo, hi, run.rng.uniform(1.0, 3.0))
+            elif action == "reset":
+                run.net_reset(targets, run.rng.choice([0.0, 0.0, 0.5, 1.0]))
+            else:
+                run.net_blackhole(targets, run.rng.uniform(2.0, 4.0))
+    return inject
+
+
+def kill_one_relay(run):
+    """Relay A -> consumer A, relay B -> consumer B; one relay is killed at
+    random moments and kept down a while, so its partitions move to the
+    other relay, and with them to the other consumer."""
+    victim = run.rng.choice(run.relays)
+    run.log(f"victim: {victim.name}")
+    while run.sleep(run.rng.uniform(1.0, 2.5)):
+        run.kill(victim, signal.SIGKILL, run.rng.uniform(0.5, 2.5))
+
+
+def poison(run):
+    run.sleep(run.rng.uniform(1.0, 2.0))
+    run.poison()
+    while run.sleep(1.0):
+        pass
+
+
+def crash_points(run):
+    # The faults fire inside the binaries; the supervisor restarts them.
+    while run.sleep(1.0):
+        pass
+
+
+def check_poison(run, report):
+    """I6: exactly the poisoned row is dead, the events behind it on its
+    aggregate stay pending and unapplied, every other event is applied."""
+    bad = []
+    p = run.poisoned
+    if p is None:
+        return ["I6: no committed OrderCreated row could be poisoned"]
+    seq, agg = p
+    dead = [ln.split("|") for ln in run.sql_orders(
+        "SELECT seq, aggregate_id, attempts, coalesce(last_error, '') "
+        "FROM outbox WHERE status = 'dead' ORDER BY seq").splitlines() if ln]
+    if [int(d[0]) for d in dead] != [seq]:
+        bad.append(f"I6: expected exactly row {seq} (aggregate {agg}) dead, "
+                   f"dead rows are {[int(d[0]) for d in dead]}")
+    elif "schema_version" not in dead[0][3]:
+        bad.append(f"I6: dead row {seq} has last_error {dead[0][3]!r}, "
+                   "expected it to name schema_version")
+    behind = int(run.sql_orders(
+        f"SELECT count(*) FROM outbox WHERE aggregate_id = '{agg}' AND "
+        f"seq > {seq} AND status <> 'pending'").strip())
+    if behind:
+        bad.append(f"I6: {behind} events behind dead row {seq} of {agg} left "
+                   "pending (delivered or dead)")
+    applied_behind = int(run.sql_billing(
+        f"SELECT count(*) FROM inbox WHERE aggregate_id = '{agg}' AND "
+        f"seq >= {seq}").strip())
+    if applied_behind:
+        bad.append(f"I6: {applied_behind} events of {agg} at or after the "
+                   f"dead row {seq} were applied")
+    others = report["events"] - report["dead_letters"] - report["behind_dead"]
+    if report["applied"] != others or report["pending"] or report["lost"]:
+        bad.append(f"I6: of {others} events not behind the dead letter, "
+                   f"{report['applied']} were applied ({report['pending']} "
+                   f"pending, {report['lost']} lost)")
+    run.i6 = "ok" if not bad else "VIOLATED"
+    run.log(f"I6: dead row {seq} of {agg}, {report['behind_dead']} behind it "
+            f"pending, {report['applied']} others applied: "
+            f"{'ok' if not bad else 'VIOLATED'}")
+    return bad
+
+
+SCENARIOS = [
+    Scenario("relay-kill",
+             "SIGKILL relays at random moments (now and then SIGTERM, or "
+             "SIGSTOP for 1-3 s); 2 relays share the partitions",
+             kill_relays, relays=2),
+    Scenario("consumer-kill",
+             "SIGKILL the consumer at random moments; 2 producers",
+             kill_consumer, producers=2),
+    Scenario("consumer-pause",
+             "SIGSTOP the consumer for longer than the relay's --ack_timeout "
+             f"({ACK_TIMEOUT:g}s), then SIGCONT",
+             pause_consumer),
+    Scenario("pg-restart",
+             "pg_ctl restart -m immediate under load; 2 producers, 2 relays",
+             restart_postgres, producers=2, relays=2),
+    Scenario("net-relay-consumer",
+             "a proxy per relay between relay and consumer: latency, reset "
+             "(RST), blackhole",
+             net_faults(lambda run: run.rc_proxies), relays=2,
+             proxy_relay_consumer=True),
+    Scenario("net-db",
+             "a proxy per service between it and PostgreSQL: latency, reset "
+             "(RST), blackhole",
+             net_faults(lambda run: run.db_proxies), relays=2, proxy_db=True),
+    Scenario("two-relays-two-consumers",
+             "relay A -> consumer A, relay B -> consumer B on one billing "
+             "database; one relay killed and kept down a while",
+             kill_one_relay, relays=2, consumers=2, pairs=True),
+    Scenario("poison",
+             "one committed OrderCreated gets schema_version 2; relay "
+             "--max_attempts=3 --reject_backoff=50ms",
+             poison, relays=2,
+             relay_flags={"max_attempts": "3", "reject_backoff": "50ms"},
+             expect_dead=1, check=check_poison),
+    Scenario("crash-points",
+             "OUTBOX_FAULT armed on every binary: each crashes (SIGKILL to "
+             "itself) at its crash points; 3 relays, 2 consumers",
+             crash_points, relays=3, consumers=2, pairs=True,
+             fault_env=CRASH_POINTS),
+]
+
+BY_NAME = {s.name: s for s in SCENARIOS}
