@@ -36,6 +36,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 2000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Delivery batches of large orders may exceed gRPC's default 4 MiB.
+  builder.SetMaxReceiveMessageSize(16 << 20);
   std::vector<std::string> names;
   for (const NamedService& s : services) {
     builder.RegisterService(s.service);

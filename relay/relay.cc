@@ -22,6 +22,7 @@ namespace {
 // key or the partition number.
 constexpr int kMemberLockClass = 0x0b0d;
 constexpr int kPartitionLockClass = 0x0b0e;
+constexpr size_t kMaxBatchBytes = 1 << 20;
 
 template <typename C>
 std::string IntArray(const C& values) {
@@ -285,7 +286,12 @@ bool Relay::Claim() {
       InFlight batch;
       batch.batch_id = next_batch_id_++;
       req.set_batch_id(batch.batch_id);
+      size_t taken = 0;
       for (const auto& row : rows) {
+        // Far below any gRPC message limit, whatever --batch_size says; the
+        // rest is claimed again next round.
+        if (req.ByteSizeLong() > kMaxBatchBytes) break;
+        ++taken;
         const int64_t seq = row[0].as<int64_t>();
         if (!EventFromRow(row, req.add_events())) {
           req.mutable_events()->RemoveLast();
@@ -303,7 +309,7 @@ bool Relay::Claim() {
         stream_->Send(std::move(req));
         batches_->Add();
       }
-      if (static_cast<int>(rows.size()) < limit) break;
+      if (static_cast<int>(rows.size()) < limit || taken < rows.size()) break;
     }
     return true;
   } catch (const std::exception& e) {
