@@ -67,6 +67,8 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext*,
   resp->set_in_flight(state.in_flight);
   resp->set_stream_connected(state.stream_connected);
   resp->set_replica_id(state.replica_id);
+  resp->set_delivered_by_process(state.delivered);
+  resp->set_rejected_by_process(state.rejected);
   return grpc::Status::OK;
 }
 

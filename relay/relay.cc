@@ -124,7 +124,10 @@ void Relay::Stop(absl::Duration drain) {
 
 RelayState Relay::State() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return state_;
+  RelayState state = state_;
+  state.delivered = delivered_->value();
+  state.rejected = rejected_->value();
+  return state;
 }
 
 void Relay::Wake() {

@@ -86,6 +86,8 @@ struct RelayState {
   int64_t in_flight = 0;
   bool stream_connected = false;
   std::string replica_id;
+  int64_t delivered = 0;  // rows this process marked delivered
+  int64_t rejected = 0;   // REJECTED answers this process recorded
 };
 
 class Relay {

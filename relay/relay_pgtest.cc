@@ -216,6 +216,16 @@ TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
   auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
   {
     grpc::ClientContext ctx;
+    v1::RelayStats stats;
+    ASSERT_TRUE(stub->GetStats(&ctx, {}, &stats).ok());
+    EXPECT_EQ(stats.dead_letters(), 1);
+    EXPECT_EQ(stats.pending(), 2);  // behind the dead letter
+    EXPECT_EQ(stats.rejected_by_process(), 3);
+    EXPECT_EQ(stats.delivered_by_process(), Events() - 3);
+    EXPECT_EQ(stats.partitions_owned_size(), kPartitionCount);
+  }
+  {
+    grpc::ClientContext ctx;
     v1::ListDeadLettersResponse list;
     ASSERT_TRUE(stub->ListDeadLetters(&ctx, {}, &list).ok());
     ASSERT_EQ(list.rows_size(), 1);

@@ -86,14 +86,16 @@ int Stats() {
       std::printf(
           "relay %s (%s)\n  pending %lld, oldest %.1f s, dead letters %lld, "
           "delivered %lld\n  partitions owned %d of %d, in flight %lld, "
-          "stream %s\n",
+          "stream %s\n  this process: delivered %lld, rejected %lld\n",
           s.replica_id().c_str(), absl::GetFlag(FLAGS_relay).c_str(),
           static_cast<long long>(s.pending()), s.oldest_pending_seconds(),
           static_cast<long long>(s.dead_letters()),
           static_cast<long long>(s.delivered_total()),
           s.partitions_owned_size(), s.partitions_total(),
           static_cast<long long>(s.in_flight()),
-          s.stream_connected() ? "connected" : "down");
+          s.stream_connected() ? "connected" : "down",
+          static_cast<long long>(s.delivered_by_process()),
+          static_cast<long long>(s.rejected_by_process()));
     } else {
       rc = Fail("relay stats", st);
     }
