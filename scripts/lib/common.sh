@@ -6,13 +6,15 @@ PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 
 # Debian 12 packages: build tools, gRPC/protobuf, libpqxx, abseil, spdlog,
 # GoogleTest, the PostgreSQL 15 server, and what the tests use (Node.js for
-# `buf curl` and the manifest checks, kubectl is optional).
+# `buf curl` and the manifest checks, python3 for the failure-injection
+# suite; kubectl, which renders the manifests, is not a Debian package and
+# must be on the machine).
 OUTBOX_PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libpqxx-dev libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   postgresql-15 postgresql-client-15
-  nodejs curl iproute2 procps
+  nodejs curl iproute2 procps python3
 )
 
 log() { printf '\033[1m==>\033[0m %s\n' "$*" >&2; }
