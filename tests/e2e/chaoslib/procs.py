@@ -287,6 +287,11 @@ class Supervisor:
             return
         if p.restart_at is not None and now >= max(p.restart_at, p.hold_until):
             if self.restarts >= self.max_restarts:
+                if not p.unexpected or "restart limit" not in p.unexpected[-1]:
+                    p.unexpected.append(f"{p.name}: restart limit "
+                                        f"({self.max_restarts}) reached; "
+                                        "left down")
+                    self.run.log(p.unexpected[-1])
                 return
             self.restarts += 1
             try:

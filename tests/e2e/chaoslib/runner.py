@@ -76,7 +76,9 @@ class Run:
         safe = self.name.replace("-", "_")
         self.orders_db = f"chaos{index}_{safe}_orders"
         self.billing_db = f"chaos{index}_{safe}_billing"
-        self.sup = P.Supervisor(self, delay=0.5)
+        # Restarts are bounded too: plenty for the crash points' rate.
+        self.sup = P.Supervisor(self, delay=0.5,
+                                max_restarts=int(2000 + 20 * seconds))
         self.producers, self.relays, self.consumers = [], [], []
         self.rc_proxies, self.db_proxies = [], []
         self.loads = []
@@ -443,7 +445,10 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                                 "retries", "indeterminate", "gave_up")}
         for i, p in self.loads:
             if not P.reap(p, max(0.1, deadline - time.monotonic())):
-                os.kill(p.pid, signal.SIGKILL)
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 P.reap(p, 5)
                 raise HarnessError(f"load-{i} still running {timeout}s after "
                                    "the faults stopped; killed it")
@@ -681,6 +686,9 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 f"build/bin changed during the scenario ({', '.join(changed)} "
                 "rebuilt?): its result proves nothing; run it again")
             self.suite.bin_stamp = now
+        with self.sup.lock:
+            self.errors += [u for p in self.sup.procs for u in p.unexpected
+                            if "restart limit" in u]
         failed = bool(self.violations or self.errors)
         evidence = ""
         if self.sampler is not None:
@@ -693,7 +701,10 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 evidence = f"(evidence collection failed: {e})"
         for i, p in self.loads:
             if p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             P.reap(p, 5)
         self.hung = self.sup.stop_all(SHUTDOWN_TIMEOUT + 6)
         for proxy in self.rc_proxies + self.db_proxies:
@@ -702,7 +713,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             self.notes.append(f"{name} ignored SIGTERM for "
                               f"{SHUTDOWN_TIMEOUT + 6:g}s")
         for p in self.sup.procs:
-            self.notes += [f"unexpected exit: {u}" for u in p.unexpected]
+            self.notes += [f"unexpected exit: {u}" for u in p.unexpected
+                           if "restart limit" not in u]
         self.wall = time.monotonic() - started
         self._timeline.close()
         if failed:
