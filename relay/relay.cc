@@ -5,6 +5,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+
 #include <pqxx/pqxx>
 
 #include "absl/random/random.h"
@@ -83,7 +85,12 @@ Relay::Relay(RelayOptions options, Metrics* metrics)
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // gRPC's own reconnect backoff decides how soon a restarted consumer is
+  // seen again: keep it short (and no longer than --retry_max), or a
+  // consumer that restarts every few seconds is never connected to.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(std::clamp<int64_t>(
+                  absl::ToInt64Milliseconds(options_.retry_max), 100, 1000)));
   channel_ = grpc::CreateCustomChannel(
       options_.consumer, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::EventSink::NewStub(channel_);
