@@ -527,6 +527,12 @@ void Relay::Run() {
     if (!in_flight_.empty()) {
       spdlog::warn("relay: {} events unanswered at shutdown stay pending",
                    in_flight_seqs_.size());
+    } else {
+      // Nothing in flight: half-close, so the consumer sees a clean end.
+      stream_->CloseSend();
+      for (int i = 0; i < 50 && !stream_->broken(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
     stream_->Cancel();
     stream_.reset();
