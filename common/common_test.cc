@@ -88,6 +88,15 @@ TEST(Db, ConnectionDefaultsAddLivenessSettingsOnce) {
             "keepalives_interval=5 keepalives_count=3 tcp_user_timeout=30000");
 }
 
+TEST(Db, ArrayLiteralQuotesEveryElement) {
+  EXPECT_EQ(ArrayLiteral().str(), "{}");
+  EXPECT_EQ(ArrayLiteral(std::vector<int>{3, 1}).str(), "{\"3\",\"1\"}");
+  ArrayLiteral a;
+  a.Add("plain");
+  a.Add("a \"quote\", a \\ and {braces}");
+  EXPECT_EQ(a.str(), "{\"plain\",\"a \\\"quote\\\", a \\\\ and {braces}\"}");
+}
+
 TEST(Db, UnreachableDatabaseIsUnavailable) {
   // Port 1 on loopback refuses at once.
   Database db("postgresql://127.0.0.1:1/x", 1, "test");

@@ -64,6 +64,17 @@ std::string WithConnectionDefaults(const std::string& url) {
   return out;
 }
 
+void ArrayLiteral::Add(absl::string_view v) {
+  out_ += out_.empty() ? "{\"" : ",\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out_ += '\\';
+    out_ += c;
+  }
+  out_ += '"';
+}
+
+void ArrayLiteral::Add(int64_t v) { Add(absl::StrCat(v)); }
+
 absl::Status StatusFromException(const std::exception& e) {
   if (const auto* in_doubt = dynamic_cast<const pqxx::in_doubt_error*>(&e)) {
     return absl::UnavailableError(

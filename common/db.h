@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace outbox {
@@ -70,6 +71,30 @@ class Database {
   std::condition_variable cv_;
   std::vector<std::unique_ptr<pqxx::connection>> idle_;
   int free_slots_;  // connections that may still be opened
+};
+
+// A PostgreSQL array literal, to pass a whole batch as one parameter:
+//
+//   ArrayLiteral ids;
+//   for (const auto& id : batch) ids.Add(id);
+//   tx.exec_params("... unnest($1::text[]) ...", ids.str());
+//
+// Every element is quoted, so the literal casts to text[], uuid[] or
+// bigint[] alike.
+class ArrayLiteral {
+ public:
+  ArrayLiteral() = default;
+  template <typename C>
+  explicit ArrayLiteral(const C& values) {
+    for (const auto& v : values) Add(v);
+  }
+  void Add(absl::string_view v);
+  void Add(int64_t v);
+  std::string str() const { return out_.empty() ? "{}" : out_ + "}"; }
+  bool empty() const { return out_.empty(); }
+
+ private:
+  std::string out_;
 };
 
 // One schema change. Versions start at 1 and never change once released.

@@ -7,33 +7,12 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/fault.h"
 #include "common/ids.h"
 #include "consumer/apply_rules.h"
 
 namespace outbox::consumer {
 namespace {
-
-// PostgreSQL array literals, for passing a whole batch as one parameter
-// (unnest($1::text[], $2::bigint[], ...)).
-class ArrayLiteral {
- public:
-  void Add(absl::string_view v) {
-    out_ += out_.empty() ? "{\"" : ",\"";
-    for (char c : v) {
-      if (c == '"' || c == '\\') out_ += '\\';
-      out_ += c;
-    }
-    out_ += '"';
-  }
-  void Add(int64_t v) { Add(absl::StrCat(v)); }
-  std::string str() const { return out_.empty() ? "{}" : out_ + "}"; }
-  bool empty() const { return out_.empty(); }
-
- private:
-  std::string out_;
-};
 
 std::string Hex(const std::string& bytes) {
   static const char kHex[] = "0123456789abcdef";

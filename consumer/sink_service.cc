@@ -31,8 +31,10 @@ grpc::Status EventSinkImpl::Deliver(
     for (const v1::Event& e : req.events()) events.push_back(&e);
     const absl::Time t0 = absl::Now();
     auto results = applier_->ApplyBatch(events);
-    spdlog::debug("consumer: batch {} of {} events in {}", req.batch_id(),
-                  events.size(), absl::FormatDuration(absl::Now() - t0));
+    if (spdlog::should_log(spdlog::level::debug)) {
+      spdlog::debug("consumer: batch {} of {} events in {}", req.batch_id(),
+                    events.size(), absl::FormatDuration(absl::Now() - t0));
+    }
     if (!results.ok()) {
       spdlog::warn("consumer: batch {} not applied: {}", req.batch_id(),
                    results.status().ToString());

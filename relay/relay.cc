@@ -11,7 +11,6 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/db.h"
 #include "common/fault.h"
 #include "common/ids.h"
@@ -25,11 +24,6 @@ namespace {
 constexpr int kMemberLockClass = 0x0b0d;
 constexpr int kPartitionLockClass = 0x0b0e;
 constexpr size_t kMaxBatchBytes = 1 << 20;
-
-template <typename C>
-std::string IntArray(const C& values) {
-  return absl::StrCat("{", absl::StrJoin(values, ","), "}");
-}
 
 absl::Duration Jittered(absl::Duration d) {
   thread_local absl::BitGen gen;
@@ -286,11 +280,13 @@ bool Relay::Claim() {
       const absl::Time t0 = absl::Now();
       {
         pqxx::nontransaction tx(*conn_);
-        rows = tx.exec_params(kClaimSql, IntArray(partitions),
-                              IntArray(excluded), limit);
+        rows = tx.exec_params(kClaimSql, ArrayLiteral(partitions).str(),
+                              ArrayLiteral(excluded).str(), limit);
       }
-      spdlog::debug("relay: claimed {} rows in {}", rows.size(),
-                    absl::FormatDuration(absl::Now() - t0));
+      if (spdlog::should_log(spdlog::level::debug)) {
+        spdlog::debug("relay: claimed {} rows in {}", rows.size(),
+                      absl::FormatDuration(absl::Now() - t0));
+      }
       if (rows.empty()) break;
       v1::DeliverRequest req;
       InFlight batch;
@@ -375,7 +371,7 @@ bool Relay::FlushMarks() {
       tx.exec_params(
           "UPDATE outbox SET status = 'delivered', published_at = now() "
           "WHERE seq = ANY($1::bigint[]) AND status = 'pending'",
-          IntArray(delivered));
+          ArrayLiteral(delivered).str());
     }
     for (const Mark& m : marks_) {
       if (m.delivered) continue;
