@@ -8,6 +8,8 @@
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/sql_state.h"
+#include "common/watchdog.h"
 
 ABSL_FLAG(int, test_pool_size, 3, "A flag for the environment test.");
 ABSL_FLAG(std::string, test_target, "a", "A flag for the environment test.");
@@ -113,6 +115,131 @@ TEST(Metrics, RendersPrometheusText) {
             "# HELP x_total Things.\n# TYPE x_total counter\n"
             "x_total{k=\"a\"} 2\nx_total{k=\"b\"} 1\n"
             "# HELP y A gauge.\n# TYPE y gauge\ny 1.5\n");
+}
+
+// The rule of common/sql_state.h, one SQLSTATE class at a time: only data
+// classes may be blamed on an event; a conflict is retried at once;
+// everything else is the world's fault and costs a retry, never an event.
+struct SqlStateCase {
+  const char* state;
+  ErrorOrigin origin;
+  absl::StatusCode code;
+  const char* what;
+};
+
+class SqlStateRule : public ::testing::TestWithParam<SqlStateCase> {};
+
+TEST_P(SqlStateRule, ClassDecidesOriginAndCode) {
+  const SqlStateCase& c = GetParam();
+  EXPECT_EQ(OriginOfSqlState(c.state), c.origin)
+      << c.state << " (" << c.what << ")";
+  EXPECT_EQ(CodeForSqlState(c.state), c.code) << c.state << " (" << c.what << ")";
+}
+
+constexpr auto kData = ErrorOrigin::kData;
+constexpr auto kConflict = ErrorOrigin::kConflict;
+constexpr auto kWorld = ErrorOrigin::kWorld;
+using Code = absl::StatusCode;
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryClass, SqlStateRule,
+    ::testing::Values(
+        SqlStateCase{"22001", kData, Code::kInvalidArgument, "string too long"},
+        SqlStateCase{"22P02", kData, Code::kInvalidArgument, "bad text value"},
+        SqlStateCase{"22021", kData, Code::kInvalidArgument, "bad encoding"},
+        SqlStateCase{"23505", kData, Code::kAlreadyExists, "unique violation"},
+        SqlStateCase{"23514", kData, Code::kFailedPrecondition, "check violation"},
+        SqlStateCase{"54000", kData, Code::kInvalidArgument, "program limit"},
+        SqlStateCase{"40001", kConflict, Code::kAborted, "serialization failure"},
+        SqlStateCase{"40P01", kConflict, Code::kAborted, "deadlock"},
+        SqlStateCase{"08006", kWorld, Code::kUnavailable, "connection failure"},
+        SqlStateCase{"25006", kWorld, Code::kUnavailable, "read-only transaction"},
+        SqlStateCase{"25P03", kWorld, Code::kUnavailable, "idle in transaction timeout"},
+        SqlStateCase{"28P01", kWorld, Code::kUnavailable, "bad password"},
+        SqlStateCase{"3D000", kWorld, Code::kUnavailable, "no such database"},
+        SqlStateCase{"42501", kWorld, Code::kUnavailable, "insufficient privilege"},
+        SqlStateCase{"42P01", kWorld, Code::kUnavailable, "no such table"},
+        SqlStateCase{"53100", kWorld, Code::kUnavailable, "disk full"},
+        SqlStateCase{"53200", kWorld, Code::kUnavailable, "out of memory"},
+        SqlStateCase{"53300", kWorld, Code::kUnavailable, "too many connections"},
+        SqlStateCase{"55P03", kWorld, Code::kUnavailable, "lock timeout"},
+        SqlStateCase{"55000", kWorld, Code::kUnavailable, "not accepting connections"},
+        SqlStateCase{"57014", kWorld, Code::kUnavailable, "statement timeout"},
+        SqlStateCase{"57P01", kWorld, Code::kUnavailable, "admin shutdown"},
+        SqlStateCase{"57P02", kWorld, Code::kUnavailable, "crash shutdown"},
+        SqlStateCase{"57P03", kWorld, Code::kUnavailable, "cannot connect now"},
+        SqlStateCase{"58030", kWorld, Code::kUnavailable, "I/O error"},
+        SqlStateCase{"XX001", kWorld, Code::kUnavailable, "data corrupted"},
+        SqlStateCase{"P0001", kWorld, Code::kUnavailable, "raised by a trigger"},
+        SqlStateCase{"0A000", kWorld, Code::kUnavailable, "not supported"},
+        SqlStateCase{"", kWorld, Code::kUnavailable, "no SQLSTATE"},
+        SqlStateCase{"ZZ999", kWorld, Code::kUnavailable, "unknown class"}));
+
+TEST(SqlState, OriginOfAStatusComesFromItsSqlState) {
+  // A server error as libpqxx throws it keeps its SQLSTATE.
+  pqxx::sql_error read_only("cannot execute INSERT in a read-only transaction",
+                            "INSERT ...", "25006");
+  absl::Status s = StatusFromException(read_only);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(SqlStateOf(s), "25006");
+  EXPECT_EQ(OriginOf(s), ErrorOrigin::kWorld);
+  EXPECT_NE(s.message().find("[SQLSTATE 25006]"), std::string::npos) << s;
+
+  pqxx::sql_error bad_value("value too long", "INSERT ...", "22001");
+  EXPECT_EQ(OriginOf(StatusFromException(bad_value)), ErrorOrigin::kData);
+
+  // libpqxx 6.4 throws these as types without the SQLSTATE: it is recovered.
+  EXPECT_EQ(SqlStateOf(StatusFromException(pqxx::serialization_failure("x"))),
+            "40001");
+  EXPECT_EQ(StatusFromException(pqxx::deadlock_detected("x")).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(SqlStateOf(StatusFromException(pqxx::insufficient_privilege("x"))),
+            "42501");
+  EXPECT_EQ(SqlStateOf(StatusFromException(pqxx::too_many_connections("x"))),
+            "53300");
+
+  // Without one: a lost connection, or any other status, is the world's.
+  EXPECT_EQ(OriginOf(StatusFromException(pqxx::broken_connection("gone"))),
+            ErrorOrigin::kWorld);
+  EXPECT_EQ(OriginOf(absl::DataLossError("x")), ErrorOrigin::kWorld);
+}
+
+TEST(DbSession, SettingsNameEveryTimeoutInMilliseconds) {
+  DbSession s;
+  s.statement_timeout = absl::Seconds(3);
+  s.lock_timeout = absl::Milliseconds(250);
+  s.idle_in_transaction_timeout = absl::ZeroDuration();
+  EXPECT_EQ(SessionSettingsSql(s),
+            "SET statement_timeout = 3000; SET lock_timeout = 250; "
+            "SET idle_in_transaction_session_timeout = 0");
+}
+
+TEST(Watchdog, StallsOnlyWhileItHasWorkWithoutProgress) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  Watchdog w("apply path", absl::Seconds(30));
+  EXPECT_FALSE(w.Stalled(t0 + absl::Hours(1)));  // idle is healthy
+
+  w.Working(t0);
+  EXPECT_FALSE(w.Stalled(t0 + absl::Seconds(30)));
+  w.Failed(absl::UnavailableError("read-only"), t0 + absl::Seconds(10));
+  auto why = w.Stalled(t0 + absl::Seconds(31));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("apply path made no progress for 31s"), std::string::npos)
+      << *why;
+  EXPECT_NE(why->find("last error: read-only"), std::string::npos) << *why;
+
+  w.Progress(t0 + absl::Seconds(40));  // moves, still busy
+  EXPECT_FALSE(w.Stalled(t0 + absl::Seconds(60)));
+  EXPECT_TRUE(w.Stalled(t0 + absl::Seconds(71)));
+
+  w.Done(t0 + absl::Seconds(80));
+  EXPECT_FALSE(w.Stalled(t0 + absl::Hours(2)));
+  w.Working(t0 + absl::Hours(2));  // the clock starts anew
+  EXPECT_FALSE(w.Stalled(t0 + absl::Hours(2) + absl::Seconds(29)));
+
+  Watchdog off("x", absl::ZeroDuration());
+  off.Working(t0);
+  EXPECT_FALSE(off.Stalled(t0 + absl::Hours(9)));
 }
 
 }  // namespace

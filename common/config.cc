@@ -83,6 +83,15 @@ bool TerminationRequested() {
   return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1;
 }
 
+std::optional<std::string> WaitForTerminationSignal(absl::Duration timeout) {
+  sigset_t set = TerminationSignals();
+  const timespec ts = absl::ToTimespec(timeout);
+  const int sig = sigtimedwait(&set, nullptr, &ts);
+  if (sig == SIGINT) return "SIGINT";
+  if (sig == SIGTERM) return "SIGTERM";
+  return std::nullopt;
+}
+
 std::string WaitForTerminationSignal() {
   sigset_t set = TerminationSignals();
   int sig = 0;

@@ -3,10 +3,12 @@
 // environment as OUTBOX_<FLAG_IN_UPPER_SNAKE>, the flag winning), logging and
 // signal handling.
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace outbox {
 
@@ -28,6 +30,9 @@ std::vector<char*> InitProcess(int argc, char** argv, const char* usage);
 
 // Blocks until SIGINT or SIGTERM arrives; returns the signal's name.
 std::string WaitForTerminationSignal();
+
+// As above, but for at most `timeout`: nothing if no signal came.
+std::optional<std::string> WaitForTerminationSignal(absl::Duration timeout);
 
 // True if SIGINT or SIGTERM arrived and nobody has waited for it yet: lets
 // start-up loops (migrations retrying an unreachable database) stop early.

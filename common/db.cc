@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/sql_state.h"
 
 namespace outbox {
 namespace {
@@ -23,17 +24,17 @@ bool IsUrl(const std::string& url) {
          absl::StartsWith(url, "postgres://");
 }
 
-absl::StatusCode CodeForSqlState(const std::string& state) {
-  if (absl::StartsWith(state, "08")) return absl::StatusCode::kUnavailable;
-  if (state == "57P01" || state == "57P02" || state == "57P03")
-    return absl::StatusCode::kUnavailable;  // shutting down / starting up
-  if (state == "40001" || state == "40P01" || state == "55P03")
-    return absl::StatusCode::kAborted;
-  if (state == "23505") return absl::StatusCode::kAlreadyExists;
-  if (absl::StartsWith(state, "23")) return absl::StatusCode::kFailedPrecondition;
-  if (state == "57014") return absl::StatusCode::kDeadlineExceeded;
-  if (absl::StartsWith(state, "53")) return absl::StatusCode::kResourceExhausted;
-  return absl::StatusCode::kInternal;
+// libpqxx 6.4 throws some server errors as typed exceptions without their
+// SQLSTATE (08xxx as broken_connection, 40xxx, 42501, 53300): recover it
+// from the type, so that sql_state.h's rule still applies.
+std::string SqlStateOfType(const std::exception& e) {
+  if (dynamic_cast<const pqxx::too_many_connections*>(&e)) return "53300";
+  if (dynamic_cast<const pqxx::serialization_failure*>(&e)) return "40001";
+  if (dynamic_cast<const pqxx::deadlock_detected*>(&e)) return "40P01";
+  if (dynamic_cast<const pqxx::statement_completion_unknown*>(&e)) return "40003";
+  if (dynamic_cast<const pqxx::transaction_rollback*>(&e)) return "40000";
+  if (dynamic_cast<const pqxx::insufficient_privilege*>(&e)) return "42501";
+  return "";
 }
 
 std::string FirstLine(const char* what) {
@@ -75,6 +76,17 @@ void ArrayLiteral::Add(absl::string_view v) {
 
 void ArrayLiteral::Add(int64_t v) { Add(absl::StrCat(v)); }
 
+std::string SessionSettingsSql(const DbSession& session) {
+  auto ms = [](absl::Duration d) {
+    return absl::StrCat(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
+  };
+  return absl::StrCat(
+      "SET statement_timeout = ", ms(session.statement_timeout),
+      "; SET lock_timeout = ", ms(session.lock_timeout),
+      "; SET idle_in_transaction_session_timeout = ",
+      ms(session.idle_in_transaction_timeout));
+}
+
 absl::Status StatusFromException(const std::exception& e) {
   if (const auto* in_doubt = dynamic_cast<const pqxx::in_doubt_error*>(&e)) {
     return absl::UnavailableError(
@@ -82,14 +94,19 @@ absl::Status StatusFromException(const std::exception& e) {
                      "unknown: ",
                      FirstLine(in_doubt->what())));
   }
-  if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) {
-    const std::string& state = sql->sqlstate();
-    absl::Status s(state.empty() ? absl::StatusCode::kUnavailable
-                                 : CodeForSqlState(state),
-                   absl::StrCat(FirstLine(sql->what()),
-                                state.empty() ? "" : " [SQLSTATE " + state + "]"));
-    if (!state.empty()) s.SetPayload(kSqlStatePayload, absl::Cord(state));
+  std::string state = SqlStateOfType(e);
+  if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e);
+      sql != nullptr && !sql->sqlstate().empty()) {
+    state = sql->sqlstate();
+  }
+  if (!state.empty()) {
+    absl::Status s(CodeForSqlState(state),
+                   absl::StrCat(FirstLine(e.what()), " [SQLSTATE ", state, "]"));
+    s.SetPayload(kSqlStatePayload, absl::Cord(state));
     return s;
+  }
+  if (dynamic_cast<const pqxx::sql_error*>(&e) != nullptr) {
+    return absl::UnavailableError(FirstLine(e.what()));
   }
   if (dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr) {
     return absl::UnavailableError(
@@ -104,7 +121,8 @@ std::string SqlStateOf(const absl::Status& s) {
 }
 
 absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect(
-    const std::string& url, const std::string& application_name) {
+    const std::string& url, const std::string& application_name,
+    const DbSession& session) {
   try {
     auto conn = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
     // A silent reconnect would drop session state such as advisory locks.
@@ -114,10 +132,11 @@ absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect(
     conn->inhibit_reactivation(true);
 #pragma GCC diagnostic pop
     pqxx::nontransaction tx(*conn);
-    tx.exec("SET application_name = " + tx.quote(application_name));
     // Acknowledged work must survive a server crash, whatever the server's
     // default.
-    tx.exec("SET synchronous_commit = on");
+    tx.exec(absl::StrCat("SET application_name = ", tx.quote(application_name),
+                         "; SET synchronous_commit = on; ",
+                         SessionSettingsSql(session)));
     return conn;
   } catch (const std::exception& e) {
     absl::Status s = StatusFromException(e);
@@ -127,9 +146,11 @@ absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect(
 }
 
 Database::Database(std::string url, int pool_size, std::string application_name,
+                   DbSession session,
                    std::function<void(pqxx::connection&)> on_connect)
     : url_(std::move(url)),
       application_name_(std::move(application_name)),
+      session_(session),
       on_connect_(std::move(on_connect)),
       free_slots_(pool_size > 0 ? pool_size : 1) {}
 
@@ -155,7 +176,7 @@ std::unique_ptr<pqxx::connection> Database::Acquire(absl::Duration timeout,
   }
   --free_slots_;
   lock.unlock();
-  auto conn = Connect(url_, application_name_);
+  auto conn = Connect(url_, application_name_, session_);
   if (conn.ok() && on_connect_) {
     try {
       on_connect_(**conn);
@@ -193,8 +214,10 @@ absl::Status Database::Run(
     status = fn(*conn);
   } catch (const std::exception& e) {
     status = StatusFromException(e);
-    if (status.code() == absl::StatusCode::kUnavailable) {
-      spdlog::warn("database: {}; dropping the connection", std::string(status.message()));
+    if (OriginOf(status) == ErrorOrigin::kWorld) {
+      // A fresh session may reach a new primary, or at least starts clean.
+      spdlog::warn("database: {}; dropping the connection",
+                   std::string(status.message()));
       conn.reset();
     }
   }
@@ -204,11 +227,14 @@ absl::Status Database::Run(
 
 absl::Status Migrate(const std::string& url, const std::string& schema_name,
                      const std::vector<Migration>& migrations,
-                     absl::Duration wait) {
+                     absl::Duration wait, const DbSession& session) {
   const absl::Time deadline = absl::Now() + wait;
+  DbSession migrating = session;
+  migrating.statement_timeout =
+      std::max(session.statement_timeout, kMigrationStatementTimeout);
   absl::Status last;
   for (int attempt = 0;; ++attempt) {
-    auto conn = Connect(url, "outbox-migrate");
+    auto conn = Connect(url, "outbox-migrate", migrating);
     if (conn.ok()) {
       try {
         pqxx::work tx(**conn);
@@ -244,7 +270,7 @@ absl::Status Migrate(const std::string& url, const std::string& schema_name,
         return absl::OkStatus();
       } catch (const std::exception& e) {
         last = StatusFromException(e);
-        if (last.code() != absl::StatusCode::kUnavailable) return last;
+        if (OriginOf(last) == ErrorOrigin::kData) return last;
       }
     } else {
       last = conn.status();

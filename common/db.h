@@ -25,18 +25,34 @@ namespace outbox {
 // or unreachable server surfaces as an error instead of a hang.
 std::string WithConnectionDefaults(const std::string& url);
 
-// The status for a libpqxx (or other) exception: broken connections and
-// server shutdowns are Unavailable, serialization failures and deadlocks
-// Aborted, unique violations AlreadyExists, anything else Internal. The
-// message ends with "[SQLSTATE xxxxx]" when the server gave one.
+// The status for a libpqxx (or other) exception. A server error gets the
+// code of its SQLSTATE (CodeForSqlState in common/sql_state.h: the one rule
+// of whose fault an error is), keeps the SQLSTATE (SqlStateOf) and ends
+// with "[SQLSTATE xxxxx]"; a broken connection or an in-doubt commit is
+// Unavailable; anything else Internal.
 absl::Status StatusFromException(const std::exception& e);
 
 // The SQLSTATE that StatusFromException recorded in `s`, or "".
 std::string SqlStateOf(const absl::Status& s);
 
-// Opens a connection, applies session settings; Unavailable on failure.
+// Limits every session sets, so that no statement, lock wait or forgotten
+// transaction can hold a connection (and the work behind it) forever. A
+// statement that hits one fails with a kWorld error (57014, 55P03, 25P03):
+// it costs a retry, never data. Zero leaves the server's setting.
+struct DbSession {
+  absl::Duration statement_timeout = absl::Seconds(30);
+  absl::Duration lock_timeout = absl::Seconds(5);
+  absl::Duration idle_in_transaction_timeout = absl::Seconds(60);
+};
+
+// The SET statements that apply `session` (one string, for one round trip).
+std::string SessionSettingsSql(const DbSession& session);
+
+// Opens a connection and applies the session settings (application_name,
+// synchronous_commit on, and `session`'s limits); Unavailable on failure.
 absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect(
-    const std::string& url, const std::string& application_name);
+    const std::string& url, const std::string& application_name,
+    const DbSession& session = {});
 
 // A fixed-size pool of connections opened on demand. A connection that
 // breaks is dropped and reopened by a later caller, so the pool recovers by
@@ -46,6 +62,7 @@ class Database {
   // `on_connect` runs once on each new connection (e.g. to prepare
   // statements).
   Database(std::string url, int pool_size, std::string application_name,
+           DbSession session = {},
            std::function<void(pqxx::connection&)> on_connect = nullptr);
   ~Database();
   Database(const Database&) = delete;
@@ -66,6 +83,7 @@ class Database {
 
   const std::string url_;
   const std::string application_name_;
+  const DbSession session_;
   const std::function<void(pqxx::connection&)> on_connect_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -106,11 +124,17 @@ struct Migration {
 
 // Applies the migrations not yet recorded in schema_migrations, in version
 // order, in one transaction under an advisory lock, so that replicas
-// starting at once apply each migration exactly once. Retries while the
-// database is unreachable, up to `wait`; Cancelled if SIGINT or SIGTERM
-// arrives meanwhile.
+// starting at once apply each migration exactly once. Retries kWorld errors
+// (an unreachable or read-only database, a lock wait that timed out behind
+// another replica's migration) up to `wait`; Cancelled if SIGINT or SIGTERM
+// arrives meanwhile. The migration's statements may run longer than
+// `session.statement_timeout` (a migration may rewrite a large table), up
+// to kMigrationStatementTimeout.
 absl::Status Migrate(const std::string& url, const std::string& schema_name,
                      const std::vector<Migration>& migrations,
-                     absl::Duration wait = absl::Seconds(30));
+                     absl::Duration wait = absl::Seconds(30),
+                     const DbSession& session = {});
+
+inline constexpr absl::Duration kMigrationStatementTimeout = absl::Minutes(10);
 
 }  // namespace outbox

@@ -51,6 +51,12 @@ CREATE INDEX outbox_pending_idx ON outbox (seq) WHERE status = 'pending';
 CREATE INDEX outbox_undelivered_idx ON outbox (aggregate_id, seq) WHERE status <> 'delivered';
 CREATE INDEX outbox_published_idx ON outbox (published_at) WHERE status = 'delivered';
 )sql"},
+      {2, "when a row became a dead letter", R"sql(
+-- Set when the relay gives a row up; bulk requeue selects by it.
+ALTER TABLE outbox ADD COLUMN dead_at timestamptz;
+UPDATE outbox SET dead_at = available_at WHERE status = 'dead';
+CREATE INDEX outbox_dead_idx ON outbox (dead_at) WHERE status = 'dead';
+)sql"},
   };
   return kMigrations;
 }
@@ -112,6 +118,28 @@ CREATE TABLE charges (
   created_at   timestamptz NOT NULL DEFAULT now(),
   UNIQUE (order_id, kind)
 );
+)sql"},
+      {2, "held events: one per link and position, counted per aggregate", R"sql(
+-- How many held_events rows each aggregate has, kept in the same
+-- transaction as the rows: the cap on held events reads one number.
+ALTER TABLE aggregate_cursors ADD COLUMN held_count int NOT NULL DEFAULT 0;
+-- Held copies at or below their cursor are stale: applied, or forks.
+DELETE FROM held_events h USING aggregate_cursors c
+ WHERE h.aggregate_id = c.aggregate_id AND h.seq <= c.last_seq;
+-- A chain has one event per link and per position; older versions could
+-- hold a fork's second event. Keep the first of each.
+DELETE FROM held_events a USING held_events b
+ WHERE a.aggregate_id = b.aggregate_id
+   AND (a.prev_seq = b.prev_seq OR a.seq = b.seq)
+   AND (a.received_at, a.event_id) > (b.received_at, b.event_id);
+DROP INDEX held_events_next_idx;
+CREATE UNIQUE INDEX held_events_link_idx ON held_events (aggregate_id, prev_seq);
+CREATE UNIQUE INDEX held_events_position_idx ON held_events (aggregate_id, seq);
+INSERT INTO aggregate_cursors (aggregate_id)
+  SELECT DISTINCT aggregate_id FROM held_events ON CONFLICT DO NOTHING;
+UPDATE aggregate_cursors c SET held_count = h.n
+  FROM (SELECT aggregate_id, count(*) AS n FROM held_events GROUP BY 1) h
+ WHERE c.aggregate_id = h.aggregate_id;
 )sql"},
   };
   return kMigrations;

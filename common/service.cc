@@ -12,14 +12,19 @@ ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(10),
           "After SIGTERM, how long running calls may finish before they are "
           "cancelled.");
 ABSL_FLAG(int, db_pool_size, 8, "Database connections per process.");
+ABSL_FLAG(absl::Duration, stall_timeout, absl::Seconds(30),
+          "Health turns NOT_SERVING when the work loop (relay: claim/mark, "
+          "consumer: apply, producer: database writes) has had work this "
+          "long without progress; 0 disables the watchdog.");
 
 namespace outbox {
 
 std::optional<int> MigrateAtStartup(const std::string& name,
                                     const std::string& url,
                                     const std::string& schema,
-                                    const std::vector<Migration>& migrations) {
-  absl::Status s = Migrate(url, schema, migrations);
+                                    const std::vector<Migration>& migrations,
+                                    const DbSession& session) {
+  absl::Status s = Migrate(url, schema, migrations, absl::Seconds(30), session);
   if (s.ok()) return std::nullopt;
   if (absl::IsCancelled(s)) {
     spdlog::info("{}: stopped during start-up", name);
@@ -50,8 +55,24 @@ int ServeUntilSignal(const ServeOptions& options) {
     return 1;
   }
   spdlog::info("{}: serving gRPC on {}", options.name, (*server)->address());
-  std::string sig = WaitForTerminationSignal();
-  spdlog::info("{}: {} received; shutting down", options.name, sig);
+  bool serving = true;
+  std::optional<std::string> sig;
+  while (!(sig = WaitForTerminationSignal(absl::Milliseconds(500)))) {
+    std::string why;
+    for (const Watchdog* w : options.watchdogs) {
+      if (auto stalled = w->Stalled()) why = *stalled;
+    }
+    if (serving && !why.empty()) {
+      spdlog::error("{}: health NOT_SERVING: {}", options.name, why);
+      (*server)->SetServing(false);
+      serving = false;
+    } else if (!serving && why.empty()) {
+      spdlog::info("{}: health SERVING again: the work loop moves", options.name);
+      (*server)->SetServing(true);
+      serving = true;
+    }
+  }
+  spdlog::info("{}: {} received; shutting down", options.name, *sig);
   (*server)->SetServing(false);
   if (options.before_drain) options.before_drain();
   (*server)->Shutdown();

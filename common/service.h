@@ -15,10 +15,12 @@
 #include "common/db.h"
 #include "common/metrics.h"
 #include "common/server.h"
+#include "common/watchdog.h"
 
 ABSL_DECLARE_FLAG(std::string, metrics_listen);
 ABSL_DECLARE_FLAG(absl::Duration, shutdown_timeout);
 ABSL_DECLARE_FLAG(int, db_pool_size);
+ABSL_DECLARE_FLAG(absl::Duration, stall_timeout);
 
 namespace outbox {
 
@@ -27,6 +29,9 @@ struct ServeOptions {
   std::string listen;  // gRPC address
   std::vector<NamedService> services;
   const Metrics* metrics = nullptr;
+  // Health turns NOT_SERVING while any of these is stalled, and back to
+  // SERVING when all move again. Not owned.
+  std::vector<const Watchdog*> watchdogs;
   // Called after health went NOT_SERVING and before the gRPC server drains:
   // stop background work here (the relay stops claiming).
   std::function<void()> before_drain;
@@ -37,11 +42,13 @@ struct ServeOptions {
 std::optional<int> MigrateAtStartup(const std::string& name,
                                     const std::string& url,
                                     const std::string& schema,
-                                    const std::vector<Migration>& migrations);
+                                    const std::vector<Migration>& migrations,
+                                    const DbSession& session);
 
 // Serves until SIGINT or SIGTERM, then: health NOT_SERVING, before_drain,
-// drain the gRPC server within --shutdown_timeout. Returns the process exit
-// code (non-zero if a port cannot be bound).
+// drain the gRPC server within --shutdown_timeout. Meanwhile health follows
+// the watchdogs, each change logged with its reason. Returns the process
+// exit code (non-zero if a port cannot be bound).
 int ServeUntilSignal(const ServeOptions& options);
 
 }  // namespace outbox

@@ -2,14 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
-#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/fault.h"
 #include "common/ids.h"
+#include "common/sql_state.h"
 #include "consumer/apply_rules.h"
+#include "consumer/billing.h"
 
 namespace outbox::consumer {
 namespace {
@@ -30,72 +30,133 @@ std::string OccurredAt(const v1::Event& e) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%E6S+00", t, absl::UTCTimeZone());
 }
 
-// The billing view of one order while a batch is applied.
-struct OrderState {
-  bool exists = false;
-  std::string customer_id;
-  std::string status;
-  int64_t total_cents = 0;
-  std::string currency;
-  int64_t last_seq = 0;
-  bool dirty = false;
-};
-
-struct ChargeRow {
-  std::string event_id, order_id, kind, currency;
-  int64_t amount_cents;
-};
-
-// The effect of `e` on `order`; appends the money movement it causes. A
-// refund only when this consumer saw the order paid: its own state, applied
-// in order, decides.
-void Evolve(const v1::Event& e, OrderState* order,
-            std::vector<ChargeRow>* charges) {
-  order->dirty = true;
-  order->last_seq = e.seq();
-  if (e.has_order_created()) {
-    const v1::OrderCreated& p = e.order_created();
-    order->exists = true;
-    order->customer_id = p.customer_id();
-    order->status = "CREATED";
-    order->total_cents = p.total_cents();
-    order->currency = p.currency();
-  } else if (e.has_order_paid()) {
-    const v1::OrderPaid& p = e.order_paid();
-    if (order->currency.empty()) order->currency = p.currency();
-    charges->push_back({e.event_id(), e.aggregate_id(), "charge",
-                        order->currency, p.amount_cents()});
-    order->status = "PAID";
-  } else if (e.has_order_cancelled()) {
-    if (order->status == "PAID") {
-      charges->push_back({e.event_id(), e.aggregate_id(), "refund",
-                          order->currency, order->total_cents});
-    }
-    order->status = "CANCELLED";
+// Cursors of `aggregates`, created if new and locked (in sorted order) for
+// the rest of the transaction.
+void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
+                 Snapshot* snap) {
+  const std::string ids = ArrayLiteral(aggregates).str();
+  tx.exec_params(
+      "INSERT INTO aggregate_cursors (aggregate_id) "
+      "SELECT a FROM unnest($1::text[]) AS a ORDER BY a ON CONFLICT DO NOTHING",
+      ids);
+  for (const auto& row : tx.exec_params(
+           "SELECT aggregate_id, last_seq, held_count FROM aggregate_cursors "
+           "WHERE aggregate_id = ANY($1::text[]) ORDER BY aggregate_id "
+           "FOR UPDATE",
+           ids)) {
+    snap->aggregates[row["aggregate_id"].as<std::string>()] = {
+        row["last_seq"].as<int64_t>(), row["held_count"].as<int64_t>()};
   }
 }
 
-v1::EventResult Result(const v1::Event& e, v1::DeliveryOutcome outcome,
-                       std::string reason = "") {
-  v1::EventResult r;
-  r.set_event_id(e.event_id());
-  r.set_seq(e.seq());
-  r.set_outcome(outcome);
-  r.set_reason(std::move(reason));
-  return r;
+// The held events `q` asks for: the chains from its links (each link's
+// event, then its successor's, ...), and those at its positions or ids. A
+// held event may come more than once; the planner reads each once.
+absl::Status ReadHeld(pqxx::work& tx, const HeldQuery& q, Snapshot* snap) {
+  ArrayLiteral link_agg, link_prev, pos_agg, pos_seq;
+  for (const auto& [a, p] : q.links) {
+    link_agg.Add(a);
+    link_prev.Add(p);
+  }
+  for (const auto& [a, s] : q.positions) {
+    pos_agg.Add(a);
+    pos_seq.Add(s);
+  }
+  for (const auto& row : tx.exec_params(
+           "WITH RECURSIVE chain AS ("
+           " SELECT h.event_id, h.aggregate_id, h.seq FROM held_events h"
+           " JOIN unnest($1::text[], $2::bigint[]) AS l(a, p)"
+           " ON h.aggregate_id = l.a AND h.prev_seq = l.p"
+           " UNION ALL"
+           " SELECT h.event_id, h.aggregate_id, h.seq FROM held_events h"
+           " JOIN chain c ON h.aggregate_id = c.aggregate_id"
+           " AND h.prev_seq = c.seq) "
+           "SELECT payload FROM held_events WHERE event_id IN "
+           "(SELECT event_id FROM chain) "
+           "UNION ALL SELECT payload FROM held_events "
+           "WHERE event_id = ANY($3::uuid[]) "
+           "UNION ALL SELECT h.payload FROM held_events h "
+           "JOIN unnest($4::text[], $5::bigint[]) AS q(a, s) "
+           "ON h.aggregate_id = q.a AND h.seq = q.s",
+           link_agg.str(), link_prev.str(), ArrayLiteral(q.ids).str(),
+           pos_agg.str(), pos_seq.str())) {
+    v1::Event h;
+    if (!h.ParseFromString(pqxx::binarystring(row[0]).str())) {
+      return absl::DataLossError("a row of held_events is unreadable");
+    }
+    snap->held.push_back(std::move(h));
+  }
+  return absl::OkStatus();
 }
 
-bool Transient(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kUnavailable ||
-         s.code() == absl::StatusCode::kAborted ||
-         s.code() == absl::StatusCode::kDeadlineExceeded ||
-         s.code() == absl::StatusCode::kResourceExhausted;
+std::set<std::string> InInbox(pqxx::work& tx, const std::vector<std::string>& ids) {
+  std::set<std::string> found;
+  if (ids.empty()) return found;
+  for (const auto& row : tx.exec_params(
+           "SELECT event_id::text FROM inbox WHERE event_id = ANY($1::uuid[])",
+           ArrayLiteral(ids).str())) {
+    found.insert(row[0].as<std::string>());
+  }
+  return found;
+}
+
+// Inserts the inbox rows of `events`; false if some event id or position
+// was there already (nothing of the batch may then commit).
+bool InsertInbox(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
+  ArrayLiteral ev, agg, seq, type, at;
+  for (const v1::Event* e : events) {
+    ev.Add(e->event_id());
+    agg.Add(e->aggregate_id());
+    seq.Add(e->seq());
+    type.Add(e->event_type());
+    at.Add(OccurredAt(*e));
+  }
+  pqxx::result inserted = tx.exec_params(
+      "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "
+      "occurred_at) SELECT * FROM unnest($1::uuid[], $2::text[], "
+      "$3::bigint[], $4::text[], $5::timestamptz[]) ON CONFLICT DO NOTHING",
+      ev.str(), agg.str(), seq.str(), type.str(), at.str());
+  return inserted.affected_rows() == events.size();
+}
+
+void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
+  ArrayLiteral ev, agg, seq, prev, pay;
+  for (const v1::Event* e : events) {
+    ev.Add(e->event_id());
+    agg.Add(e->aggregate_id());
+    seq.Add(e->seq());
+    prev.Add(e->prev_seq());
+    pay.Add(Hex(e->SerializeAsString()));
+  }
+  tx.exec_params(
+      "INSERT INTO held_events (event_id, aggregate_id, seq, prev_seq, "
+      "payload) SELECT e, a, s, p, decode(h, 'hex') FROM unnest($1::uuid[], "
+      "$2::text[], $3::bigint[], $4::bigint[], $5::text[]) AS t(e, a, s, p, h)",
+      ev.str(), agg.str(), seq.str(), prev.str(), pay.str());
+}
+
+void UpdateCursors(pqxx::work& tx,
+                   const std::map<std::string, AggregateState>& changed) {
+  ArrayLiteral agg, last, held;
+  for (const auto& [a, st] : changed) {
+    agg.Add(a);
+    last.Add(st.cursor);
+    held.Add(st.held_count);
+  }
+  tx.exec_params(
+      "UPDATE aggregate_cursors c SET last_seq = m.s, held_count = m.h, "
+      "updated_at = now() FROM unnest($1::text[], $2::bigint[], $3::int[]) "
+      "AS m(a, s, h) WHERE c.aggregate_id = m.a",
+      agg.str(), last.str(), held.str());
 }
 
 }  // namespace
 
-Applier::Applier(Database* db, Metrics* metrics)
+Applier::Applier(Database* db, Metrics* metrics, ApplierOptions options,
+                 Watchdog* watchdog)
     : db_(db),
+      options_(options),
+      watchdog_(watchdog),
       applied_(metrics->AddCounter(
           "outbox_consumer_events_total{outcome=\"applied\"}",
           "Events answered, by outcome.")),
@@ -109,282 +170,168 @@ Applier::Applier(Database* db, Metrics* metrics)
           "Events answered, by outcome.")),
       drained_(metrics->AddCounter(
           "outbox_consumer_held_applied_total",
-          "Held events applied once their predecessor arrived.")) {}
+          "Held events applied once their predecessor arrived.")),
+      position_reused_(metrics->AddCounter(
+          "outbox_consumer_position_reused_total",
+          "Events REJECTED because the outbox reused a position this "
+          "consumer had passed with another event (a restored backup, a "
+          "failover that lost writes).")),
+      forks_(metrics->AddCounter(
+          "outbox_consumer_forks_total",
+          "Events REJECTED because another event already holds their link "
+          "or position in the chain.")),
+      over_cap_(metrics->AddCounter(
+          "outbox_consumer_held_cap_rejections_total",
+          "Events REJECTED because their aggregate holds "
+          "--max_held_per_aggregate events.")),
+      unavailable_(metrics->AddCounter(
+          "outbox_consumer_batches_unavailable_total",
+          "Batches not answered because the database failed for a reason "
+          "that is not the events' (read-only, full, timeout, ...).")) {}
+
+void Applier::Count(const Plan& plan) {
+  applied_->Add(plan.applied);
+  duplicates_->Add(plan.duplicates);
+  held_->Add(plan.held);
+  rejected_->Add(plan.rejected);
+  drained_->Add(plan.drained);
+  position_reused_->Add(plan.position_reused);
+  forks_->Add(plan.forks);
+  over_cap_->Add(plan.over_cap);
+  if (plan.position_reused + plan.forks + plan.over_cap > 0) {
+    for (const v1::EventResult& r : plan.results) {
+      if (r.outcome() == v1::REJECTED) {
+        spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(), r.reason());
+      }
+    }
+  }
+}
 
 absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyBatch(
     const std::vector<const v1::Event*>& events) {
-  absl::StatusOr<std::vector<v1::EventResult>> results;
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    results = ApplyOnce(events);
-    if (results.ok() || results.status().code() != absl::StatusCode::kAborted) {
-      break;  // Aborted (serialization, deadlock) is worth an immediate retry
+  std::vector<std::string> invalid(events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (absl::Status s = ValidateEvent(*events[i]); !s.ok()) {
+      invalid[i] = std::string(s.message());
     }
   }
-  if (!results.ok() && !Transient(results.status()) && events.size() > 1) {
-    // Something in the batch fails for good (bad data the rules did not
-    // catch). Apply one by one so that only the culprit is rejected.
-    spdlog::warn("consumer: batch of {} failed ({}); applying one by one",
-                 events.size(), results.status().ToString());
-    std::vector<v1::EventResult> each;
-    for (const v1::Event* e : events) {
-      auto one = ApplyBatch({e});
-      if (!one.ok()) return one.status();
-      each.push_back(std::move((*one)[0]));
-    }
-    return each;
-  }
-  if (!results.ok() && !Transient(results.status())) {
-    rejected_->Add();
-    return std::vector<v1::EventResult>{
-        Result(*events[0], v1::REJECTED,
-               absl::StrCat("cannot apply: ", results.status().message()))};
-  }
-  if (results.ok()) {
-    for (const auto& r : *results) {
-      switch (r.outcome()) {
-        case v1::APPLIED: applied_->Add(); break;
-        case v1::DUPLICATE: duplicates_->Add(); break;
-        case v1::HELD: held_->Add(); break;
-        default: rejected_->Add();
-      }
+  if (watchdog_ != nullptr) watchdog_->Working();
+  auto results = ApplyValidated(events, invalid);
+  if (watchdog_ != nullptr) {
+    if (results.ok()) {
+      watchdog_->Done();
+    } else {
+      watchdog_->Failed(results.status());
     }
   }
   return results;
 }
 
-absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyOnce(
-    const std::vector<const v1::Event*>& events) {
-  std::vector<v1::EventResult> results(events.size());
-  std::vector<bool> valid(events.size());
+absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyValidated(
+    const std::vector<const v1::Event*>& events,
+    const std::vector<std::string>& invalid) {
+  absl::StatusOr<Attempt> attempt;
+  bool ask_all = false;
+  for (int conflicts = 0;;) {
+    attempt = ApplyOnce(events, invalid, ask_all);
+    if (attempt.ok() && attempt->inbox_collision && !ask_all) {
+      ask_all = true;  // an event id the plan did not know was applied
+      continue;
+    }
+    if (!attempt.ok() && OriginOf(attempt.status()) == ErrorOrigin::kConflict &&
+        ++conflicts <= options_.conflict_retries) {
+      continue;
+    }
+    break;
+  }
+  if (attempt.ok() && attempt->inbox_collision) {
+    // The inbox knows an event that neither the cursors nor a lookup by id
+    // explain: never written by this code. Refuse rather than guess.
+    attempt = absl::DataLossError(
+        "inbox and aggregate cursors disagree; refusing the batch");
+  }
+  if (attempt.ok()) {
+    Count(attempt->plan);
+    return std::move(attempt->results);
+  }
+  const absl::Status& s = attempt.status();
+  if (OriginOf(s) == ErrorOrigin::kData) {
+    if (events.size() > 1) {
+      // One event carries data the database refuses. Apply one by one so
+      // that only the culprit is rejected.
+      spdlog::warn("consumer: batch of {} events failed on its data ({}); "
+                   "applying them one by one",
+                   events.size(), s.ToString());
+      std::vector<v1::EventResult> each;
+      for (size_t i = 0; i < events.size(); ++i) {
+        auto one = ApplyValidated({events[i]}, {invalid[i]});
+        if (!one.ok()) return one.status();
+        each.push_back(std::move((*one)[0]));
+      }
+      return each;
+    }
+    rejected_->Add();
+    v1::EventResult r;
+    r.set_event_id(events[0]->event_id());
+    r.set_seq(events[0]->seq());
+    r.set_outcome(v1::REJECTED);
+    r.set_reason(absl::StrCat("cannot apply: ", s.message()));
+    spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(), r.reason());
+    return std::vector<v1::EventResult>{std::move(r)};
+  }
+  unavailable_->Add();
+  return absl::UnavailableError(absl::StrCat(
+      "database (", ErrorOriginName(OriginOf(s)), " error, not the events'): ",
+      s.message()));
+}
+
+absl::StatusOr<Applier::Attempt> Applier::ApplyOnce(
+    const std::vector<const v1::Event*>& events,
+    const std::vector<std::string>& invalid, bool ask_inbox_about_all) {
   std::set<std::string> aggregates;
   for (size_t i = 0; i < events.size(); ++i) {
-    absl::Status s = ValidateEvent(*events[i]);
-    valid[i] = s.ok();
-    if (valid[i]) {
-      aggregates.insert(events[i]->aggregate_id());
-    } else {
-      results[i] = Result(*events[i], v1::REJECTED, std::string(s.message()));
-    }
+    if (invalid[i].empty()) aggregates.insert(events[i]->aggregate_id());
   }
-  if (aggregates.empty()) return results;
-
-  // The whole batch is decided in memory and written with a fixed handful
-  // of statements, whatever its size.
-  int64_t drained = 0;
+  Attempt out;
+  if (aggregates.empty()) {
+    out.plan = PlanBatch(events, invalid, {}, options_.plan);
+    out.results = out.plan.results;
+    return out;
+  }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    drained = 0;
+    out = Attempt{};
+    Snapshot snap;
     pqxx::work tx(c);
-    ArrayLiteral ids;
-    for (const std::string& a : aggregates) ids.Add(a);
-    // Lock every aggregate of the batch, in sorted order, for the whole
-    // transaction: holding and applying serialize on these rows, so two
-    // replicas never strand a held event, and never deadlock.
-    tx.exec_params(
-        "INSERT INTO aggregate_cursors (aggregate_id) "
-        "SELECT a FROM unnest($1::text[]) AS a ORDER BY a "
-        "ON CONFLICT DO NOTHING",
-        ids.str());
-    std::map<std::string, int64_t> cursor;
-    for (const auto& row : tx.exec_params(
-             "SELECT aggregate_id, last_seq FROM aggregate_cursors "
-             "WHERE aggregate_id = ANY($1::text[]) ORDER BY aggregate_id "
-             "FOR UPDATE",
-             ids.str())) {
-      cursor[row[0].as<std::string>()] = row[1].as<int64_t>();
+    LockCursors(tx, aggregates, &snap);
+    if (HeldQuery q = HeldQuestions(events, invalid, snap); !q.empty()) {
+      if (absl::Status h = ReadHeld(tx, q, &snap); !h.ok()) return h;
     }
-    const std::map<std::string, int64_t> cursor_before = cursor;
-    // Held events of these aggregates, by (aggregate, prev_seq).
-    std::map<std::pair<std::string, int64_t>, v1::Event> held;
-    std::set<std::string> held_ids;
-    for (const auto& row : tx.exec_params(
-             "SELECT payload FROM held_events WHERE aggregate_id = "
-             "ANY($1::text[])",
-             ids.str())) {
-      v1::Event h;
-      if (!h.ParseFromString(pqxx::binarystring(row[0]).str())) {
-        return absl::DataLossError("a held event is unreadable");
+    snap.in_inbox =
+        InInbox(tx, InboxQuestions(events, invalid, snap, ask_inbox_about_all));
+    Plan plan = PlanBatch(events, invalid, snap, options_.plan);
+    if (!plan.apply.empty()) {
+      if (!InsertInbox(tx, plan.apply)) {
+        out.inbox_collision = true;
+        return absl::OkStatus();  // rolled back
       }
-      held_ids.insert(h.event_id());
-      held.emplace(std::make_pair(h.aggregate_id(), h.prev_seq()),
-                   std::move(h));
+      Billing::Apply(tx, plan.apply);
     }
-    std::map<std::string, OrderState> orders;
-    for (const auto& row : tx.exec_params(
-             "SELECT order_id, customer_id, status, total_cents, currency, "
-             "last_seq FROM order_view WHERE order_id = ANY($1::text[])",
-             ids.str())) {
-      OrderState& o = orders[row[0].as<std::string>()];
-      o.exists = true;
-      o.customer_id = row[1].as<std::string>();
-      o.status = row[2].as<std::string>();
-      o.total_cents = row[3].as<int64_t>();
-      o.currency = row[4].as<std::string>();
-      o.last_seq = row[5].as<int64_t>();
+    if (!plan.hold.empty()) InsertHeld(tx, plan.hold);
+    if (!plan.unhold.empty()) {
+      tx.exec_params("DELETE FROM held_events WHERE event_id = ANY($1::uuid[])",
+                     ArrayLiteral(plan.unhold).str());
     }
-
-    std::vector<v1::Event> to_apply;  // in apply order
-    std::vector<v1::Event> to_hold;
-    std::vector<std::string> unheld;  // drained from held_events
-    auto apply = [&](const v1::Event& e) {
-      to_apply.push_back(e);
-      int64_t& cur = cursor[e.aggregate_id()];
-      cur = e.seq();
-      // Its held successors follow at once, in chain order.
-      for (auto it = held.find({e.aggregate_id(), cur}); it != held.end();
-           it = held.find({e.aggregate_id(), cur})) {
-        to_apply.push_back(it->second);
-        cur = it->second.seq();
-        if (held_ids.count(it->second.event_id())) {
-          unheld.push_back(it->second.event_id());
-          ++drained;
-        }
-        held.erase(it);
-      }
-    };
-    for (size_t i = 0; i < events.size(); ++i) {
-      if (!valid[i]) continue;
-      const v1::Event& e = *events[i];
-      const int64_t cur = cursor[e.aggregate_id()];
-      switch (Decide(e.seq(), e.prev_seq(), cur)) {
-        case Decision::kDuplicate:
-          results[i] = Result(e, v1::DUPLICATE);
-          break;
-        case Decision::kApply:
-          apply(e);
-          results[i] = Result(e, v1::APPLIED);
-          break;
-        case Decision::kHold: {
-          // Parked in memory too, so a predecessor later in this batch
-          // drains it at once.
-          auto key = std::make_pair(e.aggregate_id(), e.prev_seq());
-          if (!held.count(key)) {
-            held.emplace(key, e);
-            to_hold.push_back(e);
-          }
-          results[i] = Result(e, v1::HELD);
-          break;
-        }
-        case Decision::kReject:
-          results[i] = Result(
-              e, v1::REJECTED,
-              absl::StrCat("prev_seq ", e.prev_seq(), " is behind the applied "
-                           "position ", cur, " while seq ", e.seq(),
-                           " is ahead of it: the chain is broken"));
-          break;
-      }
-    }
-    // Held in this batch and drained in this batch: never written as held.
-    std::set<std::string> applied_ids;
-    for (const v1::Event& e : to_apply) applied_ids.insert(e.event_id());
-    for (v1::EventResult& r : results) {
-      if (r.outcome() == v1::HELD && applied_ids.count(r.event_id())) {
-        r.set_outcome(v1::APPLIED);
-      }
-    }
-
-    if (!to_apply.empty()) {
-      ArrayLiteral ev, agg, seq, type, at;
-      for (const v1::Event& e : to_apply) {
-        ev.Add(e.event_id());
-        agg.Add(e.aggregate_id());
-        seq.Add(e.seq());
-        type.Add(e.event_type());
-        at.Add(OccurredAt(e));
-      }
-      pqxx::result inserted = tx.exec_params(
-          "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "
-          "occurred_at) SELECT * FROM unnest($1::uuid[], $2::text[], "
-          "$3::bigint[], $4::text[], $5::timestamptz[]) "
-          "ON CONFLICT DO NOTHING",
-          ev.str(), agg.str(), seq.str(), type.str(), at.str());
-      if (inserted.affected_rows() != to_apply.size()) {
-        // The inbox knew an event the cursor did not: never written by this
-        // code. Refuse rather than guess which effect is owed.
-        return absl::DataLossError(
-            "inbox and aggregate cursors disagree; refusing the batch");
-      }
-      std::vector<ChargeRow> charges;
-      for (const v1::Event& e : to_apply) {
-        Evolve(e, &orders[e.aggregate_id()], &charges);
-      }
-      ArrayLiteral oid, cust, status, total, cur, last;
-      for (const auto& [id, o] : orders) {
-        if (!o.dirty) continue;
-        oid.Add(id);
-        cust.Add(o.customer_id);
-        status.Add(o.status.empty() ? "UNKNOWN" : o.status);
-        total.Add(o.total_cents);
-        cur.Add(o.currency);
-        last.Add(o.last_seq);
-      }
-      tx.exec_params(
-          "INSERT INTO order_view (order_id, customer_id, status, "
-          "total_cents, currency, last_seq) SELECT * FROM unnest($1::text[], "
-          "$2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[]) "
-          "ON CONFLICT (order_id) DO UPDATE SET customer_id = "
-          "EXCLUDED.customer_id, status = EXCLUDED.status, total_cents = "
-          "EXCLUDED.total_cents, currency = EXCLUDED.currency, last_seq = "
-          "EXCLUDED.last_seq, updated_at = now()",
-          oid.str(), cust.str(), status.str(), total.str(), cur.str(),
-          last.str());
-      if (!charges.empty()) {
-        ArrayLiteral cev, cord, kind, amount, ccur;
-        for (const ChargeRow& ch : charges) {
-          cev.Add(ch.event_id);
-          cord.Add(ch.order_id);
-          kind.Add(ch.kind);
-          amount.Add(ch.amount_cents);
-          ccur.Add(ch.currency);
-        }
-        tx.exec_params(
-            "INSERT INTO charges (event_id, order_id, kind, amount_cents, "
-            "currency) SELECT * FROM unnest($1::uuid[], $2::text[], "
-            "$3::text[], $4::bigint[], $5::text[]) ON CONFLICT DO NOTHING",
-            cev.str(), cord.str(), kind.str(), amount.str(), ccur.str());
-      }
-    }
-    ArrayLiteral hev, hagg, hseq, hprev, hpay;
-    for (const v1::Event& e : to_hold) {
-      if (applied_ids.count(e.event_id())) continue;
-      hev.Add(e.event_id());
-      hagg.Add(e.aggregate_id());
-      hseq.Add(e.seq());
-      hprev.Add(e.prev_seq());
-      hpay.Add(Hex(e.SerializeAsString()));
-    }
-    if (!hev.empty()) {
-      tx.exec_params(
-          "INSERT INTO held_events (event_id, aggregate_id, seq, prev_seq, "
-          "payload) SELECT e, a, s, p, decode(h, 'hex') FROM unnest("
-          "$1::uuid[], $2::text[], $3::bigint[], $4::bigint[], $5::text[]) "
-          "AS t(e, a, s, p, h) ON CONFLICT DO NOTHING",
-          hev.str(), hagg.str(), hseq.str(), hprev.str(), hpay.str());
-    }
-    ArrayLiteral moved, moved_to;
-    for (const auto& [agg, seq] : cursor) {
-      if (seq == cursor_before.at(agg)) continue;
-      moved.Add(agg);
-      moved_to.Add(seq);
-    }
-    if (!moved.empty()) {
-      // Held copies at or below the new position are drained or stale.
-      tx.exec_params(
-          "DELETE FROM held_events h USING unnest($1::text[], $2::bigint[]) "
-          "AS m(a, s) WHERE h.aggregate_id = m.a AND h.seq <= m.s",
-          moved.str(), moved_to.str());
-      tx.exec_params(
-          "UPDATE aggregate_cursors c SET last_seq = m.s, updated_at = now() "
-          "FROM unnest($1::text[], $2::bigint[]) AS m(a, s) "
-          "WHERE c.aggregate_id = m.a",
-          moved.str(), moved_to.str());
-    }
+    if (!plan.changed.empty()) UpdateCursors(tx, plan.changed);
     MaybeCrash("consumer.before_commit");
     tx.commit();
+    out.results = plan.results;
+    plan.apply.clear();  // they point into `snap`, which ends here
+    plan.hold.clear();
+    out.plan = std::move(plan);
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
-  drained_->Add(drained);
-  return results;
+  return out;
 }
 
 }  // namespace outbox::consumer

@@ -1,44 +1,77 @@
 #pragma once
 // Applies delivered events to the billing database exactly once and in
-// per-aggregate order. A batch is one transaction: for each event the inbox
-// row, the aggregate's cursor and the billing effects (order view, charges)
-// commit together; events whose predecessor is missing are parked in
-// held_events and applied, in the same transaction, when the gap closes.
-// Every aggregate touched is locked through its cursor row (in sorted order,
-// so replicas never deadlock), which is what keeps two consumer replicas from
-// stranding a held event.
+// per-aggregate order. A batch is one transaction: it locks the cursor row
+// of every aggregate it touches (in sorted order, so replicas never
+// deadlock, and two replicas never strand a held event), reads what the
+// plan needs (consumer/batch_plan.h), and writes the plan: inbox rows,
+// billing effects, held events, cursors.
+//
+// A failure is blamed on an event only when PostgreSQL says the data of a
+// statement was bad (common/sql_state.h); the batch is then applied event
+// by event so that only the culprit is REJECTED. Any other failure (a
+// read-only or full database, a missing privilege, a timeout, a lost
+// connection) answers nothing: Unavailable, and the sender resends later
+// without counting an attempt.
 
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/db.h"
 #include "common/metrics.h"
+#include "common/watchdog.h"
+#include "consumer/batch_plan.h"
 #include "outbox/v1/consumer.pb.h"
 
 namespace outbox::consumer {
 
+struct ApplierOptions {
+  PlanOptions plan;
+  // Immediate retries of a batch that hit a transaction conflict
+  // (serialization failure, deadlock) before it counts as unavailable.
+  int conflict_retries = 5;
+};
+
 class Applier {
  public:
-  // `db` and `metrics` must outlive the applier.
-  Applier(Database* db, Metrics* metrics);
+  // `db` and `metrics` must outlive the applier; so must `watchdog` (may be
+  // null), which hears of every batch's progress.
+  Applier(Database* db, Metrics* metrics, ApplierOptions options = {},
+          Watchdog* watchdog = nullptr);
 
   // One result per event, in order, after the transaction committed (the
-  // commit is synchronous, so an answered APPLIED survives a database crash).
-  // Invalid events are REJECTED with the reason. Unavailable when the
-  // database is unreachable: nothing is answered, the sender retries.
+  // commit is synchronous, so an answered APPLIED survives a database
+  // crash). Events that can never apply are REJECTED with the reason.
+  // Unavailable when the database fails for a reason that is not the
+  // events' (see the class comment): nothing is answered.
   absl::StatusOr<std::vector<v1::EventResult>> ApplyBatch(
       const std::vector<const v1::Event*>& events);
 
  private:
-  absl::StatusOr<std::vector<v1::EventResult>> ApplyOnce(
-      const std::vector<const v1::Event*>& events);
+  struct Attempt {
+    std::vector<v1::EventResult> results;
+    Plan plan;
+    bool inbox_collision = false;  // retry, asking the inbox about every id
+  };
+  absl::StatusOr<std::vector<v1::EventResult>> ApplyValidated(
+      const std::vector<const v1::Event*>& events,
+      const std::vector<std::string>& invalid);
+  absl::StatusOr<Attempt> ApplyOnce(const std::vector<const v1::Event*>& events,
+                                    const std::vector<std::string>& invalid,
+                                    bool ask_inbox_about_all);
+  void Count(const Plan& plan);
 
   Database* const db_;
+  const ApplierOptions options_;
+  Watchdog* const watchdog_;
   Counter* const applied_;
   Counter* const duplicates_;
   Counter* const held_;
   Counter* const rejected_;
   Counter* const drained_;
+  Counter* const position_reused_;
+  Counter* const forks_;
+  Counter* const over_cap_;
+  Counter* const unavailable_;
 };
 
 }  // namespace outbox::consumer

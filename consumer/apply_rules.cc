@@ -53,21 +53,4 @@ absl::Status ValidateEvent(const v1::Event& e) {
   return absl::OkStatus();
 }
 
-Decision Decide(int64_t seq, int64_t prev_seq, int64_t cursor) {
-  if (seq <= cursor) return Decision::kDuplicate;
-  if (prev_seq == cursor) return Decision::kApply;
-  if (prev_seq > cursor) return Decision::kHold;
-  return Decision::kReject;
-}
-
-const char* DecisionName(Decision d) {
-  switch (d) {
-    case Decision::kApply: return "apply";
-    case Decision::kDuplicate: return "duplicate";
-    case Decision::kHold: return "hold";
-    case Decision::kReject: return "reject";
-  }
-  return "?";
-}
-
 }  // namespace outbox::consumer

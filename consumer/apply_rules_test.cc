@@ -55,15 +55,5 @@ TEST(ValidateEvent, RejectsWithAReason) {
             "aggregate_type:");
 }
 
-TEST(Decide, FollowsTheCursor) {
-  EXPECT_EQ(Decide(5, 0, 0), Decision::kApply);
-  EXPECT_EQ(Decide(9, 5, 5), Decision::kApply);
-  EXPECT_EQ(Decide(5, 0, 5), Decision::kDuplicate);
-  EXPECT_EQ(Decide(3, 0, 5), Decision::kDuplicate);
-  EXPECT_EQ(Decide(9, 7, 5), Decision::kHold);
-  EXPECT_EQ(Decide(9, 7, 0), Decision::kHold);
-  EXPECT_EQ(Decide(9, 3, 5), Decision::kReject);
-}
-
 }  // namespace
 }  // namespace outbox::consumer

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -12,6 +13,7 @@
 #include "common/schema.h"
 #include "common/server.h"
 #include "consumer/applier.h"
+#include "common/watchdog.h"
 #include "consumer/sink_service.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/pg.h"
@@ -288,6 +290,355 @@ TEST(ConsumerDown, UnreachableDatabaseEndsTheStreamUnavailable) {
   v1::DeliverResponse resp;
   EXPECT_FALSE(stream->Read(&resp));
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// -- Gray failures: the database misbehaves, every process stays up. ------
+
+// A session of its own, as a rogue client or an operator would have.
+class Session {
+ public:
+  explicit Session(const std::string& url) : conn_(url) {}
+  void Exec(const std::string& sql) {
+    pqxx::nontransaction tx(conn_);
+    tx.exec(sql);
+  }
+  // Opens a transaction that holds `lock_sql`'s lock until Release.
+  void Hold(const std::string& lock_sql) {
+    tx_ = std::make_unique<pqxx::work>(conn_);
+    tx_->exec(lock_sql);
+  }
+  void Release() { tx_.reset(); }
+
+ private:
+  pqxx::connection conn_;
+  std::unique_ptr<pqxx::work> tx_;
+};
+
+// Ends every other session of the database: a pooled connection then
+// reconnects, as after a failover.
+void TerminateOthers(testing::TestDatabase& tdb) {
+  tdb.Exec(absl::StrCat(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '",
+      tdb.name(), "' AND pid <> pg_backend_pid()"));
+}
+
+class GrayFailureTest : public ::testing::Test {
+ protected:
+  GrayFailureTest() : tdb_("gray", BillingMigrations()) {}
+
+  // An applier with its own pool and session limits (short, for tests).
+  std::unique_ptr<Applier> MakeApplier(const std::string& url,
+                                       Watchdog* watchdog = nullptr) {
+    DbSession session;
+    session.statement_timeout = absl::Milliseconds(1500);
+    session.lock_timeout = absl::Milliseconds(300);
+    pools_.push_back(std::make_unique<Database>(url, 2, "gray-test", session));
+    return std::make_unique<Applier>(pools_.back().get(), &metrics_,
+                                     ApplierOptions{}, watchdog);
+  }
+
+  static std::vector<const v1::Event*> Ptrs(const std::vector<v1::Event>& v) {
+    std::vector<const v1::Event*> out;
+    for (const auto& e : v) out.push_back(&e);
+    return out;
+  }
+  int64_t Rejected() {
+    return metrics_.AddCounter("outbox_consumer_events_total{outcome=\"rejected\"}",
+                               "")->value();
+  }
+  int64_t Inbox() { return tdb_.Scalar("SELECT count(*) FROM inbox"); }
+
+  // A trigger on inbox that raises `sqlstate` for every row (or only for
+  // rows of `event_type`).
+  void RaiseOnInbox(const std::string& sqlstate, const std::string& event_type = "") {
+    tdb_.Exec(absl::StrCat(
+        "CREATE OR REPLACE FUNCTION gray_fail() RETURNS trigger LANGUAGE "
+        "plpgsql AS $$ BEGIN IF '", event_type, "' = '' OR NEW.event_type = '",
+        event_type, "' THEN RAISE EXCEPTION 'injected' USING ERRCODE = '",
+        sqlstate, "'; END IF; RETURN NEW; END $$; "
+        "CREATE TRIGGER gray_fail BEFORE INSERT ON inbox FOR EACH ROW "
+        "EXECUTE FUNCTION gray_fail()"));
+  }
+  void StopRaising() { tdb_.Exec("DROP TRIGGER gray_fail ON inbox"); }
+
+  // The batch fails as unavailable, nothing is written or counted against
+  // the events; once `heal` ran, the same batch applies.
+  void ExpectCostsTimeNotEvents(Applier* applier, const std::function<void()>& heal,
+                                const std::string& expect_in_message) {
+    auto chain = OrderChain(1);
+    auto failed = applier->ApplyBatch(Ptrs(chain));
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable)
+        << failed.status();
+    EXPECT_NE(failed.status().message().find(expect_in_message),
+              std::string::npos)
+        << failed.status();
+    EXPECT_EQ(Rejected(), 0);
+    heal();  // first: a rogue lock would block the counts, too
+    EXPECT_EQ(Inbox(), 0);
+    EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 0);
+    auto applied = applier->ApplyBatch(Ptrs(chain));
+    ASSERT_TRUE(applied.ok()) << applied.status();
+    EXPECT_EQ(Outcomes(*applied), (V{v1::APPLIED, v1::APPLIED, v1::APPLIED}));
+    EXPECT_EQ(Inbox(), 3);
+  }
+
+  static std::vector<v1::DeliveryOutcome> Outcomes(
+      const std::vector<v1::EventResult>& results) {
+    std::vector<v1::DeliveryOutcome> out;
+    for (const auto& r : results) out.push_back(r.outcome());
+    return out;
+  }
+
+  testing::TestDatabase tdb_;
+  Metrics metrics_;
+  std::vector<std::unique_ptr<Database>> pools_;
+};
+
+TEST_F(GrayFailureTest, ReadOnlyDatabase) {
+  auto applier = MakeApplier(tdb_.url());
+  tdb_.Exec(absl::StrCat("ALTER DATABASE ", tdb_.name(),
+                         " SET default_transaction_read_only = on"));
+  TerminateOthers(tdb_);
+  ExpectCostsTimeNotEvents(
+      applier.get(),
+      [&] {
+        tdb_.Exec(absl::StrCat("ALTER DATABASE ", tdb_.name(),
+                               " RESET default_transaction_read_only"));
+      },
+      "25006");
+}
+
+TEST_F(GrayFailureTest, MissingPrivilege) {
+  const std::string role = absl::StrCat("gray_", NewUuid().substr(0, 8));
+  tdb_.Exec(absl::StrCat("CREATE ROLE ", role, " LOGIN; GRANT ALL ON ALL TABLES "
+                         "IN SCHEMA public TO ", role, "; REVOKE INSERT ON inbox "
+                         "FROM ", role));
+  std::string url = tdb_.url();
+  url.replace(url.find("postgres@"), 9, role + "@");
+  auto applier = MakeApplier(url);
+  ExpectCostsTimeNotEvents(
+      applier.get(),
+      [&] { tdb_.Exec(absl::StrCat("GRANT INSERT ON inbox TO ", role)); },
+      "42501");
+  pools_.clear();
+  tdb_.Exec(absl::StrCat("DROP OWNED BY ", role, "; DROP ROLE ", role));
+}
+
+TEST_F(GrayFailureTest, DiskFull) {
+  auto applier = MakeApplier(tdb_.url());
+  RaiseOnInbox("53100");
+  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "53100");
+}
+
+TEST_F(GrayFailureTest, TooManyConnectionsAndOutOfMemory) {
+  auto applier = MakeApplier(tdb_.url());
+  RaiseOnInbox("53300");
+  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "53300");
+  tdb_.Exec("TRUNCATE inbox, aggregate_cursors, order_view, charges");
+  RaiseOnInbox("53200");
+  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "53200");
+}
+
+TEST_F(GrayFailureTest, LockTimeout) {
+  auto applier = MakeApplier(tdb_.url());
+  Session rogue(tdb_.url());
+  rogue.Hold("LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE");
+  ExpectCostsTimeNotEvents(applier.get(), [&] { rogue.Release(); }, "55P03");
+}
+
+TEST_F(GrayFailureTest, StatementTimeout) {
+  auto applier = MakeApplier(tdb_.url());
+  tdb_.Exec(
+      "CREATE FUNCTION gray_slow() RETURNS trigger LANGUAGE plpgsql AS $$ "
+      "BEGIN PERFORM pg_sleep(3); RETURN NEW; END $$; CREATE TRIGGER gray_slow "
+      "BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION gray_slow()");
+  ExpectCostsTimeNotEvents(
+      applier.get(), [&] { tdb_.Exec("DROP TRIGGER gray_slow ON inbox"); },
+      "57014");
+}
+
+TEST_F(GrayFailureTest, SerializationFailuresAndDeadlocksAreRetriedThenUnavailable) {
+  auto applier = MakeApplier(tdb_.url());
+  RaiseOnInbox("40001");
+  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "40001");
+  tdb_.Exec("TRUNCATE inbox, aggregate_cursors, order_view, charges");
+  RaiseOnInbox("40P01");
+  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "40P01");
+}
+
+TEST_F(GrayFailureTest, ServerEndsTheSessionMidBatch) {
+  // The server terminates the session while it applies (a shutdown, an
+  // operator, a failover): the connection is lost mid-transaction.
+  auto applier = MakeApplier(tdb_.url());
+  tdb_.Exec(
+      "CREATE FUNCTION gray_kill() RETURNS trigger LANGUAGE plpgsql AS $$ "
+      "BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NEW; END "
+      "$$; CREATE TRIGGER gray_kill BEFORE INSERT ON inbox FOR EACH ROW "
+      "EXECUTE FUNCTION gray_kill()");
+  ExpectCostsTimeNotEvents(
+      applier.get(), [&] { tdb_.Exec("DROP TRIGGER gray_kill ON inbox"); }, "");
+}
+
+TEST_F(GrayFailureTest, DatabaseRefusingConnections) {
+  auto applier = MakeApplier(tdb_.url());
+  Session admin(testing::TestServerUrl() + "/postgres");
+  admin.Exec(absl::StrCat("ALTER DATABASE ", tdb_.name(),
+                          " WITH ALLOW_CONNECTIONS false"));
+  TerminateOthers(tdb_);
+  ExpectCostsTimeNotEvents(
+      applier.get(),
+      [&] {
+        admin.Exec(absl::StrCat("ALTER DATABASE ", tdb_.name(),
+                                " WITH ALLOW_CONNECTIONS true"));
+      },
+      "cannot connect");
+}
+
+TEST_F(GrayFailureTest, BadDataIsPinnedOnItsEventAlone) {
+  // A value the database refuses (class 22) for one event of the batch:
+  // the batch is split and only that event is REJECTED.
+  auto applier = MakeApplier(tdb_.url());
+  RaiseOnInbox("22023", "OrderPaid");
+  auto chain = OrderChain(1);
+  auto other = OrderChain(10);
+  std::vector<v1::Event> batch = {chain[0], chain[1], other[0]};
+  auto results = applier->ApplyBatch(Ptrs(batch));
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(Outcomes(*results), (V{v1::APPLIED, v1::REJECTED, v1::APPLIED}));
+  EXPECT_NE((*results)[1].reason().find("22023"), std::string::npos)
+      << (*results)[1].reason();
+  EXPECT_EQ(Inbox(), 2);
+  StopRaising();
+  // A constraint violation (class 23) on the billing effect: the same.
+  tdb_.Exec("ALTER TABLE charges ADD CONSTRAINT sane CHECK (amount_cents < 500)");
+  auto results2 = applier->ApplyBatch(Ptrs({chain[1], other[1]}));
+  ASSERT_TRUE(results2.ok()) << results2.status();
+  EXPECT_EQ(Outcomes(*results2), (V{v1::REJECTED, v1::REJECTED}));
+  EXPECT_NE((*results2)[0].reason().find("23514"), std::string::npos);
+  EXPECT_EQ(Rejected(), 3);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 0);
+}
+
+TEST_F(GrayFailureTest, StalledApplyTurnsTheWatchdogAndRecovers) {
+  Watchdog watchdog("consumer apply path", absl::Milliseconds(400));
+  auto applier = MakeApplier(tdb_.url(), &watchdog);
+  Session rogue(tdb_.url());
+  rogue.Hold("LOCK TABLE aggregate_cursors IN ACCESS EXCLUSIVE MODE");
+  auto chain = OrderChain(1);
+  EXPECT_FALSE(applier->ApplyBatch(Ptrs(chain)).ok());
+  EXPECT_FALSE(applier->ApplyBatch(Ptrs(chain)).ok());  // 2 x 300 ms waits
+  auto why = watchdog.Stalled();
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("lock timeout"), std::string::npos) << *why;
+  rogue.Release();
+  ASSERT_TRUE(applier->ApplyBatch(Ptrs(chain)).ok());
+  EXPECT_FALSE(watchdog.Stalled().has_value());
+}
+
+// -- Identity: duplicates, reused positions, forks. --------------------------
+
+TEST_F(ConsumerTest, AnEventReusingAPassedPositionIsRejectedAndChangesNothing) {
+  auto chain = OrderChain(1);
+  Deliver({chain});
+  // What a restored backup of the outbox would send: seq 2 again, but a
+  // different event.
+  v1::Event restored = chain[1];
+  restored.set_event_id(NewUuid());
+  restored.mutable_order_paid()->set_amount_cents(99999);
+  auto results = Deliver({{restored}});
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].outcome(), v1::REJECTED);
+  EXPECT_NE(results[0].reason().find("reused a position"), std::string::npos)
+      << results[0].reason();
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 2);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 3);
+  EXPECT_EQ(metrics_.AddCounter("outbox_consumer_position_reused_total", "")->value(),
+            1);
+  // The real one is still a duplicate.
+  EXPECT_EQ(Outcomes(Deliver({{chain[1]}})), (V{v1::DUPLICATE}));
+}
+
+TEST_F(ConsumerTest, AForkOfAHeldLinkIsRejectedNotSilentlyDropped) {
+  auto chain = OrderChain(1);
+  EXPECT_EQ(Outcomes(Deliver({{chain[2]}})), (V{v1::HELD}));
+  v1::Event fork = chain[2];
+  fork.set_event_id(NewUuid());
+  fork.set_seq(9);
+  auto results = Deliver({{fork}});
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].outcome(), v1::REJECTED);
+  EXPECT_NE(results[0].reason().find("fork"), std::string::npos);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_events"), 1);
+  EXPECT_EQ(tdb_.Scalar("SELECT held_count FROM aggregate_cursors"), 1);
+  Deliver({{chain[0], chain[1]}});
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 3);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_events"), 0);
+  EXPECT_EQ(tdb_.Scalar("SELECT held_count FROM aggregate_cursors"), 0);
+  ExpectAppliedInOrder();
+}
+
+TEST_F(ConsumerTest, AnEventIdAppliedBeforeCannotApplyAgainAtANewPosition) {
+  auto chain = OrderChain(1);
+  Deliver({{chain[0]}});
+  v1::Event again = chain[1];
+  again.set_event_id(chain[0].event_id());  // the id of an applied event
+  auto results = Deliver({{again, chain[1]}});
+  EXPECT_EQ(Outcomes(results), (V{v1::REJECTED, v1::APPLIED}));
+  EXPECT_NE(results[0].reason().find("applied before"), std::string::npos)
+      << results[0].reason();
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 2);
+}
+
+TEST(ConsumerHeldCap, BeyondTheCapEventsAreRejected) {
+  testing::TestDatabase tdb("heldcap", BillingMigrations());
+  Database db(tdb.url(), 2, "cap-test");
+  Metrics metrics;
+  ApplierOptions options;
+  options.plan.max_held_per_aggregate = 2;
+  Applier applier(&db, &metrics, options);
+  auto chain = OrderChain(1);  // seqs 1, 2, 3
+  v1::Event fourth = chain[2];
+  fourth.set_event_id(NewUuid());
+  fourth.set_seq(4);
+  fourth.set_prev_seq(3);
+  auto r = applier.ApplyBatch({&chain[1], &chain[2], &fourth});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].outcome(), v1::HELD);
+  EXPECT_EQ((*r)[1].outcome(), v1::HELD);
+  EXPECT_EQ((*r)[2].outcome(), v1::REJECTED);
+  EXPECT_NE((*r)[2].reason().find("max_held_per_aggregate"), std::string::npos);
+  EXPECT_EQ(tdb.Scalar("SELECT held_count FROM aggregate_cursors"), 2);
+  r = applier.ApplyBatch({&chain[0]});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM inbox"), 3);
+  EXPECT_EQ(tdb.Scalar("SELECT held_count FROM aggregate_cursors"), 0);
+}
+
+TEST(ConsumerSink, AReadOnlyDatabaseEndsTheStreamUnavailable) {
+  testing::TestDatabase tdb("sinkro", BillingMigrations());
+  Database db(tdb.url(), 2, "sink-ro");
+  Metrics metrics;
+  Applier applier(&db, &metrics);
+  EventSinkImpl sink(&applier);
+  auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                                  {{&sink, v1::EventSink::service_full_name()}});
+  ASSERT_TRUE(server.ok());
+  tdb.Exec(absl::StrCat("ALTER DATABASE ", tdb.name(),
+                        " SET default_transaction_read_only = on"));
+  TerminateOthers(tdb);
+  auto stub = v1::EventSink::NewStub(testing::Loopback((*server)->port()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Deliver(&ctx);
+  v1::DeliverRequest req;
+  for (const auto& e : OrderChain(1)) *req.add_events() = e;
+  stream->Write(req);
+  v1::DeliverResponse resp;
+  EXPECT_FALSE(stream->Read(&resp));
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM inbox"), 0);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "common/config.h"
 #include "common/db.h"
+#include "common/db_flags.h"
 #include "common/schema.h"
 #include "common/service.h"
 #include "consumer/applier.h"
@@ -16,20 +17,34 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50053", "gRPC listen address.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_billing",
           "PostgreSQL URL of the billing database (password from "
           "PGPASSWORD).");
+ABSL_FLAG(int64_t, max_held_per_aggregate, 1000,
+          "Events one aggregate may hold while it waits for a predecessor; "
+          "more are REJECTED.");
 
 int main(int argc, char** argv) {
   outbox::InitProcess(argc, argv,
                       "outbox-consumer: applies delivered events exactly once, "
                       "in order.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
+  const outbox::DbSession session = outbox::DbSessionFromFlags();
+  if (absl::GetFlag(FLAGS_max_held_per_aggregate) < 1) {
+    spdlog::critical("outbox-consumer: --max_held_per_aggregate must be >= 1");
+    return 2;
+  }
   if (auto exit_code = outbox::MigrateAtStartup(
-          "outbox-consumer", url, "billing", outbox::BillingMigrations())) {
+          "outbox-consumer", url, "billing", outbox::BillingMigrations(),
+          session)) {
     return *exit_code;
   }
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
-                      "outbox-consumer");
+                      "outbox-consumer", session);
   outbox::Metrics metrics;
-  outbox::consumer::Applier applier(&db, &metrics);
+  outbox::Watchdog watchdog("consumer apply path",
+                            absl::GetFlag(FLAGS_stall_timeout));
+  outbox::consumer::ApplierOptions options;
+  options.plan.max_held_per_aggregate =
+      absl::GetFlag(FLAGS_max_held_per_aggregate);
+  outbox::consumer::Applier applier(&db, &metrics, options, &watchdog);
   outbox::consumer::EventSinkImpl sink(&applier);
   outbox::consumer::BillingQueryImpl query(&db, &metrics);
   return outbox::ServeUntilSignal(
@@ -37,5 +52,6 @@ int main(int argc, char** argv) {
        .listen = absl::GetFlag(FLAGS_listen),
        .services = {{&sink, outbox::v1::EventSink::service_full_name()},
                     {&query, outbox::v1::BillingQuery::service_full_name()}},
-       .metrics = &metrics});
+       .metrics = &metrics,
+       .watchdogs = {&watchdog}});
 }

@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "common/config.h"
 #include "common/db.h"
+#include "common/db_flags.h"
 #include "common/schema.h"
 #include "common/service.h"
 #include "producer/order_service.h"
@@ -23,21 +24,26 @@ int main(int argc, char** argv) {
                       "outbox-producer: the order service with a "
                       "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
+  const outbox::DbSession session = outbox::DbSessionFromFlags();
   if (auto exit_code = outbox::MigrateAtStartup("outbox-producer", url, "orders",
-                                                outbox::OrdersMigrations())) {
+                                                outbox::OrdersMigrations(),
+                                                session)) {
     return *exit_code;
   }
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
-                      "outbox-producer");
+                      "outbox-producer", session);
   outbox::Metrics metrics;
   std::unique_ptr<outbox::producer::Notifier> notifier;
   if (absl::GetFlag(FLAGS_notify)) {
-    notifier = std::make_unique<outbox::producer::Notifier>(url);
+    notifier = std::make_unique<outbox::producer::Notifier>(url, session);
   }
+  outbox::Watchdog watchdog("producer database writes",
+                            absl::GetFlag(FLAGS_stall_timeout));
   outbox::producer::OrderStore store(&db, notifier.get());
-  outbox::producer::OrderServiceImpl service(&store, &metrics);
+  outbox::producer::OrderServiceImpl service(&store, &metrics, &watchdog);
   return outbox::ServeUntilSignal({.name = "outbox-producer",
                                    .listen = absl::GetFlag(FLAGS_listen),
                                    .services = {{&service, outbox::v1::OrderService::service_full_name()}},
-                                   .metrics = &metrics});
+                                   .metrics = &metrics,
+                                   .watchdogs = {&watchdog}});
 }

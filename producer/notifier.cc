@@ -9,8 +9,8 @@
 
 namespace outbox::producer {
 
-Notifier::Notifier(std::string db_url)
-    : db_url_(std::move(db_url)), thread_([this] { Run(); }) {}
+Notifier::Notifier(std::string db_url, DbSession session)
+    : db_url_(std::move(db_url)), session_(session), thread_([this] { Run(); }) {}
 
 Notifier::~Notifier() {
   {
@@ -39,7 +39,7 @@ void Notifier::Run() {
       poked_ = false;  // pokes from now on ask for the next NOTIFY
     }
     if (conn == nullptr) {
-      auto c = Connect(db_url_, "outbox-producer-notify");
+      auto c = Connect(db_url_, "outbox-producer-notify", session_);
       if (!c.ok()) {
         spdlog::warn("producer: cannot NOTIFY relays ({}); they will poll",
                      std::string(c.status().message()));

@@ -13,11 +13,13 @@
 #include <string>
 #include <thread>
 
+#include "common/db.h"
+
 namespace outbox::producer {
 
 class Notifier {
  public:
-  explicit Notifier(std::string db_url);
+  explicit Notifier(std::string db_url, DbSession session = {});
   ~Notifier();  // stops the thread
 
   // Asks for a NOTIFY soon. Never blocks on the database.
@@ -27,6 +29,7 @@ class Notifier {
   void Run();
 
   const std::string db_url_;
+  const DbSession session_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool poked_ = false;

@@ -18,8 +18,9 @@ std::string TraceParentFrom(const grpc::ServerContext& ctx) {
   return NewTraceParent();
 }
 
-OrderServiceImpl::OrderServiceImpl(OrderStore* store, Metrics* metrics)
-    : store_(store), metrics_(metrics) {
+OrderServiceImpl::OrderServiceImpl(OrderStore* store, Metrics* metrics,
+                                   Watchdog* watchdog)
+    : store_(store), metrics_(metrics), watchdog_(watchdog) {
   // Visible from the first scrape, before any call.
   for (const char* method : {"CreateOrder", "PayOrder", "CancelOrder", "GetOrder"}) {
     CallCounter(method, absl::StatusCode::kOk);
@@ -44,12 +45,29 @@ grpc::Status OrderServiceImpl::Finish(const char* method,
   return ToGrpcStatus(s);
 }
 
+const absl::Status& OrderServiceImpl::Watch(const absl::Status& s) {
+  if (watchdog_ == nullptr) return s;
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kDataLoss:
+      watchdog_->Failed(s);
+      break;
+    default:
+      watchdog_->Done();  // the database answered
+  }
+  return s;
+}
+
 grpc::Status OrderServiceImpl::CreateOrder(grpc::ServerContext* ctx,
                                            const v1::CreateOrderRequest* req,
                                            v1::CreateOrderResponse* resp) {
   absl::StatusOr<int64_t> total = ValidateCreate(*req);
   if (!total.ok()) return Finish("CreateOrder", total.status());
+  if (watchdog_ != nullptr) watchdog_->Working();
   auto order = store_->Create(*req, *total, TraceParentFrom(*ctx));
+  Watch(order.status());
   if (order.ok()) *resp->mutable_order() = std::move(*order);
   return Finish("CreateOrder", order.status());
 }
@@ -58,7 +76,9 @@ grpc::Status OrderServiceImpl::PayOrder(grpc::ServerContext* ctx,
                                         const v1::PayOrderRequest* req,
                                         v1::PayOrderResponse* resp) {
   if (absl::Status s = ValidatePay(*req); !s.ok()) return Finish("PayOrder", s);
+  if (watchdog_ != nullptr) watchdog_->Working();
   auto order = store_->Pay(*req, TraceParentFrom(*ctx));
+  Watch(order.status());
   if (order.ok()) *resp->mutable_order() = std::move(*order);
   return Finish("PayOrder", order.status());
 }
@@ -69,7 +89,9 @@ grpc::Status OrderServiceImpl::CancelOrder(grpc::ServerContext* ctx,
   if (absl::Status s = ValidateCancel(*req); !s.ok()) {
     return Finish("CancelOrder", s);
   }
+  if (watchdog_ != nullptr) watchdog_->Working();
   auto order = store_->Cancel(*req, TraceParentFrom(*ctx));
+  Watch(order.status());
   if (order.ok()) *resp->mutable_order() = std::move(*order);
   return Finish("CancelOrder", order.status());
 }
@@ -80,7 +102,9 @@ grpc::Status OrderServiceImpl::GetOrder(grpc::ServerContext* ctx,
   if (absl::Status s = ValidateOrderId(req->order_id()); !s.ok()) {
     return Finish("GetOrder", s);
   }
+  if (watchdog_ != nullptr) watchdog_->Working();
   auto order = store_->Get(req->order_id());
+  Watch(order.status());
   if (order.ok()) *resp->mutable_order() = std::move(*order);
   return Finish("GetOrder", order.status());
 }

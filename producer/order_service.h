@@ -3,6 +3,7 @@
 // rules live in order_logic and the writes in OrderStore.
 
 #include "common/metrics.h"
+#include "common/watchdog.h"
 #include "outbox/v1/order.grpc.pb.h"
 #include "producer/order_store.h"
 
@@ -10,8 +11,10 @@ namespace outbox::producer {
 
 class OrderServiceImpl final : public v1::OrderService::Service {
  public:
-  // `store` and `metrics` must outlive the service.
-  OrderServiceImpl(OrderStore* store, Metrics* metrics);
+  // `store` and `metrics` must outlive the service; so must `watchdog` (may
+  // be null), which hears whether calls that reach the database succeed.
+  OrderServiceImpl(OrderStore* store, Metrics* metrics,
+                   Watchdog* watchdog = nullptr);
 
   grpc::Status CreateOrder(grpc::ServerContext* ctx,
                            const v1::CreateOrderRequest* req,
@@ -27,10 +30,13 @@ class OrderServiceImpl final : public v1::OrderService::Service {
  private:
   // Counts the call by method and code, logs failures that are ours.
   grpc::Status Finish(const char* method, const absl::Status& s);
+  // Tells the watchdog how a call that reached the database ended.
+  const absl::Status& Watch(const absl::Status& s);
   Counter* CallCounter(const char* method, absl::StatusCode code);
 
   OrderStore* const store_;
   Metrics* const metrics_;
+  Watchdog* const watchdog_;
 };
 
 // The request's W3C traceparent metadata if valid, else a new one.

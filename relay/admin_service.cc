@@ -10,31 +10,44 @@
 namespace outbox::relay {
 namespace {
 
-// kEventColumns, then the delivery state (columns 9-15).
+// kEventColumns, then the delivery state, read by name in RowToProto.
 const std::string& RowColumns() {
   static const std::string columns = absl::StrCat(
       kEventColumns,
-      ", status, attempts, coalesce(last_error, ''), partition, "
-      "(extract(epoch FROM created_at) * 1000000)::bigint, "
-      "(extract(epoch FROM available_at) * 1000000)::bigint, "
-      "coalesce((extract(epoch FROM published_at) * 1000000)::bigint, 0)");
+      ", status, attempts, coalesce(last_error, '') AS last_error, partition, "
+      "(extract(epoch FROM created_at) * 1000000)::bigint AS created_us, "
+      "(extract(epoch FROM available_at) * 1000000)::bigint AS available_us, "
+      "coalesce((extract(epoch FROM published_at) * 1000000)::bigint, 0) "
+      "AS published_us, "
+      "coalesce((extract(epoch FROM dead_at) * 1000000)::bigint, 0) AS dead_us");
   return columns;
+}
+
+// Microseconds since the epoch for a request timestamp; 0 when unset.
+int64_t Micros(const google::protobuf::Timestamp& ts) {
+  if (ts.seconds() == 0 && ts.nanos() == 0) return 0;
+  return absl::ToUnixMicros(FromTimestamp(ts));
 }
 
 void RowToProto(const pqxx::row& row, v1::OutboxRow* out) {
   if (!EventFromRow(row, out->mutable_event())) {
     out->set_last_error("payload: not a valid outbox.v1.Event");
   }
-  out->set_status(row[9].as<std::string>());
-  out->set_attempts(row[10].as<int>());
-  if (out->last_error().empty()) out->set_last_error(row[11].as<std::string>());
-  out->set_partition(row[12].as<int>());
-  ToTimestamp(absl::FromUnixMicros(row[13].as<int64_t>()),
+  out->set_status(row["status"].as<std::string>());
+  out->set_attempts(row["attempts"].as<int>());
+  if (out->last_error().empty()) {
+    out->set_last_error(row["last_error"].as<std::string>());
+  }
+  out->set_partition(row["partition"].as<int>());
+  ToTimestamp(absl::FromUnixMicros(row["created_us"].as<int64_t>()),
               out->mutable_created_at());
-  ToTimestamp(absl::FromUnixMicros(row[14].as<int64_t>()),
+  ToTimestamp(absl::FromUnixMicros(row["available_us"].as<int64_t>()),
               out->mutable_available_at());
-  if (int64_t published = row[15].as<int64_t>(); published != 0) {
+  if (int64_t published = row["published_us"].as<int64_t>(); published != 0) {
     ToTimestamp(absl::FromUnixMicros(published), out->mutable_published_at());
+  }
+  if (int64_t dead = row["dead_us"].as<int64_t>(); dead != 0) {
+    ToTimestamp(absl::FromUnixMicros(dead), out->mutable_dead_at());
   }
 }
 
@@ -96,34 +109,61 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
 grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext*,
                                      const v1::RequeueRequest* req,
                                      v1::RequeueResponse* resp) {
-  if (req->event_id().empty() == req->aggregate_id().empty()) {
+  const int modes = !req->event_id().empty() + !req->aggregate_id().empty() +
+                    req->all_dead();
+  if (modes != 1) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "event_id or aggregate_id: give exactly one");
+                        "event_id, aggregate_id or all_dead: give exactly one");
   }
   if (!req->event_id().empty() && !IsUuid(req->event_id())) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "event_id: must be a UUID");
   }
+  const bool filtered = req->has_died_after() || req->has_died_before() ||
+                        !req->error_contains().empty();
+  if (!req->event_id().empty() && filtered) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "died_after, died_before, error_contains: filters "
+                        "narrow aggregate_id or all_dead, not event_id");
+  }
+  if (req->error_contains().size() > 1000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "error_contains: at most 1000 bytes");
+  }
+  const int64_t after = Micros(req->died_after());
+  const int64_t before = Micros(req->died_before());
+  if (after != 0 && before != 0 && after >= before) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "died_after: must be earlier than died_before");
+  }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::work tx(c);
     pqxx::result r = tx.exec_params(
         "WITH q AS (UPDATE outbox SET status = 'pending', attempts = 0, "
-        "available_at = now(), last_error = NULL WHERE status = 'dead' AND "
-        "(event_id::text = lower($1) OR aggregate_id = $2) RETURNING partition) "
-        "SELECT count(*), pg_notify($3, '') FROM q",
-        req->event_id(), req->aggregate_id(), kNotifyChannel);
+        "available_at = now(), last_error = NULL, dead_at = NULL "
+        "WHERE status = 'dead' "
+        "AND ($1 = '' OR event_id = nullif($1, '')::uuid) "
+        "AND ($2 = '' OR aggregate_id = $2) "
+        "AND ($3::bigint = 0 OR dead_at >= to_timestamp($3::bigint / 1e6)) "
+        "AND ($4::bigint = 0 OR dead_at < to_timestamp($4::bigint / 1e6)) "
+        "AND ($5 = '' OR strpos(last_error, $5) > 0) RETURNING 1) "
+        "SELECT count(*), pg_notify($6, '') FROM q",
+        req->event_id(), req->aggregate_id(), after, before,
+        req->error_contains(), kNotifyChannel);
     tx.commit();
     resp->set_requeued(r[0][0].as<int64_t>());
-    if (resp->requeued() == 0) {
+    if (resp->requeued() == 0 && !req->all_dead()) {
       return absl::NotFoundError(
           req->event_id().empty()
               ? absl::StrCat("aggregate ", req->aggregate_id(),
-                             " has no dead letters")
+                             " has no dead letters",
+                             filtered ? " matching the filters" : "")
               : absl::StrCat("event ", req->event_id(),
                              " is not a dead letter"));
     }
-    spdlog::info("relay: requeued {} dead letters ({}{})", resp->requeued(),
-                 req->event_id(), req->aggregate_id());
+    spdlog::info("relay: requeued {} dead letters ({})", resp->requeued(),
+                 req->all_dead() ? "all matching"
+                                 : req->event_id() + req->aggregate_id());
     return absl::OkStatus();
   });
   return ToGrpcStatus(s);

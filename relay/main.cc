@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "common/config.h"
 #include "common/db.h"
+#include "common/db_flags.h"
 #include "common/schema.h"
 #include "common/service.h"
 #include "relay/admin_service.h"
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   options.reject_backoff = absl::GetFlag(FLAGS_reject_backoff);
   options.retry_max = absl::GetFlag(FLAGS_retry_max);
   options.retention = absl::GetFlag(FLAGS_retention);
+  options.session = outbox::DbSessionFromFlags();
   if (options.max_attempts < 1 || options.batch_size < 1 ||
       options.batch_size > 1000 || options.window < options.batch_size ||
       options.poll_interval <= absl::ZeroDuration() ||
@@ -57,13 +59,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (auto exit_code = outbox::MigrateAtStartup(
-          "outbox-relay", options.db_url, "orders", outbox::OrdersMigrations())) {
+          "outbox-relay", options.db_url, "orders", outbox::OrdersMigrations(),
+          options.session)) {
     return *exit_code;
   }
   outbox::Database db(options.db_url, absl::GetFlag(FLAGS_db_pool_size),
-                      "outbox-relay-admin");
+                      "outbox-relay-admin", options.session);
   outbox::Metrics metrics;
-  outbox::relay::Relay relay(options, &metrics);
+  outbox::Watchdog watchdog("relay claim/mark loop",
+                            absl::GetFlag(FLAGS_stall_timeout));
+  outbox::relay::Relay relay(options, &metrics, &watchdog);
   outbox::relay::RelayAdminImpl admin(&db, &relay);
   relay.Start();
   return outbox::ServeUntilSignal(
@@ -71,6 +76,7 @@ int main(int argc, char** argv) {
        .listen = absl::GetFlag(FLAGS_listen),
        .services = {{&admin, outbox::v1::RelayAdmin::service_full_name()}},
        .metrics = &metrics,
+       .watchdogs = {&watchdog},
        .before_drain =
            [&] { relay.Stop(absl::GetFlag(FLAGS_shutdown_timeout)); }});
 }

@@ -43,19 +43,23 @@ class Wakeup : public pqxx::notification_receiver {
   std::function<void()> wake_;
 };
 
+int NewMemberKey() {
+  thread_local absl::BitGen gen;
+  return absl::Uniform<int>(gen, 1, 1 << 30);
+}
+
 }  // namespace
 
-Relay::Relay(RelayOptions options, Metrics* metrics)
+Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
     : options_(std::move(options)),
       replica_id_([] {
         char host[256] = {0};
         gethostname(host, sizeof(host) - 1);
         return absl::StrCat(host, "/", getpid(), "/", NewUuid().substr(0, 8));
       }()),
-      member_key_([] {
-        absl::BitGen gen;
-        return absl::Uniform<int>(gen, 1, 1 << 30);
-      }()),
+      session_name_(absl::StrCat("outbox-relay ",
+                                 replica_id_.substr(replica_id_.size() - 8))),
+      watchdog_(watchdog),
       delivered_(metrics->AddCounter("outbox_relay_delivered_total",
                                      "Rows marked delivered by this process.")),
       rejected_(metrics->AddCounter(
@@ -70,6 +74,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics)
                                    "Delivery batches sent.")),
       pruned_(metrics->AddCounter("outbox_relay_pruned_total",
                                   "Delivered rows deleted by --retention.")),
+      member_key_(NewMemberKey()),
       stream_backoff_(options_.retry_initial),
       db_backoff_(options_.retry_initial) {
   grpc::ChannelArguments args;
@@ -139,7 +144,8 @@ void Relay::Wake() {
 
 void Relay::Listen() {
   while (!listen_stop_) {
-    auto conn = Connect(options_.db_url, "outbox-relay-listen");
+    auto conn =
+        Connect(options_.db_url, "outbox-relay-listen", options_.session);
     if (!conn.ok()) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
       continue;
@@ -158,32 +164,63 @@ void Relay::Listen() {
   }
 }
 
+bool Relay::JoinMembership(pqxx::connection& conn) {
+  pqxx::nontransaction tx(conn);
+  // A session of this process that the server still keeps (the network
+  // dropped it, the server has not noticed yet) would hold our membership
+  // and partition locks until its keepalive fails. End it now.
+  try {
+    tx.exec_params(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+        "application_name = $1 AND pid <> pg_backend_pid() AND datname = "
+        "current_database()",
+        session_name_);
+  } catch (const pqxx::sql_error& e) {
+    spdlog::debug("relay: cannot end stale sessions: {}", e.what());
+  }
+  // Never wait for the lock: a stale session may hold it still. A fresh key
+  // is as good; the stale one drops out when its session ends.
+  for (int tries = 0; tries < 8; ++tries) {
+    if (tx.exec_params("SELECT pg_try_advisory_lock($1, $2)", kMemberLockClass,
+                       member_key_)[0][0]
+            .as<bool>()) {
+      return true;
+    }
+    member_key_ = NewMemberKey();
+  }
+  return false;
+}
+
 bool Relay::EnsureConnection() {
   if (conn_ != nullptr && conn_->is_open()) return true;
   conn_.reset();
   if (absl::Now() < next_db_attempt_) return false;
-  auto conn = Connect(options_.db_url, "outbox-relay");
-  if (!conn.ok()) {
-    spdlog::warn("relay: {}; retrying", std::string(conn.status().message()));
+  auto conn = Connect(options_.db_url, session_name_, options_.session);
+  bool joined = false;
+  if (conn.ok()) {
+    try {
+      {
+        pqxx::nontransaction tx(**conn);
+        // The server drops a vanished relay's session, and with it its
+        // locks, within about 25 s. A mark lost in a server crash only means
+        // the row is delivered again (and answered DUPLICATE): marks need
+        // not wait for the WAL flush.
+        tx.exec(
+            "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
+            "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
+      }
+      joined = JoinMembership(**conn);
+      if (!joined) last_db_error_ = "no free membership lock";
+    } catch (const std::exception& e) {
+      last_db_error_ = std::string(StatusFromException(e).message());
+    }
+  } else {
+    last_db_error_ = std::string(conn.status().message());
+  }
+  if (!joined) {
+    spdlog::warn("relay: connecting: {}; retrying", last_db_error_);
     next_db_attempt_ = absl::Now() + Jittered(db_backoff_);
     db_backoff_ = std::min(db_backoff_ * 2, options_.retry_max);
-    return false;
-  }
-  try {
-    pqxx::nontransaction tx(**conn);
-    // The server drops a vanished relay's session, and with it its locks,
-    // within about 25 s.
-    tx.exec(
-        "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
-        "SET tcp_keepalives_count = 3");
-    // A mark lost in a server crash only means the row is delivered again
-    // (and answered DUPLICATE): marks need not wait for the WAL flush.
-    tx.exec("SET synchronous_commit = off");
-    tx.exec_params("SELECT pg_advisory_lock($1, $2)", kMemberLockClass,
-                   member_key_);
-  } catch (const std::exception& e) {
-    spdlog::warn("relay: setting up the connection: {}",
-                 std::string(StatusFromException(e).message()));
     return false;
   }
   conn_ = std::move(*conn);
@@ -256,8 +293,8 @@ bool Relay::Rebalance() {
     }
     return true;
   } catch (const std::exception& e) {
-    spdlog::warn("relay: rebalance: {}",
-                 std::string(StatusFromException(e).message()));
+    last_db_error_ = std::string(StatusFromException(e).message());
+    spdlog::warn("relay: rebalance: {}", last_db_error_);
     return false;
   }
 }
@@ -319,8 +356,8 @@ bool Relay::Claim() {
     }
     return true;
   } catch (const std::exception& e) {
-    spdlog::warn("relay: claim: {}",
-                 std::string(StatusFromException(e).message()));
+    last_db_error_ = std::string(StatusFromException(e).message());
+    spdlog::warn("relay: claim: {}", last_db_error_);
     return false;
   }
 }
@@ -328,6 +365,8 @@ bool Relay::Claim() {
 void Relay::HandleResponses() {
   if (stream_ == nullptr) return;
   for (const v1::DeliverResponse& resp : stream_->TakeResponses()) {
+    // The consumer answers: whatever broke the last stream is over.
+    stream_backoff_ = options_.retry_initial;
     auto it = in_flight_.find(resp.batch_id());
     if (it == in_flight_.end()) {
       spdlog::warn("relay: answer for unknown batch {}", resp.batch_id());
@@ -379,7 +418,8 @@ bool Relay::FlushMarks() {
       pqxx::result r = tx.exec_params(
           "UPDATE outbox SET attempts = attempts + 1, last_error = $2, "
           "status = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' "
-          "END, available_at = now() + make_interval(secs => least($5::float8, "
+          "END, dead_at = CASE WHEN attempts + 1 >= $3 THEN now() END, "
+          "available_at = now() + make_interval(secs => least($5::float8, "
           "$4::float8 * power(2, attempts)) * (0.5 + random() / 2)) "
           "WHERE seq = $1 AND status = 'pending' RETURNING status",
           m.seq, m.reason.substr(0, 2000), options_.max_attempts,
@@ -394,8 +434,8 @@ bool Relay::FlushMarks() {
     tx.commit();
     MaybeCrash("relay.after_mark_commit");
   } catch (const std::exception& e) {
-    spdlog::warn("relay: marking {} rows: {}", marks_.size(),
-                 std::string(StatusFromException(e).message()));
+    last_db_error_ = std::string(StatusFromException(e).message());
+    spdlog::warn("relay: marking {} rows: {}", marks_.size(), last_db_error_);
     return false;
   }
   delivered_->Add(delivered.size());
@@ -425,8 +465,8 @@ bool Relay::PruneDelivered() {
                                      : absl::Minutes(1));
     return true;
   } catch (const std::exception& e) {
-    spdlog::warn("relay: retention: {}",
-                 std::string(StatusFromException(e).message()));
+    last_db_error_ = std::string(StatusFromException(e).message());
+    spdlog::warn("relay: retention: {}", last_db_error_);
     return false;
   }
 }
@@ -461,7 +501,9 @@ void Relay::EnsureStream() {
   }
   if (state != GRPC_CHANNEL_READY) return;
   stream_ = std::make_unique<DeliveryStream>(stub_.get(), [this] { Wake(); });
-  stream_backoff_ = options_.retry_initial;
+  // The backoff resets on the first answer, not here: a consumer that
+  // accepts streams but fails every batch (its database is read-only) is
+  // retried less and less often, up to --retry_max.
   spdlog::info("relay: delivery stream open to {}", options_.consumer);
 }
 
@@ -481,6 +523,7 @@ void Relay::Run() {
             options_.ack_timeout) {
       DropStream("no answer within --ack_timeout");
     }
+    if (watchdog_ != nullptr && !stopping) watchdog_->Working();
     bool db_ok = EnsureConnection() && FlushMarks();
     if (stopping) {
       if ((in_flight_.empty() && marks_.empty()) || absl::Now() >= deadline) {
@@ -503,6 +546,13 @@ void Relay::Run() {
       conn_.reset();
       owned_.clear();
       releasing_.clear();
+    }
+    if (watchdog_ != nullptr && !stopping) {
+      if (db_ok) {
+        watchdog_->Done();
+      } else {
+        watchdog_->Failed(absl::UnavailableError(last_db_error_));
+      }
     }
     absl::Duration wait = options_.poll_interval;
     if (stopping) wait = absl::Milliseconds(20);

@@ -28,7 +28,9 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/db.h"
 #include "common/metrics.h"
+#include "common/watchdog.h"
 #include "outbox/v1/consumer.grpc.pb.h"
 #include "outbox/v1/relay.pb.h"
 #include "relay/delivery_stream.h"
@@ -59,6 +61,7 @@ inline constexpr char kClaimSql[] =
 
 struct RelayOptions {
   std::string db_url;
+  DbSession session;  // limits of every database session
   std::string consumer;  // host:port of EventSink
   int max_attempts = 5;
   int batch_size = 128;   // events per DeliverRequest
@@ -92,7 +95,9 @@ struct RelayState {
 
 class Relay {
  public:
-  Relay(RelayOptions options, Metrics* metrics);
+  // `metrics` must outlive the relay; so must `watchdog` (may be null),
+  // which hears whether each round of claims and marks succeeded.
+  Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog = nullptr);
   ~Relay();  // Stop(0) if still running
 
   void Start();
@@ -121,6 +126,7 @@ class Relay {
   void Wake();
   // Each returns false when the database connection is lost.
   bool EnsureConnection();
+  bool JoinMembership(pqxx::connection& conn);
   bool Rebalance();
   bool Claim();
   bool FlushMarks();
@@ -131,7 +137,10 @@ class Relay {
 
   const RelayOptions options_;
   const std::string replica_id_;
-  const int member_key_;
+  // application_name of the worker's session: unique to this process, so a
+  // reconnect can end its own stale session (and free its locks).
+  const std::string session_name_;
+  Watchdog* const watchdog_;
   Counter* const delivered_;
   Counter* const rejected_;
   Counter* const dead_;
@@ -144,6 +153,8 @@ class Relay {
 
   // Worker-thread state.
   std::unique_ptr<pqxx::connection> conn_;
+  int member_key_;  // second key of this session's membership lock
+  std::string last_db_error_;  // of the last failed step, for the watchdog
   std::set<int> owned_;
   std::unique_ptr<DeliveryStream> stream_;
   absl::Time next_stream_attempt_ = absl::InfinitePast();

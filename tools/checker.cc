@@ -94,11 +94,16 @@ std::string CheckReport::Json() const {
 
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                   const std::string& billing_url,
-                                  absl::Duration wait) {
+                                  absl::Duration wait,
+                                  const DbSession& session) {
   CheckReport r;
+  auto orders_conn = Connect(orders_url, "outboxctl-verify", session);
+  if (!orders_conn.ok()) return orders_conn.status();
+  auto billing_conn = Connect(billing_url, "outboxctl-verify", session);
+  if (!billing_conn.ok()) return billing_conn.status();
+  pqxx::connection& orders = **orders_conn;
+  pqxx::connection& billing = **billing_conn;
   try {
-    pqxx::connection orders(WithConnectionDefaults(orders_url));
-    pqxx::connection billing(WithConnectionDefaults(billing_url));
     const absl::Time start = absl::Now();
     for (;;) {
       pqxx::nontransaction o(orders), b(billing);

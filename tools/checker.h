@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/db.h"
 
 namespace outbox::tools {
 
@@ -46,6 +47,7 @@ struct CheckReport {
 // checks every invariant. Unavailable if a database cannot be read.
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                   const std::string& billing_url,
-                                  absl::Duration wait);
+                                  absl::Duration wait,
+                                  const DbSession& session = {});
 
 }  // namespace outbox::tools

@@ -2,7 +2,8 @@
 //
 //   outboxctl stats                      relay and consumer state
 //   outboxctl dead-letters [--aggregate ID] [--limit N]
-//   outboxctl requeue EVENT_ID | --aggregate ID
+//   outboxctl requeue EVENT_ID | --aggregate ID | --all-dead
+//                     [--since DURATION] [--error SUBSTRING]
 //   outboxctl show EVENT_ID              one outbox row, decoded
 //   outboxctl load --orders N --concurrency C
 //   outboxctl verify --orders_db URL --billing_db URL [--wait 60s]
@@ -12,12 +13,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
+#include "common/db_flags.h"
+#include "common/ids.h"
 #include "outbox/v1/consumer.grpc.pb.h"
 #include "outbox/v1/relay.grpc.pb.h"
 #include "tools/checker.h"
@@ -32,6 +36,11 @@ ABSL_FLAG(std::string, billing_db,
           "postgresql://127.0.0.1:5432/outbox_billing",
           "Billing database (verify, demo).");
 ABSL_FLAG(std::string, aggregate, "", "Aggregate id (dead-letters, requeue).");
+ABSL_FLAG(bool, all_dead, false, "requeue: every dead letter (--all-dead).");
+ABSL_FLAG(absl::Duration, since, absl::ZeroDuration(),
+          "requeue: only dead letters that died within this long (e.g. 1h).");
+ABSL_FLAG(std::string, error, "",
+          "requeue: only dead letters whose last_error contains this text.");
 ABSL_FLAG(int, limit, 100, "Rows to list.");
 ABSL_FLAG(int, orders, 100, "Orders to create (load, demo).");
 ABSL_FLAG(int, concurrency, 8, "Client threads (load, demo).");
@@ -151,14 +160,21 @@ int Requeue(const std::vector<char*>& args) {
   outbox::v1::RequeueRequest req;
   if (args.size() > 2) req.set_event_id(args[2]);
   req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
+  req.set_all_dead(absl::GetFlag(FLAGS_all_dead));
+  req.set_error_contains(absl::GetFlag(FLAGS_error));
+  if (absl::GetFlag(FLAGS_since) > absl::ZeroDuration()) {
+    outbox::ToTimestamp(absl::Now() - absl::GetFlag(FLAGS_since),
+                        req.mutable_died_after());
+  }
   auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
   grpc::ClientContext ctx;
   Deadline(&ctx);
   outbox::v1::RequeueResponse resp;
   grpc::Status st = stub->Requeue(&ctx, req, &resp);
   if (!st.ok()) return Fail("requeue", st);
-  std::printf("requeued %lld dead letters\n",
-              static_cast<long long>(resp.requeued()));
+  std::printf("requeued %lld dead letter%s\n",
+              static_cast<long long>(resp.requeued()),
+              resp.requeued() == 1 ? "" : "s");
   return 0;
 }
 
@@ -195,7 +211,8 @@ outbox::tools::LoadOptions LoadOptionsFromFlags() {
 int Verify() {
   auto report = outbox::tools::Check(absl::GetFlag(FLAGS_orders_db),
                                      absl::GetFlag(FLAGS_billing_db),
-                                     absl::GetFlag(FLAGS_wait));
+                                     absl::GetFlag(FLAGS_wait),
+                                     outbox::DbSessionFromFlags());
   if (!report.ok()) {
     std::fprintf(stderr, "outboxctl: verify: %s\n",
                  report.status().ToString().c_str());
@@ -219,7 +236,8 @@ int Demo() {
   std::fflush(stdout);
   auto report = outbox::tools::Check(absl::GetFlag(FLAGS_orders_db),
                                      absl::GetFlag(FLAGS_billing_db),
-                                     absl::GetFlag(FLAGS_wait));
+                                     absl::GetFlag(FLAGS_wait),
+                                     outbox::DbSessionFromFlags());
   if (!report.ok()) {
     std::fprintf(stderr, "demo: %s\n", report.status().ToString().c_str());
     return 1;
@@ -248,11 +266,24 @@ int Load() {
 
 }  // namespace
 
+// "--all-dead" -> "--all_dead": flags may be spelt with hyphens.
+void UnderscoreFlagNames(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--", 2) != 0) continue;
+    if (argv[i][2] == '\0') break;  // "--": the rest is positional
+    for (char* p = argv[i] + 2; *p != '\0' && *p != '='; ++p) {
+      if (*p == '-') *p = '_';
+    }
+  }
+}
+
 int main(int argc, char** argv) {
+  UnderscoreFlagNames(argc, argv);
   std::vector<char*> args = outbox::InitProcess(
       argc, argv,
       "outboxctl COMMAND [flags]\n"
-      "commands: stats, dead-letters, requeue EVENT_ID|--aggregate ID, "
+      "commands: stats, dead-letters, requeue EVENT_ID|--aggregate ID|"
+      "--all-dead [--since D] [--error TEXT], "
       "show EVENT_ID,\n  load --orders N --concurrency C, verify, demo --orders N");
   const std::string cmd = args.size() > 1 ? args[1] : "";
   if (cmd == "stats") return Stats();
@@ -264,7 +295,8 @@ int main(int argc, char** argv) {
   if (cmd == "demo") return Demo();
   std::fprintf(stderr,
                "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
-               "requeue --aggregate ID | show EVENT_ID | load --orders N "
+               "requeue --aggregate ID | requeue --all-dead [--since D] "
+               "[--error TEXT] | show EVENT_ID | load --orders N "
                "--concurrency C | verify | demo --orders N\n");
   return 2;
 }

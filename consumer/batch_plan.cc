@@ -1,0 +1,274 @@
+#include "consumer/batch_plan.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace outbox::consumer {
+namespace {
+
+using Key = std::pair<std::string, int64_t>;  // (aggregate, position)
+
+v1::EventResult Result(const v1::Event& e, v1::DeliveryOutcome outcome,
+                       std::string reason = "") {
+  v1::EventResult r;
+  r.set_event_id(e.event_id());
+  r.set_seq(e.seq());
+  r.set_outcome(outcome);
+  r.set_reason(std::move(reason));
+  return r;
+}
+
+bool Valid(const std::vector<std::string>& invalid, size_t i) {
+  return invalid.empty() || invalid[i].empty();
+}
+
+// The held events of the snapshot and of this batch, by link (aggregate,
+// prev_seq), by position (aggregate, seq) and by id. An event leaves every
+// index when it drains.
+class HeldIndex {
+ public:
+  void Add(const v1::Event* e) {
+    // A legacy fork (two rows for one link) keeps the lowest seq.
+    auto [it, inserted] = by_link_.emplace(Key{e->aggregate_id(), e->prev_seq()}, e);
+    if (!inserted && e->seq() < it->second->seq()) it->second = e;
+    by_position_.emplace(Key{e->aggregate_id(), e->seq()}, e);
+    by_id_.emplace(e->event_id(), e);
+  }
+  void Remove(const v1::Event* e) {
+    auto link = by_link_.find({e->aggregate_id(), e->prev_seq()});
+    if (link != by_link_.end() && link->second == e) by_link_.erase(link);
+    auto pos = by_position_.find({e->aggregate_id(), e->seq()});
+    if (pos != by_position_.end() && pos->second == e) by_position_.erase(pos);
+    auto id = by_id_.find(e->event_id());
+    if (id != by_id_.end() && id->second == e) by_id_.erase(id);
+  }
+  const v1::Event* AtLink(const std::string& agg, int64_t prev) const {
+    auto it = by_link_.find({agg, prev});
+    return it == by_link_.end() ? nullptr : it->second;
+  }
+  const v1::Event* AtPosition(const std::string& agg, int64_t seq) const {
+    auto it = by_position_.find({agg, seq});
+    return it == by_position_.end() ? nullptr : it->second;
+  }
+  const v1::Event* WithId(const std::string& id) const {
+    auto it = by_id_.find(id);
+    return it == by_id_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::map<Key, const v1::Event*> by_link_;
+  std::map<Key, const v1::Event*> by_position_;
+  std::map<std::string, const v1::Event*> by_id_;
+};
+
+}  // namespace
+
+Plan PlanBatch(const std::vector<const v1::Event*>& batch,
+               const std::vector<std::string>& invalid,
+               const Snapshot& snapshot, const PlanOptions& options) {
+  Plan plan;
+  plan.results.resize(batch.size());
+  std::map<std::string, AggregateState> state = snapshot.aggregates;
+  HeldIndex held;
+  std::set<const v1::Event*> from_snapshot;
+  for (const v1::Event& h : snapshot.held) {
+    if (held.WithId(h.event_id()) != nullptr) continue;  // read twice
+    held.Add(&h);
+    from_snapshot.insert(&h);
+  }
+  std::map<const v1::Event*, size_t> batch_index;  // held in this batch
+  std::set<std::string> applied_here;              // ids applied in this batch
+  std::set<const v1::Event*> drained_here;         // batch holds drained
+
+  auto apply_one = [&](const v1::Event* e, AggregateState* st) {
+    plan.apply.push_back(e);
+    applied_here.insert(e->event_id());
+    st->cursor = e->seq();
+  };
+  // Applies the held successors of the aggregate's cursor, in chain order.
+  auto drain = [&](const std::string& agg, AggregateState* st) {
+    while (const v1::Event* h = held.AtLink(agg, st->cursor)) {
+      held.Remove(h);
+      --st->held_count;
+      if (from_snapshot.count(h)) {
+        plan.unhold.push_back(h->event_id());
+        if (snapshot.in_inbox.count(h->event_id())) {
+          // Applied before at another position: a forged or corrupt row
+          // that was answered HELD. It can never apply; the chain waits
+          // for the real event of this link.
+          continue;
+        }
+        ++plan.drained;
+      } else {
+        // Held earlier in this batch: answered APPLIED, never written.
+        const size_t i = batch_index.at(h);
+        plan.results[i] = Result(*h, v1::APPLIED);
+        drained_here.insert(h);
+        --plan.held;
+        ++plan.applied;
+      }
+      apply_one(h, st);
+    }
+  };
+  auto reject = [&](size_t i, std::string reason) {
+    plan.results[i] = Result(*batch[i], v1::REJECTED, std::move(reason));
+    ++plan.rejected;
+  };
+
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const v1::Event& e = *batch[i];
+    if (!Valid(invalid, i)) {
+      reject(i, invalid[i]);
+      continue;
+    }
+    const std::string& agg = e.aggregate_id();
+    AggregateState& st = state.at(agg);
+    if (e.seq() <= st.cursor) {
+      if (applied_here.count(e.event_id()) ||
+          snapshot.in_inbox.count(e.event_id())) {
+        plan.results[i] = Result(e, v1::DUPLICATE);
+        ++plan.duplicates;
+      } else {
+        ++plan.position_reused;
+        reject(i, absl::StrCat(
+                      "position reused: seq ", e.seq(), " of aggregate ", agg,
+                      " is at or below its applied position ", st.cursor,
+                      ", but event ", e.event_id(),
+                      " was never applied here; the outbox reused a position "
+                      "(a restored backup or a failover that lost writes?)"));
+      }
+      continue;
+    }
+    if (snapshot.in_inbox.count(e.event_id())) {
+      reject(i, absl::StrCat("event_id ", e.event_id(),
+                             " was applied before at another position; seq ",
+                             e.seq(), " reuses it"));
+      continue;
+    }
+    if (const v1::Event* same = held.WithId(e.event_id())) {
+      if (same->seq() == e.seq() && same->prev_seq() == e.prev_seq() &&
+          same->aggregate_id() == agg) {
+        plan.results[i] = Result(e, v1::HELD);  // a copy of a held event
+        ++plan.held;
+      } else {
+        ++plan.forks;
+        reject(i, absl::StrCat("fork: event_id ", e.event_id(),
+                               " is held already as seq ", same->seq(),
+                               " (prev_seq ", same->prev_seq(), ")"));
+      }
+      continue;
+    }
+    if (e.prev_seq() < st.cursor) {
+      reject(i, absl::StrCat("prev_seq ", e.prev_seq(),
+                             " is behind the applied position ", st.cursor,
+                             " while seq ", e.seq(),
+                             " is ahead of it: the chain is broken"));
+      continue;
+    }
+    const v1::Event* link = held.AtLink(agg, e.prev_seq());
+    const v1::Event* position = held.AtPosition(agg, e.seq());
+    if (link != nullptr || position != nullptr) {
+      const v1::Event* other = link != nullptr ? link : position;
+      ++plan.forks;
+      reject(i, absl::StrCat("fork: aggregate ", agg, " already holds event ",
+                             other->event_id(), " (seq ", other->seq(),
+                             ", prev_seq ", other->prev_seq(), ") for ",
+                             link != nullptr ? "prev_seq " : "seq ",
+                             link != nullptr ? e.prev_seq() : e.seq(),
+                             "; a second event for it forks the chain"));
+      continue;
+    }
+    if (e.prev_seq() == st.cursor) {
+      apply_one(&e, &st);
+      plan.results[i] = Result(e, v1::APPLIED);
+      ++plan.applied;
+      drain(agg, &st);
+      continue;
+    }
+    if (st.held_count >= options.max_held_per_aggregate) {
+      ++plan.over_cap;
+      reject(i, absl::StrCat("aggregate ", agg, " holds ", st.held_count,
+                             " events waiting for seq ", st.cursor,
+                             "'s successor (--max_held_per_aggregate=",
+                             options.max_held_per_aggregate, ")"));
+      continue;
+    }
+    held.Add(&e);
+    batch_index[&e] = i;
+    ++st.held_count;
+    plan.results[i] = Result(e, v1::HELD);
+    ++plan.held;
+  }
+
+  // A copy of a held event answered HELD before a later event of the batch
+  // drained it: it is applied now.
+  for (v1::EventResult& r : plan.results) {
+    if (r.outcome() == v1::HELD && applied_here.count(r.event_id())) {
+      r.set_outcome(v1::APPLIED);
+      --plan.held;
+      ++plan.applied;
+    }
+  }
+  for (const auto& [e, i] : batch_index) {
+    if (!drained_here.count(e)) plan.hold.push_back(e);
+  }
+  std::sort(plan.hold.begin(), plan.hold.end(),
+            [&](const v1::Event* a, const v1::Event* b) {
+              return batch_index.at(a) < batch_index.at(b);
+            });
+  for (const auto& [agg, st] : state) {
+    if (!(st == snapshot.aggregates.at(agg))) plan.changed[agg] = st;
+  }
+  return plan;
+}
+
+std::vector<std::string> InboxQuestions(
+    const std::vector<const v1::Event*>& batch,
+    const std::vector<std::string>& invalid, const Snapshot& snapshot,
+    bool all) {
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!Valid(invalid, i)) continue;
+    const v1::Event& e = *batch[i];
+    if (all || e.seq() <= snapshot.aggregates.at(e.aggregate_id()).cursor) {
+      ids.push_back(e.event_id());
+    }
+  }
+  if (all) {
+    for (const v1::Event& h : snapshot.held) ids.push_back(h.event_id());
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+HeldQuery HeldQuestions(const std::vector<const v1::Event*>& batch,
+                        const std::vector<std::string>& invalid,
+                        const Snapshot& snapshot) {
+  HeldQuery q;
+  std::set<std::string> holding;
+  for (const auto& [agg, st] : snapshot.aggregates) {
+    if (st.held_count > 0) {
+      holding.insert(agg);
+      q.links.push_back({agg, st.cursor});
+    }
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!Valid(invalid, i)) continue;
+    const v1::Event& e = *batch[i];
+    if (!holding.count(e.aggregate_id())) continue;
+    q.links.push_back({e.aggregate_id(), e.seq()});
+    q.links.push_back({e.aggregate_id(), e.prev_seq()});
+    q.positions.push_back({e.aggregate_id(), e.seq()});
+    q.ids.push_back(e.event_id());
+  }
+  for (auto* v : {&q.links, &q.positions}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
+  return q;
+}
+
+}  // namespace outbox::consumer

@@ -1,0 +1,121 @@
+#pragma once
+// The consumer's decisions for one batch, without I/O. Given the batch and
+// what the database holds about its aggregates (read under their cursor
+// locks: a Snapshot), PlanBatch decides what to answer for each event,
+// which events to apply and in what order, which to park in held_events,
+// which held events drain, and where each cursor ends. The applier
+// (consumer/applier.h) reads the snapshot, plans, and writes the plan in a
+// few statements; everything a test needs to check a decision is here.
+//
+// The rules, per valid event e of aggregate A whose cursor is C:
+//   e.seq <= C      DUPLICATE if the inbox holds e.event_id (or e was
+//                   applied earlier in this batch); otherwise REJECTED: the
+//                   outbox reused a position already passed (a restored
+//                   backup, a failover that lost writes, a forgery).
+//   e.prev_seq == C APPLIED, then every held successor in chain order --
+//                   unless another event already holds that link (a fork):
+//                   REJECTED.
+//   e.prev_seq > C  HELD. A second copy of a held event is HELD again and
+//                   written once. A different event for a link or a
+//                   position that a held event already takes is a fork:
+//                   REJECTED. An aggregate holds at most
+//                   max_held_per_aggregate events: beyond, REJECTED.
+//   otherwise       (prev_seq < C < seq) the chain is broken: REJECTED.
+// Invalid events are REJECTED with their validation reason.
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "outbox/v1/consumer.pb.h"
+#include "outbox/v1/event.pb.h"
+
+namespace outbox::consumer {
+
+struct AggregateState {
+  int64_t cursor = 0;      // seq of the last applied event; 0 for none
+  int64_t held_count = 0;  // its rows in held_events
+
+  bool operator==(const AggregateState& o) const {
+    return cursor == o.cursor && held_count == o.held_count;
+  }
+};
+
+// What the database holds about a batch's aggregates.
+struct Snapshot {
+  // Every aggregate of the batch's valid events.
+  std::map<std::string, AggregateState> aggregates;
+  // The event ids the inbox holds, among those the applier asked about
+  // (see InboxQuestions). An id missing here is taken as "not applied".
+  std::set<std::string> in_inbox;
+  // Held events the batch can touch (see HeldQuestions): the held chains
+  // that start at each cursor and at each batch event's seq and prev_seq,
+  // and any held event with a batch event's id or (aggregate, seq).
+  std::vector<v1::Event> held;
+};
+
+struct PlanOptions {
+  int64_t max_held_per_aggregate = 1000;
+};
+
+struct Plan {
+  // One per batch event, in batch order.
+  std::vector<v1::EventResult> results;
+  // Events to apply, in apply order; each aggregate's in chain order. They
+  // point into the batch or into Snapshot::held.
+  std::vector<const v1::Event*> apply;
+  // New held_events rows (batch events, none of which is applied).
+  std::vector<const v1::Event*> hold;
+  // held_events rows to delete: drained (they are in `apply`).
+  std::vector<std::string> unhold;
+  // The new state of each aggregate whose cursor or held count changed.
+  std::map<std::string, AggregateState> changed;
+
+  // What happened, for metrics and logs.
+  int64_t applied = 0;     // batch events answered APPLIED
+  int64_t duplicates = 0;  // DUPLICATE answers
+  int64_t held = 0;        // HELD answers
+  int64_t rejected = 0;    // REJECTED answers, all reasons
+  int64_t drained = 0;     // held events applied (from earlier batches)
+  int64_t position_reused = 0;  // REJECTED: a new event at a passed position
+  int64_t forks = 0;            // REJECTED: a second event for a held link
+  int64_t over_cap = 0;         // REJECTED: the aggregate holds too many
+};
+
+// Decides a batch. `invalid[i]`, when not empty, is why batch[i] failed
+// validation (REJECTED with that reason); `invalid` is empty or as long as
+// `batch`. Every aggregate of a valid event must be in
+// `snapshot.aggregates`. Pointers in the result stay valid while `batch`
+// and `snapshot` do.
+Plan PlanBatch(const std::vector<const v1::Event*>& batch,
+               const std::vector<std::string>& invalid,
+               const Snapshot& snapshot, const PlanOptions& options);
+
+// The event ids whose inbox membership the plan needs: valid batch events
+// at or below their aggregate's cursor. With `all` (the applier's second
+// try, after an inbox insert collided), every valid batch event and every
+// held event of the snapshot.
+std::vector<std::string> InboxQuestions(
+    const std::vector<const v1::Event*>& batch,
+    const std::vector<std::string>& invalid, const Snapshot& snapshot,
+    bool all);
+
+// What the plan needs from held_events, for the aggregates that hold
+// something: the chains starting at `links` (aggregate, prev_seq): each
+// cursor and each valid batch event's seq and prev_seq; and the held
+// events at `positions` (aggregate, seq) or with `ids` of valid batch
+// events. Empty when no aggregate of the batch holds anything, so the
+// common case reads nothing from held_events.
+struct HeldQuery {
+  std::vector<std::pair<std::string, int64_t>> links;
+  std::vector<std::pair<std::string, int64_t>> positions;
+  std::vector<std::string> ids;
+  bool empty() const { return links.empty(); }
+};
+HeldQuery HeldQuestions(const std::vector<const v1::Event*>& batch,
+                        const std::vector<std::string>& invalid,
+                        const Snapshot& snapshot);
+
+}  // namespace outbox::consumer

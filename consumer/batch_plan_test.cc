@@ -1,0 +1,322 @@
+// The batch planner without a database: every answer the consumer can
+// give, for events alone, in one batch, and against what earlier batches
+// left (cursors, the inbox, held events).
+
+#include "consumer/batch_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace outbox::consumer {
+namespace {
+
+// An event of aggregate `agg` at `seq` after `prev`; its id names both.
+v1::Event Ev(const std::string& agg, int64_t seq, int64_t prev,
+             const std::string& tag = "") {
+  v1::Event e;
+  e.set_event_id(absl::StrCat(agg, "/", seq, tag));
+  e.set_aggregate_id(agg);
+  e.set_seq(seq);
+  e.set_prev_seq(prev);
+  return e;
+}
+
+class Planner {
+ public:
+  Planner& Cursor(const std::string& agg, int64_t cursor, int64_t held = 0) {
+    snap_.aggregates[agg] = {cursor, held};
+    return *this;
+  }
+  Planner& Applied(const v1::Event& e) {
+    snap_.in_inbox.insert(e.event_id());
+    return *this;
+  }
+  Planner& Held(const v1::Event& e) {
+    snap_.held.push_back(e);
+    return *this;
+  }
+  Planner& MaxHeld(int64_t n) {
+    options_.max_held_per_aggregate = n;
+    return *this;
+  }
+  const Plan& Run(std::vector<v1::Event> batch) {
+    batch_ = std::move(batch);
+    std::vector<const v1::Event*> ptrs;
+    for (const auto& e : batch_) {
+      ptrs.push_back(&e);
+      snap_.aggregates.emplace(e.aggregate_id(), AggregateState{});
+    }
+    plan_ = PlanBatch(ptrs, invalid_, snap_, options_);
+    return plan_;
+  }
+  Planner& Invalid(std::vector<std::string> reasons) {
+    invalid_ = std::move(reasons);
+    return *this;
+  }
+
+  std::vector<v1::DeliveryOutcome> Outcomes() const {
+    std::vector<v1::DeliveryOutcome> out;
+    for (const auto& r : plan_.results) out.push_back(r.outcome());
+    return out;
+  }
+  std::vector<std::string> Applies() const {
+    std::vector<std::string> out;
+    for (const v1::Event* e : plan_.apply) out.push_back(e->event_id());
+    return out;
+  }
+  std::vector<std::string> Holds() const {
+    std::vector<std::string> out;
+    for (const v1::Event* e : plan_.hold) out.push_back(e->event_id());
+    return out;
+  }
+  const std::string& Reason(size_t i) const { return plan_.results[i].reason(); }
+  const Plan& plan() const { return plan_; }
+
+ private:
+  Snapshot snap_;
+  PlanOptions options_;
+  std::vector<std::string> invalid_;
+  std::vector<v1::Event> batch_;
+  Plan plan_;
+};
+
+using V = std::vector<v1::DeliveryOutcome>;
+using S = std::vector<std::string>;
+constexpr auto A = v1::APPLIED;
+constexpr auto D = v1::DUPLICATE;
+constexpr auto H = v1::HELD;
+constexpr auto R = v1::REJECTED;
+
+TEST(PlanBatch, AppliesAChainInOrderAndMovesTheCursor) {
+  Planner p;
+  p.Run({Ev("a", 3, 0), Ev("a", 7, 3), Ev("a", 9, 7)});
+  EXPECT_EQ(p.Outcomes(), (V{A, A, A}));
+  EXPECT_EQ(p.Applies(), (S{"a/3", "a/7", "a/9"}));
+  EXPECT_EQ(p.plan().changed.at("a").cursor, 9);
+  EXPECT_TRUE(p.Holds().empty());
+}
+
+TEST(PlanBatch, ContinuesFromTheCursor) {
+  Planner p;
+  p.Cursor("a", 7).Run({Ev("a", 9, 7)});
+  EXPECT_EQ(p.Outcomes(), (V{A}));
+  EXPECT_EQ(p.plan().changed.at("a").cursor, 9);
+}
+
+TEST(PlanBatch, DuplicateOnlyWhenTheInboxHoldsTheEvent) {
+  Planner p;
+  p.Cursor("a", 9).Applied(Ev("a", 7, 3)).Run({Ev("a", 7, 3)});
+  EXPECT_EQ(p.Outcomes(), (V{D}));
+  EXPECT_TRUE(p.plan().changed.empty());
+  EXPECT_TRUE(p.Applies().empty());
+}
+
+TEST(PlanBatch, ADifferentEventAtAPassedPositionIsRejectedAsReuse) {
+  Planner p;
+  p.Cursor("a", 9).Applied(Ev("a", 7, 3)).Run({Ev("a", 7, 3, "-restored")});
+  EXPECT_EQ(p.Outcomes(), (V{R}));
+  EXPECT_NE(p.Reason(0).find("position reused"), std::string::npos) << p.Reason(0);
+  EXPECT_EQ(p.plan().position_reused, 1);
+  EXPECT_TRUE(p.plan().changed.empty());
+}
+
+TEST(PlanBatch, ASecondCopyInTheSameBatchIsADuplicate) {
+  Planner p;
+  p.Run({Ev("a", 3, 0), Ev("a", 3, 0), Ev("a", 5, 3), Ev("a", 5, 3)});
+  EXPECT_EQ(p.Outcomes(), (V{A, D, A, D}));
+  EXPECT_EQ(p.Applies(), (S{"a/3", "a/5"}));
+}
+
+TEST(PlanBatch, AnEarlyEventIsHeldAndCounted) {
+  Planner p;
+  p.Cursor("a", 3).Run({Ev("a", 9, 7)});
+  EXPECT_EQ(p.Outcomes(), (V{H}));
+  EXPECT_EQ(p.Holds(), (S{"a/9"}));
+  EXPECT_EQ(p.plan().changed.at("a").held_count, 1);
+  EXPECT_EQ(p.plan().changed.at("a").cursor, 3);
+}
+
+TEST(PlanBatch, HeldThenDrainedInOneBatchIsAppliedAndNeverWrittenAsHeld) {
+  Planner p;
+  p.Run({Ev("a", 9, 7), Ev("a", 7, 3), Ev("a", 3, 0)});
+  EXPECT_EQ(p.Outcomes(), (V{A, A, A}));
+  EXPECT_EQ(p.Applies(), (S{"a/3", "a/7", "a/9"}));
+  EXPECT_TRUE(p.Holds().empty());
+  EXPECT_EQ(p.plan().changed.at("a").held_count, 0);
+  EXPECT_EQ(p.plan().changed.at("a").cursor, 9);
+  EXPECT_EQ(p.plan().drained, 0);  // none came from earlier batches
+}
+
+TEST(PlanBatch, HeldEventsOfEarlierBatchesDrainInChainOrder) {
+  Planner p;
+  p.Cursor("a", 0, 2).Held(Ev("a", 9, 7)).Held(Ev("a", 7, 3));
+  p.Run({Ev("a", 3, 0)});
+  EXPECT_EQ(p.Outcomes(), (V{A}));
+  EXPECT_EQ(p.Applies(), (S{"a/3", "a/7", "a/9"}));
+  EXPECT_EQ(p.plan().unhold, (S{"a/7", "a/9"}));
+  EXPECT_EQ(p.plan().drained, 2);
+  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{9, 0}));
+}
+
+TEST(PlanBatch, DrainStopsAtAGap) {
+  Planner p;
+  p.Cursor("a", 0, 2).Held(Ev("a", 7, 3)).Held(Ev("a", 12, 10));
+  p.Run({Ev("a", 3, 0)});
+  EXPECT_EQ(p.Applies(), (S{"a/3", "a/7"}));
+  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{7, 1}));
+}
+
+TEST(PlanBatch, ACopyOfAHeldEventIsHeldAgainAndNotWrittenTwice) {
+  Planner p;
+  p.Cursor("a", 3, 1).Held(Ev("a", 9, 7));
+  p.Run({Ev("a", 9, 7)});
+  EXPECT_EQ(p.Outcomes(), (V{H}));
+  EXPECT_TRUE(p.Holds().empty());
+  EXPECT_TRUE(p.plan().changed.empty());
+}
+
+TEST(PlanBatch, ACopyOfAHeldEventDrainedLaterInTheBatchIsApplied) {
+  Planner p;
+  p.Cursor("a", 3, 1).Held(Ev("a", 9, 7));
+  p.Run({Ev("a", 9, 7), Ev("a", 7, 3)});
+  EXPECT_EQ(p.Outcomes(), (V{A, A}));
+  EXPECT_EQ(p.Applies(), (S{"a/7", "a/9"}));
+  EXPECT_EQ(p.plan().unhold, (S{"a/9"}));
+}
+
+TEST(PlanBatch, ASecondEventForAHeldLinkIsAFork) {
+  Planner p;
+  p.Cursor("a", 3, 1).Held(Ev("a", 9, 7));
+  p.Run({Ev("a", 11, 7)});
+  EXPECT_EQ(p.Outcomes(), (V{R}));
+  EXPECT_NE(p.Reason(0).find("fork"), std::string::npos) << p.Reason(0);
+  EXPECT_EQ(p.plan().forks, 1);
+  EXPECT_TRUE(p.Holds().empty());
+}
+
+TEST(PlanBatch, ASecondEventForAHeldPositionIsAFork) {
+  Planner p;
+  p.Cursor("a", 3, 1).Held(Ev("a", 9, 7));
+  p.Run({Ev("a", 9, 8, "-other")});
+  EXPECT_EQ(p.Outcomes(), (V{R}));
+  EXPECT_EQ(p.plan().forks, 1);
+}
+
+TEST(PlanBatch, AForkWithinOneBatchKeepsTheFirst) {
+  Planner p;
+  p.Cursor("a", 3).Run({Ev("a", 9, 7), Ev("a", 10, 7)});
+  EXPECT_EQ(p.Outcomes(), (V{H, R}));
+  EXPECT_EQ(p.Holds(), (S{"a/9"}));
+  EXPECT_EQ(p.plan().changed.at("a").held_count, 1);
+}
+
+TEST(PlanBatch, ANextEventWhoseLinkIsHeldByAnotherIsAFork) {
+  // Another event already holds the link at the cursor: nothing applies.
+  Planner p;
+  p.Cursor("a", 3, 1).Held(Ev("a", 9, 3, "-first"));
+  p.Run({Ev("a", 7, 3)});
+  EXPECT_EQ(p.Outcomes(), (V{R}));
+  EXPECT_TRUE(p.Applies().empty());
+}
+
+TEST(PlanBatch, AnEventIdHeldWithAnotherPositionIsAFork) {
+  Planner p;
+  p.Cursor("a", 3, 1).Held(Ev("a", 9, 7));
+  v1::Event forged = Ev("a", 12, 9);
+  forged.set_event_id("a/9");
+  p.Run({forged});
+  EXPECT_EQ(p.Outcomes(), (V{R}));
+  EXPECT_EQ(p.plan().forks, 1);
+}
+
+TEST(PlanBatch, HeldEventsPerAggregateAreCapped) {
+  Planner p;
+  p.MaxHeld(2).Cursor("a", 1, 1).Held(Ev("a", 5, 4));
+  p.Run({Ev("a", 9, 8), Ev("a", 11, 10), Ev("b", 7, 5)});
+  EXPECT_EQ(p.Outcomes(), (V{H, R, H}));
+  EXPECT_NE(p.Reason(1).find("max_held_per_aggregate"), std::string::npos);
+  EXPECT_EQ(p.plan().over_cap, 1);
+  EXPECT_EQ(p.plan().changed.at("a").held_count, 2);
+}
+
+TEST(PlanBatch, TheCapDoesNotStopTheNextEvent) {
+  Planner p;
+  p.MaxHeld(1).Cursor("a", 1, 1).Held(Ev("a", 5, 4));
+  p.Run({Ev("a", 4, 1)});
+  EXPECT_EQ(p.Outcomes(), (V{A}));
+  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{5, 0}));
+}
+
+TEST(PlanBatch, ABrokenChainIsRejected) {
+  Planner p;
+  p.Cursor("a", 5).Run({Ev("a", 9, 3)});
+  EXPECT_EQ(p.Outcomes(), (V{R}));
+  EXPECT_NE(p.Reason(0).find("chain is broken"), std::string::npos);
+}
+
+TEST(PlanBatch, AnEventIdAppliedAtAnotherPositionIsRejected) {
+  // Known only on the applier's second try, when the inbox is asked about
+  // every id.
+  Planner p;
+  v1::Event reused = Ev("a", 9, 5);
+  reused.set_event_id("a/5");
+  p.Cursor("a", 5).Applied(Ev("a", 5, 0)).Run({reused});
+  EXPECT_EQ(p.Outcomes(), (V{R}));
+  EXPECT_TRUE(p.Applies().empty());
+}
+
+TEST(PlanBatch, AHeldEventAlreadyInTheInboxIsDiscardedNotApplied) {
+  Planner p;
+  v1::Event forged = Ev("a", 9, 7);
+  forged.set_event_id("x/1");
+  p.Cursor("a", 3, 1).Held(forged).Applied(forged);
+  p.Run({Ev("a", 7, 3)});
+  EXPECT_EQ(p.Applies(), (S{"a/7"}));
+  EXPECT_EQ(p.plan().unhold, (S{"x/1"}));
+  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{7, 0}));
+}
+
+TEST(PlanBatch, InvalidEventsAreRejectedWithTheirReasonAndOthersFlow) {
+  Planner p;
+  p.Invalid({"", "schema_version: 2 is not supported", ""});
+  p.Run({Ev("a", 3, 0), Ev("a", 5, 3), Ev("b", 4, 0)});
+  EXPECT_EQ(p.Outcomes(), (V{A, R, A}));
+  EXPECT_EQ(p.Reason(1), "schema_version: 2 is not supported");
+  EXPECT_EQ(p.Applies(), (S{"a/3", "b/4"}));
+}
+
+TEST(PlanBatch, AggregatesAreIndependent) {
+  Planner p;
+  p.Cursor("a", 3).Cursor("b", 0);
+  p.Run({Ev("a", 9, 7), Ev("b", 2, 0), Ev("a", 7, 3), Ev("b", 1, 0, "-x")});
+  EXPECT_EQ(p.Outcomes(), (V{A, A, A, R}));
+  EXPECT_EQ(p.Applies(), (S{"b/2", "a/7", "a/9"}));
+}
+
+TEST(Questions, InboxIsAskedOnlyAboutPassedPositionsUnlessAll) {
+  Snapshot snap;
+  snap.aggregates["a"] = {5, 0};
+  v1::Event old = Ev("a", 3, 0), next = Ev("a", 7, 5);
+  std::vector<const v1::Event*> batch = {&old, &next};
+  EXPECT_EQ(InboxQuestions(batch, {}, snap, false), (S{"a/3"}));
+  EXPECT_EQ(InboxQuestions(batch, {}, snap, true), (S{"a/3", "a/7"}));
+  EXPECT_TRUE(InboxQuestions(batch, {"bad", "bad"}, snap, true).empty());
+}
+
+TEST(Questions, HeldEventsAreReadOnlyForAggregatesThatHoldSome) {
+  Snapshot snap;
+  snap.aggregates["a"] = {5, 0};
+  snap.aggregates["b"] = {2, 3};
+  v1::Event ea = Ev("a", 7, 5), eb = Ev("b", 9, 6);
+  HeldQuery q = HeldQuestions({&ea, &eb}, {}, snap);
+  using L = std::vector<std::pair<std::string, int64_t>>;
+  EXPECT_EQ(q.links, (L{{"b", 2}, {"b", 6}, {"b", 9}}));
+  EXPECT_EQ(q.positions, (L{{"b", 9}}));
+  EXPECT_EQ(q.ids, (S{"b/9"}));
+  snap.aggregates["b"].held_count = 0;
+  EXPECT_TRUE(HeldQuestions({&ea, &eb}, {}, snap).empty());
+}
+
+}  // namespace
+}  // namespace outbox::consumer
