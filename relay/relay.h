@@ -108,6 +108,9 @@ class Relay {
 
   RelayState State() const;
 
+  // application_name of the relay's database session, unique to it.
+  const std::string& session_name() const { return session_name_; }
+
  private:
   struct InFlight {
     uint64_t batch_id;

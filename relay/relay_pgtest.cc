@@ -18,6 +18,7 @@
 #include "producer/order_logic.h"
 #include "producer/order_store.h"
 #include "relay/admin_service.h"
+#include "common/watchdog.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/pg.h"
 
@@ -363,6 +364,142 @@ TEST_F(RelayTest, ConsumerOutageIsRetriedWithoutCountingAttempts) {
   ExpectExactlyOnceInOrder();
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox WHERE status = 'dead'"),
             0);
+}
+
+TEST_F(RelayTest, ReadOnlyConsumerDatabaseCostsTimeNotAttempts) {
+  // A failover of the billing database to a standby: every batch fails
+  // there, and nothing may count against the events.
+  MakeOrders(20);
+  Consumer consumer(billing_.url(), 0);
+  billing_.Exec(absl::StrCat("ALTER DATABASE ", billing_.name(),
+                             " SET default_transaction_read_only = on"));
+  billing_.Exec(absl::StrCat(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname "
+      "= '", billing_.name(), "' AND pid <> pg_backend_pid()"));
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  absl::SleepFor(absl::Seconds(2));
+  EXPECT_EQ(Applied(), 0);
+  EXPECT_EQ(Pending(), Events());
+  EXPECT_EQ(orders_.Scalar("SELECT max(attempts) FROM outbox"), 0);
+  EXPECT_GT(metrics_.AddCounter("outbox_relay_stream_failures_total", "")->value(),
+            0);
+  billing_.Exec(absl::StrCat("ALTER DATABASE ", billing_.name(),
+                             " RESET default_transaction_read_only"));
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  ExpectExactlyOnceInOrder();
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox WHERE status = 'dead' "
+                           "OR attempts > 0"),
+            0);
+}
+
+TEST_F(RelayTest, BulkRequeueByTimeAndErrorReportsItsCount) {
+  std::vector<std::string> ids = MakeOrders(8);
+  // Four first events become poison; each dies after max_attempts.
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox SET schema_version = 2 WHERE prev_seq = 0 AND "
+      "aggregate_id IN ('", ids[0], "','", ids[1], "','", ids[2], "','", ids[3],
+      "')"));
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  auto dead = [&] {
+    return orders_.Scalar("SELECT count(*) FROM outbox WHERE status = 'dead'");
+  };
+  ASSERT_TRUE(WaitFor([&] { return dead() == 4; }));
+  // One died long ago, one of another cause.
+  orders_.Exec(absl::StrCat("UPDATE outbox SET dead_at = now() - interval '3 "
+                            "hours' WHERE status = 'dead' AND aggregate_id = '",
+                            ids[0], "'"));
+  orders_.Exec(absl::StrCat("UPDATE outbox SET last_error = 'payload: "
+                            "unreadable' WHERE status = 'dead' AND "
+                            "aggregate_id = '", ids[1], "'"));
+  orders_.Exec("UPDATE outbox SET schema_version = 1");
+
+  Database admin_db(orders_.url(), 2, "relay-test-admin");
+  RelayAdminImpl admin(&admin_db, &relay);
+  auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                                  {{&admin, v1::RelayAdmin::service_full_name()}});
+  ASSERT_TRUE(server.ok());
+  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  auto requeue = [&](const v1::RequeueRequest& req, v1::RequeueResponse* resp) {
+    grpc::ClientContext ctx;
+    return stub->Requeue(&ctx, req, resp);
+  };
+  v1::RequeueRequest req;
+  req.set_all_dead(true);
+  req.set_error_contains("schema_version");
+  ToTimestamp(absl::Now() - absl::Hours(1), req.mutable_died_after());
+  v1::RequeueResponse resp;
+  ASSERT_TRUE(requeue(req, &resp).ok());
+  EXPECT_EQ(resp.requeued(), 2);  // ids[2] and ids[3]
+  ASSERT_TRUE(WaitFor([&] { return dead() == 2; }));
+
+  v1::RequeueRequest all;
+  all.set_all_dead(true);
+  ASSERT_TRUE(requeue(all, &resp).ok());
+  EXPECT_EQ(resp.requeued(), 2);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  ExpectExactlyOnceInOrder();
+  ASSERT_TRUE(requeue(all, &resp).ok());  // nothing left: zero, not an error
+  EXPECT_EQ(resp.requeued(), 0);
+
+  v1::RequeueRequest both;
+  both.set_all_dead(true);
+  both.set_aggregate_id(ids[0]);
+  EXPECT_EQ(requeue(both, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::RequeueRequest filtered_id;
+  filtered_id.set_event_id(NewUuid());
+  filtered_id.set_error_contains("x");
+  EXPECT_EQ(requeue(filtered_id, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(RelayTest, ConnectingEndsItsOwnStaleSessionInsteadOfWaitingForIt) {
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  // A session of this relay that the server still keeps after the network
+  // cut it (the server has not noticed): it holds every partition.
+  const std::string name = relay.session_name();
+  ASSERT_EQ(name.substr(0, 13), "outbox-relay ");
+  pqxx::connection stale(orders_.url() + "?application_name=outbox-relay%20" +
+                         name.substr(13));
+  {
+    pqxx::nontransaction tx(stale);
+    tx.exec("SELECT pg_advisory_lock(2830, p) FROM generate_series(0, 31) p");
+  }
+  MakeOrders(20);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; },
+                      absl::Seconds(15)));
+  EXPECT_EQ(relay.State().partitions_owned.size(),
+            static_cast<size_t>(kPartitionCount));
+  EXPECT_THROW(
+      {
+        pqxx::nontransaction tx(stale);
+        tx.exec("SELECT 1");
+      },
+      pqxx::broken_connection);
+}
+
+TEST_F(RelayTest, RogueLockOnTheOutboxStallsTheWatchdogUntilReleased) {
+  MakeOrders(5);
+  Consumer consumer(billing_.url(), 0);
+  RelayOptions options = Options(consumer.port());
+  options.session.lock_timeout = absl::Milliseconds(200);
+  Watchdog watchdog("relay claim/mark loop", absl::Milliseconds(800));
+  pqxx::connection rogue(orders_.url());
+  auto lock = std::make_unique<pqxx::work>(rogue);
+  lock->exec("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE");
+  Relay relay(options, &metrics_, &watchdog);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return watchdog.Stalled().has_value(); },
+                      absl::Seconds(10)));
+  EXPECT_NE(watchdog.Stalled()->find("lock"), std::string::npos)
+      << *watchdog.Stalled();
+  lock.reset();  // the rogue session lets go
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  EXPECT_FALSE(watchdog.Stalled().has_value());
 }
 
 }  // namespace
