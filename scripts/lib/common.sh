@@ -60,18 +60,25 @@ ensure_node_tools() {
 
 # Configures and builds into build/ (Release unless BUILD_TYPE says).
 build() {
-  local type="${BUILD_TYPE:-Release}"
-  if [ ! -f "$OUTBOX_ROOT/build/CMakeCache.txt" ]; then
-    log "configuring ($type)"
-    cmake -S "$OUTBOX_ROOT" -B "$OUTBOX_ROOT/build" -DCMAKE_BUILD_TYPE="$type" >/dev/null
-  fi
-  log "building (this takes a few minutes the first time)"
-  cmake --build "$OUTBOX_ROOT/build" -j"${JOBS:-2}" 2>&1 |
-    grep -E 'error|warning: unused|Error|FAILED' || true
-  [ "${PIPESTATUS[0]}" -eq 0 ] || die "build failed; run: cmake --build build"
+  build_in build "${BUILD_TYPE:-Release}" all
   for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
     [ -x "$OUTBOX_ROOT/build/bin/$b" ] || die "build/bin/$b is missing"
   done
+}
+
+# build_in DIR TYPE TARGET [CMAKE_ARGS...]: configures DIR (once) and builds
+# TARGET there.
+build_in() {
+  local dir="$OUTBOX_ROOT/$1" type="$2" target="$3"
+  shift 3
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    log "configuring $1 ($type${*:+ $*})"
+    cmake -S "$OUTBOX_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
+  fi
+  log "building $1 (this takes a few minutes the first time)"
+  cmake --build "$dir" -j"${JOBS:-2}" --target "$target" 2>&1 |
+    grep -E 'error|warning: unused|Error|FAILED|runtime error' || true
+  [ "${PIPESTATUS[0]}" -eq 0 ] || die "build failed; run: cmake --build $1"
 }
 
 # A port on 127.0.0.1 that nothing listens on now.
