@@ -8,7 +8,10 @@
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/server.h"
+#include "common/identity.h"
 #include "common/sql_state.h"
+#include "common/tls.h"
 #include "common/watchdog.h"
 
 ABSL_FLAG(int, test_pool_size, 3, "A flag for the environment test.");
@@ -240,6 +243,129 @@ TEST(Watchdog, StallsOnlyWhileItHasWorkWithoutProgress) {
   Watchdog off("x", absl::ZeroDuration());
   off.Working(t0);
   EXPECT_FALSE(off.Stalled(t0 + absl::Hours(9)));
+}
+
+// -- Who may call what (common/identity.h), one rule at a time. ------------
+
+PeerCertificate Cert(std::vector<std::string> uris, std::vector<std::string> dns,
+                     std::string cn) {
+  return {std::move(uris), std::move(dns), std::move(cn)};
+}
+
+TEST(Identity, UriSansComeFirstThenDnsSansThenTheCommonName) {
+  using S = std::vector<std::string>;
+  EXPECT_EQ(IdentitiesOf(Cert({"spiffe://outbox/relay"}, {"relay.svc"}, "relay")),
+            (S{"spiffe://outbox/relay"}));
+  EXPECT_EQ(IdentitiesOf(Cert({}, {"relay.svc", "localhost"}, "relay")),
+            (S{"relay.svc", "localhost"}));
+  EXPECT_EQ(IdentitiesOf(Cert({}, {}, "relay")), (S{"relay"}));
+  EXPECT_TRUE(IdentitiesOf(Cert({}, {}, "")).empty());
+}
+
+AccessRules MutualTls(std::set<std::string> allowed, std::set<std::string> admin) {
+  AccessRules r;
+  r.require_identity = true;
+  r.allowed = std::move(allowed);
+  r.admin = std::move(admin);
+  return r;
+}
+
+TEST(Identity, PlaintextAdmitsEveryCallerForEverything) {
+  AccessRules open;
+  EXPECT_TRUE(open.Decide(std::nullopt, Access::kCall).ok());
+  EXPECT_TRUE(open.Decide(std::nullopt, Access::kAdmin).ok());
+}
+
+TEST(Identity, MutualTlsWithoutACertificateIsUnauthenticated) {
+  absl::Status s = MutualTls({}, {}).Decide(std::nullopt, Access::kCall);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+}
+
+TEST(Identity, AnEmptyAllowListAdmitsEveryCertificateOfTheCa) {
+  auto rules = MutualTls({}, {});
+  EXPECT_TRUE(rules.Decide(Cert({"spiffe://outbox/anyone"}, {}, ""), Access::kCall).ok());
+}
+
+TEST(Identity, OnlyListedIdentitiesAreAdmittedAndRefusalsNameTheIdentity) {
+  auto rules = MutualTls({"spiffe://outbox/relay"}, {});
+  EXPECT_TRUE(rules.Decide(Cert({"spiffe://outbox/relay"}, {}, "x"), Access::kCall).ok());
+  absl::Status s =
+      rules.Decide(Cert({"spiffe://outbox/intruder"}, {"relay"}, "relay"), Access::kCall);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("spiffe://outbox/intruder"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--allowed_clients"), std::string::npos) << s;
+}
+
+TEST(Identity, AUriSanHidesDnsSansAndTheCommonName) {
+  // A certificate with a URI SAN is that URI: its DNS name or CN being
+  // listed does not admit it.
+  auto rules = MutualTls({"relay", "relay.svc"}, {});
+  EXPECT_EQ(rules.Decide(Cert({"spiffe://outbox/other"}, {"relay.svc"}, "relay"),
+                         Access::kCall)
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(rules.Decide(Cert({}, {"relay.svc"}, "x"), Access::kCall).ok());
+  EXPECT_TRUE(rules.Decide(Cert({}, {}, "relay"), Access::kCall).ok());
+}
+
+TEST(Identity, AdminCallsNeedAnAdminIdentityEvenWhenReadsAreAllowed) {
+  auto rules = MutualTls({"spiffe://outbox/reader"}, {"spiffe://outbox/ops"});
+  const auto reader = Cert({"spiffe://outbox/reader"}, {}, "");
+  const auto ops = Cert({"spiffe://outbox/ops"}, {}, "");
+  EXPECT_TRUE(rules.Decide(reader, Access::kCall).ok());
+  absl::Status s = rules.Decide(reader, Access::kAdmin);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("--admin_clients"), std::string::npos) << s;
+  EXPECT_TRUE(rules.Decide(ops, Access::kAdmin).ok());
+  EXPECT_TRUE(rules.Decide(ops, Access::kCall).ok());  // admins may read
+}
+
+TEST(Identity, NoAdminListRefusesAdminCallsUnderMutualTls) {
+  auto rules = MutualTls({}, {});
+  EXPECT_EQ(rules.Decide(Cert({"spiffe://outbox/any"}, {}, ""), Access::kAdmin).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST(Identity, ListsAreCommaSeparatedAndTrimmed) {
+  EXPECT_EQ(ParseIdentityList(" spiffe://outbox/relay, relay.svc ,,cn "),
+            (std::set<std::string>{"spiffe://outbox/relay", "relay.svc", "cn"}));
+  EXPECT_TRUE(ParseIdentityList("").empty());
+}
+
+TEST(Tls, FilesMustFitTogether) {
+  EXPECT_TRUE(CheckServerTls({}).ok());
+  EXPECT_NE(CheckServerTls({"a.crt", "", ""}).message().find("--tls_key"),
+            std::string::npos);
+  EXPECT_NE(CheckServerTls({"", "", "ca.crt"}).message().find("--tls_client_ca"),
+            std::string::npos);
+  absl::Status missing = CheckServerTls({"/nonexistent.crt", "/nonexistent.key", ""});
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find("--tls_cert: cannot read"), std::string::npos)
+      << missing;
+  ClientTlsFlags flags{"--ca", "--cert", "--key"};
+  EXPECT_TRUE(CheckClientTls({}, flags).ok());
+  EXPECT_NE(CheckClientTls({"", "c.crt", "c.key"}, flags).message().find("--ca"),
+            std::string::npos);
+}
+
+TEST(PublicMessage, DatabaseInternalsNeverReachCallers) {
+  pqxx::sql_error e("ERROR:  permission denied for table orders",
+                    "INSERT INTO orders ...", "42501");
+  const std::string m = PublicMessage(StatusFromException(e));
+  EXPECT_EQ(m.find("orders"), std::string::npos) << m;
+  EXPECT_EQ(m.find("permission"), std::string::npos) << m;
+  EXPECT_NE(m.find("the database is unavailable"), std::string::npos) << m;
+  EXPECT_NE(m.find("[error id "), std::string::npos) << m;
+  const std::string lost = PublicMessage(StatusFromException(pqxx::broken_connection(
+      "connection to server at \"10.0.0.7\", port 5432 failed")));
+  EXPECT_EQ(lost.find("10.0.0.7"), std::string::npos) << lost;
+  // The service's own answers keep their message.
+  EXPECT_EQ(PublicMessage(absl::InvalidArgumentError("currency: must be 3 letters")),
+            "currency: must be 3 letters");
+  EXPECT_EQ(PublicMessage(absl::NotFoundError("order x does not exist")),
+            "order x does not exist");
+  EXPECT_EQ(ToGrpcStatus(absl::InternalError("stack trace")).error_code(),
+            grpc::StatusCode::INTERNAL);
 }
 
 }  // namespace

@@ -2,17 +2,48 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/db.h"
+#include "common/ids.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace outbox {
 
+std::string PublicMessage(const absl::Status& s) {
+  const bool from_database = !SqlStateOf(s).empty();
+  const char* sentence = nullptr;
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+      sentence = "the database is unavailable; try again";
+      break;
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kDataLoss:
+      sentence = "internal error";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      if (from_database) sentence = "the database did not answer in time; try again";
+      break;
+    case absl::StatusCode::kAborted:
+      if (from_database) sentence = "a concurrent change conflicted; try again";
+      break;
+    default:
+      if (from_database) sentence = "the database refused the request's data";
+  }
+  if (sentence == nullptr) return std::string(s.message());
+  const std::string id = NewUuid().substr(0, 8);
+  spdlog::warn("error id {}: {}", id, s.ToString());
+  std::string state = SqlStateOf(s);
+  return absl::StrCat(sentence, state.empty() ? "" : " (SQLSTATE " + state + ")",
+                      " [error id ", id, "]");
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      std::string(s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), PublicMessage(s));
 }
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
@@ -25,19 +56,33 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
 
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(options.listen,
+                           options.credentials != nullptr
+                               ? options.credentials
+                               : grpc::InsecureServerCredentials(),
                            &port);
   // Two processes must never share a port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Peers that stop answering pings are dropped within 40 s.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Clients (the relay) ping every few seconds to spot a dead peer.
+  // Clients (the relay) ping every few seconds to spot a dead peer; one
+  // that pings more often than every 2 s is sent away after two warnings.
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 2000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  // Delivery batches of large orders may exceed gRPC's default 4 MiB.
-  builder.SetMaxReceiveMessageSize(16 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  // A connection with no call for 5 minutes is closed; a handshake that
+  // does not finish in 10 s is abandoned.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 5 * 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options.max_concurrent_streams);
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  grpc::ResourceQuota quota("outbox-server");
+  quota.SetMaxThreads(options.max_threads);
+  quota.Resize(options.memory_bytes);
+  builder.SetResourceQuota(quota);
   std::vector<std::string> names;
   for (const NamedService& s : services) {
     builder.RegisterService(s.service);

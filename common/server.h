@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/limits.h"
 
 namespace outbox {
 
@@ -22,9 +23,19 @@ struct NamedService {
   std::string name;
 };
 
+// What one server accepts, and what any one caller can cost it.
 struct ServerOptions {
   std::string listen;  // host:port; port 0 picks a free one
   absl::Duration shutdown_timeout = absl::Seconds(10);
+  // TLS or mutual TLS (common/tls.h); null serves plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Larger requests are refused before they are parsed.
+  int max_receive_message_bytes = kMaxApiMessageBytes;
+  // Streams one connection may have open at once.
+  int max_concurrent_streams = 32;
+  // Threads serving calls, and memory for transport buffers, at most.
+  int max_threads = 64;
+  size_t memory_bytes = 64 << 20;
 };
 
 class GrpcServer {
@@ -57,7 +68,14 @@ class GrpcServer {
   bool shut_down_ = false;
 };
 
-// Converts at the service edge; keeps the message.
+// Converts at the service edge: the code is kept, and so is the message
+// unless it carries database internals (see PublicMessage).
 grpc::Status ToGrpcStatus(const absl::Status& s);
+
+// The message a caller may see for `s`: its own, unless it comes from the
+// database (a SQLSTATE) or is Unavailable, Internal, Unknown or DataLoss;
+// then a short sentence and an error id, under which the full status is
+// logged. Callers never see SQL text, table names or server addresses.
+std::string PublicMessage(const absl::Status& s);
 
 }  // namespace outbox

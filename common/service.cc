@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/server.h"
 
@@ -16,6 +17,20 @@ ABSL_FLAG(absl::Duration, stall_timeout, absl::Seconds(30),
           "Health turns NOT_SERVING when the work loop (relay: claim/mark, "
           "consumer: apply, producer: database writes) has had work this "
           "long without progress; 0 disables the watchdog.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve TLS on --listen (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mutual "
+          "TLS).");
+ABSL_FLAG(std::string, allowed_clients, "",
+          "Comma-separated identities admitted (URI SAN such as "
+          "spiffe://outbox/relay, else DNS SAN, else CN); empty admits every "
+          "client the CA signed. Needs --tls_client_ca.");
+ABSL_FLAG(std::string, admin_clients, "",
+          "Comma-separated identities allowed to change state through admin "
+          "calls (RelayAdmin.Requeue). Needs --tls_client_ca; empty refuses "
+          "admin calls under mutual TLS.");
 
 namespace outbox {
 
@@ -34,6 +49,52 @@ std::optional<int> MigrateAtStartup(const std::string& name,
   return 1;
 }
 
+absl::StatusOr<ServerSecurity> ServerSecurityFromFlags() {
+  ServerSecurity sec;
+  sec.files = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+               absl::GetFlag(FLAGS_tls_client_ca)};
+  if (absl::Status s = CheckServerTls(sec.files); !s.ok()) return s;
+  sec.rules.require_identity = sec.files.mutual();
+  sec.rules.allowed = ParseIdentityList(absl::GetFlag(FLAGS_allowed_clients));
+  sec.rules.admin = ParseIdentityList(absl::GetFlag(FLAGS_admin_clients));
+  if (!sec.files.mutual() && !sec.rules.allowed.empty()) {
+    return absl::InvalidArgumentError(
+        "--allowed_clients: identities come from client certificates; "
+        "needs --tls_client_ca");
+  }
+  if (!sec.files.mutual() && !sec.rules.admin.empty()) {
+    return absl::InvalidArgumentError(
+        "--admin_clients: identities come from client certificates; needs "
+        "--tls_client_ca");
+  }
+  sec.credentials = MakeServerCredentials(sec.files);
+  return sec;
+}
+
+namespace {
+
+void LogSecurity(const std::string& name, const ServerSecurity* sec) {
+  if (sec == nullptr || !sec->files.tls()) {
+    spdlog::warn("{}: plaintext gRPC, every caller admitted (loopback "
+                 "development; see --tls_cert)", name);
+    return;
+  }
+  if (!sec->files.mutual()) {
+    spdlog::info("{}: TLS; clients are not authenticated (no --tls_client_ca)",
+                 name);
+    return;
+  }
+  auto list = [](const std::set<std::string>& s) {
+    return s.empty() ? std::string("(none)") : absl::StrJoin(s, ",");
+  };
+  spdlog::info("{}: mutual TLS; admitted: {}; admin: {}", name,
+               sec->rules.allowed.empty() ? "any client the CA signed"
+                                          : list(sec->rules.allowed),
+               list(sec->rules.admin));
+}
+
+}  // namespace
+
 int ServeUntilSignal(const ServeOptions& options) {
   std::unique_ptr<MetricsHttpServer> metrics_server;
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -47,9 +108,15 @@ int ServeUntilSignal(const ServeOptions& options) {
     spdlog::info("{}: metrics on http://{}/metrics", options.name,
                  metrics_listen);
   }
-  auto server = GrpcServer::Start(
-      {options.listen, absl::GetFlag(FLAGS_shutdown_timeout)},
-      options.services);
+  LogSecurity(options.name, options.security);
+  ServerOptions server_options;
+  server_options.listen = options.listen;
+  server_options.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
+  if (options.security != nullptr) {
+    server_options.credentials = options.security->credentials;
+  }
+  server_options.max_receive_message_bytes = options.max_receive_message_bytes;
+  auto server = GrpcServer::Start(server_options, options.services);
   if (!server.ok()) {
     spdlog::critical("{}: {}", options.name, std::string(server.status().message()));
     return 1;

@@ -14,19 +14,41 @@
 #include "absl/time/time.h"
 #include "common/db.h"
 #include "common/metrics.h"
+#include "common/identity.h"
 #include "common/server.h"
+#include "common/tls.h"
 #include "common/watchdog.h"
 
 ABSL_DECLARE_FLAG(std::string, metrics_listen);
 ABSL_DECLARE_FLAG(absl::Duration, shutdown_timeout);
 ABSL_DECLARE_FLAG(int, db_pool_size);
 ABSL_DECLARE_FLAG(absl::Duration, stall_timeout);
+ABSL_DECLARE_FLAG(std::string, tls_cert);
+ABSL_DECLARE_FLAG(std::string, tls_key);
+ABSL_DECLARE_FLAG(std::string, tls_client_ca);
+ABSL_DECLARE_FLAG(std::string, allowed_clients);
+ABSL_DECLARE_FLAG(std::string, admin_clients);
 
 namespace outbox {
+
+// A server's transport security and who may call it, from the flags.
+struct ServerSecurity {
+  ServerTlsFiles files;
+  AccessRules rules;
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+};
+
+// Reads --tls_cert, --tls_key, --tls_client_ca, --allowed_clients and
+// --admin_clients; InvalidArgument naming the flag when they do not fit
+// together (identities need client certificates, so --allowed_clients and
+// --admin_clients need --tls_client_ca) or a file is unreadable.
+absl::StatusOr<ServerSecurity> ServerSecurityFromFlags();
 
 struct ServeOptions {
   std::string name;    // e.g. "outbox-producer", for logs
   std::string listen;  // gRPC address
+  const ServerSecurity* security = nullptr;  // null: plaintext
+  int max_receive_message_bytes = kMaxApiMessageBytes;
   std::vector<NamedService> services;
   const Metrics* metrics = nullptr;
   // Health turns NOT_SERVING while any of these is stalled, and back to

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fault.h"
 #include "common/ids.h"
+#include "common/server.h"
 #include "common/sql_state.h"
 #include "consumer/apply_rules.h"
 #include "consumer/billing.h"
@@ -275,7 +276,8 @@ absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyValidated(
     r.set_event_id(events[0]->event_id());
     r.set_seq(events[0]->seq());
     r.set_outcome(v1::REJECTED);
-    r.set_reason(absl::StrCat("cannot apply: ", s.message()));
+    // The full error is logged under the id PublicMessage gives it.
+    r.set_reason(absl::StrCat("cannot apply: ", PublicMessage(s)));
     spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(), r.reason());
     return std::vector<v1::EventResult>{std::move(r)};
   }

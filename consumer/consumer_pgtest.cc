@@ -59,7 +59,7 @@ class ConsumerTest : public ::testing::Test {
         sink_(&applier_),
         query_(&db_, &metrics_) {
     auto server = GrpcServer::Start(
-        {"127.0.0.1:0", absl::Seconds(2)},
+        {"127.0.0.1:0", absl::Seconds(2), nullptr, kMaxDeliverMessageBytes},
         {{&sink_, v1::EventSink::service_full_name()},
          {&query_, v1::BillingQuery::service_full_name()}});
     EXPECT_TRUE(server.ok()) << server.status();

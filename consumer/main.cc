@@ -17,6 +17,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50053", "gRPC listen address.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_billing",
           "PostgreSQL URL of the billing database (password from "
           "PGPASSWORD).");
+ABSL_FLAG(int, query_db_pool_size, 2,
+          "Database connections of BillingQuery, apart from delivery's.");
 ABSL_FLAG(int64_t, max_held_per_aggregate, 1000,
           "Events one aggregate may hold while it waits for a predecessor; "
           "more are REJECTED.");
@@ -27,6 +29,12 @@ int main(int argc, char** argv) {
                       "in order.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
   const outbox::DbSession session = outbox::DbSessionFromFlags();
+  auto security = outbox::ServerSecurityFromFlags();
+  if (!security.ok()) {
+    spdlog::critical("outbox-consumer: {}", std::string(security.status().message()));
+    return 2;
+  }
+  outbox::CallerCheck check(security->rules);
   if (absl::GetFlag(FLAGS_max_held_per_aggregate) < 1) {
     spdlog::critical("outbox-consumer: --max_held_per_aggregate must be >= 1");
     return 2;
@@ -45,11 +53,18 @@ int main(int argc, char** argv) {
   options.plan.max_held_per_aggregate =
       absl::GetFlag(FLAGS_max_held_per_aggregate);
   outbox::consumer::Applier applier(&db, &metrics, options, &watchdog);
-  outbox::consumer::EventSinkImpl sink(&applier);
-  outbox::consumer::BillingQueryImpl query(&db, &metrics);
+  outbox::consumer::EventSinkImpl sink(&applier, &check);
+  // Queries have connections of their own: a flood of them never takes the
+  // connections delivery needs.
+  outbox::Database query_db(url, absl::GetFlag(FLAGS_query_db_pool_size),
+                            "outbox-consumer-query", session);
+  outbox::consumer::BillingQueryImpl query(&query_db, &metrics, &check);
   return outbox::ServeUntilSignal(
       {.name = "outbox-consumer",
        .listen = absl::GetFlag(FLAGS_listen),
+       .security = &*security,
+       // Delivery batches: the relay's batch cap plus one event.
+       .max_receive_message_bytes = outbox::kMaxDeliverMessageBytes,
        .services = {{&sink, outbox::v1::EventSink::service_full_name()},
                     {&query, outbox::v1::BillingQuery::service_full_name()}},
        .metrics = &metrics,

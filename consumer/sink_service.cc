@@ -9,11 +9,18 @@
 
 namespace outbox::consumer {
 
-EventSinkImpl::EventSinkImpl(Applier* applier) : applier_(applier) {}
+EventSinkImpl::EventSinkImpl(Applier* applier, const CallerCheck* check)
+    : applier_(applier), check_(check) {}
 
 grpc::Status EventSinkImpl::Deliver(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::DeliverResponse, v1::DeliverRequest>* stream) {
+  // Only the relay may deliver: anyone else could forge effects or push a
+  // cursor past real events.
+  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "EventSink.Deliver");
+      !a.ok()) {
+    return a;
+  }
   spdlog::info("consumer: delivery stream opened by {}", ctx->peer());
   v1::DeliverRequest req;
   // Read returns false when the peer half-closes or the call is cancelled
@@ -56,12 +63,17 @@ grpc::Status EventSinkImpl::Deliver(
   return grpc::Status::OK;
 }
 
-BillingQueryImpl::BillingQueryImpl(Database* db, Metrics* metrics)
-    : db_(db), metrics_(metrics) {}
+BillingQueryImpl::BillingQueryImpl(Database* db, Metrics* metrics,
+                                   const CallerCheck* check)
+    : db_(db), metrics_(metrics), check_(check) {}
 
-grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext*,
+grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext* ctx,
                                             const v1::GetOrderViewRequest* req,
                                             v1::GetOrderViewResponse* resp) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "BillingQuery.GetOrderView");
+      !a.ok()) {
+    return a;
+  }
   if (req->order_id().empty() || req->order_id().size() > 128) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "order_id: must be 1-128 characters");
@@ -99,9 +111,13 @@ grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext*,
   return ToGrpcStatus(s);
 }
 
-grpc::Status BillingQueryImpl::GetStats(grpc::ServerContext*,
+grpc::Status BillingQueryImpl::GetStats(grpc::ServerContext* ctx,
                                         const v1::GetConsumerStatsRequest*,
                                         v1::ConsumerStats* resp) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "BillingQuery.GetStats");
+      !a.ok()) {
+    return a;
+  }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
     pqxx::row r = tx.exec1(
@@ -131,8 +147,12 @@ grpc::Status BillingQueryImpl::GetStats(grpc::ServerContext*,
 }
 
 grpc::Status BillingQueryImpl::ListHeldEvents(
-    grpc::ServerContext*, const v1::ListHeldEventsRequest* req,
+    grpc::ServerContext* ctx, const v1::ListHeldEventsRequest* req,
     v1::ListHeldEventsResponse* resp) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "BillingQuery.ListHeldEvents");
+      !a.ok()) {
+    return a;
+  }
   if (req->limit() < 0 || req->limit() > 10000) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "limit: must be 0-10000 (0 means 100)");

@@ -4,6 +4,7 @@
 // rules are in Applier.
 
 #include "common/db.h"
+#include "common/identity.h"
 #include "common/metrics.h"
 #include "consumer/applier.h"
 #include "outbox/v1/consumer.grpc.pb.h"
@@ -15,8 +16,9 @@ inline constexpr int kMaxBatchEvents = 1000;
 
 class EventSinkImpl final : public v1::EventSink::Service {
  public:
-  // `applier` must outlive the service.
-  explicit EventSinkImpl(Applier* applier);
+  // `applier` and `check` (may be null: every caller admitted) must outlive
+  // the service.
+  explicit EventSinkImpl(Applier* applier, const CallerCheck* check = nullptr);
 
   // Reads batches, applies each in one transaction, answers after commit.
   // Ends the stream with the database's status (e.g. UNAVAILABLE) when a
@@ -28,11 +30,15 @@ class EventSinkImpl final : public v1::EventSink::Service {
 
  private:
   Applier* const applier_;
+  const CallerCheck* const check_;
 };
 
 class BillingQueryImpl final : public v1::BillingQuery::Service {
  public:
-  BillingQueryImpl(Database* db, Metrics* metrics);
+  // `db` should be a pool of its own, so that queries never take the
+  // connections delivery needs. `check` may be null (every caller admitted).
+  BillingQueryImpl(Database* db, Metrics* metrics,
+                   const CallerCheck* check = nullptr);
 
   grpc::Status GetOrderView(grpc::ServerContext* ctx,
                             const v1::GetOrderViewRequest* req,
@@ -47,6 +53,7 @@ class BillingQueryImpl final : public v1::BillingQuery::Service {
  private:
   Database* const db_;
   Metrics* const metrics_;
+  const CallerCheck* const check_;
 };
 
 }  // namespace outbox::consumer

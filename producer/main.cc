@@ -25,6 +25,12 @@ int main(int argc, char** argv) {
                       "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
   const outbox::DbSession session = outbox::DbSessionFromFlags();
+  auto security = outbox::ServerSecurityFromFlags();
+  if (!security.ok()) {
+    spdlog::critical("outbox-producer: {}", std::string(security.status().message()));
+    return 2;
+  }
+  outbox::CallerCheck check(security->rules);
   if (auto exit_code = outbox::MigrateAtStartup("outbox-producer", url, "orders",
                                                 outbox::OrdersMigrations(),
                                                 session)) {
@@ -40,9 +46,11 @@ int main(int argc, char** argv) {
   outbox::Watchdog watchdog("producer database writes",
                             absl::GetFlag(FLAGS_stall_timeout));
   outbox::producer::OrderStore store(&db, notifier.get());
-  outbox::producer::OrderServiceImpl service(&store, &metrics, &watchdog);
+  outbox::producer::OrderServiceImpl service(&store, &metrics, &watchdog,
+                                             &check);
   return outbox::ServeUntilSignal({.name = "outbox-producer",
                                    .listen = absl::GetFlag(FLAGS_listen),
+                                   .security = &*security,
                                    .services = {{&service, outbox::v1::OrderService::service_full_name()}},
                                    .metrics = &metrics,
                                    .watchdogs = {&watchdog}});

@@ -19,8 +19,9 @@ std::string TraceParentFrom(const grpc::ServerContext& ctx) {
 }
 
 OrderServiceImpl::OrderServiceImpl(OrderStore* store, Metrics* metrics,
-                                   Watchdog* watchdog)
-    : store_(store), metrics_(metrics), watchdog_(watchdog) {
+                                   Watchdog* watchdog,
+                                   const CallerCheck* check)
+    : store_(store), metrics_(metrics), watchdog_(watchdog), check_(check) {
   // Visible from the first scrape, before any call.
   for (const char* method : {"CreateOrder", "PayOrder", "CancelOrder", "GetOrder"}) {
     CallCounter(method, absl::StatusCode::kOk);
@@ -45,6 +46,16 @@ grpc::Status OrderServiceImpl::Finish(const char* method,
   return ToGrpcStatus(s);
 }
 
+grpc::Status OrderServiceImpl::Refused(grpc::ServerContext* ctx,
+                                       const char* method) {
+  grpc::Status a = Admit(check_, ctx, Access::kCall,
+                         absl::StrCat("OrderService.", method).c_str());
+  if (!a.ok()) {
+    CallCounter(method, static_cast<absl::StatusCode>(a.error_code()))->Add();
+  }
+  return a;
+}
+
 const absl::Status& OrderServiceImpl::Watch(const absl::Status& s) {
   if (watchdog_ == nullptr) return s;
   switch (s.code()) {
@@ -63,6 +74,7 @@ const absl::Status& OrderServiceImpl::Watch(const absl::Status& s) {
 grpc::Status OrderServiceImpl::CreateOrder(grpc::ServerContext* ctx,
                                            const v1::CreateOrderRequest* req,
                                            v1::CreateOrderResponse* resp) {
+  if (grpc::Status a = Refused(ctx, "CreateOrder"); !a.ok()) return a;
   absl::StatusOr<int64_t> total = ValidateCreate(*req);
   if (!total.ok()) return Finish("CreateOrder", total.status());
   if (watchdog_ != nullptr) watchdog_->Working();
@@ -75,6 +87,7 @@ grpc::Status OrderServiceImpl::CreateOrder(grpc::ServerContext* ctx,
 grpc::Status OrderServiceImpl::PayOrder(grpc::ServerContext* ctx,
                                         const v1::PayOrderRequest* req,
                                         v1::PayOrderResponse* resp) {
+  if (grpc::Status a = Refused(ctx, "PayOrder"); !a.ok()) return a;
   if (absl::Status s = ValidatePay(*req); !s.ok()) return Finish("PayOrder", s);
   if (watchdog_ != nullptr) watchdog_->Working();
   auto order = store_->Pay(*req, TraceParentFrom(*ctx));
@@ -86,6 +99,7 @@ grpc::Status OrderServiceImpl::PayOrder(grpc::ServerContext* ctx,
 grpc::Status OrderServiceImpl::CancelOrder(grpc::ServerContext* ctx,
                                            const v1::CancelOrderRequest* req,
                                            v1::CancelOrderResponse* resp) {
+  if (grpc::Status a = Refused(ctx, "CancelOrder"); !a.ok()) return a;
   if (absl::Status s = ValidateCancel(*req); !s.ok()) {
     return Finish("CancelOrder", s);
   }
@@ -99,6 +113,7 @@ grpc::Status OrderServiceImpl::CancelOrder(grpc::ServerContext* ctx,
 grpc::Status OrderServiceImpl::GetOrder(grpc::ServerContext* ctx,
                                         const v1::GetOrderRequest* req,
                                         v1::GetOrderResponse* resp) {
+  if (grpc::Status a = Refused(ctx, "GetOrder"); !a.ok()) return a;
   if (absl::Status s = ValidateOrderId(req->order_id()); !s.ok()) {
     return Finish("GetOrder", s);
   }

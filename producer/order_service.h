@@ -2,6 +2,7 @@
 // outbox.v1.OrderService over gRPC: translates requests and statuses; the
 // rules live in order_logic and the writes in OrderStore.
 
+#include "common/identity.h"
 #include "common/metrics.h"
 #include "common/watchdog.h"
 #include "outbox/v1/order.grpc.pb.h"
@@ -14,7 +15,8 @@ class OrderServiceImpl final : public v1::OrderService::Service {
   // `store` and `metrics` must outlive the service; so must `watchdog` (may
   // be null), which hears whether calls that reach the database succeed.
   OrderServiceImpl(OrderStore* store, Metrics* metrics,
-                   Watchdog* watchdog = nullptr);
+                   Watchdog* watchdog = nullptr,
+                   const CallerCheck* check = nullptr);
 
   grpc::Status CreateOrder(grpc::ServerContext* ctx,
                            const v1::CreateOrderRequest* req,
@@ -30,6 +32,8 @@ class OrderServiceImpl final : public v1::OrderService::Service {
  private:
   // Counts the call by method and code, logs failures that are ours.
   grpc::Status Finish(const char* method, const absl::Status& s);
+  // The caller check's refusal of `method`, counted; OK when admitted.
+  grpc::Status Refused(grpc::ServerContext* ctx, const char* method);
   // Tells the watchdog how a call that reached the database ended.
   const absl::Status& Watch(const absl::Status& s);
   Counter* CallCounter(const char* method, absl::StatusCode code);
@@ -37,6 +41,7 @@ class OrderServiceImpl final : public v1::OrderService::Service {
   OrderStore* const store_;
   Metrics* const metrics_;
   Watchdog* const watchdog_;
+  const CallerCheck* const check_;
 };
 
 // The request's W3C traceparent metadata if valid, else a new one.

@@ -53,12 +53,17 @@ void RowToProto(const pqxx::row& row, v1::OutboxRow* out) {
 
 }  // namespace
 
-RelayAdminImpl::RelayAdminImpl(Database* db, const Relay* relay)
-    : db_(db), relay_(relay) {}
+RelayAdminImpl::RelayAdminImpl(Database* db, const Relay* relay,
+                               const CallerCheck* check)
+    : db_(db), relay_(relay), check_(check) {}
 
-grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext*,
+grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
                                       const v1::GetRelayStatsRequest*,
                                       v1::RelayStats* resp) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "RelayAdmin.GetStats");
+      !a.ok()) {
+    return a;
+  }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
     pqxx::row r = tx.exec1(
@@ -86,8 +91,12 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext*,
 }
 
 grpc::Status RelayAdminImpl::ListDeadLetters(
-    grpc::ServerContext*, const v1::ListDeadLettersRequest* req,
+    grpc::ServerContext* ctx, const v1::ListDeadLettersRequest* req,
     v1::ListDeadLettersResponse* resp) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "RelayAdmin.ListDeadLetters");
+      !a.ok()) {
+    return a;
+  }
   if (req->limit() < 0 || req->limit() > 10000) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "limit: must be 0-10000 (0 means 100)");
@@ -106,9 +115,13 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
   return ToGrpcStatus(s);
 }
 
-grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext*,
+grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
                                      const v1::RequeueRequest* req,
                                      v1::RequeueResponse* resp) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kAdmin, "RelayAdmin.Requeue");
+      !a.ok()) {
+    return a;
+  }
   const int modes = !req->event_id().empty() + !req->aggregate_id().empty() +
                     req->all_dead();
   if (modes != 1) {
@@ -169,9 +182,13 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext*,
   return ToGrpcStatus(s);
 }
 
-grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext*,
+grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext* ctx,
                                       const v1::GetEventRequest* req,
                                       v1::OutboxRow* resp) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "RelayAdmin.GetEvent");
+      !a.ok()) {
+    return a;
+  }
   if (!IsUuid(req->event_id())) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "event_id: must be a UUID");

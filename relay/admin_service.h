@@ -3,6 +3,7 @@
 // decoded look at any outbox row.
 
 #include "common/db.h"
+#include "common/identity.h"
 #include "outbox/v1/relay.grpc.pb.h"
 #include "relay/relay.h"
 
@@ -10,8 +11,10 @@ namespace outbox::relay {
 
 class RelayAdminImpl final : public v1::RelayAdmin::Service {
  public:
-  // `db` (the orders database) and `relay` must outlive the service.
-  RelayAdminImpl(Database* db, const Relay* relay);
+  // `db` (the orders database), `relay` and `check` (may be null: every
+  // caller admitted) must outlive the service. Requeue needs Access::kAdmin.
+  RelayAdminImpl(Database* db, const Relay* relay,
+                 const CallerCheck* check = nullptr);
 
   grpc::Status GetStats(grpc::ServerContext* ctx,
                         const v1::GetRelayStatsRequest* req,
@@ -28,6 +31,7 @@ class RelayAdminImpl final : public v1::RelayAdmin::Service {
  private:
   Database* const db_;
   const Relay* const relay_;
+  const CallerCheck* const check_;
 };
 
 }  // namespace outbox::relay

@@ -30,6 +30,12 @@ ABSL_FLAG(absl::Duration, reject_backoff, absl::Milliseconds(500),
           "Delay before retrying a REJECTED row; doubles per attempt.");
 ABSL_FLAG(absl::Duration, retention, absl::ZeroDuration(),
           "Delete delivered rows older than this (e.g. 168h); 0 keeps all.");
+ABSL_FLAG(std::string, consumer_ca, "",
+          "PEM CA bundle the consumer's certificate must chain to: dial it "
+          "with TLS (its name is checked against --consumer's host).");
+ABSL_FLAG(std::string, client_cert, "",
+          "PEM certificate the relay presents to the consumer (mutual TLS).");
+ABSL_FLAG(std::string, client_key, "", "PEM private key of --client_cert.");
 ABSL_FLAG(absl::Duration, retry_max, absl::Seconds(5),
           "Cap of the backoff after transport or database failures.");
 
@@ -49,6 +55,21 @@ int main(int argc, char** argv) {
   options.retry_max = absl::GetFlag(FLAGS_retry_max);
   options.retention = absl::GetFlag(FLAGS_retention);
   options.session = outbox::DbSessionFromFlags();
+  options.consumer_tls = {absl::GetFlag(FLAGS_consumer_ca),
+                          absl::GetFlag(FLAGS_client_cert),
+                          absl::GetFlag(FLAGS_client_key)};
+  if (absl::Status s = outbox::CheckClientTls(
+          options.consumer_tls, {"--consumer_ca", "--client_cert", "--client_key"});
+      !s.ok()) {
+    spdlog::critical("outbox-relay: {}", std::string(s.message()));
+    return 2;
+  }
+  auto security = outbox::ServerSecurityFromFlags();
+  if (!security.ok()) {
+    spdlog::critical("outbox-relay: {}", std::string(security.status().message()));
+    return 2;
+  }
+  outbox::CallerCheck check(security->rules);
   if (options.max_attempts < 1 || options.batch_size < 1 ||
       options.batch_size > 1000 || options.window < options.batch_size ||
       options.poll_interval <= absl::ZeroDuration() ||
@@ -69,11 +90,12 @@ int main(int argc, char** argv) {
   outbox::Watchdog watchdog("relay claim/mark loop",
                             absl::GetFlag(FLAGS_stall_timeout));
   outbox::relay::Relay relay(options, &metrics, &watchdog);
-  outbox::relay::RelayAdminImpl admin(&db, &relay);
+  outbox::relay::RelayAdminImpl admin(&db, &relay, &check);
   relay.Start();
   return outbox::ServeUntilSignal(
       {.name = "outbox-relay",
        .listen = absl::GetFlag(FLAGS_listen),
+       .security = &*security,
        .services = {{&admin, outbox::v1::RelayAdmin::service_full_name()}},
        .metrics = &metrics,
        .watchdogs = {&watchdog},

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/db.h"
 #include "common/fault.h"
+#include "common/limits.h"
 #include "common/ids.h"
 #include "common/schema.h"
 
@@ -23,7 +24,6 @@ namespace {
 // key or the partition number.
 constexpr int kMemberLockClass = 0x0b0d;
 constexpr int kPartitionLockClass = 0x0b0e;
-constexpr size_t kMaxBatchBytes = 1 << 20;
 
 absl::Duration Jittered(absl::Duration d) {
   thread_local absl::BitGen gen;
@@ -91,7 +91,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
               static_cast<int>(std::clamp<int64_t>(
                   absl::ToInt64Milliseconds(options_.retry_max), 100, 1000)));
   channel_ = grpc::CreateCustomChannel(
-      options_.consumer, grpc::InsecureChannelCredentials(), args);
+      options_.consumer, MakeChannelCredentials(options_.consumer_tls), args);
   stub_ = v1::EventSink::NewStub(channel_);
   metrics->AddGauge("outbox_relay_in_flight", "Events sent, not yet answered.",
                     [this] { return static_cast<double>(State().in_flight); });
@@ -331,14 +331,23 @@ bool Relay::Claim() {
       req.set_batch_id(batch.batch_id);
       size_t taken = 0;
       for (const auto& row : rows) {
-        // Far below any gRPC message limit, whatever --batch_size says; the
-        // rest is claimed again next round.
-        if (req.ByteSizeLong() > kMaxBatchBytes) break;
+        // Below the consumer's message limit, whatever --batch_size says;
+        // the rest is claimed again next round.
+        if (req.ByteSizeLong() > kMaxDeliveryBatchBytes) break;
         ++taken;
         const int64_t seq = row[0].as<int64_t>();
         if (!EventFromRow(row, req.add_events())) {
           req.mutable_events()->RemoveLast();
           marks_.push_back({seq, false, "payload: not a valid outbox.v1.Event"});
+          continue;
+        }
+        if (const size_t size = req.events(req.events_size() - 1).ByteSizeLong();
+            size > kMaxEventBytes) {
+          req.mutable_events()->RemoveLast();
+          marks_.push_back({seq, false,
+                            absl::StrCat("payload: the event takes ", size,
+                                         " bytes; at most ", kMaxEventBytes,
+                                         " can be delivered")});
           continue;
         }
         batch.seqs.push_back(seq);

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "common/db.h"
 #include "common/metrics.h"
+#include "common/tls.h"
 #include "common/watchdog.h"
 #include "outbox/v1/consumer.grpc.pb.h"
 #include "outbox/v1/relay.pb.h"
@@ -63,6 +64,7 @@ struct RelayOptions {
   std::string db_url;
   DbSession session;  // limits of every database session
   std::string consumer;  // host:port of EventSink
+  ClientTlsFiles consumer_tls;  // none: plaintext
   int max_attempts = 5;
   int batch_size = 128;   // events per DeliverRequest
   int window = 1024;      // events in flight at most

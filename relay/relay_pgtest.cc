@@ -43,7 +43,8 @@ class Consumer {
       : db_(url, 4, "relay-test-consumer"), applier_(&db_, &metrics_),
         sink_(&applier_) {
     auto server = GrpcServer::Start(
-        {absl::StrCat("127.0.0.1:", port), absl::Seconds(1)},
+        {absl::StrCat("127.0.0.1:", port), absl::Seconds(1), nullptr,
+         kMaxDeliverMessageBytes},
         {{&sink_, v1::EventSink::service_full_name()}});
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);

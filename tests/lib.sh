@@ -74,3 +74,23 @@ wait_serving() {
 json_field() {
   grep -o "\"$1\": *\"\?[^\",}]*" | head -1 | sed -E "s/\"$1\": *\"?//"
 }
+
+# rpc_as CERT PORT SERVICE/METHOD [JSON]: a call over mutual TLS,
+# presenting $CERTS/CERT.crt (CA $CERTS/ca.crt); CERT "-" presents none.
+# Prints the response or the error; never fails itself.
+rpc_as() {
+  local who="$1" port="$2" method="$3" data="${4:-{\}}" id=()
+  [ "$who" = - ] || id=(--cert "$CERTS/$who.crt" --key "$CERTS/$who.key")
+  "$BUF" curl --protocol grpc --timeout 10s --cacert "$CERTS/ca.crt" "${id[@]}" \
+    -d "$data" "https://localhost:$port/$method" 2>&1 || true
+}
+
+# use_certs: a throwaway CA and certificates in $WORK/certs ($CERTS) for
+# the three services, outboxctl, and any further NAMES given.
+use_certs() {
+  CERTS="$WORK/certs"
+  # shellcheck source=../scripts/lib/certs.sh
+  source "$OUTBOX_ROOT/scripts/lib/certs.sh"
+  make_certs "$CERTS" producer relay consumer outboxctl "$@" >/dev/null ||
+    fail "cannot make certificates (openssl)"
+}

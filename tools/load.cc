@@ -42,7 +42,7 @@ class Client {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     stub_ = v1::OrderService::NewStub(grpc::CreateCustomChannel(
-        o.producer, grpc::InsecureChannelCredentials(), args));
+        o.producer, MakeChannelCredentials(o.tls), args));
   }
 
   // Runs `call` until it succeeds, fails for good, or max_tries pass.

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/tls.h"
 
 namespace outbox::tools {
 
@@ -25,6 +26,7 @@ struct LoadOptions {
   uint64_t seed = 1;
   std::string key_prefix;        // idempotency keys: prefix + index
   bool progress = true;          // a line a second on stderr
+  ClientTlsFiles tls;            // none: plaintext
 };
 
 struct LoadReport {

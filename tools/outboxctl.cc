@@ -22,6 +22,7 @@
 #include "common/config.h"
 #include "common/db_flags.h"
 #include "common/ids.h"
+#include "common/tls.h"
 #include "outbox/v1/consumer.grpc.pb.h"
 #include "outbox/v1/relay.grpc.pb.h"
 #include "tools/checker.h"
@@ -53,14 +54,26 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Per-call deadline.");
 ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(),
           "load: start no new order after this long (0: run to --orders).");
 ABSL_FLAG(std::string, format, "text", "verify: text or json.");
+ABSL_FLAG(std::string, ca, "",
+          "PEM CA bundle the servers' certificates must chain to: call every "
+          "address with TLS.");
+ABSL_FLAG(std::string, cert, "",
+          "PEM client certificate to present (mutual TLS), with --key.");
+ABSL_FLAG(std::string, key, "", "PEM private key of --cert.");
 
 namespace {
 
 using outbox::v1::BillingQuery;
 using outbox::v1::RelayAdmin;
 
+outbox::ClientTlsFiles TlsFromFlags() {
+  return {absl::GetFlag(FLAGS_ca), absl::GetFlag(FLAGS_cert),
+          absl::GetFlag(FLAGS_key)};
+}
+
 std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
-  return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  return grpc::CreateChannel(target,
+                             outbox::MakeChannelCredentials(TlsFromFlags()));
 }
 
 void Deadline(grpc::ClientContext* ctx) {
@@ -205,6 +218,7 @@ outbox::tools::LoadOptions LoadOptionsFromFlags() {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.call_timeout = absl::GetFlag(FLAGS_timeout);
   o.duration = absl::GetFlag(FLAGS_duration);
+  o.tls = TlsFromFlags();
   return o;
 }
 
@@ -286,6 +300,12 @@ int main(int argc, char** argv) {
       "--all-dead [--since D] [--error TEXT], "
       "show EVENT_ID,\n  load --orders N --concurrency C, verify, demo --orders N");
   const std::string cmd = args.size() > 1 ? args[1] : "";
+  if (absl::Status s = outbox::CheckClientTls(TlsFromFlags(),
+                                              {"--ca", "--cert", "--key"});
+      !s.ok()) {
+    std::fprintf(stderr, "outboxctl: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   if (cmd == "stats") return Stats();
   if (cmd == "dead-letters") return DeadLetters();
   if (cmd == "requeue") return Requeue(args);

@@ -14,7 +14,7 @@ OUTBOX_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libpqxx-dev libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   postgresql-15 postgresql-client-15
-  nodejs curl iproute2 procps python3
+  nodejs curl iproute2 procps python3 openssl
 )
 
 log() { printf '\033[1m==>\033[0m %s\n' "$*" >&2; }

@@ -1,0 +1,96 @@
+#pragma once
+// Who may call what: the identity a client's certificate presents and the
+// rule that admits it, in one place for every server. The rules are pure
+// (AccessRules::Decide, unit-tested); CallerCheck applies them to a gRPC
+// call's auth context and logs each refusal with the identity presented.
+//
+// A certificate's identity is its URI SANs (e.g. spiffe://outbox/relay);
+// failing those its DNS SANs; failing both its subject CN. A caller is
+// admitted when any of its identities is listed.
+//
+// Example (in a service method):
+//   if (grpc::Status s = Admit(check_, ctx, Access::kAdmin, "Requeue");
+//       !s.ok()) return s;
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace outbox {
+
+// What a peer's certificate says about it.
+struct PeerCertificate {
+  std::vector<std::string> uri_sans;
+  std::vector<std::string> dns_sans;
+  std::string common_name;
+};
+
+// The identities `cert` presents, by the precedence above (empty if none).
+std::vector<std::string> IdentitiesOf(const PeerCertificate& cert);
+
+// The certificate gRPC verified for the call's peer; nothing for a
+// plaintext peer or a TLS peer that sent no certificate.
+std::optional<PeerCertificate> PeerCertificateOf(const grpc::AuthContext& auth);
+
+enum class Access {
+  kCall,   // any method of the service's API, reads included
+  kAdmin,  // a method that changes state behind the pipeline's back (requeue)
+};
+
+struct AccessRules {
+  // Mutual TLS is on: every caller must present a certificate from the
+  // client CA (gRPC enforces it in the handshake; Decide checks it again).
+  bool require_identity = false;
+  // Identities admitted for kCall; empty admits every verified client.
+  // Identities in `admin` are admitted for kCall too.
+  std::set<std::string> allowed;
+  // Identities admitted for kAdmin. Empty refuses kAdmin to everyone when
+  // identities are required.
+  std::set<std::string> admin;
+
+  // OK, or PermissionDenied / Unauthenticated naming the identity presented
+  // and the flag that would admit it. Without require_identity (plaintext,
+  // for loopback development) everything is admitted.
+  absl::Status Decide(const std::optional<PeerCertificate>& peer,
+                      Access access) const;
+};
+
+// Parses "a,b , c" into {"a", "b", "c"}.
+std::set<std::string> ParseIdentityList(const std::string& list);
+
+// Applies AccessRules to gRPC calls. Thread-safe.
+class CallerCheck {
+ public:
+  explicit CallerCheck(AccessRules rules);
+
+  // OK if the caller of `ctx` may make a call needing `access`; otherwise
+  // the status to answer, and a log line naming `method`, the peer address
+  // and the identity presented (at most a few lines a second).
+  grpc::Status Admit(const grpc::ServerContext& ctx, Access access,
+                     const char* method) const;
+
+  const AccessRules& rules() const { return rules_; }
+
+ private:
+  const AccessRules rules_;
+  mutable std::atomic<int64_t> last_log_second_{0};
+  mutable std::atomic<int> logged_this_second_{0};
+};
+
+// Admit through `check`, or admit everything when `check` is null (a
+// service built without one, as in tests of the logic).
+inline grpc::Status Admit(const CallerCheck* check,
+                          const grpc::ServerContext* ctx, Access access,
+                          const char* method) {
+  return check == nullptr ? grpc::Status::OK
+                          : check->Admit(*ctx, access, method);
+}
+
+}  // namespace outbox
