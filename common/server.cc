@@ -96,6 +96,23 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   }
   auto result = std::unique_ptr<GrpcServer>(
       new GrpcServer(options, std::move(server), port, std::move(names)));
+  if (!options.health_listen.empty()) {
+    grpc::ServerBuilder health;
+    health.AddListeningPort(options.health_listen,
+                            grpc::InsecureServerCredentials(),
+                            &result->health_port_);
+    health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health.SetMaxReceiveMessageSize(4 << 10);
+    health.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 4);
+    grpc::ResourceQuota small("outbox-health");
+    small.SetMaxThreads(4);
+    health.SetResourceQuota(small);
+    result->health_server_ = health.BuildAndStart();
+    if (result->health_server_ == nullptr || result->health_port_ == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "--health_listen: cannot listen on ", options.health_listen));
+    }
+  }
   result->SetServing(true);
   return result;
 }
@@ -116,11 +133,14 @@ std::string GrpcServer::address() const {
 }
 
 void GrpcServer::SetServing(bool serving) {
-  auto* health = server_->GetHealthCheckService();
-  if (health == nullptr) return;
-  health->SetServingStatus("", serving);
-  for (const std::string& name : names_) {
-    health->SetServingStatus(name, serving);
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    if (server == nullptr) continue;
+    auto* health = server->GetHealthCheckService();
+    if (health == nullptr) continue;
+    health->SetServingStatus("", serving);
+    for (const std::string& name : names_) {
+      health->SetServingStatus(name, serving);
+    }
   }
 }
 
@@ -132,6 +152,10 @@ void GrpcServer::Shutdown() {
                         absl::ToChronoNanoseconds(options_.shutdown_timeout);
   server_->Shutdown(deadline);
   server_->Wait();
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown(deadline);
+    health_server_->Wait();
+  }
 }
 
 }  // namespace outbox

@@ -36,6 +36,10 @@ struct ServerOptions {
   // Threads serving calls, and memory for transport buffers, at most.
   int max_threads = 64;
   size_t memory_bytes = 64 << 20;
+  // host:port of a second, plaintext server that answers grpc.health.v1
+  // only (and follows SetServing): for probes that cannot speak TLS, such
+  // as Kubernetes' gRPC probes. Empty: none.
+  std::string health_listen;
 };
 
 class GrpcServer {
@@ -47,6 +51,7 @@ class GrpcServer {
   ~GrpcServer();
 
   int port() const { return port_; }
+  int health_port() const { return health_port_; }
   // "host:port" with the port actually bound.
   std::string address() const;
 
@@ -63,7 +68,9 @@ class GrpcServer {
 
   const ServerOptions options_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;  // may be null
   const int port_;
+  int health_port_ = 0;
   const std::vector<std::string> names_;
   bool shut_down_ = false;
 };

@@ -17,6 +17,10 @@ ABSL_FLAG(absl::Duration, stall_timeout, absl::Seconds(30),
           "Health turns NOT_SERVING when the work loop (relay: claim/mark, "
           "consumer: apply, producer: database writes) has had work this "
           "long without progress; 0 disables the watchdog.");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port of a plaintext server that answers grpc.health.v1 "
+          "only, for probes that cannot speak TLS (Kubernetes' gRPC "
+          "probes); empty: none.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: serve TLS on --listen (with --tls_key).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
@@ -116,12 +120,17 @@ int ServeUntilSignal(const ServeOptions& options) {
     server_options.credentials = options.security->credentials;
   }
   server_options.max_receive_message_bytes = options.max_receive_message_bytes;
+  server_options.health_listen = absl::GetFlag(FLAGS_health_listen);
   auto server = GrpcServer::Start(server_options, options.services);
   if (!server.ok()) {
     spdlog::critical("{}: {}", options.name, std::string(server.status().message()));
     return 1;
   }
   spdlog::info("{}: serving gRPC on {}", options.name, (*server)->address());
+  if ((*server)->health_port() != 0) {
+    spdlog::info("{}: health (plaintext) on {}", options.name,
+                 absl::GetFlag(FLAGS_health_listen));
+  }
   bool serving = true;
   std::optional<std::string> sig;
   while (!(sig = WaitForTerminationSignal(absl::Milliseconds(500)))) {

@@ -111,6 +111,7 @@ class SecurityTest : public ::testing::Test {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
     options.shutdown_timeout = absl::Seconds(1);
+    options.health_listen = "127.0.0.1:0";
     options.credentials = MakeServerCredentials(
         {certs_.File("server.crt"), certs_.File("server.key"), certs_.File("ca.crt")});
     auto server = GrpcServer::Start(
@@ -188,6 +189,21 @@ TEST_F(SecurityTest, HealthAndReflectionAnswerAnyClientThatPassesTls) {
   auto intruder = As("intruder");
   EXPECT_EQ(testing::HealthStatus(intruder.get()), "SERVING");
   EXPECT_TRUE(testing::ReflectedServices(intruder.get()).count("outbox.v1.EventSink"));
+}
+
+TEST_F(SecurityTest, ThePlaintextHealthPortAnswersHealthOnly) {
+  auto probe = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->health_port()),
+                                   grpc::InsecureChannelCredentials());
+  EXPECT_EQ(testing::HealthStatus(probe.get()), "SERVING");
+  for (const char* method : {"/outbox.v1.EventSink/Deliver",
+                             "/outbox.v1.RelayAdmin/Requeue",
+                             "/outbox.v1.OrderService/CreateOrder"}) {
+    EXPECT_EQ(CallAnything(probe.get(), method).error_code(),
+              grpc::StatusCode::UNIMPLEMENTED)
+        << method;
+  }
+  server_->SetServing(false);
+  EXPECT_EQ(testing::HealthStatus(probe.get()), "NOT_SERVING");
 }
 
 TEST_F(SecurityTest, NoCertificateReachesNothing) {
