@@ -69,16 +69,17 @@ build() {
 # build_in DIR TYPE TARGET [CMAKE_ARGS...]: configures DIR (once) and builds
 # TARGET there.
 build_in() {
-  local dir="$OUTBOX_ROOT/$1" type="$2" target="$3"
+  local name="$1" type="$2" target="$3"
+  local dir="$OUTBOX_ROOT/$name"
   shift 3
   if [ ! -f "$dir/CMakeCache.txt" ]; then
-    log "configuring $1 ($type${*:+ $*})"
+    log "configuring $name ($type${*:+ $*})"
     cmake -S "$OUTBOX_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
   fi
-  log "building $1 (this takes a few minutes the first time)"
+  log "building $name (this takes a few minutes the first time)"
   cmake --build "$dir" -j"${JOBS:-2}" --target "$target" 2>&1 |
     grep -E 'error|warning: unused|Error|FAILED|runtime error' || true
-  [ "${PIPESTATUS[0]}" -eq 0 ] || die "build failed; run: cmake --build $1"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || die "build failed; run: cmake --build $name"
 }
 
 # A port on 127.0.0.1 that nothing listens on now.
