@@ -69,8 +69,10 @@ void DeliveryStream::WriteBatches() {
     v1::DeliverRequest req;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return broken_ || close_send_ || !outbox_.empty(); });
-      if (broken_) return;
+      cv_.wait(lock, [&] {
+        return broken_ || reader_done_ || close_send_ || !outbox_.empty();
+      });
+      if (broken_ || reader_done_) return;
       if (outbox_.empty()) {  // close_send_ with nothing left to write
         lock.unlock();
         stream_->WritesDone();
@@ -99,8 +101,9 @@ void DeliveryStream::ReadLoop() {
   }
   {
     // Finish may only run once the writer has stopped using the stream.
+    // broken_ waits for Break, so that it is never seen without its reason.
     std::unique_lock<std::mutex> lock(mu_);
-    broken_ = true;
+    reader_done_ = true;
     cv_.notify_all();
     cv_.wait(lock, [&] { return writer_done_; });
   }

@@ -54,6 +54,7 @@ class DeliveryStream {
   std::deque<v1::DeliverRequest> outbox_;
   bool close_send_ = false;
   bool writer_done_ = false;
+  bool reader_done_ = false;  // the peer ended the stream; status pending
   std::vector<v1::DeliverResponse> responses_;
   std::string error_;
   std::atomic<bool> broken_{false};

@@ -4,6 +4,9 @@
 
 #include <pqxx/pqxx>
 
+#include <string>
+
+#include "absl/strings/string_view.h"
 #include "outbox/v1/event.pb.h"
 
 namespace outbox::relay {
@@ -14,10 +17,23 @@ inline constexpr char kEventColumns[] =
     "event_type, schema_version, coalesce(trace_parent, ''), payload";
 inline constexpr int kEventColumnCount = 9;
 
-// Decodes the payload of `row` (selected with kEventColumns first) into
-// `out` and sets the envelope from the columns, which are authoritative
-// (the stored payload has no seq: it is assigned on insert). False if the
-// payload is not a valid Event; the envelope is set either way.
+// The envelope columns of an outbox row.
+struct EnvelopeColumns {
+  int64_t seq = 0;
+  int64_t prev_seq = 0;
+  std::string event_id, aggregate_type, aggregate_id, event_type;
+  int schema_version = 0;
+  std::string trace_parent;
+};
+
+// Decodes `payload` (a serialized outbox.v1.Event, as stored) into `out`
+// and sets the envelope from `columns`, which are authoritative (the stored
+// payload has no seq: it is assigned on insert). False if the payload is
+// not a valid Event; the envelope is set either way. Any bytes are safe.
+bool DecodeEvent(const EnvelopeColumns& columns, absl::string_view payload,
+                 v1::Event* out);
+
+// DecodeEvent for `row`, selected with kEventColumns first.
 bool EventFromRow(const pqxx::row& row, v1::Event* out);
 
 }  // namespace outbox::relay

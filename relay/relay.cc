@@ -316,6 +316,7 @@ bool Relay::Claim() {
       pqxx::result rows;
       const absl::Time t0 = absl::Now();
       {
+        ++outbox_statements_;
         pqxx::nontransaction tx(*conn_);
         rows = tx.exec_params(kClaimSql, ArrayLiteral(partitions).str(),
                               ArrayLiteral(excluded).str(), limit);
@@ -414,6 +415,7 @@ bool Relay::FlushMarks() {
   }
   int64_t dead = 0;
   try {
+    ++outbox_statements_;
     pqxx::work tx(*conn_);
     if (!delivered.empty()) {
       tx.exec_params(
@@ -457,6 +459,7 @@ bool Relay::FlushMarks() {
 bool Relay::PruneDelivered() {
   constexpr int kBatch = 5000;
   try {
+    ++outbox_statements_;
     pqxx::nontransaction tx(*conn_);
     // Small batches keep each transaction short, so vacuum is never held
     // back and claims never wait behind a long delete.
@@ -532,7 +535,7 @@ void Relay::Run() {
             options_.ack_timeout) {
       DropStream("no answer within --ack_timeout");
     }
-    if (watchdog_ != nullptr && !stopping) watchdog_->Working();
+    const int64_t statements_before = outbox_statements_;
     bool db_ok = EnsureConnection() && FlushMarks();
     if (stopping) {
       if ((in_flight_.empty() && marks_.empty()) || absl::Now() >= deadline) {
@@ -557,10 +560,10 @@ void Relay::Run() {
       releasing_.clear();
     }
     if (watchdog_ != nullptr && !stopping) {
-      if (db_ok) {
-        watchdog_->Done();
-      } else {
+      if (!db_ok) {
         watchdog_->Failed(absl::UnavailableError(last_db_error_));
+      } else if (outbox_statements_ != statements_before) {
+        watchdog_->Done();
       }
     }
     absl::Duration wait = options_.poll_interval;

@@ -160,6 +160,9 @@ class Relay {
   std::unique_ptr<pqxx::connection> conn_;
   int member_key_;  // second key of this session's membership lock
   std::string last_db_error_;  // of the last failed step, for the watchdog
+  // Statements run on the outbox table: a pass that runs none (a full
+  // window, nothing to mark) tells the watchdog nothing.
+  int64_t outbox_statements_ = 0;
   std::set<int> owned_;
   std::unique_ptr<DeliveryStream> stream_;
   absl::Time next_stream_attempt_ = absl::InfinitePast();

@@ -17,6 +17,10 @@ OUTBOX_PACKAGES=(
   nodejs curl iproute2 procps python3 openssl
 )
 
+# What scripts/test --sanitize needs besides: clang with its sanitizer and
+# libFuzzer runtimes.
+OUTBOX_SANITIZE_PACKAGES=(clang libclang-rt-14-dev libfuzzer-14-dev)
+
 log() { printf '\033[1m==>\033[0m %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
@@ -24,15 +28,19 @@ as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# Installs the packages that are missing; silent when all are present.
+# ensure_packages [PACKAGES...]: installs those missing (default: the
+# project's); silent when all are present.
 ensure_packages() {
-  local missing=() p
-  for p in "${OUTBOX_PACKAGES[@]}"; do
+  local missing=() p wanted=("${OUTBOX_PACKAGES[@]}")
+  [ $# -gt 0 ] && wanted=("$@")
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
       missing+=("$p")
   done
   # nodejs may come from elsewhere with npm bundled.
-  if command -v node >/dev/null && command -v npm >/dev/null; then
+  if [ $# -gt 0 ]; then
+    :
+  elif command -v node >/dev/null && command -v npm >/dev/null; then
     local kept=()
     for p in "${missing[@]}"; do [ "$p" = nodejs ] || kept+=("$p"); done
     missing=("${kept[@]}")
@@ -140,4 +148,30 @@ pg_stop() {
   [ "$(id -u)" -eq 0 ] && run=(runuser -u postgres --)
   "${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w -t 30 stop >/dev/null 2>&1 ||
     kill -9 "$(head -1 "$dir/data/postmaster.pid")" 2>/dev/null || true
+}
+
+# fuzz_all BINDIR SECONDS: runs every fuzz target in BINDIR for SECONDS each,
+# starting from its checked-in corpus (new inputs go to a scratch folder;
+# the repository is not changed). A crash fails, naming the input to check
+# in as a regression (tests/fuzz/corpus/<target>/).
+fuzz_all() {
+  local bin="$1" seconds="$2" t work rc=0
+  work=$(mktemp -d /tmp/outbox-fuzz.XXXXXX)
+  for t in order_request_fuzz consumer_plan_fuzz traceparent_fuzz outbox_payload_fuzz; do
+    [ -x "$bin/$t" ] || die "$bin/$t is missing"
+    mkdir -p "$work/$t"
+    log "fuzzing $t for ${seconds}s"
+    if ! "$bin/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$work/$t/" "$work/$t" \
+      "$OUTBOX_ROOT/tests/fuzz/corpus/$t" >"$work/$t.log" 2>&1; then
+      tail -40 "$work/$t.log" >&2
+      printf 'error: %s found a failing input: %s (check it in under tests/fuzz/corpus/%s/)\n' \
+        "$t" "$(ls "$work/$t"/crash-* "$work/$t"/leak-* "$work/$t"/timeout-* 2>/dev/null | head -1)" "$t" >&2
+      rc=1
+      continue
+    fi
+    grep -E '^stat::number_of_executed_units|^#[0-9]+ *DONE' "$work/$t.log" | tail -2 >&2 || true
+  done
+  [ $rc -eq 0 ] && rm -rf "$work"
+  return $rc
 }

@@ -5,7 +5,8 @@ Starts its own PostgreSQL and the real binaries as separate processes,
 drives a retrying client load through them, injects one kind of fault per
 scenario (process kills and pauses, a database crash, network faults
 through its own TCP proxy, a poison event, crash points inside the
-binaries), then heals everything and lets `outboxctl verify` decide whether
+binaries, gray database faults: read-only, refused connections, rogue
+locks), then heals everything and lets `outboxctl verify` decide whether
 every invariant held. See tests/e2e/README.md; run it as ./scripts/chaos.
 """
 
@@ -89,7 +90,7 @@ def fmt(v, width, digits=None):
 
 COLUMNS = [
     # header, key, width
-    ("scenario", "scenario", 24),
+    ("scenario", "scenario", 27),
     ("result", "result", 6),
     ("seed", "seed", 10),
     ("events", "events", 7),
@@ -183,7 +184,7 @@ def main():
 
     if args.list:
         for s in SCENARIOS:
-            print(f"{s.name:26} {s.summary}")
+            print(f"{s.name:28} {s.summary}")
         return 0
     names = [n for arg in args.scenario for n in arg.split(",") if n]
     unknown = [n for n in names if n not in BY_NAME]

@@ -9,6 +9,12 @@ import tempfile
 PG_BIN = os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin")
 
 
+# The harness's own sessions: they must be able to write while a scenario
+# makes the server (or a database) read-only; ALTER DATABASE is a catalog
+# write.
+HARNESS_OPTIONS = "-c default_transaction_read_only=off"
+
+
 class SqlError(Exception):
     pass
 
@@ -53,17 +59,26 @@ class Postgres:
     def db_url(self, db):
         return f"{self.url}/{db}"
 
-    def psql(self, db, sql, timeout=15, check=True):
-        """Runs `sql` and returns its unaligned, tuples-only output."""
+    def psql(self, db, sql, timeout=15, check=True, options=HARNESS_OPTIONS,
+             app="chaos-harness"):
+        """Runs `sql` (a statement, or a list of them: each its own `-c`,
+        for statements that cannot share a transaction, such as ALTER
+        SYSTEM) and returns its unaligned, tuples-only output. `options`
+        become the session's PGOPTIONS (by default writable even while the
+        scenario makes the server read-only)."""
+        stmts = [sql] if isinstance(sql, str) else list(sql)
+        argv = ["psql", self.db_url(db), "-XAtq", "-v", "ON_ERROR_STOP=1"]
+        for s in stmts:
+            argv += ["-c", s]
         try:
             r = subprocess.run(
-                ["psql", self.db_url(db), "-XAtq", "-v", "ON_ERROR_STOP=1",
-                 "-c", sql],
-                stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                 timeout=timeout,
-                env=dict(os.environ, PGCONNECT_TIMEOUT="3"))
+                env=dict(os.environ, PGCONNECT_TIMEOUT="3", PGOPTIONS=options,
+                         PGAPPNAME=app))
         except subprocess.TimeoutExpired as e:
-            raise SqlError(f"psql timed out after {timeout}s: {sql[:80]}") from e
+            raise SqlError(f"psql timed out after {timeout}s: "
+                           f"{'; '.join(stmts)[:80]}") from e
         if check and r.returncode != 0:
             raise SqlError(r.stderr.strip() or f"psql exited {r.returncode}")
         return r.stdout

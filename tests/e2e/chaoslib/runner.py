@@ -2,6 +2,7 @@
 client load, the faults, the heal, the checker, and the evidence when an
 invariant breaks."""
 
+import glob
 import json
 import os
 import random
@@ -15,10 +16,11 @@ import time
 import traceback
 
 from . import procs as P
+from .gray import GrayFaults
 from .observe import Sampler
 from .pg import SqlError
 from .proxy import FaultProxy
-from .scenarios import ACK_TIMEOUT
+from .scenarios import ACK_TIMEOUT, AFTER_HEAL
 
 UUID_RE = re.compile(
     r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
@@ -95,6 +97,10 @@ class Run:
         self.load = {}
         self.hung = []
         self._ready_cache = set()
+        self.gray = GrayFaults(self)
+        self._buf = None
+        self.counts = {"ack timeouts": 0, "streams lost": 0}  # log_counts()
+        self.health_counts = {}  # health_log_counts()
 
     # -- output -------------------------------------------------------------
 
@@ -310,7 +316,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         argv = [binary, f"--listen=127.0.0.1:{port}",
                 f"--db={self._db_url(name, db)}",
                 f"--metrics_listen=127.0.0.1:{mport}",
-                f"--shutdown_timeout={SHUTDOWN_TIMEOUT:g}s"] + extra_args
+                f"--shutdown_timeout={SHUTDOWN_TIMEOUT:g}s"] + extra_args + [
+                    f"--{k}={v}" for k, v in self.scn.service_flags.items()]
         env = {"OUTBOX_FAULT": self.scn.fault_env} if self.scn.fault_env else {}
         p = P.Proc(self, name, kind, argv, port, mport, env)
         self.sup.add(p)
@@ -354,29 +361,84 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         self.log(f"topology: {topo}; logs in {self.workdir}")
         if scn.fault_env:
             self.log(f"OUTBOX_FAULT={scn.fault_env}")
+        if scn.service_flags:
+            self.log("every service runs with " + " ".join(
+                f"--{k}={v}" for k, v in scn.service_flags.items()))
         self.sup.start()
         self.wait_ready(self.sup.procs, 60)
         self.log("all processes serving: " + ", ".join(
             f"{p.name}=:{p.listen_port}" for p in self.sup.procs))
 
+    def buf(self):
+        """buf (for `buf curl`): the platform's binary of the npm package
+        when it runs (the node wrapper costs ~0.2 s a call), else the
+        wrapper; None when not installed."""
+        if self._buf is None:
+            nm = os.path.join(self.suite.root, "node_modules")
+            self._buf = ""
+            for b in sorted(glob.glob(os.path.join(nm, "@bufbuild", "buf-*",
+                                                   "bin", "buf"))):
+                try:
+                    subprocess.run([b, "--version"], capture_output=True,
+                                   stdin=subprocess.DEVNULL, timeout=10,
+                                   check=True)
+                except (OSError, subprocess.SubprocessError):
+                    continue
+                self._buf = b
+                break
+            wrapper = os.path.join(nm, ".bin", "buf")
+            if not self._buf and os.path.exists(wrapper):
+                self._buf = wrapper
+        return self._buf or None
+
+    def health(self, port, timeout=3.0):
+        """The grpc.health.v1 status of the server on `port` ("SERVING",
+        "NOT_SERVING", ...), or None when it does not answer."""
+        buf = self.buf()
+        if buf is None:
+            return None
+        try:
+            r = subprocess.run(
+                [buf, "curl", "--protocol", "grpc", "--http2-prior-knowledge",
+                 "--timeout", f"{timeout:g}s",
+                 f"http://127.0.0.1:{port}/grpc.health.v1.Health/Check"],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                timeout=timeout + 7)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if r.returncode != 0:
+            return None
+        try:
+            return json.loads(r.stdout or "{}").get("status", "UNKNOWN")
+        except ValueError:
+            return None
+
     def _healthy(self, port):
-        buf = os.path.join(self.suite.root, "node_modules", ".bin", "buf")
-        if not os.path.exists(buf):
+        if self.buf() is None:
             try:
                 socket.create_connection(("127.0.0.1", port), 1).close()
                 return True
             except OSError:
                 return False
-        try:
-            r = subprocess.run(
-                [buf, "curl", "--protocol", "grpc", "--http2-prior-knowledge",
-                 "--timeout", "3s",
-                 f"http://127.0.0.1:{port}/grpc.health.v1.Health/Check"],
-                stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                timeout=10)
-        except subprocess.TimeoutExpired:
-            return False
-        return '"SERVING"' in r.stdout
+        return self.health(port) == "SERVING"
+
+    def wait_serving(self, procs, timeout):
+        """Polls the health of `procs` until each says SERVING; returns
+        (proc, status) of those that still say something else (NOT_SERVING,
+        or None: no answer) after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        left = list(procs)
+        last = {}
+        while left:
+            for p in list(left):
+                st = self.health(p.listen_port)
+                last[p.name] = st
+                if st == "SERVING":
+                    left.remove(p)
+            if not left or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        return [(p, last.get(p.name)) for p in left]
 
     def wait_ready(self, procs, timeout):
         """Until each process logged 'serving gRPC on' and its health check
@@ -406,7 +468,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         outboxctl = os.path.join(self.suite.bin, "outboxctl")
         for i, prod in enumerate(self.producers, 1):
             argv = [outboxctl, "load", f"--producer=127.0.0.1:{prod.listen_port}",
-                    "--orders=1000000", f"--duration={self.seconds:g}s",
+                    "--orders=1000000",
+                    f"--duration={self.seconds + self.scn.load_extra:g}s",
                     "--concurrency=4", "--timeout=2s",
                     f"--seed={self.seed * 10 + i}"]
             out = open(os.path.join(self.workdir, f"load-{i}.out"), "wb")
@@ -422,6 +485,7 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                      quiet=True)
 
     def heal(self):
+        self.gray.restore()
         for proxy in self.rc_proxies + self.db_proxies:
             proxy.set_pass()
         armed = {}
@@ -439,8 +503,24 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             if all(p.incarnation > armed[p.name] for p in self.sup.procs):
                 break
             time.sleep(0.1)
-        self.wait_ready(self.sup.procs, 90)
-        self.log("healed: every process serving, proxies passing"
+        procs = list(self.sup.procs)
+        if self.scn.health_after_heal and self.buf() is not None:
+            # Gray faults leave every process up: each must say SERVING
+            # again by itself once the database behaves.
+            t = time.monotonic()
+            for p, st in self.wait_serving(procs, AFTER_HEAL):
+                if st is not None and p.alive() and not p.paused:
+                    self.gray.after_heal.append((p.name, st, AFTER_HEAL))
+                    procs.remove(p)
+                    self.log(f"{p.name} still says {st} {AFTER_HEAL:g}s "
+                             "after the heal")
+            self.log(f"health after the heal: "
+                     f"{len(procs)}/{len(self.sup.procs)} SERVING within "
+                     f"{time.monotonic() - t:.1f}s", quiet=True)
+        self.wait_ready(procs, 90)
+        self.log("healed: every process serving"
+                 + (" but " + ", ".join(n for n, _, _ in self.gray.after_heal)
+                    if self.gray.after_heal else "") + ", proxies passing"
                  + (", crash points disarmed" if self.scn.fault_env else ""))
 
     def wait_load(self, timeout=150):
@@ -646,6 +726,20 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 counts[k] += text.count(pat)
         return counts
 
+    def health_log_counts(self):
+        """How often each process logged that its health turned
+        NOT_SERVING (its watchdog saw the work loop stall)."""
+        out = {}
+        for p in self.sup.procs:
+            try:
+                with open(p.log_path, errors="replace") as f:
+                    n = f.read().count("health NOT_SERVING")
+            except OSError:
+                continue
+            if n:
+                out[p.name] = n
+        return out
+
     # -- run it all -----------------------------------------------------------
 
     def execute(self):
@@ -693,6 +787,11 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         with self.sup.lock:
             self.errors += [u for p in self.sup.procs for u in p.unexpected
                             if "restart limit" in u]
+        try:
+            self.gray.restore()  # after an exception too: the next scenario
+        except Exception as e:  # and the checker need a sane server
+            self.errors.append(f"could not undo the gray faults: {e}")
+            self.log(f"HARNESS ERROR: could not undo the gray faults: {e}")
         failed = bool(self.violations or self.errors)
         evidence = ""
         if self.sampler is not None:
@@ -720,6 +819,9 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             self.notes += [f"unexpected exit: {u}" for u in p.unexpected
                            if "restart limit" not in u]
         self.wall = time.monotonic() - started
+        # what the logs tell, read before a passing run's folder goes
+        self.counts = self.log_counts()
+        self.health_counts = self.health_log_counts()
         self._timeline.close()
         if failed:
             print(f"[{self.name}] FAILED; logs and evidence kept in "
@@ -750,7 +852,7 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             for point, n in p.crash_points.items():
                 crashes[point] = crashes.get(point, 0) + n
         faults = self.faults + sum(crashes.values())
-        counts = self.log_counts()
+        counts = self.counts
         notes = list(self.notes)
         if counts["ack timeouts"]:
             notes.append(f"relay streams reset on ack timeout: "
@@ -758,6 +860,16 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         if crashes:
             notes.append("crashes: " + ", ".join(
                 f"{k} x{v}" for k, v in sorted(crashes.items())))
+        health = self.health_counts
+        if health:
+            notes.append("health NOT_SERVING logged: " + ", ".join(
+                f"{k} x{v}" for k, v in sorted(health.items())))
+        if self.gray.read_only_seconds:
+            notes.append(f"read-only for {self.gray.read_only_seconds:.1f}s "
+                         "in all")
+        if self.gray.refused_seconds:
+            notes.append(f"connections refused for "
+                         f"{self.gray.refused_seconds:.1f}s in all")
         status = ("ERROR" if self.errors else
                   "FAIL" if self.violations else "PASS")
         return {

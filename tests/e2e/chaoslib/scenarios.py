@@ -1,7 +1,7 @@
-"""The failure scenarios: a topology, relay flags, and a fault injector that
-runs for the scenario's window. Every random choice comes from run.rng
-(random.Random seeded with "<scenario>/<seed>"), so `--seed N --scenario
-NAME` replays the same schedule of faults."""
+"""The failure scenarios: a topology, relay (or every service's) flags, and
+a fault injector that runs for the scenario's window. Every random choice
+comes from run.rng (random.Random seeded with "<scenario>/<seed>"), so
+`--seed N --scenario NAME` replays the same schedule of faults."""
 
 import signal
 from dataclasses import dataclass, field
@@ -23,6 +23,10 @@ CRASH_POINTS = ",".join([
 ])
 
 ACK_TIMEOUT = 2.0  # the relay's --ack_timeout in every scenario
+# rogue-lock: a lock wait fails fast, a stalled loop shows within seconds
+ROGUE_LOCK_FLAGS = {"lock_timeout": "500ms", "stall_timeout": "2s"}
+ROGUE_LOCK_OVERRUN = 6.0  # s the last rogue lock may end after the window
+AFTER_HEAL = 20.0  # how long a binary may stay NOT_SERVING after the heal
 
 
 @dataclass
@@ -34,12 +38,20 @@ class Scenario:
     relays: int = 1
     consumers: int = 1
     relay_flags: dict = field(default_factory=dict)
+    service_flags: dict = field(default_factory=dict)  # every service
     fault_env: Optional[str] = None  # OUTBOX_FAULT for every binary
     proxy_relay_consumer: bool = False
     proxy_db: bool = False
     pairs: bool = False  # relay i -> consumer i (else all -> consumer 1)
     expect_dead: int = 0
     check: Optional[Callable] = None  # extra assertions -> list of strings
+    # after the heal every process must say SERVING by itself (within
+    # AFTER_HEAL); one still NOT_SERVING is recorded in
+    # run.gray.after_heal (check_gray reports it)
+    health_after_heal: bool = False
+    # the client load runs this much longer than the fault window (for an
+    # injector whose last fault may outlast the window)
+    load_extra: float = 0.0
 
 
 # -- injectors ---------------------------------------------------------------
@@ -129,6 +141,108 @@ def crash_points(run):
         pass
 
 
+def read_only_periods(which):
+    """The `which` ("billing" or "orders") database turns read-only for
+    seconds at a time and back. The first period is long (half the window,
+    at most ~10 s), the others 1.5-4 s with 0.5-1.5 s between them. Each is
+    either a failover to a read-only standby (that database's setting, its
+    sessions terminated, so the services reconnect read-only) or in place
+    (ALTER SYSTEM: the whole server, sessions kept), by the rng."""
+    def inject(run):
+        db = run.billing_db if which == "billing" else run.orders_db
+        first = True
+        while run.sleep(run.rng.uniform(1.0, 2.0) if first
+                        else run.rng.uniform(0.5, 1.5)):
+            how = run.rng.choice(["failover", "in-place"])
+            if first:
+                seconds = min(10.0, 0.5 * run.seconds) * run.rng.uniform(0.95,
+                                                                          1.1)
+            else:
+                seconds = run.rng.uniform(1.5, 4.0)
+            first = False
+            # the last one may outlast the window by a second at most
+            seconds = min(seconds, max(1.0, run.remaining() + 1.0))
+            run.gray.read_only(db, which, how, seconds)
+    return inject
+
+
+def rogue_locks(run):
+    """A rogue session holds ACCESS EXCLUSIVE for 3-5 s (longer than the
+    services' --lock_timeout) on a table a loop needs, alternately billing's
+    inbox or aggregate_cursors (stalls the consumers) and orders' outbox
+    (stalls the relays' claim/mark loop and the producers' writes), 1-2 s
+    apart; at least one of each, however short the window (so the last
+    lock may end up to ROGUE_LOCK_OVERRUN s after the window, and the
+    client load runs that much longer: the producers and consumers only
+    have work, and can only stall, while it runs)."""
+    if run.buf() is None:
+        from .runner import HarnessError  # runner imports this module
+        raise HarnessError("rogue-lock polls grpc.health.v1 with `buf curl`: "
+                           "node_modules/.bin/buf is missing (npm ci)")
+    side = run.rng.choice(["billing", "orders"])
+    done = set()
+    extra = 0  # locks tried after the window (a lock not taken is retried)
+    run.sleep(run.rng.uniform(0.5, 1.0))
+    while True:
+        seconds = run.rng.uniform(3.0, 5.0)
+        if side == "billing":
+            table = run.rng.choice(["inbox", "aggregate_cursors"])
+            period = run.gray.rogue_lock(run.billing_db, "billing", table,
+                                         seconds, run.consumers)
+        else:
+            period = run.gray.rogue_lock(run.orders_db, "orders", "outbox",
+                                         seconds, run.relays + run.producers)
+        if period is not None:
+            done.add(side)
+            side = "orders" if side == "billing" else "billing"
+        if not run.sleep(run.rng.uniform(1.0, 2.0)):
+            extra += 1
+            if len(done) == 2 or extra > 3:
+                break
+
+
+def refuse_billing_connections(run):
+    """The billing database refuses new connections for 2-4 s (its sessions
+    terminated), then takes them again, 1-2 s apart."""
+    while run.sleep(run.rng.uniform(1.0, 2.0)):
+        seconds = min(run.rng.uniform(2.0, 4.0), max(1.0, run.remaining() + 1))
+        run.gray.refuse_connections(run.billing_db, "billing", seconds)
+
+
+def check_gray(run, report):
+    """In a gray failure every process stays up (the harness kills none),
+    and each says SERVING again by itself after the heal."""
+    bad = [f"health: {name} still {status} {bound:g}s after the heal"
+           for name, status, bound in run.gray.after_heal]
+    with run.sup.lock:
+        bad += [f"gray failure: a process exited: {u}"
+                for p in run.sup.procs for u in p.unexpected
+                if "restart limit" not in u]
+    return bad
+
+
+def check_rogue_lock(run, report):
+    """Each binary a lock stalled said NOT_SERVING during at least one of
+    its lock periods (and SERVING again after the heal)."""
+    bad = check_gray(run, report)
+    g = run.gray
+    for side in ("billing", "orders"):
+        if not any(p["db"] == side for p in g.lock_periods):
+            bad.append(f"rogue-lock: no rogue lock on the {side} database "
+                       "could be taken (see rogue-lock.log)")
+    logged = run.health_log_counts()
+    for name, n in sorted(g.stalls_expected.items()):
+        if not g.stalls_seen.get(name):
+            tables = sorted({f"{p['db']}.{p['table']}" for p in g.lock_periods
+                             if name in p["health"]})
+            bad.append(f"watchdog: {name} never said NOT_SERVING during its "
+                       f"{n} lock period(s) on {', '.join(tables)} (--"
+                       f"stall_timeout={ROGUE_LOCK_FLAGS['stall_timeout']}); "
+                       f"its log has {logged.get(name, 0)} 'health "
+                       "NOT_SERVING' line(s)")
+    return bad
+
+
 def check_poison(run, report):
     """I6: exactly the poisoned row is dead, the events behind it on its
     aggregate stay pending and unapplied, every other event is applied."""
@@ -210,6 +324,30 @@ SCENARIOS = [
              "itself) at its crash points; 3 relays, 2 consumers",
              crash_points, relays=3, consumers=2, pairs=True,
              fault_env=CRASH_POINTS),
+    Scenario("readonly-billing",
+             "the billing database turns read-only for seconds at a time (a "
+             "failover to a read-only standby, or in place for the whole "
+             "server) and back; never a dead letter",
+             read_only_periods("billing"), relays=2, health_after_heal=True,
+             check=check_gray),
+    Scenario("readonly-orders",
+             "the orders database turns read-only for seconds at a time (a "
+             "failover, or in place for the whole server) and back: the "
+             "producer answers UNAVAILABLE, the relays' marks fail",
+             read_only_periods("orders"), relays=2, health_after_heal=True,
+             check=check_gray),
+    Scenario("rogue-lock",
+             "a rogue session holds ACCESS EXCLUSIVE on inbox, "
+             "aggregate_cursors or outbox for 3-5 s; --lock_timeout=500ms "
+             "--stall_timeout=2s: the stalled binaries say NOT_SERVING",
+             rogue_locks, relays=2, service_flags=ROGUE_LOCK_FLAGS,
+             health_after_heal=True, check=check_rogue_lock,
+             load_extra=ROGUE_LOCK_OVERRUN),
+    Scenario("billing-refuses-connections",
+             "the billing database refuses connections for 2-4 s "
+             "(ALLOW_CONNECTIONS false, its sessions terminated)",
+             refuse_billing_connections, relays=2, health_after_heal=True,
+             check=check_gray),
 ]
 
 BY_NAME = {s.name: s for s in SCENARIOS}
