@@ -136,6 +136,32 @@ void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
       ev.str(), agg.str(), seq.str(), prev.str(), pay.str());
 }
 
+// Deletes the held events that the chains of `changed` passed: they were
+// held for a position another event took (a fork, or a forgery), and can
+// never apply. Their aggregates' held counts go down by as many. Returns
+// their ids.
+std::vector<std::string> DeletePassedHeld(
+    pqxx::work& tx, const std::map<std::string, AggregateState>& before,
+    std::map<std::string, AggregateState>* changed) {
+  ArrayLiteral agg, cursor;
+  for (const auto& [a, st] : *changed) {
+    if (before.at(a).held_count == 0 || st.held_count == 0) continue;
+    agg.Add(a);
+    cursor.Add(st.cursor);
+  }
+  std::vector<std::string> gone;
+  if (agg.empty()) return gone;
+  for (const auto& row : tx.exec_params(
+           "DELETE FROM held_events h USING unnest($1::text[], $2::bigint[]) "
+           "AS m(a, s) WHERE h.aggregate_id = m.a AND h.seq <= m.s "
+           "RETURNING h.aggregate_id, h.event_id::text",
+           agg.str(), cursor.str())) {
+    --(*changed)[row[0].as<std::string>()].held_count;
+    gone.push_back(row[1].as<std::string>());
+  }
+  return gone;
+}
+
 void UpdateCursors(pqxx::work& tx,
                    const std::map<std::string, AggregateState>& changed) {
   ArrayLiteral agg, last, held;
@@ -185,12 +211,18 @@ Applier::Applier(Database* db, Metrics* metrics, ApplierOptions options,
           "outbox_consumer_held_cap_rejections_total",
           "Events REJECTED because their aggregate holds "
           "--max_held_per_aggregate events.")),
+      discarded_(metrics->AddCounter(
+          "outbox_consumer_held_discarded_total",
+          "Held events dropped because their aggregate's chain passed their "
+          "position with another event (a fork), or their id was applied "
+          "elsewhere.")),
       unavailable_(metrics->AddCounter(
           "outbox_consumer_batches_unavailable_total",
           "Batches not answered because the database failed for a reason "
           "that is not the events' (read-only, full, timeout, ...).")) {}
 
-void Applier::Count(const Plan& plan) {
+void Applier::Count(const Attempt& attempt) {
+  const Plan& plan = attempt.plan;
   applied_->Add(plan.applied);
   duplicates_->Add(plan.duplicates);
   held_->Add(plan.held);
@@ -199,6 +231,11 @@ void Applier::Count(const Plan& plan) {
   position_reused_->Add(plan.position_reused);
   forks_->Add(plan.forks);
   over_cap_->Add(plan.over_cap);
+  discarded_->Add(plan.discarded + attempt.passed_held.size());
+  for (const std::string& id : attempt.passed_held) {
+    spdlog::warn("consumer: held event {} discarded: its aggregate's chain "
+                 "passed its position with another event (a fork)", id);
+  }
   if (plan.position_reused + plan.forks + plan.over_cap > 0) {
     for (const v1::EventResult& r : plan.results) {
       if (r.outcome() == v1::REJECTED) {
@@ -252,7 +289,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyValidated(
         "inbox and aggregate cursors disagree; refusing the batch");
   }
   if (attempt.ok()) {
-    Count(attempt->plan);
+    Count(*attempt);
     return std::move(attempt->results);
   }
   const absl::Status& s = attempt.status();
@@ -323,6 +360,7 @@ absl::StatusOr<Applier::Attempt> Applier::ApplyOnce(
       tx.exec_params("DELETE FROM held_events WHERE event_id = ANY($1::uuid[])",
                      ArrayLiteral(plan.unhold).str());
     }
+    out.passed_held = DeletePassedHeld(tx, snap.aggregates, &plan.changed);
     if (!plan.changed.empty()) UpdateCursors(tx, plan.changed);
     MaybeCrash("consumer.before_commit");
     tx.commit();

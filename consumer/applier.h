@@ -51,6 +51,7 @@ class Applier {
     std::vector<v1::EventResult> results;
     Plan plan;
     bool inbox_collision = false;  // retry, asking the inbox about every id
+    std::vector<std::string> passed_held;  // held events the chain passed
   };
   absl::StatusOr<std::vector<v1::EventResult>> ApplyValidated(
       const std::vector<const v1::Event*>& events,
@@ -58,7 +59,7 @@ class Applier {
   absl::StatusOr<Attempt> ApplyOnce(const std::vector<const v1::Event*>& events,
                                     const std::vector<std::string>& invalid,
                                     bool ask_inbox_about_all);
-  void Count(const Plan& plan);
+  void Count(const Attempt& attempt);
 
   Database* const db_;
   const ApplierOptions options_;
@@ -71,6 +72,7 @@ class Applier {
   Counter* const position_reused_;
   Counter* const forks_;
   Counter* const over_cap_;
+  Counter* const discarded_;
   Counter* const unavailable_;
 };
 

@@ -56,6 +56,11 @@ class HeldIndex {
     auto it = by_id_.find(id);
     return it == by_id_.end() ? nullptr : it->second;
   }
+  std::vector<const v1::Event*> All() const {
+    std::vector<const v1::Event*> out;
+    for (const auto& [id, e] : by_id_) out.push_back(e);
+    return out;
+  }
 
  private:
   std::map<Key, const v1::Event*> by_link_;
@@ -98,6 +103,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
           // Applied before at another position: a forged or corrupt row
           // that was answered HELD. It can never apply; the chain waits
           // for the real event of this link.
+          ++plan.discarded;
           continue;
         }
         ++plan.drained;
@@ -211,8 +217,35 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       ++plan.applied;
     }
   }
+  // Held events that their chain passed with another event (a fork held
+  // first): they can never apply. Those the plan knows leave now, and every
+  // HELD answer for one becomes REJECTED; the writer deletes any others.
+  std::map<std::string, std::string> passed;  // event id -> why
+  for (const v1::Event* h : held.All()) {
+    AggregateState& st = state.at(h->aggregate_id());
+    if (h->seq() > st.cursor) continue;
+    passed[h->event_id()] = absl::StrCat(
+        "fork: aggregate ", h->aggregate_id(), " reached seq ", st.cursor,
+        " by another event; this event (seq ", h->seq(), ", prev_seq ",
+        h->prev_seq(), ") can never apply");
+    held.Remove(h);
+    --st.held_count;
+    if (from_snapshot.count(h)) {
+      plan.unhold.push_back(h->event_id());
+      ++plan.discarded;
+    }
+  }
+  for (size_t i = 0; i < plan.results.size(); ++i) {
+    auto it = passed.find(plan.results[i].event_id());
+    if (it == passed.end() || plan.results[i].outcome() != v1::HELD) continue;
+    --plan.held;
+    ++plan.forks;
+    reject(i, it->second);
+  }
   for (const auto& [e, i] : batch_index) {
-    if (!drained_here.count(e)) plan.hold.push_back(e);
+    if (!drained_here.count(e) && !passed.count(e->event_id())) {
+      plan.hold.push_back(e);
+    }
   }
   std::sort(plan.hold.begin(), plan.hold.end(),
             [&](const v1::Event* a, const v1::Event* b) {

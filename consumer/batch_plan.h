@@ -22,6 +22,12 @@
 //                   max_held_per_aggregate events: beyond, REJECTED.
 //   otherwise       (prev_seq < C < seq) the chain is broken: REJECTED.
 // Invalid events are REJECTED with their validation reason.
+//
+// The plan drains and counts only the held events the snapshot shows. A
+// held event that the chain passed without taking it (a fork held first,
+// whose position another event then took) is off the chain's links; the
+// writer deletes such rows by position when a cursor moves, and lowers
+// the held count by as many.
 
 #include <cstdint>
 #include <map>
@@ -82,6 +88,7 @@ struct Plan {
   int64_t position_reused = 0;  // REJECTED: a new event at a passed position
   int64_t forks = 0;            // REJECTED: a second event for a held link
   int64_t over_cap = 0;         // REJECTED: the aggregate holds too many
+  int64_t discarded = 0;  // held events dropped: their id was applied elsewhere
 };
 
 // Decides a batch. `invalid[i]`, when not empty, is why batch[i] failed

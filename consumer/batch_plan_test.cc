@@ -230,6 +230,16 @@ TEST(PlanBatch, AnEventIdHeldWithAnotherPositionIsAFork) {
   EXPECT_EQ(p.plan().forks, 1);
 }
 
+TEST(PlanBatch, AHeldForkThatTheChainPassesInTheSameBatchIsRejected) {
+  // 5 waits for 3, but the chain goes 2 -> 6: 5 can never apply.
+  Planner p;
+  p.Run({Ev("a", 5, 3, "-fork"), Ev("a", 2, 0), Ev("a", 6, 2)});
+  EXPECT_EQ(p.Outcomes(), (V{R, A, A}));
+  EXPECT_NE(p.Reason(0).find("fork"), std::string::npos) << p.Reason(0);
+  EXPECT_TRUE(p.Holds().empty());
+  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{6, 0}));
+}
+
 TEST(PlanBatch, HeldEventsPerAggregateAreCapped) {
   Planner p;
   p.MaxHeld(2).Cursor("a", 1, 1).Held(Ev("a", 5, 4));

@@ -578,6 +578,22 @@ TEST_F(ConsumerTest, AForkOfAHeldLinkIsRejectedNotSilentlyDropped) {
   ExpectAppliedInOrder();
 }
 
+TEST_F(ConsumerTest, AHeldForkThatTheChainPassesIsDiscardedAndCounted) {
+  auto chain = OrderChain(1, 4);  // seqs 1, 5, 9
+  v1::Event fork = chain[2];
+  fork.set_event_id(NewUuid());
+  fork.set_seq(7);
+  fork.set_prev_seq(3);  // waits for a seq 3 that this chain never has
+  EXPECT_EQ(Outcomes(Deliver({{fork}})), (V{v1::HELD}));
+  EXPECT_EQ(Outcomes(Deliver({{chain[0], chain[1], chain[2]}})),
+            (V{v1::APPLIED, v1::APPLIED, v1::APPLIED}));
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_events"), 0);
+  EXPECT_EQ(tdb_.Scalar("SELECT held_count FROM aggregate_cursors"), 0);
+  EXPECT_EQ(metrics_.AddCounter("outbox_consumer_held_discarded_total", "")->value(),
+            1);
+  ExpectAppliedInOrder();
+}
+
 TEST_F(ConsumerTest, AnEventIdAppliedBeforeCannotApplyAgainAtANewPosition) {
   auto chain = OrderChain(1);
   Deliver({{chain[0]}});

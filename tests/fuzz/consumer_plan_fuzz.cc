@@ -19,6 +19,7 @@
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -36,9 +37,15 @@ using outbox::consumer::Snapshot;
 using outbox::v1::Event;
 using Key = std::pair<std::string, int64_t>;
 
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
+// Fails the run, saying which property broke.
+#define Require(cond)                                                  \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::fprintf(stderr, "%s:%d: violated: %s\n", __FILE__, __LINE__, \
+                   #cond);                                             \
+      std::abort();                                                    \
+    }                                                                  \
+  } while (0)
 
 // The billing database as the applier leaves it.
 struct Store {
@@ -121,7 +128,18 @@ bool Write(Store* store, const Plan& plan) {
     }
     store->held[e->event_id()] = *e;
   }
-  for (const auto& [agg, st] : plan.changed) store->cursors[agg] = st;
+  for (const auto& [agg, st] : plan.changed) {
+    store->cursors[agg] = st;
+    // The writer's delete of held events the chain passed (forks).
+    for (auto it = store->held.begin(); it != store->held.end();) {
+      if (it->second.aggregate_id() == agg && it->second.seq() <= st.cursor) {
+        --store->cursors[agg].held_count;
+        it = store->held.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   for (const auto& [agg, l] : last) {
     Require(store->cursors[agg].cursor == l);
   }
@@ -143,6 +161,13 @@ void CheckStore(const Store& store) {
   }
 }
 
+// OUTBOX_FUZZ_TRACE=1 prints every batch and its answers (to replay a
+// failing input: consumer_plan_fuzz crash-...).
+bool Tracing() {
+  static const bool on = std::getenv("OUTBOX_FUZZ_TRACE") != nullptr;
+  return on;
+}
+
 // One delivered batch through read, plan and write, with the applier's
 // second try; checks the answers.
 void Deliver(Store* store, const std::vector<Event>& batch_events,
@@ -159,6 +184,22 @@ void Deliver(Store* store, const std::vector<Event>& batch_events,
     Require(Write(store, plan));
   }
   Require(plan.results.size() == batch.size());
+  if (Tracing()) {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      std::fprintf(stderr, "  %s %s seq %lld prev %lld -> %s %s\n",
+                   batch[i]->aggregate_id().c_str(), batch[i]->event_id().c_str(),
+                   static_cast<long long>(batch[i]->seq()),
+                   static_cast<long long>(batch[i]->prev_seq()),
+                   outbox::v1::DeliveryOutcome_Name(plan.results[i].outcome()).c_str(),
+                   plan.results[i].reason().c_str());
+    }
+    for (const auto& [agg, st] : store->cursors) {
+      std::fprintf(stderr, "  = %s cursor %lld held %lld\n", agg.c_str(),
+                   static_cast<long long>(st.cursor),
+                   static_cast<long long>(st.held_count));
+    }
+    std::fprintf(stderr, "--\n");
+  }
   for (size_t i = 0; i < batch.size(); ++i) {
     const auto& r = plan.results[i];
     const Event& e = *batch[i];

@@ -6,15 +6,22 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 
 #include "producer/order_logic.h"
 
 namespace {
 
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
+// Fails the run, saying which property broke.
+#define Require(cond)                                                  \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::fprintf(stderr, "%s:%d: violated: %s\n", __FILE__, __LINE__, \
+                   #cond);                                             \
+      std::abort();                                                    \
+    }                                                                  \
+  } while (0)
 
 void CheckCreate(const outbox::v1::CreateOrderRequest& req) {
   absl::StatusOr<int64_t> total = outbox::producer::ValidateCreate(req);

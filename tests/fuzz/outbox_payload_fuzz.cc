@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 
 #include "consumer/apply_rules.h"
@@ -12,9 +13,15 @@
 
 namespace {
 
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
+// Fails the run, saying which property broke.
+#define Require(cond)                                                  \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::fprintf(stderr, "%s:%d: violated: %s\n", __FILE__, __LINE__, \
+                   #cond);                                             \
+      std::abort();                                                    \
+    }                                                                  \
+  } while (0)
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -11,9 +12,15 @@
 
 namespace {
 
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
+// Fails the run, saying which property broke.
+#define Require(cond)                                                  \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::fprintf(stderr, "%s:%d: violated: %s\n", __FILE__, __LINE__, \
+                   #cond);                                             \
+      std::abort();                                                    \
+    }                                                                  \
+  } while (0)
 
 bool Hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
