@@ -320,6 +320,19 @@ TEST(Identity, AdminCallsNeedAnAdminIdentityEvenWhenReadsAreAllowed) {
   EXPECT_TRUE(rules.Decide(ops, Access::kCall).ok());  // admins may read
 }
 
+TEST(Identity, DeliveryCanBeNarrowerThanCalls) {
+  auto rules = MutualTls({"spiffe://outbox/relay", "spiffe://outbox/ops"}, {});
+  const auto relay = Cert({"spiffe://outbox/relay"}, {}, "");
+  const auto ops = Cert({"spiffe://outbox/ops"}, {}, "");
+  EXPECT_TRUE(rules.Decide(ops, Access::kDeliver).ok());  // no list: as kCall
+  rules.delivery = {"spiffe://outbox/relay"};
+  EXPECT_TRUE(rules.Decide(relay, Access::kDeliver).ok());
+  EXPECT_TRUE(rules.Decide(ops, Access::kCall).ok());
+  absl::Status s = rules.Decide(ops, Access::kDeliver);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("--delivery_clients"), std::string::npos) << s;
+}
+
 TEST(Identity, NoAdminListRefusesAdminCallsUnderMutualTls) {
   auto rules = MutualTls({}, {});
   EXPECT_EQ(rules.Decide(Cert({"spiffe://outbox/any"}, {}, ""), Access::kAdmin).code(),

@@ -61,6 +61,12 @@ absl::Status AccessRules::Decide(const std::optional<PeerCertificate>& peer,
     }
     return false;
   };
+  if (access == Access::kDeliver && !delivery.empty()) {
+    if (listed(delivery)) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrCat(
+        "only identities in --delivery_clients may deliver events; the "
+        "caller presented ", Presented(peer)));
+  }
   if (access == Access::kAdmin) {
     if (listed(admin)) return absl::OkStatus();
     return absl::PermissionDeniedError(absl::StrCat(

@@ -40,8 +40,9 @@ std::vector<std::string> IdentitiesOf(const PeerCertificate& cert);
 std::optional<PeerCertificate> PeerCertificateOf(const grpc::AuthContext& auth);
 
 enum class Access {
-  kCall,   // any method of the service's API, reads included
-  kAdmin,  // a method that changes state behind the pipeline's back (requeue)
+  kCall,     // any method of the service's API, reads included
+  kDeliver,  // EventSink.Deliver: effects and cursors follow what it sends
+  kAdmin,    // a method that changes state behind the pipeline's back (requeue)
 };
 
 struct AccessRules {
@@ -54,6 +55,10 @@ struct AccessRules {
   // Identities admitted for kAdmin. Empty refuses kAdmin to everyone when
   // identities are required.
   std::set<std::string> admin;
+  // Identities admitted for kDeliver; empty: as for kCall. Lets the
+  // consumer admit operators to its query API but only the relay to
+  // Deliver.
+  std::set<std::string> delivery;
 
   // OK, or PermissionDenied / Unauthenticated naming the identity presented
   // and the flag that would admit it. Without require_identity (plaintext,

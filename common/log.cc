@@ -1,5 +1,7 @@
 #include "common/log.h"
 
+#include <grpc/support/log.h>
+
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -50,6 +52,22 @@ class JsonMessageFlag : public spdlog::custom_flag_formatter {
   }
 };
 
+// gRPC core's own lines (a failed TLS handshake of a port scanner, say)
+// through the same logger and format. What gRPC calls an error is rarely
+// ours: a warning.
+void GrpcLog(gpr_log_func_args* args) {
+  switch (args->severity) {
+    case GPR_LOG_SEVERITY_DEBUG:
+      spdlog::debug("grpc: {}", args->message);
+      break;
+    case GPR_LOG_SEVERITY_INFO:
+      spdlog::info("grpc: {}", args->message);
+      break;
+    default:
+      spdlog::warn("grpc: {}", args->message);
+  }
+}
+
 }  // namespace
 
 absl::Status InitLogging(const std::string& format, const std::string& level) {
@@ -77,6 +95,7 @@ absl::Status InitLogging(const std::string& format, const std::string& level) {
         "--log_format: \"", format, "\" is not one of text, json"));
   }
   spdlog::flush_on(spdlog::level::info);
+  gpr_set_log_function(GrpcLog);
   return absl::OkStatus();
 }
 

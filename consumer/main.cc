@@ -17,6 +17,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50053", "gRPC listen address.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_billing",
           "PostgreSQL URL of the billing database (password from "
           "PGPASSWORD).");
+ABSL_FLAG(std::string, delivery_clients, "",
+          "Comma-separated identities that may call EventSink.Deliver (the "
+          "relay's); empty: those of --allowed_clients. Needs "
+          "--tls_client_ca.");
 ABSL_FLAG(int, query_db_pool_size, 2,
           "Database connections of BillingQuery, apart from delivery's.");
 ABSL_FLAG(int64_t, max_held_per_aggregate, 1000,
@@ -32,6 +36,13 @@ int main(int argc, char** argv) {
   auto security = outbox::ServerSecurityFromFlags();
   if (!security.ok()) {
     spdlog::critical("outbox-consumer: {}", std::string(security.status().message()));
+    return 2;
+  }
+  security->rules.delivery =
+      outbox::ParseIdentityList(absl::GetFlag(FLAGS_delivery_clients));
+  if (!security->rules.delivery.empty() && !security->files.mutual()) {
+    spdlog::critical("outbox-consumer: --delivery_clients: identities come "
+                     "from client certificates; needs --tls_client_ca");
     return 2;
   }
   outbox::CallerCheck check(security->rules);

@@ -134,6 +134,7 @@ class SecurityTest : public ::testing::Test {
     r.require_identity = true;
     r.allowed = {"spiffe://outbox/relay", "spiffe://outbox/reader"};
     r.admin = {"spiffe://outbox/ops"};
+    r.delivery = {"spiffe://outbox/relay"};
     return r;
   }()};
   Metrics metrics_;
@@ -178,6 +179,11 @@ TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
                 s.error_message().find("database") != std::string::npos)
         << method << ": " << s.error_message();
   }
+  // Deliver: only the relay, though the reader may query.
+  EXPECT_EQ(CallAnything(reader.get(), "/outbox.v1.EventSink/Deliver").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(CallAnything(As("relay").get(), "/outbox.v1.EventSink/Deliver").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
   // Requeue: the reader may not, ops may.
   EXPECT_EQ(CallAnything(reader.get(), "/outbox.v1.RelayAdmin/Requeue").error_code(),
             grpc::StatusCode::PERMISSION_DENIED);

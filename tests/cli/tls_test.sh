@@ -19,7 +19,8 @@ billing_db=$(new_db tls_billing)
 P=$(free_port) R=$(free_port) C=$(free_port)
 server() { echo --tls_cert="$CERTS/$1.crt" --tls_key="$CERTS/$1.key" --tls_client_ca="$CERTS/ca.crt"; }
 start consumer outbox-consumer --listen="127.0.0.1:$C" --db="$billing_db" $(server consumer) \
-  --allowed_clients=spiffe://outbox/relay,spiffe://outbox/reader
+  --allowed_clients=spiffe://outbox/relay,spiffe://outbox/reader \
+  --delivery_clients=spiffe://outbox/relay
 start producer outbox-producer --listen="127.0.0.1:$P" --db="$orders_db" $(server producer) \
   --allowed_clients=spiffe://outbox/outboxctl,spiffe://outbox/reader
 start relay outbox-relay --listen="127.0.0.1:$R" --db="$orders_db" $(server relay) \
@@ -52,7 +53,11 @@ grep -q "refused EventSink.Deliver .*spiffe://outbox/intruder" "$WORK/consumer.l
   fail "the consumer did not log the refused identity"
 [ "$(psql "$billing_db" -qAtc "SELECT count(*) FROM inbox")" = "$applied" ] ||
   fail "the intruder's event was written"
-pass "same CA, identity not admitted: PERMISSION_DENIED on Deliver, logged, nothing written"
+out=$(rpc_as reader "$C" outbox.v1.EventSink/Deliver "$forged")
+echo "$out" | grep -q permission_denied || fail "reader on Deliver: $out"
+[ "$(psql "$billing_db" -qAtc "SELECT count(*) FROM inbox")" = "$applied" ] ||
+  fail "the reader's event was written"
+pass "same CA, identity not admitted (or admitted for queries only): PERMISSION_DENIED on Deliver, logged, nothing written"
 
 for port in "$P" "$R" "$C"; do
   out=$(rpc_as - "$port" grpc.health.v1.Health/Check)

@@ -3,7 +3,9 @@
 # exists: builds the runtime stage of deploy/docker/Dockerfile as a chroot
 # (debootstrap of Debian bookworm, then the stage's own RUN commands), copies
 # the binaries in, and writes wrappers that run each binary the way the pods
-# do: image root file system mounted read-only, as uid/gid 10001, no HOME.
+# do: image root file system mounted read-only, as uid/gid 10001, no HOME,
+# and the directories in EMULATE_IMAGE_MOUNTS (run_rendered.sh: the local
+# copies of the pods' Secret volumes, i.e. the certificates) shown read-only.
 # Feed the wrapper directory to run_rendered.sh:
 #
 #   sudo tests/deploy/emulate_image.sh build/bin /tmp/outbox-image
@@ -34,6 +36,9 @@ if [[ ! -x "$rootfs/bin/sh" ]]; then
     fail "debootstrap failed, see $out/debootstrap.log"
 fi
 cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+# The kubelet gives every pod an /etc/hosts with localhost in it.
+grep -qs localhost "$rootfs/etc/hosts" ||
+  printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >>"$rootfs/etc/hosts"
 
 # The runtime stage's RUN commands, in order; COPY of the binaries between
 # the first and the last as in the Dockerfile.
@@ -71,7 +76,16 @@ for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
   cat >"$out/bin/$b" <<EOF
 #!/bin/sh
 # $b as in its pod: read-only image root, uid/gid 10001 (exec chain: the pid stays the same).
-exec unshare -m --propagation private /bin/sh -c 'mount --bind "$rootfs" "$ro" && mount -o remount,bind,ro "$ro" && exec chroot --userspec=10001:10001 "$ro" /usr/local/bin/$b "\$@"' $b "\$@"
+# EMULATE_IMAGE_MOUNTS: colon-separated host directories shown read-only at the same path
+# inside, as a pod's Secret volumes are (run_rendered.sh sets it for the certificates);
+# the binary does not see the variable.
+for d in \$(echo "\${EMULATE_IMAGE_MOUNTS:-}" | tr ':' ' '); do mkdir -p "$rootfs\$d"; done
+exec unshare -m --propagation private /bin/sh -c '
+  mount --bind "$rootfs" "$ro" && mount -o remount,bind,ro "$ro" || exit 1
+  for d in \$(echo "\${EMULATE_IMAGE_MOUNTS:-}" | tr ":" " "); do
+    mount --bind "\$d" "$ro\$d" && mount -o remount,bind,ro "$ro\$d" || exit 1
+  done
+  exec env -u EMULATE_IMAGE_MOUNTS chroot --userspec=10001:10001 "$ro" /usr/local/bin/$b "\$@"' $b "\$@"
 EOF
   chmod +x "$out/bin/$b"
 done

@@ -15,17 +15,31 @@
 //  - an address bound on all interfaces (0.0.0.0:P) becomes 127.0.0.1 on a
 //    free port, one per instance and container port;
 //  - an address naming a rendered Service (outbox-consumer:50053) becomes
-//    127.0.0.1 and the local port of the pod behind it.
+//    localhost and the local port of the pod behind it (the relay checks
+//    the consumer's certificate against that name: the rendered name must
+//    be in the certificate, and localhost is added locally if it is not);
+//  - a path under a Secret volume's mountPath (/etc/outbox/tls/tls.crt)
+//    becomes the same file of a local copy of that volume, laid out as the
+//    kubelet does (..data symlink swap), holding REAL certificates that
+//    lib/certmanager.mjs issues with openssl from the rendered cert-manager
+//    Certificates and Issuers (CA chain, SPIFFE URI SANs, DNS names,
+//    usages, key algorithm).
 // Then: every OUTBOX_* variable and every --flag must be a flag of the
-// binary; each instance must report SERVING on its gRPC probe port within
-// its startupProbe budget (a binary that exits, e.g. on an unknown flag,
-// fails); /metrics must answer on the annotated port; logs must be JSON when
-// the manifests ask for JSON; reflection must list the health service; an
-// order created through the producer must reach the consumer's inbox; and
+// binary; each instance must report SERVING on its gRPC probe port (the
+// plaintext --health_listen port) within its startupProbe budget (a binary
+// that exits, e.g. on an unknown flag, fails); the --listen port must refuse
+// plaintext when TLS is on; /metrics must answer on the annotated port; logs
+// must be JSON when the manifests ask for JSON; reflection must list the
+// health service (over mutual TLS with the outboxctl certificate); an order
+// created through the producer must reach the consumer's inbox through the
+// relay, and a load run by outboxctl must verify end to end; the identities
+// must be admitted and refused as the flags say (outboxctl may requeue,
+// another service's certificate may not read the relay or the consumer);
+// a renewed consumer certificate must be served without a restart; and
 // after SIGTERM each process must exit 0 within its grace period.
 
 import { spawn, spawnSync } from "node:child_process";
-import { readFileSync, writeFileSync, appendFileSync, openSync, existsSync } from "node:fs";
+import { readFileSync, writeFileSync, appendFileSync, openSync, existsSync, mkdirSync, symlinkSync } from "node:fs";
 import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
@@ -33,6 +47,8 @@ import path from "node:path";
 import {
   parseDocs, resolveEnv, argvOf, parseHostPort, WILDCARD_HOSTS, effectiveFlag, resolveServiceAddress, podSpecOf,
 } from "./lib/k8s.mjs";
+import { helpfullFlags } from "./lib/flags.mjs";
+import { makeCertManager } from "./lib/certmanager.mjs";
 
 const opts = {};
 for (const a of process.argv.slice(2)) {
@@ -92,13 +108,22 @@ function psql(db, sql) {
 }
 
 // ------------------------------------------------------------- ports
+// A port free now and not handed out before in this run (the kernel may
+// return a just-closed port again).
+const handedOut = new Set();
 function freePort() {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
     srv.once("error", reject);
     srv.listen(0, "127.0.0.1", () => {
       const { port } = srv.address();
-      srv.close(() => resolve(port));
+      srv.close(() => {
+        if (handedOut.has(port)) resolve(freePort());
+        else {
+          handedOut.add(port);
+          resolve(port);
+        }
+      });
     });
   });
 }
@@ -129,9 +154,73 @@ for (const inst of instances) {
   for (const p of inst.container.ports ?? []) inst.ports.set(p.containerPort, await freePort());
 }
 
+// ------------------------------------------------------------- certificates
+// cert-manager's part: every rendered Certificate issued for real. A
+// server whose certificate a rewritten address will dial as "localhost"
+// gets that name added locally (noted) if the manifests lack it.
+const secretsDir = path.join(opts.tmp, "secrets");
+const localNames = [];
+const certManager = makeCertManager(objs, secretsDir, {
+  extraDnsNames: (c) => {
+    const served = (c.spec?.usages ?? []).includes("server auth");
+    if (!served || (c.spec?.dnsNames ?? []).includes("localhost")) return [];
+    localNames.push(`Certificate ${c.metadata.name}: DNS name localhost added for the local run (the rewritten addresses dial localhost)`);
+    return ["localhost"];
+  },
+  fallbackCa: () => {
+    const dir = path.join(opts.tmp, "fallback-ca");
+    const r = spawnSync("bash", ["-c", `source "${opts.root}/scripts/lib/certs.sh" && make_ca "${dir}"`], { encoding: "utf8" });
+    if (r.status !== 0) throw new Error(`make_ca: ${r.stderr}`);
+    return { crt: path.join(dir, "ca.crt"), key: path.join(dir, "ca.key") };
+  },
+  log: (m) => console.log(`note ${m}`),
+  // The kubelet gives Secret files the pod's fsGroup (defaultMode 0440 is
+  // then readable by the non-root user); matters when the binaries run as
+  // uid 10001 (tests/deploy/emulate_image.sh) and this test as root.
+  group: instances.map((i) => i.spec.securityContext?.fsGroup).find((g) => Number.isInteger(g)) ?? null,
+});
+let certError = null;
+try {
+  certManager.issueAll();
+} catch (e) {
+  certError = e.message;
+}
+// The kubelet's part: each Secret volume of a pod, mounted at a local
+// directory (items become symlinks into the Secret's ..data, as the
+// kubelet projects them).
+function secretVolumeDir(inst, vol) {
+  const sec = vol.secret ? { name: vol.secret.secretName, items: vol.secret.items } : null;
+  if (!sec) return { error: `volume ${vol.name} is not a Secret volume` };
+  const s = certManager.secret(sec.name);
+  if (!s) return { error: `Secret ${sec.name} (volume ${vol.name}) is issued by no rendered Certificate` };
+  if (!sec.items || sec.items.length === 0) return { dir: s.dir };
+  const dir = path.join(opts.tmp, "mounts", inst.name, vol.name);
+  mkdirSync(dir, { recursive: true });
+  for (const it of sec.items) {
+    mkdirSync(path.dirname(path.join(dir, it.path)), { recursive: true });
+    symlinkSync(path.join(s.dir, "..data", it.key), path.join(dir, it.path));
+  }
+  return { dir };
+}
+for (const inst of instances) {
+  inst.mounts = []; // [{ mountPath, dir }]
+  for (const m of inst.container.volumeMounts ?? []) {
+    const vol = (inst.spec.volumes ?? []).find((v) => v.name === m.name);
+    if (!vol?.secret) continue;
+    check(m.readOnly === true, `${inst.name}: Secret volume ${m.name} is mounted read-only at ${m.mountPath}`);
+    const r = secretVolumeDir(inst, vol);
+    if (check(!r.error, `${inst.name}: Secret volume ${m.name} at ${m.mountPath} has a local copy${r.error ? `: ${r.error}` : ""}`)) {
+      inst.mounts.push({ mountPath: m.mountPath.replace(/\/$/, ""), dir: r.dir });
+    }
+  }
+  inst.mounts.sort((a, b) => b.mountPath.length - a.mountPath.length);
+}
+
 // Rewrites one value (a flag value or an environment value).
 const rewriteNotes = [];
 function rewrite(inst, value, where) {
+  const mount = inst.mounts.find((m) => value.startsWith(`${m.mountPath}/`));
+  if (mount) return path.join(mount.dir, value.slice(mount.mountPath.length + 1));
   if (/^postgres(ql)?:\/\//.test(value)) {
     const u = new URL(value);
     const db = decodeURIComponent(u.pathname.slice(1));
@@ -164,10 +253,38 @@ function rewrite(inst, value, where) {
       rewriteNotes.push(`${inst.name}: ${where} "${value}" points at ${r.workload.metadata.name}, which this run does not start`);
       return value;
     }
-    return `127.0.0.1:${target.ports.get(r.containerPort)}`;
+    // A TLS client checks the server's certificate against the host it
+    // dials: the rendered host must be a DNS name of the certificate the
+    // target serves (from the rendered Certificate), and the local run
+    // dials localhost, which that certificate holds here.
+    const served = servedCertificate(target);
+    if (served) {
+      const host = parseHostPort(value).host;
+      check((served.spec?.dnsNames ?? []).includes(host),
+        `${inst.name}: ${where} host "${host}" is a DNS name of Certificate ${served.metadata.name}, which ${target.deployment.metadata.name} serves (${(served.spec?.dnsNames ?? []).join(", ")})`);
+    }
+    return `localhost:${target.ports.get(r.containerPort)}`;
   }
   return value;
 }
+
+const emulateMounts = () => [secretsDir, path.join(opts.tmp, "mounts")].filter((d) => existsSync(d)).join(":");
+
+// The Certificate behind an instance's --tls_cert (from its Secret volume).
+function servedCertificate(inst) {
+  const { env } = resolveEnv(inst.container, objs);
+  const { args } = argvOf(inst.container, env);
+  const file = effectiveFlag(args, env, "tls_cert", "").value;
+  if (!file) return null;
+  for (const m of inst.container.volumeMounts ?? []) {
+    if (!file.startsWith(`${m.mountPath.replace(/\/$/, "")}/`)) continue;
+    const vol = (inst.spec.volumes ?? []).find((v) => v.name === m.name);
+    if (vol?.secret) return certManager.certOfSecret(vol.secret.secretName);
+  }
+  return null;
+}
+if (certError) check(false, `cert-manager's part: the rendered Certificates are issued: ${certError}`);
+for (const n of localNames) console.log(`note ${n}`);
 
 for (const inst of instances) {
   const { env, missing } = resolveEnv(inst.container, objs);
@@ -187,8 +304,15 @@ for (const inst of instances) {
   inst.env.PATH = "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin";
   inst.env.HOSTNAME = inst.name;
   inst.env.HOME = "/nonexistent";
+  // Read only by the wrappers of tests/deploy/emulate_image.sh (which show
+  // these directories inside their read-only image root, and hide the
+  // variable from the binary): the local copies of the Secret volumes.
+  if (inst.mounts.length) inst.env.EMULATE_IMAGE_MOUNTS = emulateMounts();
   const probe = inst.container.readinessProbe?.grpc?.port;
   inst.probePort = inst.ports.get(probe);
+  const listen = parseHostPort(effectiveFlag(args, env, "listen", "").value);
+  inst.apiPort = listen ? inst.ports.get(listen.port) : undefined;
+  inst.tls = effectiveFlag(args, env, "tls_cert", "").value !== "";
   const mport = Number(inst.deployment.spec.template.metadata.annotations?.["prometheus.io/port"]);
   inst.metricsPort = inst.ports.get(mport);
   inst.metricsPath = inst.deployment.spec.template.metadata.annotations?.["prometheus.io/path"] ?? "/metrics";
@@ -201,9 +325,15 @@ for (const n of rewriteNotes) console.log(`note ${n}`);
 
 // ------------------------------------------------------------- checks
 function flagsOf(bin) {
-  const r = spawnSync(bin, ["--helpfull"], { encoding: "utf8", timeout: 10000, env: { PATH: process.env.PATH } });
-  const text = `${r.stdout ?? ""}${r.stderr ?? ""}`;
-  return new Set([...text.matchAll(/^\s+--([A-Za-z0-9_]+) \(/gm)].map((m) => m[1]));
+  return new Set((helpfullFlags(bin) ?? new Map()).keys());
+}
+
+// The client identities of this run: the certificate Secret of each
+// rendered Certificate by its URI SAN (spiffe://outbox/outboxctl, ...).
+function identity(uri) {
+  const c = certManager.certs.find((x) => (x.spec?.uris ?? []).includes(uri));
+  const s = c && certManager.secret(c.spec.secretName);
+  return s ? { ca: s.path("ca.crt"), cert: s.path("tls.crt"), key: s.path("tls.key"), uri } : null;
 }
 
 // grpc.health.v1.Health/Check for service "" over h2c, as the kubelet's
@@ -266,12 +396,30 @@ function httpGet(port, p) {
   });
 }
 
-function bufCurl(args, timeoutMs = 15000) {
-  const r = spawnSync(buf, ["curl", "--protocol", "grpc", "--http2-prior-knowledge", ...args], {
+// buf curl; with `id` (identity()) over mutual TLS to https://localhost,
+// otherwise plaintext h2c to 127.0.0.1. `target` is "PORT/service/Method"
+// or "PORT" (with --list-methods).
+function bufCurl(args, target, id = null, timeoutMs = 15000) {
+  const tls = id ? ["--cacert", id.ca, "--cert", id.cert, "--key", id.key] : ["--http2-prior-knowledge"];
+  const url = id ? `https://localhost:${target}` : `http://127.0.0.1:${target}`;
+  const r = spawnSync(buf, ["curl", "--protocol", "grpc", "--timeout", "10s", ...tls, ...args, url], {
     encoding: "utf8",
     timeout: timeoutMs,
   });
   return { ok: r.status === 0, out: (r.stdout ?? "").trim(), err: (r.stderr ?? "").trim() };
+}
+
+function run(cmd, args, env = {}, timeoutMs = 120000) {
+  const r = spawnSync(cmd, args, { encoding: "utf8", timeout: timeoutMs, env: { ...process.env, EMULATE_IMAGE_MOUNTS: emulateMounts(), ...env } });
+  return { ok: r.status === 0, out: (r.stdout ?? "").trim(), err: `${(r.stderr ?? "").trim()}${r.error ? ` ${r.error.message}` : ""}` };
+}
+
+// The serial of the certificate a TLS server presents.
+function servedSerial(port, id) {
+  const s = spawnSync("openssl", ["s_client", "-connect", `127.0.0.1:${port}`, "-servername", "localhost", "-alpn", "h2",
+    "-CAfile", id.ca, "-cert", id.cert, "-key", id.key], { input: "", encoding: "utf8", timeout: 10000 });
+  const x = spawnSync("openssl", ["x509", "-noout", "-serial"], { input: s.stdout ?? "", encoding: "utf8", timeout: 10000 });
+  return x.status === 0 ? x.stdout.trim() : null;
 }
 
 function tail(file, n = 15) {
@@ -373,6 +521,10 @@ async function main() {
     }),
   );
   const up = instances.filter((i) => i.up);
+  // The operators' identity, when the manifests turn TLS on.
+  const anyTls = instances.some((i) => i.tls);
+  const ctl = anyTls ? identity("spiffe://outbox/outboxctl") : null;
+  if (anyTls) check(ctl, "a Certificate with the URI SAN spiffe://outbox/outboxctl is rendered and issued (the operators' client certificate)");
 
   // 5. Metrics, logs, reflection.
   for (const inst of up) {
@@ -384,28 +536,108 @@ async function main() {
       `${inst.name}: GET ${inst.metricsPath} on the annotated metrics port (${inst.deployment.spec.template.metadata.annotations?.["prometheus.io/port"]} -> 127.0.0.1:${inst.metricsPort}) answers 200 text/plain in the Prometheus format` +
       ` (status ${r.status}${r.error ? `, ${r.error}` : ""}, ${samples.length} samples${malformed.length ? `, malformed: ${malformed[0].slice(0, 120)}` : ""})`);
     if (r.status === 200 && samples.length === 0) console.log(`note ${inst.name}: /metrics has no samples yet (series appear only once something is counted?)`);
-    const ls = bufCurl(["--list-methods", `http://127.0.0.1:${inst.probePort}`]);
-    check(ls.ok && ls.out.includes("grpc.health.v1.Health/Check"), `${inst.name}: reflection lists grpc.health.v1.Health/Check${ls.ok ? "" : `: ${ls.err.split("\n")[0]}`}`);
+    const ls = bufCurl(["--list-methods"], `${inst.apiPort}`, inst.tls ? ctl : null);
+    check(ls.ok && ls.out.includes("grpc.health.v1.Health/Check"), `${inst.name}: reflection on the --listen port${inst.tls ? " (mutual TLS, outboxctl certificate)" : ""} lists grpc.health.v1.Health/Check${ls.ok ? "" : `: ${ls.err.split("\n")[0]}`}`);
+    if (inst.tls) {
+      const plain = await healthCheck(inst.apiPort);
+      check(plain !== "SERVING", `${inst.name}: the --listen port refuses plaintext (answer: ${plain})`);
+      const h = bufCurl(["-d", "{}"], `${inst.apiPort}/grpc.health.v1.Health/Check`, ctl);
+      check(h.ok && h.out.includes("SERVING"), `${inst.name}: health over mutual TLS on the --listen port answers SERVING${h.ok ? "" : `: ${h.err.split("\n")[0]}`}`);
+    }
   }
 
   // 6. End to end: an order created through the producer reaches the
   // consumer's inbox (the relay follows --consumer as rendered).
   const producer = up.find((i) => i.binName === "outbox-producer");
   const haveAll = ["outbox-producer", "outbox-relay", "outbox-consumer"].every((b) => up.some((i) => i.binName === b));
+  const billing = [...dbNames.entries()].find(([k]) => k === "outbox_billing")?.[1];
+  const inboxRows = () => {
+    const q = psql(billing, "SELECT count(*) FROM inbox");
+    return q.ok ? Number(q.out) : 0;
+  };
+  const waitInbox = async (atLeast, ms) => {
+    const deadline = Date.now() + ms;
+    let n = 0;
+    while (Date.now() < deadline) {
+      n = inboxRows();
+      if (n >= atLeast) break;
+      await sleep(500);
+    }
+    return n;
+  };
+  const createOrder = (tag) => {
+    const order = { customerId: "c1", items: [{ sku: "book", quantity: 2, unitPriceCents: 1250 }], currency: "EUR", idempotencyKey: `${runId}-${tag}` };
+    return bufCurl(["--data", JSON.stringify(order)], `${producer.apiPort}/outbox.v1.OrderService/CreateOrder`, producer.tls ? ctl : null);
+  };
+  const relay = up.find((i) => i.binName === "outbox-relay");
+  const consumers = up.filter((i) => i.binName === "outbox-consumer");
   if (producer && haveAll) {
-    const order = { customerId: "c1", items: [{ sku: "book", quantity: 2, unitPriceCents: 1250 }], currency: "EUR", idempotencyKey: `${runId}-1` };
-    const r = bufCurl(["--data", JSON.stringify(order), `http://127.0.0.1:${producer.probePort}/outbox.v1.OrderService/CreateOrder`]);
-    if (check(r.ok, `CreateOrder through the producer succeeds${r.ok ? "" : `: ${r.err.split("\n")[0]}`}`)) {
-      const billing = [...dbNames.entries()].find(([k]) => k === "outbox_billing")?.[1];
-      const deadline = Date.now() + 30000;
-      let n = "0";
-      while (Date.now() < deadline) {
-        const q = psql(billing, "SELECT count(*) FROM inbox");
-        n = q.ok ? q.out : "0";
-        if (Number(n) >= 1) break;
-        await sleep(500);
+    const r = createOrder("1");
+    const how = producer.tls ? " over mutual TLS (outboxctl certificate)" : "";
+    if (check(r.ok, `CreateOrder through the producer${how} succeeds${r.ok ? "" : `: ${r.err.split("\n")[0]}`}`)) {
+      const n = await waitInbox(1, 30000);
+      check(n >= 1, `the order's event reached the consumer's inbox through the relay${relay.tls ? " (relay -> consumer over mutual TLS)" : ""} within 30 s (inbox rows: ${n})`);
+    }
+
+    // Load and an end-to-end verification by outboxctl, with the
+    // operators' certificate, when the binary is at hand.
+    const outboxctl = path.join(opts.bin, "outboxctl");
+    const tlsArgs = ctl ? [`--ca=${ctl.ca}`, `--cert=${ctl.cert}`, `--key=${ctl.key}`] : [];
+    const dbUrl = (db) => {
+      const u = new URL(opts.pg);
+      u.pathname = `/${db}`;
+      return u.toString();
+    };
+    const pgEnv = pgUrl.password ? { PGPASSWORD: decodeURIComponent(pgUrl.password) } : {};
+    if (existsSync(outboxctl)) {
+      const load = run(outboxctl, ["load", ...tlsArgs, `--producer=localhost:${producer.apiPort}`, "--orders=40", "--concurrency=2", "--timeout=5s", `--seed=${process.pid}`]);
+      if (check(load.ok, `outboxctl load: 40 orders through the producer${how}${load.ok ? "" : `: ${(load.err || load.out).split("\n").slice(-2).join(" ")}`}`)) {
+        const orders = [...dbNames.entries()].find(([k]) => k === "outbox_orders")?.[1];
+        const v = run(outboxctl, ["verify", `--orders_db=${dbUrl(orders)}`, `--billing_db=${dbUrl(billing)}`, "--wait=60s"], pgEnv, 90000);
+        check(v.ok, `outboxctl verify: every event delivered exactly once, in order${v.ok ? "" : `: ${(v.out + v.err).split("\n").slice(-3).join(" ")}`}`);
       }
-      check(Number(n) >= 1, `the order's event reached the consumer's inbox through the relay within 30 s (inbox rows: ${n})`);
+      const stats = run(outboxctl, ["stats", ...tlsArgs, `--relay=localhost:${relay.apiPort}`, `--consumer=localhost:${consumers[0].apiPort}`]);
+      check(stats.ok && /partitions owned/.test(stats.out) && /applied/.test(stats.out),
+        `outboxctl stats reads the relay's admin API and the consumer's query API${ctl ? " as spiffe://outbox/outboxctl" : ""}${stats.ok ? "" : `: ${(stats.err || stats.out).split("\n").slice(-2).join(" ")}`}`);
+      const rq = run(outboxctl, ["requeue", ...tlsArgs, `--relay=localhost:${relay.apiPort}`, "--all-dead"]);
+      check(rq.ok && /requeued \d+ dead letters/.test(rq.out), `outboxctl requeue --all-dead is admitted (RelayAdmin.Requeue, --admin_clients)${rq.ok ? "" : `: ${(rq.err || rq.out).split("\n").slice(-2).join(" ")}`}`);
+    } else {
+      console.log(`note ${outboxctl} not found: no load, verify, stats or requeue through outboxctl`);
+    }
+
+    // Identities the manifests do not admit: another service's
+    // certificate (same CA) on the relay's admin API and the consumer.
+    if (relay.tls) {
+      const other = identity("spiffe://outbox/producer");
+      if (other) {
+        const code = (r) => (r.ok ? "an answer" : /"code":\s*"(\w+)"/.exec(r.out + r.err)?.[1] ?? (r.out + r.err).split("\n")[0]);
+        const a = bufCurl(["-d", "{}"], `${relay.apiPort}/outbox.v1.RelayAdmin/GetStats`, other);
+        check(code(a) === "permission_denied", `the relay's admin API refuses spiffe://outbox/producer (RelayAdmin/GetStats: ${code(a)})`);
+        const b = bufCurl(["-d", "{}"], `${consumers[0].apiPort}/outbox.v1.BillingQuery/GetStats`, other);
+        check(code(b) === "permission_denied", `the consumer refuses spiffe://outbox/producer (BillingQuery/GetStats: ${code(b)})`);
+      }
+    }
+
+    // Renewal: cert-manager issues a new consumer certificate (new key),
+    // the kubelet swaps the Secret volume's files; the consumer must serve
+    // it without a restart, and events must keep flowing.
+    const consumerCert = consumers[0] && servedCertificate(consumers[0]);
+    if (consumerCert && ctl) {
+      const before = consumers.map((c) => servedSerial(c.apiPort, ctl));
+      certManager.renew(consumerCert.spec.secretName);
+      const deadline = Date.now() + 20000;
+      let after = before;
+      while (Date.now() < deadline) {
+        after = consumers.map((c) => servedSerial(c.apiPort, ctl));
+        if (after.every((x, i) => x && x !== before[i])) break;
+        await sleep(1000);
+      }
+      check(after.every((x, i) => x && x !== before[i]),
+        `a renewed consumer certificate (new key, Secret files swapped as the kubelet does) is served within 20 s without a restart (serial ${before.join(",")} -> ${after.join(",")})`);
+      const rows = inboxRows();
+      const r2 = createOrder("renewed");
+      const n2 = r2.ok ? await waitInbox(rows + 1, 30000) : rows;
+      check(r2.ok && n2 > rows, `after the renewal an order still reaches the consumer's inbox (inbox rows ${rows} -> ${n2})`);
     }
   } else if (!only) {
     check(false, "all three services are up for the end-to-end check");
@@ -442,7 +674,12 @@ async function main() {
     check(res.code === 0, `${inst.name}: exits with status 0 after SIGTERM (got ${res.code ?? res.signal}) in ${secs} s (grace ${inst.grace} s)`);
     if (res.code !== 0) console.log(tail(inst.log));
     if (inst.up && inst.logFormat === "json") {
-      const lines = readFileSync(inst.log, "utf8").split("\n").filter((l) => l.trim() !== "");
+      const all = readFileSync(inst.log, "utf8").split("\n").filter((l) => l.trim() !== "");
+      // The plaintext call this test makes to a TLS port on purpose (above)
+      // makes gRPC core log the failed handshake itself, in its own format,
+      // past the binary's logger: only that line is set aside (and noted).
+      const provoked = inst.tls ? all.filter((l) => /^E\d{4} [\d:. ]+\d+ ssl_transport_security\.cc:\d+\]\s+Handshake failed .*wrong version number/.test(l)) : [];
+      const lines = all.filter((l) => !provoked.includes(l));
       const bad = lines.filter((l) => {
         try {
           return typeof JSON.parse(l) !== "object";
@@ -451,6 +688,7 @@ async function main() {
         }
       });
       check(lines.length > 0 && bad.length === 0, `${inst.name}: all ${lines.length} log lines are JSON (log_format json from the manifests)${bad.length ? `; first other line: ${bad[0].slice(0, 160)}` : ""}`);
+      if (provoked.length) console.log(`note ${inst.name}: gRPC core logged ${provoked.length} line(s) outside the JSON format for the plaintext handshake this test attempted (${provoked[0].slice(0, 120)}...)`);
     }
   }
   await Promise.all(watchers);

@@ -3,17 +3,24 @@
 # deploy/k8s/overlays/dev, takes each outbox container's command, args and
 # environment (ConfigMap and Secret references resolved from the rendered
 # objects) and starts them with the binaries of BIN_DIR against a test
-# PostgreSQL. Checks health SERVING on the probe ports, /metrics on the
-# annotated ports, JSON logs, reflection, an order flowing from producer to
-# consumer through the relay, and a clean exit within the grace period
-# after SIGTERM. A flag or OUTBOX_* variable in the manifests that a binary
-# does not know fails the test. See tests/deploy/rendered.mjs for the rewrites
-# (addresses -> 127.0.0.1 and free ports, database names unique per run).
+# PostgreSQL, with real certificates (openssl) issued from the rendered
+# cert-manager Certificates and mounted where the pods mount their Secrets.
+# Checks health SERVING on the probe (plaintext health) ports, that the API
+# ports refuse plaintext, /metrics on the annotated ports, JSON logs,
+# reflection, an order flowing from producer to consumer through the relay
+# over mutual TLS, an outboxctl load verified end to end, who is admitted
+# and refused, a renewed certificate served without a restart, and a clean
+# exit within the grace period after SIGTERM. A flag or OUTBOX_* variable in
+# the manifests that a binary does not know fails the test. See
+# tests/deploy/rendered.mjs for the rewrites (addresses -> 127.0.0.1 or
+# localhost and free ports, database names unique per run, Secret mounts ->
+# local copies).
 #
 # Usage: OUTBOX_TEST_PG_URL=postgresql://postgres@127.0.0.1:5432 \
 #          tests/deploy/run_rendered.sh BIN_DIR [--replicas=N] [--overlay=dev]
 #                                               [--components=producer,relay,consumer]
 #   BIN_DIR   directory holding outbox-producer, outbox-relay, outbox-consumer
+#             (and outboxctl: without it the load/verify/stats steps are skipped)
 #   OUTBOX_TEST_PG_URL  a PostgreSQL server (no database in the URL, or one
 #             to connect to for CREATE DATABASE); the run creates and drops
 #             its own uniquely named databases (KEEP_DATABASES=1 keeps them).
@@ -43,7 +50,7 @@ for a in "$@"; do
   esac
 done
 [[ -n "${OUTBOX_TEST_PG_URL:-}" ]] || fail "set OUTBOX_TEST_PG_URL to a PostgreSQL server, e.g. postgresql://postgres@127.0.0.1:5432"
-for tool in kubectl node psql; do
+for tool in kubectl node psql openssl; do
   command -v "$tool" >/dev/null || fail "$tool not found"
 done
 [[ -x "$root/node_modules/.bin/buf" && -d "$root/node_modules/yaml" ]] ||

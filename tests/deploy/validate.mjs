@@ -1,21 +1,33 @@
 #!/usr/bin/env node
 // Validates rendered kustomize overlays offline.
 //
-//   node tests/deploy/validate.mjs [--root DIR] OVERLAY=RENDERED.yaml ...
+//   node tests/deploy/validate.mjs [--root=DIR] [--bin=DIR] OVERLAY=RENDERED.yaml ...
 //
 // (tests/deploy/validate.sh renders every overlay and calls this.)
 //
 // 1. Every object validates against the upstream Kubernetes schemas of the
-//    npm package kubernetes-models, strictly (unknown fields are errors).
+//    npm package kubernetes-models, and the cert-manager objects against
+//    the CRD schemas of @kubernetes-models/cert-manager, strictly (unknown
+//    fields are errors).
 // 2. Policy: what a platform review checks on each overlay - grpc probes on
-//    the --listen port, resources, security contexts, grace period versus
-//    --shutdown_timeout, Prometheus annotations versus --metrics_listen,
-//    topology spread, one PodDisruptionBudget per workload, Services and
-//    references that resolve, secrets kept out of plain values, replica
-//    counts in prod, and the NetworkPolicies evaluated for who may reach
-//    whom.
-// 3. The container build (deploy/docker/Dockerfile, .dockerignore) agrees
+//    the plaintext --health_listen port, resources, security contexts,
+//    grace period versus --shutdown_timeout, Prometheus annotations versus
+//    --metrics_listen, topology spread, one PodDisruptionBudget per
+//    workload, Services and references that resolve, secrets kept out of
+//    plain values, replica counts in prod, every flag and OUTBOX_* variable
+//    a flag of its binary, and the NetworkPolicies evaluated for who may
+//    reach whom.
+// 3. Mutual TLS on every link: each server's --tls_* files and the relay's
+//    client files come from read-only mounts of Secrets that cert-manager
+//    Certificates of the namespace issue, from one CA; SPIFFE ids, usages,
+//    key rotation, lifetimes, DNS names versus the Services and the relay's
+//    --consumer host, who each server admits (--allowed_clients,
+//    --admin_clients), and the issuer chain.
+// 4. The container build (deploy/docker/Dockerfile, .dockerignore) agrees
 //    with the manifests (user id, binary paths, exec-form entrypoint).
+//
+// --bin=DIR: a directory holding the built binaries. Their --helpfull then
+// decides which flags exist (otherwise the list below, kept by hand).
 //
 // Exits 0 if everything holds, 1 otherwise (2 on bad usage).
 
@@ -28,23 +40,26 @@ import {
   workloadsForService, resolveServiceAddress, WORKLOAD_KINDS,
 } from "./lib/k8s.mjs";
 import { makeSchemaValidator } from "./lib/schema.mjs";
+import { helpfullFlags, ABSL_FLAGS } from "./lib/flags.mjs";
 import { allowed, ingressAllowed, isolated } from "./lib/netpol.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 let root = path.resolve(here, "../..");
+let binDir = null;
 const overlays = [];
 for (const a of process.argv.slice(2)) {
   if (a.startsWith("--root=")) root = path.resolve(a.slice(7));
+  else if (a.startsWith("--bin=")) binDir = a.slice(6) ? path.resolve(a.slice(6)) : null;
   else if (/^[\w.-]+=.+/.test(a)) {
     const i = a.indexOf("=");
     overlays.push({ name: a.slice(0, i), file: a.slice(i + 1) });
   } else {
-    console.error(`usage: validate.mjs [--root=DIR] OVERLAY=RENDERED.yaml ...  (bad argument: ${a})`);
+    console.error(`usage: validate.mjs [--root=DIR] [--bin=DIR] OVERLAY=RENDERED.yaml ...  (bad argument: ${a})`);
     process.exit(2);
   }
 }
 if (overlays.length === 0) {
-  console.error("usage: validate.mjs [--root=DIR] OVERLAY=RENDERED.yaml ...");
+  console.error("usage: validate.mjs [--root=DIR] [--bin=DIR] OVERLAY=RENDERED.yaml ...");
   process.exit(2);
 }
 
@@ -55,22 +70,70 @@ const COMPONENTS = {
   "outbox-consumer": { listen: "127.0.0.1:50053", database: "outbox_billing", needsService: true },
 };
 // The flags of each binary and the form of their values, so that a typo in
-// a ConfigMap key (OUTBOX_*) or an argument fails here already; with the
-// binaries at hand, run_rendered.sh checks the same against --helpfull.
+// a ConfigMap key (OUTBOX_*) or an argument fails here already. With
+// --bin=DIR the binaries' own --helpfull decides which flags exist (and the
+// form of the value follows the default it prints); without binaries this
+// list, kept by hand, is the fallback (a note names any drift from the
+// binaries when both are at hand).
 const DURATION = (v) => Number.isFinite(parseDuration(v)) && parseDuration(v) >= 0;
 const INT = (v) => /^\d+$/.test(v);
+const FLOAT = (v) => /^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/.test(v);
 const BOOL = (v) => /^(true|false|1|0|yes|no|t|f|y|n)$/i.test(v);
 const HOSTPORT = (v) => parseHostPort(v) !== null;
+const ANY = () => true;
+const FILE = (v) => v === "" || path.isAbsolute(v);
+// Identities: URI SANs (spiffe://...), DNS names or CNs, comma-separated.
+const IDS = (v) => v.split(",").every((x) => /^\s*[\w.:/@-]+\s*$/.test(x));
 const COMMON_FLAGS = {
   listen: HOSTPORT, db: (v) => /^postgres(ql)?:\/\//.test(v), metrics_listen: (v) => v === "" || HOSTPORT(v),
   log_format: (v) => ["text", "json"].includes(v), log_level: (v) => ["trace", "debug", "info", "warn", "error"].includes(v),
   shutdown_timeout: DURATION, db_pool_size: INT,
+  statement_timeout: DURATION, lock_timeout: DURATION, idle_in_transaction_session_timeout: DURATION, stall_timeout: DURATION,
+  health_listen: (v) => v === "" || HOSTPORT(v),
+  tls_cert: FILE, tls_key: FILE, tls_client_ca: FILE, allowed_clients: IDS, admin_clients: IDS,
 };
-const FLAGS = {
+const FALLBACK_FLAGS = {
   "outbox-producer": { ...COMMON_FLAGS, notify: BOOL },
-  "outbox-relay": { ...COMMON_FLAGS, consumer: HOSTPORT, max_attempts: INT, batch_size: INT, window: INT, poll_interval: DURATION, ack_timeout: DURATION },
-  "outbox-consumer": { ...COMMON_FLAGS },
+  "outbox-relay": {
+    ...COMMON_FLAGS, consumer: HOSTPORT, max_attempts: INT, batch_size: INT, window: INT, poll_interval: DURATION, ack_timeout: DURATION,
+    consumer_ca: FILE, client_cert: FILE, client_key: FILE, reject_backoff: DURATION, retention: DURATION, retry_max: DURATION,
+  },
+  "outbox-consumer": { ...COMMON_FLAGS, max_held_per_aggregate: INT, query_db_pool_size: INT, delivery_clients: IDS },
 };
+// The form of a flag's value from the default --helpfull prints.
+function validatorFromDefault(d) {
+  if (/^".*"$/.test(d) || d === "") return ANY;
+  if (/^(true|false)$/.test(d)) return BOOL;
+  if (d === "0") return (v) => INT(v) || DURATION(v); // an int, or a duration such as --retention
+  if (/^\d+$/.test(d)) return INT;
+  if (FLOAT(d)) return FLOAT;
+  if (Number.isFinite(parseDuration(d))) return DURATION;
+  return ANY;
+}
+const flagSource = {};
+function flagsFor(comp) {
+  if (!binDir) return FALLBACK_FLAGS[comp];
+  const help = helpfullFlags(path.join(binDir, comp));
+  if (!help) return null;
+  const out = {};
+  for (const [name, dflt] of help) {
+    if (ABSL_FLAGS.has(name)) continue;
+    // The hand-kept forms are finer (host:port, enumerations); the binary
+    // decides whether the flag exists.
+    out[name] = FALLBACK_FLAGS[comp][name] ?? COMMON_FLAGS[name] ?? validatorFromDefault(dflt);
+  }
+  const missing = Object.keys(out).filter((f) => !(f in FALLBACK_FLAGS[comp]));
+  const gone = Object.keys(FALLBACK_FLAGS[comp]).filter((f) => !(f in out));
+  if (missing.length) flagNotes.push(`${comp} has flags the fallback list in validate.mjs lacks: ${missing.join(", ")}`);
+  if (gone.length) flagNotes.push(`the fallback list in validate.mjs has flags ${comp} no longer has: ${gone.join(", ")}`);
+  return out;
+}
+const flagNotes = [];
+const FLAGS = {};
+for (const comp of Object.keys(FALLBACK_FLAGS)) {
+  FLAGS[comp] = flagsFor(comp);
+  flagSource[comp] = binDir ? `${path.join(binDir, comp)} --helpfull` : "the list in validate.mjs";
+}
 const SHUTDOWN_TIMEOUT_DEFAULT = "10s";
 const GRACE_MARGIN_SECONDS = 5; // time to exit after the drain deadline
 const PROD_MIN_REPLICAS = 2;
@@ -187,11 +250,18 @@ function checkImage(c, overlay) {
   if (overlay === "prod") check(m?.[1]?.includes("/") && m?.[2] !== "dev", `container ${c.name}: prod image comes from a registry, not the local dev tag (found ${img})`);
 }
 
-function checkProbes(c, listenPort) {
+// With TLS on --listen, the kubelet's grpc probes (which cannot speak TLS)
+// must use the plaintext --health_listen port; without TLS either port.
+function checkProbes(c, listenPort, healthPort, tls) {
   for (const kind of ["startupProbe", "readinessProbe", "livenessProbe"]) {
     const p = c[kind];
     if (!check(p?.grpc, `container ${c.name}: ${kind} is a grpc probe`)) continue;
-    check(p.grpc.port === listenPort, `container ${c.name}: ${kind}.grpc.port ${p.grpc.port} equals the --listen port ${listenPort}`);
+    if (tls) {
+      check(p.grpc.port !== listenPort, `container ${c.name}: ${kind}.grpc.port ${p.grpc.port} is not the --listen port ${listenPort}, which serves mutual TLS (a grpc probe cannot)`);
+      check(p.grpc.port === healthPort, `container ${c.name}: ${kind}.grpc.port ${p.grpc.port} equals the --health_listen port ${healthPort}`);
+    } else {
+      check(p.grpc.port === listenPort || p.grpc.port === healthPort, `container ${c.name}: ${kind}.grpc.port ${p.grpc.port} equals the --listen port ${listenPort} or the --health_listen port ${healthPort}`);
+    }
     check(!p.grpc.service, `container ${c.name}: ${kind} checks the overall health service "" (the binaries report only that one)`);
     if (kind !== "readinessProbe") check((p.successThreshold ?? 1) === 1, `container ${c.name}: ${kind}.successThreshold is 1`);
   }
@@ -200,6 +270,248 @@ function checkProbes(c, listenPort) {
     const budget = (s.initialDelaySeconds ?? 0) + (s.periodSeconds ?? 10) * (s.failureThreshold ?? 3);
     check(budget >= 30, `container ${c.name}: startupProbe allows >= 30 s for migrations (allows ${budget} s)`);
   }
+}
+
+// ---------------------------------------------------------------- mutual TLS
+// The SPIFFE id (URI SAN) each component's certificate carries, and the
+// operators' client identity.
+const SPIFFE = {
+  "outbox-producer": "spiffe://outbox/producer",
+  "outbox-relay": "spiffe://outbox/relay",
+  "outbox-consumer": "spiffe://outbox/consumer",
+  outboxctl: "spiffe://outbox/outboxctl",
+};
+const CERT_MANAGER_API = "cert-manager.io/v1";
+// The keys cert-manager writes into a Certificate's Secret.
+const SECRET_KEY = { cert: "tls.crt", key: "tls.key", ca: "ca.crt" };
+const MAX_LEAF_DURATION_H = 2160; // 90 days: renewal is exercised, a stolen key expires
+const MIN_RENEW_BEFORE_H = 24; // a day to notice a renewal that failed
+
+const hours = (d) => parseDuration(String(d ?? "")) / 3600;
+const issuerKey = (ref) => `${ref?.group ?? "cert-manager.io"}/${ref?.kind ?? "Issuer"}/${ref?.name}`;
+
+// Where a file a flag names comes from: the container's volumeMounts and
+// the pod's volumes. Returns { mount, secretName, key, cert } or { error }.
+function fileSource(podSpec, c, file, certs) {
+  const mounts = (c.volumeMounts ?? []).filter((m) => file.startsWith(`${m.mountPath.replace(/\/$/, "")}/`));
+  mounts.sort((a, b) => b.mountPath.length - a.mountPath.length);
+  const mount = mounts[0];
+  if (!mount) return { error: `no volumeMount holds ${file}` };
+  const rel = file.slice(mount.mountPath.replace(/\/$/, "").length + 1);
+  const vol = (podSpec.volumes ?? []).find((v) => v.name === mount.name);
+  if (!vol) return { error: `volume ${mount.name} of the mount ${mount.mountPath} is not declared`, mount };
+  let secretName = null;
+  let key = null;
+  let optional = false;
+  const pick = (sec) => {
+    const items = sec.items;
+    if (!items || items.length === 0) return rel;
+    return items.find((it) => it.path === rel)?.key ?? null;
+  };
+  if (vol.secret) {
+    secretName = vol.secret.secretName;
+    key = pick(vol.secret);
+    optional = vol.secret.optional === true;
+  } else if (vol.projected) {
+    for (const src of vol.projected.sources ?? []) {
+      if (!src.secret) continue;
+      const k = pick(src.secret);
+      if (k !== null && (src.secret.items?.length || !secretName)) {
+        secretName = src.secret.name;
+        key = k;
+        optional = src.secret.optional === true;
+      }
+    }
+  }
+  if (!secretName) return { error: `volume ${vol.name} (mounted at ${mount.mountPath}) is not a Secret volume`, mount };
+  const cert = certs.find((x) => x.spec?.secretName === secretName) ?? null;
+  return { mount, volume: vol, secretName, key, cert, optional };
+}
+
+// The Service names a DNS name may take from a pod of `ns`.
+function serviceOfDnsName(services, ns, dns) {
+  for (const s of services) {
+    const n = s.metadata.name;
+    if ([n, `${n}.${ns}`, `${n}.${ns}.svc`, `${n}.${ns}.svc.cluster.local`].includes(dns)) return s;
+  }
+  return null;
+}
+
+function checkTls(name, ns, objs, found, services) {
+  scope = `${name} TLS`;
+  for (const o of objs) {
+    if ((o.apiVersion ?? "").startsWith("cert-manager.io/")) {
+      check(o.apiVersion === CERT_MANAGER_API, `${ident(o)} uses ${CERT_MANAGER_API} (found ${o.apiVersion})`);
+    }
+  }
+  const certs = objs.filter((o) => o.apiVersion === CERT_MANAGER_API && o.kind === "Certificate");
+  const issuers = objs.filter((o) => o.apiVersion === CERT_MANAGER_API && o.kind === "Issuer");
+  const certOfSecret = new Map();
+  for (const c of certs) {
+    const prev = certOfSecret.get(c.spec?.secretName);
+    check(!prev, `Certificate ${c.metadata.name}: Secret ${c.spec?.secretName} is written by no other Certificate${prev ? ` (also ${prev.metadata.name})` : ""}`);
+    certOfSecret.set(c.spec?.secretName, c);
+  }
+  const uriOwner = new Map(); // SPIFFE id -> Certificate
+  for (const c of certs) for (const u of c.spec?.uris ?? []) uriOwner.set(u, c);
+
+  // Resolves issuerRef: the rendered namespaced Issuer, or a ClusterIssuer
+  // (out of band; only noted).
+  const issuerOf = (c) => {
+    const ref = c.spec?.issuerRef ?? {};
+    if ((ref.group ?? "cert-manager.io") !== "cert-manager.io") return { external: `${ref.kind} ${ref.name} of ${ref.group}` };
+    if (ref.kind === "ClusterIssuer") return { external: `ClusterIssuer ${ref.name}` };
+    return { issuer: issuers.find((i) => i.metadata.name === ref.name) ?? null };
+  };
+  const leafChecked = new Set();
+  const checkLeaf = (c, { server, client, id, who }) => {
+    const at = `Certificate ${c.metadata.name} (${who})`;
+    const uris = c.spec?.uris ?? [];
+    check(uris.length === 1 && uris[0] === id, `${at}: URI SAN is exactly ${id} (found ${uris.join(", ") || "none"})`);
+    const usages = c.spec?.usages ?? [];
+    if (server) check(usages.includes("server auth"), `${at}: usages include "server auth"`);
+    if (client) check(usages.includes("client auth"), `${at}: usages include "client auth"`);
+    if (leafChecked.has(c)) return;
+    leafChecked.add(c);
+    check(c.spec?.isCA !== true, `${at}: is not a CA`);
+    const pk = c.spec?.privateKey ?? {};
+    check(pk.rotationPolicy === "Always", `${at}: privateKey.rotationPolicy is Always (a new key at every renewal; found ${pk.rotationPolicy ?? "unset"})`);
+    const alg = pk.algorithm ?? "RSA";
+    const size = pk.size ?? (alg === "RSA" ? 2048 : 256);
+    check((alg === "ECDSA" && [256, 384].includes(size)) || (alg === "RSA" && size >= 2048),
+      `${at}: private key ECDSA P-256/P-384 or RSA >= 2048 (found ${alg} ${size})`);
+    const d = hours(c.spec?.duration);
+    const rb = hours(c.spec?.renewBefore);
+    check(Number.isFinite(d) && d >= 1 && d <= MAX_LEAF_DURATION_H, `${at}: duration is set, between 1h and ${MAX_LEAF_DURATION_H}h (found ${c.spec?.duration ?? "unset"})`);
+    check(Number.isFinite(rb) && rb >= MIN_RENEW_BEFORE_H && (!Number.isFinite(d) || rb < d),
+      `${at}: renewBefore is set, >= ${MIN_RENEW_BEFORE_H}h and below the duration (found ${c.spec?.renewBefore ?? "unset"} of ${c.spec?.duration ?? "?"})`);
+    const iss = issuerOf(c);
+    if (iss.external) notes.push(`${name}: Certificate ${c.metadata.name} is issued by ${iss.external}, which is not rendered here: not checked`);
+    else if (check(iss.issuer, `${at}: its issuerRef names an Issuer rendered in the namespace (found ${issuerKey(c.spec?.issuerRef)})`)) {
+      check(!iss.issuer.spec?.selfSigned, `${at}: is not issued by the selfSigned Issuer ${iss.issuer.metadata.name} directly (a self-signed leaf is its own CA: peers could not verify it)`);
+    }
+  };
+
+  // Every Issuer: exactly one kind of issuer; a CA Issuer's Secret comes
+  // from a CA Certificate of the namespace (or is pre-created: noted).
+  for (const i of issuers) {
+    const kinds = ["selfSigned", "ca", "vault", "venafi", "acme"].filter((k) => i.spec?.[k] !== undefined);
+    check(kinds.length === 1, `Issuer ${i.metadata.name}: configures exactly one issuer type (found ${kinds.join(", ") || "none"})`);
+    if (i.spec?.ca) {
+      const caCert = certOfSecret.get(i.spec.ca.secretName);
+      if (!caCert) {
+        notes.push(`${name}: Issuer ${i.metadata.name} signs with the pre-created Secret ${i.spec.ca.secretName} (no Certificate here issues it)`);
+        continue;
+      }
+      check(caCert.spec?.isCA === true, `Issuer ${i.metadata.name}: its Secret ${i.spec.ca.secretName} comes from Certificate ${caCert.metadata.name} with isCA: true`);
+      const up = issuerOf(caCert);
+      if (!up.external) check(up.issuer, `Certificate ${caCert.metadata.name} (CA): its issuerRef names an Issuer rendered in the namespace (found ${issuerKey(caCert.spec?.issuerRef)})`);
+      check(issuerKey(caCert.spec?.issuerRef) !== `cert-manager.io/Issuer/${i.metadata.name}`, `Issuer ${i.metadata.name}: does not issue its own CA certificate`);
+      const caH = hours(caCert.spec?.duration ?? "2160h");
+      check(caH > MAX_LEAF_DURATION_H, `Certificate ${caCert.metadata.name} (CA): lives longer than the certificates it signs (duration ${caCert.spec?.duration ?? "default 2160h"})`);
+    }
+  }
+
+  // Each service: mutual TLS on --listen from a mounted Certificate Secret.
+  const serverCert = {};
+  const issuerSeen = new Map(); // issuerKey -> who
+  const fromSecret = (comp, f, flag, want) => {
+    const value = effectiveFlag(f.args, f.env, flag, "").value;
+    const at = `${comp}: --${flag}`;
+    if (!check(value !== "", `${at} is set (mutual TLS on by default)`)) return null;
+    const spec = podSpecOf(f.workload);
+    const src = fileSource(spec, f.container, value, certs);
+    if (!check(!src.error, `${at}=${value} is a file of a mounted Secret${src.error ? `: ${src.error}` : ""}`)) return null;
+    check(src.mount.readOnly === true, `${at}: the volumeMount ${src.mount.mountPath} is readOnly`);
+    check(!src.mount.subPath && !src.mount.subPathExpr, `${at}: the volumeMount ${src.mount.mountPath} has no subPath (the kubelet never updates a subPath mount: a renewed certificate would not arrive)`);
+    check(!src.optional, `${at}: the Secret volume is not optional (a pod must not start without its certificate)`);
+    if (!check(src.cert, `${at}: Secret ${src.secretName} is issued by a Certificate in the namespace ${ns}`)) return null;
+    check(src.key === SECRET_KEY[want], `${at}: reads the key ${SECRET_KEY[want]} of Secret ${src.secretName} (reads ${src.key})`);
+    issuerSeen.set(issuerKey(src.cert.spec?.issuerRef), `${comp} --${flag}`);
+    return src;
+  };
+  for (const [comp, f] of Object.entries(found)) {
+    scope = `${name} ${comp} TLS`;
+    const cert = fromSecret(comp, f, "tls_cert", "cert");
+    const key = fromSecret(comp, f, "tls_key", "key");
+    const ca = fromSecret(comp, f, "tls_client_ca", "ca");
+    if (cert && key) check(cert.secretName === key.secretName, `--tls_cert and --tls_key come from one Secret (${cert.secretName}, ${key.secretName})`);
+    if (!cert) continue;
+    serverCert[comp] = cert.cert;
+    checkLeaf(cert.cert, { server: true, client: comp === "outbox-relay", id: SPIFFE[comp], who: comp });
+    // DNS names: every name the workload's Services are reached by, and
+    // nothing but those names (and localhost, for kubectl port-forward).
+    const dns = cert.cert.spec?.dnsNames ?? [];
+    const mine = services.filter((sv) => matchServiceSelector(sv.spec?.selector, f.workload.spec.template.metadata.labels ?? {}));
+    for (const sv of mine) {
+      for (const n of [sv.metadata.name, `${sv.metadata.name}.${ns}.svc`, `${sv.metadata.name}.${ns}.svc.cluster.local`]) {
+        check(dns.includes(n), `Certificate ${cert.cert.metadata.name}: dnsNames include ${n} (Service ${sv.metadata.name})`);
+      }
+    }
+    for (const n of dns) {
+      const sv = n === "localhost" ? null : serviceOfDnsName(services, ns, n);
+      check(n === "localhost" || (sv && mine.includes(sv)), `Certificate ${cert.cert.metadata.name}: DNS name ${n} names a Service of ${comp} in ${ns} (or localhost)`);
+    }
+    // Who is admitted.
+    const allowed = effectiveFlag(f.args, f.env, "allowed_clients", "").value.split(",").map((x) => x.trim()).filter(Boolean);
+    const admin = effectiveFlag(f.args, f.env, "admin_clients", "").value.split(",").map((x) => x.trim()).filter(Boolean);
+    for (const id of [...allowed, ...admin]) {
+      check(uriOwner.has(id), `--allowed_clients/--admin_clients: ${id} is the URI SAN of a Certificate rendered in ${ns}`);
+    }
+    if (comp === "outbox-consumer") {
+      check(allowed.length > 0, "--allowed_clients is set (empty would admit every certificate of the CA, the producer's included, to EventSink)");
+      check(allowed.includes(SPIFFE["outbox-relay"]), `--allowed_clients admits the relay (${SPIFFE["outbox-relay"]}); found "${allowed.join(",")}"`);
+      check(!allowed.includes(SPIFFE["outbox-producer"]), "--allowed_clients does not admit the producer");
+      const delivery = effectiveFlag(f.args, f.env, "delivery_clients", "").value.split(",").map((x) => x.trim()).filter(Boolean);
+      const deliverers = delivery.length > 0 ? delivery : allowed;
+      check(deliverers.length === 1 && deliverers[0] === SPIFFE["outbox-relay"],
+        `only the relay may call EventSink.Deliver (--delivery_clients, else --allowed_clients); found "${deliverers.join(",")}"`);
+    }
+    if (comp === "outbox-relay") {
+      check(admin.length > 0, "--admin_clients is set (who may Requeue; empty refuses it to everyone)");
+      check(admin.includes(SPIFFE.outboxctl), `--admin_clients admits ${SPIFFE.outboxctl}; found "${admin.join(",")}"`);
+      check(allowed.length > 0, "--allowed_clients is set (empty would let every certificate of the CA read the admin API)");
+      for (const other of ["outbox-producer", "outbox-consumer"]) {
+        check(!allowed.includes(SPIFFE[other]) && !admin.includes(SPIFFE[other]), `the admin API does not admit ${other}`);
+      }
+    }
+    if (comp === "outbox-producer" && allowed.length === 0) {
+      notes.push(`${name}: the producer admits every client certificate the CA signed (no --allowed_clients; deploy/README.md)`);
+    }
+  }
+
+  // The relay's stream to the consumer: TLS, its own certificate, and the
+  // consumer's certificate names the host it dials.
+  const relay = found["outbox-relay"];
+  if (relay) {
+    scope = `${name} outbox-relay -> outbox-consumer TLS`;
+    const caSrc = fromSecret("outbox-relay", relay, "consumer_ca", "ca");
+    const cc = fromSecret("outbox-relay", relay, "client_cert", "cert");
+    const ck = fromSecret("outbox-relay", relay, "client_key", "key");
+    if (cc && ck) check(cc.secretName === ck.secretName, `--client_cert and --client_key come from one Secret (${cc.secretName}, ${ck.secretName})`);
+    if (cc) checkLeaf(cc.cert, { server: false, client: true, id: SPIFFE["outbox-relay"], who: "the relay's client certificate" });
+    const target = effectiveFlag(relay.args, relay.env, "consumer", "127.0.0.1:50053").value;
+    const host = parseHostPort(target)?.host;
+    const consumerCert = serverCert["outbox-consumer"];
+    if (consumerCert) {
+      check((consumerCert.spec?.dnsNames ?? []).includes(host),
+        `the relay's --consumer host "${host}" is among the dnsNames of Certificate ${consumerCert.metadata.name} (the relay checks the name; found ${(consumerCert.spec?.dnsNames ?? []).join(", ")})`);
+      if (caSrc) check(issuerKey(caSrc.cert.spec?.issuerRef) === issuerKey(consumerCert.spec?.issuerRef),
+        `--consumer_ca (Secret ${caSrc.secretName}) is the CA of the issuer that signs the consumer's certificate (${issuerKey(consumerCert.spec?.issuerRef)})`);
+    }
+  }
+
+  // The operators' certificate.
+  scope = `${name} outboxctl TLS`;
+  const ctl = uriOwner.get(SPIFFE.outboxctl);
+  if (check(ctl, `a Certificate with the URI SAN ${SPIFFE.outboxctl} (the operators' outboxctl) is rendered`)) {
+    checkLeaf(ctl, { server: false, client: true, id: SPIFFE.outboxctl, who: "outboxctl" });
+    issuerSeen.set(issuerKey(ctl.spec?.issuerRef), "outboxctl");
+  }
+  // One CA: every server trusts the ca.crt of its own Secret, so every
+  // certificate must come from the same issuer.
+  scope = `${name} TLS`;
+  check(issuerSeen.size <= 1, `every service and outboxctl certificate comes from one issuer (found ${[...issuerSeen.entries()].map(([k, v]) => `${k} for ${v}`).join("; ")})`);
 }
 
 function componentOf(container) {
@@ -285,24 +597,25 @@ async function validateOverlay(name, file, validator, docker) {
       }
       // ---- an outbox service container
       check(!found[comp], `${comp} runs in one workload only`);
-      found[comp] = { workload: w, container: c, env };
+      found[comp] = { workload: w, container: c, env, args: argvOf(c, env).args };
       check(w.kind === "Deployment", `${comp} is a Deployment`);
       if (docker) {
         check(docker.uid === null || uid === docker.uid, `container ${c.name}: runAsUser ${uid} equals the image's USER ${docker.uid}`);
       }
       const { args } = argvOf(c, env);
       const known = FLAGS[comp];
+      if (!check(known, `${flagSource[comp]} lists the flags of ${comp}`)) continue;
       for (const [k, v] of Object.entries(env)) {
         if (!k.startsWith("OUTBOX_")) continue;
         const flag = k.slice(7).toLowerCase();
-        if (check(known[flag], `container ${c.name}: ${k} (${sources[k]}) is a flag of ${comp}`)) {
+        if (check(known[flag], `container ${c.name}: ${k} (${sources[k]}) is a flag of ${comp} (per ${flagSource[comp]})`)) {
           check(known[flag](v), `container ${c.name}: ${k}="${v}" is a valid --${flag} value`);
         }
       }
       for (const a of args) {
         const m = /^--?([A-Za-z0-9_]+)(?:=(.*))?$/s.exec(a);
         if (!m) continue;
-        if (check(known[m[1]], `container ${c.name}: argument --${m[1]} is a flag of ${comp}`) && m[2] !== undefined) {
+        if (check(known[m[1]], `container ${c.name}: argument --${m[1]} is a flag of ${comp} (per ${flagSource[comp]})`) && m[2] !== undefined) {
           check(known[m[1]](m[2]), `container ${c.name}: --${m[1]}="${m[2]}" is a valid value`);
         }
       }
@@ -314,7 +627,24 @@ async function validateOverlay(name, file, validator, docker) {
       const grpcPort = ports.find((p) => p.containerPort === lhp?.port);
       check(grpcPort, `container ${c.name}: declares the --listen port ${lhp?.port} in ports`);
       check(grpcPort?.name === "grpc", `container ${c.name}: the --listen port is named "grpc"`);
-      if (lhp) checkProbes(c, lhp.port);
+      const tlsOn = effectiveFlag(args, env, "tls_cert", "").value !== "";
+      const health = effectiveFlag(args, env, "health_listen", "");
+      const hhp = parseHostPort(health.value);
+      if (tlsOn) check(hhp, `container ${c.name}: --health_listen is set (TLS on --listen: the kubelet's grpc probes need a plaintext port; found "${health.value}")`);
+      if (hhp) {
+        check(WILDCARD_HOSTS.has(hhp.host), `container ${c.name}: --health_listen binds all addresses (the kubelet probes the pod IP; found "${health.value}")`);
+        const healthPort = ports.find((p) => p.containerPort === hhp.port);
+        check(healthPort?.name === "health", `container ${c.name}: declares the --health_listen port ${hhp.port} as a port named "health"`);
+        check(hhp.port !== lhp?.port, `container ${c.name}: --health_listen and --listen ports differ`);
+        // Plaintext and unauthenticated: for the kubelet only, never behind a Service.
+        for (const s of services.filter((sv) => matchServiceSelector(sv.spec?.selector, w.spec.template.metadata.labels ?? {}))) {
+          for (const sp of s.spec.ports ?? []) {
+            const r = resolveTargetPort(spec, sp.targetPort ?? sp.port, sp.protocol ?? "TCP");
+            check(r?.port?.containerPort !== hhp.port, `Service ${s.metadata.name} port ${sp.port} does not publish the plaintext health port ${hhp.port}`);
+          }
+        }
+      }
+      if (lhp) checkProbes(c, lhp.port, hhp?.port, tlsOn);
 
       const metrics = effectiveFlag(args, env, "metrics_listen", "");
       const mhp = parseHostPort(metrics.value);
@@ -327,6 +657,7 @@ async function validateOverlay(name, file, validator, docker) {
       check(ann["prometheus.io/port"] === String(mhp?.port), `pod annotation prometheus.io/port equals the metrics port ${mhp?.port} (found ${ann["prometheus.io/port"]})`);
       check(ann["prometheus.io/path"] === "/metrics", "pod annotation prometheus.io/path is /metrics");
       check(lhp?.port !== mhp?.port, `container ${c.name}: gRPC and metrics ports differ`);
+      if (hhp) check(hhp.port !== mhp?.port, `container ${c.name}: health and metrics ports differ`);
 
       const st = effectiveFlag(args, env, "shutdown_timeout", SHUTDOWN_TIMEOUT_DEFAULT);
       const stSec = parseDuration(st.value);
@@ -449,6 +780,9 @@ async function validateOverlay(name, file, validator, docker) {
     check(workloads.some((w) => matchSelector(p.spec?.selector, w.spec.template.metadata.labels)), "selects a workload's pods");
   }
 
+  // Mutual TLS on every link, certificates from cert-manager.
+  checkTls(name, ns, objs, found, services);
+
   // 4. Secrets: dev generates one; prod must not carry any.
   scope = name;
   const secrets = objs.filter((o) => o.kind === "Secret");
@@ -515,6 +849,13 @@ async function validateOverlay(name, file, validator, docker) {
       expect(foreignPod, dst, mp, "TCP", false);
       expect(outsider, dst, mp, "TCP", false);
     }
+    // Health: plaintext and unauthenticated, for the kubelet only (its
+    // probes come from the node, which NetworkPolicy always admits).
+    for (const dst of [P, R, C]) {
+      const hp = portOf(dst.comp, "health");
+      if (hp === undefined) continue;
+      for (const src of [outsider, strangerPod, foreignPod, prometheus, ...[P, R, C].filter((x) => x !== dst)]) expect(src, dst, hp, "TCP", false);
+    }
     // Egress.
     for (const src of [P, R, C]) {
       expect(src, kubeDns, 53, "UDP", true);
@@ -536,10 +877,11 @@ async function validateOverlay(name, file, validator, docker) {
       for (const src of [P, R, C]) expect(src, externalDb, 5432, "TCP", false);
     }
   }
-  return { objects: objs.length, schemaOk, deployments: deployments.length, policies: policies.length };
+  return { objects: objs.length, schemaOk, deployments: deployments.length, policies: policies.length, certificates: objs.filter((o) => o.kind === "Certificate").length };
 }
 
 const expectedProdSecretKeys = [];
+const notes = [];
 const schema = makeSchemaValidator(path.join(root, "node_modules"));
 const docker = readDockerfile();
 const summaries = [];
@@ -548,14 +890,16 @@ for (const o of overlays) {
   const beforeFail = failures.length;
   try {
     const s = await validateOverlay(o.name, o.file, schema, docker);
-    summaries.push(`  ${o.name}: ${s.objects} objects, ${s.schemaOk}/${s.objects} valid against the Kubernetes schemas (kubernetes-models ${schema.version}, strict), ` +
-      `${s.deployments} Deployments, ${s.policies} NetworkPolicies; ${passed - before} checks passed, ${failures.length - beforeFail} failed`);
+    summaries.push(`  ${o.name}: ${s.objects} objects, ${s.schemaOk}/${s.objects} valid against the schemas (${schema.packages.map((p) => `${p.name} ${p.version}`).join(", ")}; strict), ` +
+      `${s.deployments} Deployments, ${s.certificates} Certificates, ${s.policies} NetworkPolicies; ${passed - before} checks passed, ${failures.length - beforeFail} failed`);
   } catch (e) {
     failures.push(`${o.name}: ${e.stack ?? e}`);
   }
 }
 for (const f of failures) console.log(`FAIL ${f}`);
+for (const n of [...flagNotes, ...notes]) console.log(`note ${n}`);
 console.log("deploy validation:");
+console.log(`  flags checked against ${binDir ? `the binaries' --helpfull (${binDir})` : "the list in validate.mjs (pass a bin dir to check against the binaries)"}`);
 for (const s of summaries) console.log(s);
 if (expectedProdSecretKeys.length) console.log(`  prod expects a pre-created Secret with: ${[...new Set(expectedProdSecretKeys)].sort().join(", ")}`);
 console.log(`validate: ${passed} passed, ${failures.length} failed`);

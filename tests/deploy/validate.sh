@@ -2,13 +2,20 @@
 # Offline checks of the Kubernetes manifests and the container build:
 # renders every kustomize overlay (and the base) with `kubectl kustomize`,
 # then tests/deploy/validate.mjs validates each rendered object against the
-# upstream Kubernetes schemas (npm kubernetes-models, strict) and checks the
-# deployment policy (probes, resources, security, grace periods, metrics,
-# spread, budgets, network policies, Dockerfile). No cluster is needed.
+# upstream Kubernetes schemas (npm kubernetes-models) and the cert-manager
+# CRD schemas (npm @kubernetes-models/cert-manager), strictly, and checks
+# the deployment policy (probes, resources, security, grace periods,
+# metrics, spread, budgets, mutual TLS and its certificates, flags, network
+# policies, Dockerfile). No cluster is needed.
 #
-# Usage: tests/deploy/validate.sh        (from any directory; exit 0 or 1)
+# Usage: tests/deploy/validate.sh [BIN_DIR]   (from any directory; exit 0 or 1)
+#   BIN_DIR  optional: the built binaries (e.g. build/bin); their --helpfull
+#            then decides which flags and OUTBOX_* variables exist. Without
+#            it (or with OUTBOX_DEPLOY_BIN unset) validate.mjs uses its own
+#            list of the flags.
 # Needs: kubectl (for its built-in kustomize), node, and `npm ci` run at
-# the repository root.
+# the repository root (kubernetes-models, @kubernetes-models/cert-manager,
+# yaml).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,9 +24,19 @@ k8s="$root/deploy/k8s"
 
 fail() { echo "validate: $*" >&2; exit 1; }
 
+bin_dir=${1:-${OUTBOX_DEPLOY_BIN:-}}
+if [[ -n "$bin_dir" ]]; then
+  [[ -d "$bin_dir" ]] || fail "BIN_DIR $bin_dir is not a directory"
+  bin_dir=$(cd "$bin_dir" && pwd)
+  for b in outbox-producer outbox-relay outbox-consumer; do
+    [[ -x "$bin_dir/$b" ]] || fail "$bin_dir/$b missing (build it, or run without BIN_DIR)"
+  done
+fi
+
 command -v kubectl >/dev/null || fail "kubectl not found (its built-in kustomize renders the overlays)"
 command -v node >/dev/null || fail "node not found"
-[[ -d "$root/node_modules/kubernetes-models" && -d "$root/node_modules/yaml" ]] ||
+[[ -d "$root/node_modules/kubernetes-models" && -d "$root/node_modules/yaml" &&
+  -d "$root/node_modules/@kubernetes-models/cert-manager" ]] ||
   fail "node_modules incomplete: run 'npm ci' in $root"
 
 tmp=$(mktemp -d)
@@ -42,4 +59,4 @@ for want in dev prod; do
   [[ -s "$tmp/$want.yaml" ]] || fail "overlay $want missing"
 done
 
-node "$root/tests/deploy/validate.mjs" "--root=$root" "${pairs[@]}"
+node "$root/tests/deploy/validate.mjs" "--root=$root" "--bin=$bin_dir" "${pairs[@]}"

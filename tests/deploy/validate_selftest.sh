@@ -3,11 +3,18 @@
 # copies deploy/, .dockerignore and the checks into a scratch tree, breaks
 # one thing at a time and expects validate.sh to fail naming the problem.
 #
-# Usage: tests/deploy/validate_selftest.sh   (from any directory; exit 0/1)
+# Usage: tests/deploy/validate_selftest.sh [BIN_DIR]   (from any directory; exit 0/1)
+#   BIN_DIR  optional: passed on to validate.sh (flags from the binaries'
+#            --helpfull). Either way one case runs validate.sh with fake
+#            binaries, to prove that their --helpfull is what decides.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
+bin_args=()
+if [[ $# -ge 1 && -n "$1" ]]; then
+  bin_args=("$(cd "$1" && pwd)")
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -36,7 +43,7 @@ if new == s:
 open(path, "w").write(new)
 PY
   local out rc=0
-  out=$("$tmp/t/tests/deploy/validate.sh" 2>&1) || rc=$?
+  out=$("$tmp/t/tests/deploy/validate.sh" ${bin_args[@]+"${bin_args[@]}"} 2>&1) || rc=$?
   if [[ $rc -ne 0 ]] && grep -Eq -- "$expect" <<<"$out"; then
     passed=$((passed + 1))
     echo "ok   $name"
@@ -49,7 +56,7 @@ PY
 
 # The unmodified tree passes.
 fresh
-if "$tmp/t/tests/deploy/validate.sh" >/dev/null 2>&1; then
+if "$tmp/t/tests/deploy/validate.sh" ${bin_args[@]+"${bin_args[@]}"} >/dev/null 2>&1; then
   passed=$((passed + 1)); echo "ok   unmodified tree passes"
 else
   failed=$((failed + 1)); echo "FAIL unmodified tree does not pass"
@@ -58,10 +65,18 @@ fi
 B=deploy/k8s/base
 mutate "misspelt field" "readinesProbe: unknown field" $B/producer.yaml \
   's.replace("readinessProbe:", "readinesProbe:", 1)'
-mutate "probe on a wrong port" "readinessProbe.grpc.port 50052 equals the --listen port 50051" $B/producer.yaml \
-  's.replace("readinessProbe:\n            grpc:\n              port: 50051", "readinessProbe:\n            grpc:\n              port: 50052", 1)'
+mutate "probe on a wrong port" "readinessProbe.grpc.port 8087 equals the --health_listen port 8086" $B/producer.yaml \
+  's.replace("readinessProbe:\n            grpc:\n              port: 8086", "readinessProbe:\n            grpc:\n              port: 8087", 1)'
+mutate "probe on the TLS port" "readinessProbe.grpc.port 50051 is not the --listen port 50051, which serves mutual TLS" $B/producer.yaml \
+  's.replace("readinessProbe:\n            grpc:\n              port: 8086", "readinessProbe:\n            grpc:\n              port: 50051", 1)'
 mutate "http probe instead of grpc" "livenessProbe is a grpc probe" $B/consumer.yaml \
-  's.replace("livenessProbe:\n            grpc:\n              port: 50053", "livenessProbe:\n            tcpSocket:\n              port: 50053", 1)'
+  's.replace("livenessProbe:\n            grpc:\n              port: 8086", "livenessProbe:\n            tcpSocket:\n              port: 8086", 1)'
+mutate "no health port" "--health_listen is set \(TLS on --listen" $B/relay.yaml \
+  's.replace("            - --health_listen=0.0.0.0:8086\n", "", 1)'
+mutate "health port published by a Service" "Service outbox-producer port 8086 does not publish the plaintext health port" $B/producer.yaml \
+  's.replace("      appProtocol: grpc\n", "      appProtocol: grpc\n    - name: health\n      port: 8086\n      targetPort: health\n      protocol: TCP\n", 1)'
+mutate "health port open to the namespace" "another pod of the namespace -> outbox-producer:8086/TCP is denied" $B/networkpolicy.yaml \
+  's.replace("  ingress:\n    - ports:\n        - port: grpc\n          protocol: TCP\n", "  ingress:\n    - ports:\n        - port: grpc\n          protocol: TCP\n        - port: health\n          protocol: TCP\n", 1)'
 mutate "listen on loopback" "--listen binds all addresses" $B/relay.yaml \
   's.replace("--listen=0.0.0.0:50052", "--listen=127.0.0.1:50052", 1)'
 mutate "listen port changed, probes not" "declares the --listen port 50061" $B/producer.yaml \
@@ -85,7 +100,7 @@ mutate "root user" "runAsUser is a numeric non-root uid" $B/relay.yaml \
 mutate "uid differs from the image" "runAsUser 10002 equals the image.s USER 10001" $B/relay.yaml \
   's.replace("runAsUser: 10001", "runAsUser: 10002")'
 mutate "no seccomp profile" "pod securityContext.seccompProfile is RuntimeDefault" $B/producer.yaml \
-  's.replace("      securityContext:\n        runAsNonRoot: true\n        runAsUser: 10001\n        runAsGroup: 10001\n        seccompProfile:\n          type: RuntimeDefault\n", "      securityContext:\n        runAsNonRoot: true\n        runAsUser: 10001\n        runAsGroup: 10001\n", 1)'
+  's.replace("        fsGroup: 10001\n        seccompProfile:\n          type: RuntimeDefault\n", "        fsGroup: 10001\n", 1)'
 mutate "service links on" "enableServiceLinks is false" $B/relay.yaml \
   's.replace("enableServiceLinks: false", "enableServiceLinks: true", 1)'
 mutate "no hostname spread" "topologySpreadConstraint on kubernetes.io/hostname" $B/consumer.yaml \
@@ -134,6 +149,74 @@ mutate "unknown kind" "not a known upstream Kubernetes kind" $B/serviceaccount.y
   's.replace("kind: ServiceAccount", "kind: ServiceAcount", 1)'
 mutate "kustomize error" "kubectl kustomize deploy/k8s/overlays/dev failed" deploy/k8s/overlays/dev/kustomization.yaml \
   's.replace("  - postgres.yaml\n", "  - postgres-missing.yaml\n", 1)'
+
+# Mutual TLS and its certificates.
+C=deploy/k8s/components/selfsigned-ca
+mutate "missing Certificate" "outbox-consumer TLS: outbox-consumer: --tls_cert: Secret outbox-consumer-tls is issued by a Certificate" $B/tls.yaml \
+  '"---".join(p for p in s.split("---") if "\n  name: outbox-consumer\n" not in p)'
+mutate "wrong SPIFFE id" "URI SAN is exactly spiffe://outbox/relay \(found spiffe://outbox/relai\)" $B/tls.yaml \
+  's.replace("    - spiffe://outbox/relay\n", "    - spiffe://outbox/relai\n", 1)'
+mutate "plaintext relay -> consumer" "outbox-relay: --consumer_ca is set" $B/relay.yaml \
+  's.replace("            - --consumer_ca=/etc/outbox/tls/ca.crt\n            - --client_cert=/etc/outbox/tls/tls.crt\n            - --client_key=/etc/outbox/tls/tls.key\n", "", 1)'
+mutate "TLS off on the producer" "outbox-producer: --tls_cert is set \(mutual TLS on by default\)" $B/producer.yaml \
+  's.replace("            - --tls_cert=/etc/outbox/tls/tls.crt\n            - --tls_key=/etc/outbox/tls/tls.key\n            - --tls_client_ca=/etc/outbox/tls/ca.crt\n", "", 1)'
+mutate "server TLS without client certificates" "outbox-consumer: --tls_client_ca is set" $B/consumer.yaml \
+  's.replace("            - --tls_client_ca=/etc/outbox/tls/ca.crt\n", "", 1)'
+mutate "consumer admits every client of the CA" "--allowed_clients is set \(empty would admit every certificate of the CA" $B/consumer.yaml \
+  's.replace("            - --allowed_clients=spiffe://outbox/relay,spiffe://outbox/outboxctl\n", "", 1)'
+mutate "consumer does not admit the relay" "--allowed_clients admits the relay" $B/consumer.yaml \
+  's.replace("--allowed_clients=spiffe://outbox/relay,spiffe://outbox/outboxctl", "--allowed_clients=spiffe://outbox/outboxctl", 1)'
+mutate "admitted identity with a typo" "spiffe://outbox/realy is the URI SAN of a Certificate" $B/consumer.yaml \
+  's.replace("--allowed_clients=spiffe://outbox/relay,", "--allowed_clients=spiffe://outbox/relay,spiffe://outbox/realy,", 1)'
+mutate "relay without --admin_clients" "--admin_clients is set" $B/relay.yaml \
+  's.replace("            - --admin_clients=spiffe://outbox/outboxctl\n", "", 1)'
+mutate "writable certificate mount" "--tls_cert: the volumeMount /etc/outbox/tls is readOnly" $B/consumer.yaml \
+  's.replace("              mountPath: /etc/outbox/tls\n              readOnly: true\n", "              mountPath: /etc/outbox/tls\n              readOnly: false\n", 1)'
+mutate "certificate read through subPath" "no subPath \(the kubelet never updates a subPath mount" $B/relay.yaml \
+  's.replace("              mountPath: /etc/outbox/tls\n", "              mountPath: /etc/outbox/tls\n              subPath: certs\n", 1)'
+mutate "key from the wrong Secret key" "--tls_key: reads the key tls.key of Secret outbox-producer-tls \(reads tls.crt\)" $B/producer.yaml \
+  's.replace("--tls_key=/etc/outbox/tls/tls.key", "--tls_key=/etc/outbox/tls/tls.crt", 1)'
+mutate "relay dials a name the consumer certificate lacks" "the relay.s --consumer host \"outbox-consumer\" is among the dnsNames of Certificate outbox-consumer" $B/tls.yaml \
+  's.replace("    - outbox-consumer\n", "", 1)'
+mutate "namespace left out of the DNS names" "dnsNames include outbox-consumer.outbox.svc " deploy/k8s/overlays/prod/kustomization.yaml \
+  's.replace("      - select:\n          kind: Certificate\n          name: outbox-consumer\n        fieldPaths: *dns\n        options: *second-label\n", "", 1)'
+mutate "key kept at renewal" "privateKey.rotationPolicy is Always" $B/tls.yaml \
+  's.replace("rotationPolicy: Always", "rotationPolicy: Never", 1)'
+mutate "relay certificate without client auth" "the relay.s client certificate\): usages include \"client auth\"" $B/tls.yaml \
+  's.replace("  # consumer presents this certificate too.\n  usages:\n    - server auth\n    - client auth\n", "  # consumer presents this certificate too.\n  usages:\n    - server auth\n", 1)'
+mutate "misspelt Certificate field" "spec.privateKey.rotationPolcy: unknown field \(not in Certificate.spec.privateKey\)" $B/tls.yaml \
+  's.replace("    rotationPolicy: Always\n", "    rotationPolcy: Always\n", 1)'
+mutate "invalid key usage" "usages/0: must be equal to one of the allowed values" $B/tls.yaml \
+  's.replace("    - server auth\n", "    - server-auth\n", 1)'
+mutate "CA Issuer missing" "its issuerRef names an Issuer rendered in the namespace \(found cert-manager.io/Issuer/outbox-ca\)" $C/ca.yaml \
+  's.replace("  name: outbox-ca\n  labels:\n    app.kubernetes.io/part-of: outbox\n    app.kubernetes.io/component: ca\nspec:\n  ca:", "  name: outbox-root\n  labels:\n    app.kubernetes.io/part-of: outbox\n    app.kubernetes.io/component: ca\nspec:\n  ca:", 1)'
+mutate "outboxctl from another issuer" "every service and outboxctl certificate comes from one issuer" $B/tls.yaml \
+  's.replace("    name: outbox-ca\n  commonName: outboxctl\n", "    name: outbox-selfsigned\n  commonName: outboxctl\n", 1)'
+mutate "CA issuer backed by a non-CA certificate" "Issuer outbox-ca: its Secret outbox-ca comes from Certificate outbox-ca with isCA: true" $C/ca.yaml \
+  's.replace("  isCA: true\n", "", 1)'
+
+# The binaries' --helpfull decides which flags exist: fake binaries that
+# know only --listen must make every other flag in the manifests fail.
+fresh
+mkdir -p "$tmp/fakebin"
+for b in outbox-producer outbox-relay outbox-consumer; do
+  cat >"$tmp/fakebin/$b" <<'EOF'
+#!/bin/sh
+echo "fake: a binary that knows one flag"
+echo "  Flags from fake.cc:"
+echo '    --listen (gRPC listen address.); default: "127.0.0.1:50051";'
+exit 1
+EOF
+  chmod +x "$tmp/fakebin/$b"
+done
+out=$("$tmp/t/tests/deploy/validate.sh" "$tmp/fakebin" 2>&1) && rc=0 || rc=$?
+if [[ $rc -ne 0 ]] && grep -qF -- "argument --health_listen is a flag of outbox-producer (per $tmp/fakebin/outbox-producer --helpfull)" <<<"$out" &&
+  ! grep -qF -- "argument --listen is a flag" <<<"$out"; then
+  passed=$((passed + 1)); echo "ok   flags come from the binaries' --helpfull when given BIN_DIR"
+else
+  failed=$((failed + 1)); echo "FAIL flags from --helpfull: validate.sh exited $rc; output:"
+  tail -n 15 <<<"$out" | sed 's/^/     /'
+fi
 
 echo "validate self-test: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -1,0 +1,29 @@
+// The flags an outbox binary accepts, read from its own `--helpfull`
+// (abseil), so that the manifests are checked against the binary they will
+// run rather than against a list kept by hand. Used by validate.mjs (when
+// given --bin=DIR) and rendered.mjs.
+
+import { spawnSync } from "node:child_process";
+
+// Runs `BIN --helpfull` (abseil exits 1 after printing) and returns
+// Map(flag name -> default as printed, e.g. '"127.0.0.1:50051"', '10s',
+// 'true', '8', ''), or null when the binary printed no flags.
+export function helpfullFlags(bin) {
+  const r = spawnSync(bin, ["--helpfull"], { encoding: "utf8", timeout: 10000, env: { PATH: process.env.PATH ?? "/usr/bin:/bin" } });
+  const text = `${r.stdout ?? ""}${r.stderr ?? ""}`;
+  const flags = new Map();
+  // Each flag starts on a line "    --name (description...); default: X;"
+  // that may wrap onto lines indented deeper.
+  const entries = text.split(/\n(?= {4}--[A-Za-z0-9_]+ \()/);
+  for (const e of entries) {
+    const m = /(?:^|\n) {4}--([A-Za-z0-9_]+) \(/.exec(e);
+    if (!m) continue;
+    const body = e.slice(m.index).split(/\n(?=\S| {0,3}\S)/)[0].replace(/\s*\n\s*/g, " ");
+    const d = /; default: (.*?);\s*$/.exec(body);
+    flags.set(m[1], d ? d[1] : "");
+  }
+  return flags.size > 0 ? flags : null;
+}
+
+// abseil's own flags, present in every binary and of no use in manifests.
+export const ABSL_FLAGS = new Set(["flagfile", "fromenv", "tryfromenv", "undefok"]);
