@@ -1,3 +1,8 @@
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include <gtest/gtest.h>
@@ -113,11 +118,66 @@ TEST(Metrics, RendersPrometheusText) {
   Metrics m;
   m.AddCounter("x_total{k=\"a\"}", "Things.")->Add(2);
   m.AddCounter("x_total{k=\"b\"}", "Things.")->Add();
+  EXPECT_EQ(m.AddCounter("x_total{k=\"a\"}", "Things.")->value(), 2);
   m.AddGauge("y", "A gauge.", [] { return 1.5; });
-  EXPECT_EQ(m.Render(),
-            "# HELP x_total Things.\n# TYPE x_total counter\n"
-            "x_total{k=\"a\"} 2\nx_total{k=\"b\"} 1\n"
-            "# HELP y A gauge.\n# TYPE y gauge\ny 1.5\n");
+  m.AddGaugeFamily("z", "Per part.", [] {
+    return std::vector<std::pair<Labels, double>>{{{{"part", "1"}}, 3}};
+  });
+  m.AddHistogram("h_seconds", "Latency.", {0.1, 1})->Observe(0.5);
+  const std::string text = m.Render();
+  for (const char* want :
+       {"# TYPE x_total counter\n", "x_total{k=\"a\"} 2\n", "x_total{k=\"b\"} 1\n",
+        "# TYPE y gauge\ny 1.5\n", "z{part=\"1\"} 3\n",
+        "h_seconds_bucket{le=\"1\"} 1\n", "h_seconds_count 1\n",
+        "# TYPE process_cpu_seconds_total counter\n",
+        "process_resident_memory_bytes ", "process_open_fds "}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << " in\n" << text;
+  }
+}
+
+TEST(Metrics, NamesCarryTheirLabels) {
+  auto [family, labels] = ParseMetricName("x_total{method=\"Pay\",code=\"OK\"}");
+  EXPECT_EQ(family, "x_total");
+  EXPECT_EQ(labels, (Labels{{"method", "Pay"}, {"code", "OK"}}));
+  EXPECT_EQ(ParseMetricName("plain").first, "plain");
+}
+
+TEST(Metrics, ASlowClientDoesNotBlockScrapes) {
+  Metrics m;
+  m.AddGauge("y", "A gauge.", [] { return 1; });
+  auto server = MetricsHttpServer::Start("127.0.0.1:0", &m);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  auto connect = [&] {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    return fd;
+  };
+  // Two clients that send half a request line and then nothing.
+  int slow1 = connect(), slow2 = connect();
+  ASSERT_GT(send(slow1, "GET /met", 8, 0), 0);
+  ASSERT_GT(send(slow2, "GE", 2, 0), 0);
+  int fd = connect();
+  const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_GT(send(fd, req, sizeof(req) - 1, 0), 0);
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) got.append(buf, n);
+  EXPECT_NE(got.find("y 1"), std::string::npos) << got;
+  // Served while both slow clients were still connected, not after the
+  // server gave up on them: their sockets are open, with nothing to read.
+  for (int slow : {slow1, slow2}) {
+    errno = 0;
+    EXPECT_EQ(recv(slow, buf, 1, MSG_DONTWAIT), -1);
+    EXPECT_EQ(errno, EAGAIN);
+  }
+  close(fd);
+  close(slow1);
+  close(slow2);
 }
 
 // The rule of common/sql_state.h, one SQLSTATE class at a time: only data

@@ -1,61 +1,265 @@
 #include "common/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
+#include <dirent.h>
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
-#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace outbox {
+namespace {
 
-Counter* Metrics::AddCounter(const std::string& name, const std::string& help) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Entry& e = entries_[name];
-  if (e.counter == nullptr) {
-    e.help = help;
-    e.type = "counter";
-    e.counter = std::make_unique<Counter>();
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+std::vector<ClientMetric::Label> ToLabels(const Labels& labels) {
+  std::vector<ClientMetric::Label> out;
+  for (const auto& [k, v] : labels) out.push_back({k, v});
+  return out;
+}
+
+MetricFamily Gauge(const std::string& name, const std::string& help,
+                   double value, MetricType type = MetricType::Gauge) {
+  MetricFamily f{name, help, type, {}};
+  ClientMetric m;
+  if (type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
   }
-  return e.counter.get();
+  f.metric.push_back(std::move(m));
+  return f;
 }
 
-void Metrics::AddGauge(const std::string& name, const std::string& help,
-                       std::function<double()> read) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Entry& e = entries_[name];
-  e.help = help;
-  e.type = "gauge";
-  e.gauge = std::move(read);
+std::string ReadFile(const char* path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
-std::string Metrics::Render() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::string out;
-  std::string last_family;
-  for (const auto& [name, e] : entries_) {
-    std::string family = name.substr(0, name.find('{'));
-    if (family != last_family) {
-      absl::StrAppend(&out, "# HELP ", family, " ", e.help, "\n# TYPE ",
-                      family, " ", e.type, "\n");
-      last_family = family;
+// The standard process metrics of the Prometheus client libraries, from
+// /proc: CPU seconds, resident and virtual memory, open and allowed file
+// descriptors, start time.
+std::vector<MetricFamily> ProcessMetrics() {
+  std::vector<MetricFamily> out;
+  const std::string stat = ReadFile("/proc/self/stat");
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return out;
+  // Fields after "(comm)", from field 3 (state) on.
+  std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+  if (f.size() < 22) return out;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  int64_t utime = 0, stime = 0, start = 0, vsize = 0, rss = 0;
+  if (!absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime) ||
+      !absl::SimpleAtoi(f[19], &start) || !absl::SimpleAtoi(f[20], &vsize) ||
+      !absl::SimpleAtoi(f[21], &rss)) {
+    return out;
+  }
+  out.push_back(Gauge("process_cpu_seconds_total",
+                      "Total user and system CPU time spent in seconds.",
+                      (utime + stime) / ticks, MetricType::Counter));
+  out.push_back(Gauge("process_resident_memory_bytes",
+                      "Resident memory size in bytes.",
+                      static_cast<double>(rss) * sysconf(_SC_PAGESIZE)));
+  out.push_back(Gauge("process_virtual_memory_bytes",
+                      "Virtual memory size in bytes.",
+                      static_cast<double>(vsize)));
+  int64_t boot = 0;
+  for (absl::string_view line : absl::StrSplit(ReadFile("/proc/stat"), '\n')) {
+    if (absl::ConsumePrefix(&line, "btime ")) (void)absl::SimpleAtoi(line, &boot);
+  }
+  if (boot > 0) {
+    out.push_back(Gauge("process_start_time_seconds",
+                        "Start time of the process since unix epoch in seconds.",
+                        boot + start / ticks));
+  }
+  int fds = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') ++fds;
     }
-    if (e.counter != nullptr) {
-      absl::StrAppend(&out, name, " ", e.counter->value(), "\n");
-    } else {
-      absl::StrAppend(&out, name, " ", e.gauge(), "\n");
-    }
+    closedir(d);
+    --fds;  // the one opendir held
+  }
+  out.push_back(Gauge("process_open_fds", "Number of open file descriptors.",
+                      fds));
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0) {
+    out.push_back(Gauge("process_max_fds",
+                        "Maximum number of open file descriptors.",
+                        static_cast<double>(lim.rlim_cur)));
   }
   return out;
 }
 
+}  // namespace
+
+std::pair<std::string, Labels> ParseMetricName(const std::string& name) {
+  const size_t brace = name.find('{');
+  if (brace == std::string::npos) return {name, {}};
+  Labels labels;
+  std::string rest = name.substr(brace + 1);
+  if (!rest.empty() && rest.back() == '}') rest.pop_back();
+  size_t i = 0;
+  while (i < rest.size()) {
+    const size_t eq = rest.find('=', i);
+    if (eq == std::string::npos || eq + 1 >= rest.size() || rest[eq + 1] != '"') {
+      break;
+    }
+    std::string key = rest.substr(i, eq - i);
+    std::string value;
+    size_t j = eq + 2;
+    for (; j < rest.size() && rest[j] != '"'; ++j) {
+      if (rest[j] == '\\' && j + 1 < rest.size()) ++j;
+      value.push_back(rest[j]);
+    }
+    labels[key] = value;
+    i = j + 1;
+    if (i < rest.size() && rest[i] == ',') ++i;
+  }
+  return {name.substr(0, brace), labels};
+}
+
+void Counter::Add(int64_t n) { c_->Increment(static_cast<double>(n)); }
+int64_t Counter::value() const { return static_cast<int64_t>(c_->Value()); }
+
+void Histogram::Observe(double value) { h_->Observe(value); }
+
+std::vector<double> Histogram::LatencyBuckets() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,  0.5,    1,     2.5,  5,     10, 30};
+}
+
+std::vector<double> Histogram::SizeBuckets() {
+  std::vector<double> b;
+  for (double v = 1; v <= 1024; v *= 2) b.push_back(v);
+  return b;
+}
+
+// Owns the registry and the scrape-time gauges; collects everything.
+class Metrics::Collector : public prometheus::Collectable {
+ public:
+  std::vector<MetricFamily> Collect() const override {
+    std::vector<MetricFamily> out = registry_->Collect();
+    std::vector<GaugeEntry> gauges;
+    std::vector<FamilyEntry> families;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gauges = gauges_;
+      families = families_;
+    }
+    std::map<std::string, size_t> index;
+    for (const GaugeEntry& g : gauges) {
+      auto [it, fresh] = index.emplace(g.family, out.size());
+      if (fresh) out.push_back({g.family, g.help, MetricType::Gauge, {}});
+      ClientMetric m;
+      m.label = ToLabels(g.labels);
+      m.gauge.value = g.read();
+      out[it->second].metric.push_back(std::move(m));
+    }
+    for (const FamilyEntry& f : families) {
+      MetricFamily family{f.family, f.help, MetricType::Gauge, {}};
+      for (auto& [labels, value] : f.read()) {
+        ClientMetric m;
+        m.label = ToLabels(labels);
+        m.gauge.value = value;
+        family.metric.push_back(std::move(m));
+      }
+      out.push_back(std::move(family));
+    }
+    for (MetricFamily& f : ProcessMetrics()) out.push_back(std::move(f));
+    return out;
+  }
+
+  struct GaugeEntry {
+    std::string family, help;
+    Labels labels;
+    std::function<double()> read;
+  };
+  struct FamilyEntry {
+    std::string family, help;
+    std::function<std::vector<std::pair<Labels, double>>()> read;
+  };
+
+  std::shared_ptr<prometheus::Registry> registry_ =
+      std::make_shared<prometheus::Registry>();
+  mutable std::mutex mu_;
+  std::map<std::string, prometheus::Family<prometheus::Counter>*> counter_families_;
+  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histogram_families_;
+  std::map<std::string, std::unique_ptr<Counter>> counters_;
+  std::map<std::string, std::unique_ptr<Histogram>> histograms_;
+  std::vector<GaugeEntry> gauges_;
+  std::vector<FamilyEntry> families_;
+};
+
+Metrics::Metrics() : collector_(std::make_shared<Collector>()) {}
+Metrics::~Metrics() = default;
+
+Counter* Metrics::AddCounter(const std::string& name, const std::string& help) {
+  Collector& c = *collector_;
+  std::lock_guard<std::mutex> lock(c.mu_);
+  auto& slot = c.counters_[name];
+  if (slot != nullptr) return slot.get();
+  auto [family, labels] = ParseMetricName(name);
+  auto& f = c.counter_families_[family];
+  if (f == nullptr) {
+    f = &prometheus::BuildCounter().Name(family).Help(help).Register(*c.registry_);
+  }
+  slot = std::make_unique<Counter>(&f->Add(labels));
+  return slot.get();
+}
+
+Histogram* Metrics::AddHistogram(const std::string& name, const std::string& help,
+                                 const std::vector<double>& buckets) {
+  Collector& c = *collector_;
+  std::lock_guard<std::mutex> lock(c.mu_);
+  auto& slot = c.histograms_[name];
+  if (slot != nullptr) return slot.get();
+  auto [family, labels] = ParseMetricName(name);
+  auto& f = c.histogram_families_[family];
+  if (f == nullptr) {
+    f = &prometheus::BuildHistogram().Name(family).Help(help).Register(*c.registry_);
+  }
+  slot = std::make_unique<Histogram>(&f->Add(labels, buckets));
+  return slot.get();
+}
+
+void Metrics::AddGauge(const std::string& name, const std::string& help,
+                       std::function<double()> read) {
+  auto [family, labels] = ParseMetricName(name);
+  std::lock_guard<std::mutex> lock(collector_->mu_);
+  collector_->gauges_.push_back({family, help, labels, std::move(read)});
+}
+
+void Metrics::AddGaugeFamily(
+    const std::string& family, const std::string& help,
+    std::function<std::vector<std::pair<Labels, double>>()> read) {
+  std::lock_guard<std::mutex> lock(collector_->mu_);
+  collector_->families_.push_back({family, help, std::move(read)});
+}
+
+std::string Metrics::Render() const {
+  return prometheus::TextSerializer().Serialize(collector_->Collect());
+}
+
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& listen, const Metrics* metrics) {
-  size_t colon = listen.rfind(':');
+  const size_t colon = listen.rfind(':');
   int port = 0;
   if (colon == std::string::npos ||
       !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
@@ -64,81 +268,28 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
         absl::StrCat("--metrics_listen: \"", listen, "\" is not host:port"));
   }
   std::string host = listen.substr(0, colon);
-  if (host.empty() || host == "0.0.0.0" || host == "*") host = "0.0.0.0";
+  if (host.empty() || host == "*") host = "0.0.0.0";
   if (host == "localhost") host = "127.0.0.1";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics_listen: \"", host, "\" is not an IPv4 address"));
-  }
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(fd, 16) != 0) {
-    std::string err = std::strerror(errno);
-    close(fd);
+  try {
+    // A few threads, and a slow client is cut off after 3 s: one client can
+    // never keep Prometheus from scraping.
+    auto exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", absl::StrCat(host, ":", port), "num_threads", "4",
+        "request_timeout_ms", "3000", "enable_keep_alive", "no"});
+    exposer->RegisterCollectable(metrics->collector_);
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(
+        std::move(exposer), ports.empty() ? port : ports[0]));
+  } catch (const std::exception& e) {
     return absl::UnavailableError(
-        absl::StrCat("--metrics_listen: cannot listen on ", listen, ": ", err));
-  }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  return std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(fd, ntohs(addr.sin_port), metrics));
-}
-
-MetricsHttpServer::MetricsHttpServer(int fd, int port, const Metrics* metrics)
-    : fd_(fd), port_(port), metrics_(metrics), thread_([this] { Loop(); }) {}
-
-MetricsHttpServer::~MetricsHttpServer() {
-  stop_ = true;
-  thread_.join();
-  close(fd_);
-}
-
-void MetricsHttpServer::Loop() {
-  while (!stop_) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (client < 0) continue;
-    timeval tv{2, 0};
-    setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    char buf[2048];
-    std::string request;
-    while (request.find("\r\n\r\n") == std::string::npos &&
-           request.size() < 16384) {
-      ssize_t n = recv(client, buf, sizeof(buf), 0);
-      if (n <= 0) break;
-      request.append(buf, static_cast<size_t>(n));
-    }
-    std::string status = "200 OK";
-    std::string body;
-    std::string type = "text/plain; version=0.0.4; charset=utf-8";
-    if (request.rfind("GET /metrics", 0) == 0) {
-      body = metrics_->Render();
-    } else if (request.rfind("GET /healthz", 0) == 0) {
-      body = "ok\n";
-    } else {
-      status = "404 Not Found";
-      body = "try GET /metrics\n";
-    }
-    std::string response =
-        absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
-                     "\r\nContent-Length: ", body.size(),
-                     "\r\nConnection: close\r\n\r\n", body);
-    size_t off = 0;
-    while (off < response.size()) {
-      ssize_t n = send(client, response.data() + off, response.size() - off,
-                       MSG_NOSIGNAL);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    close(client);
+        absl::StrCat("--metrics_listen: cannot listen on ", listen, ": ", e.what()));
   }
 }
+
+MetricsHttpServer::MetricsHttpServer(std::unique_ptr<prometheus::Exposer> exposer,
+                                     int port)
+    : exposer_(std::move(exposer)), port_(port) {}
+
+MetricsHttpServer::~MetricsHttpServer() = default;
 
 }  // namespace outbox

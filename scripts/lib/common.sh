@@ -13,6 +13,7 @@ OUTBOX_PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libpqxx-dev libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
+  prometheus-cpp-dev
   postgresql-15 postgresql-client-15
   nodejs curl iproute2 procps python3 openssl
 )

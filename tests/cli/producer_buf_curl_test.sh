@@ -54,7 +54,7 @@ pass "errors carry the contract's codes"
 
 events=$(psql "$db" -qAtc "SELECT count(*) FROM outbox")
 [ "$events" = 2 ] || fail "expected 2 outbox events, found $events"
-curl -fsS "http://127.0.0.1:$metrics/metrics" | grep -q 'outbox_producer_requests_total{method="CreateOrder",code="OK"} 2' ||
+curl -fsS "http://127.0.0.1:$metrics/metrics" | grep -q 'outbox_producer_requests_total{code="OK",method="CreateOrder"} 2' ||
   fail "metrics do not count the calls"
 pass "2 events written; metrics count the calls"
 

@@ -531,7 +531,8 @@ async function main() {
     const r = await httpGet(inst.metricsPort, inst.metricsPath);
     const lines = r.body.split("\n").filter((l) => l.trim() !== "");
     const samples = lines.filter((l) => !l.startsWith("#"));
-    const malformed = samples.filter((l) => !/^[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})? ([-+0-9.eE]+|NaN|[+-]Inf)( -?\d+)?$/.test(l));
+    // Values as Prometheus parses them (Go's ParseFloat: NaN and Inf in any case).
+    const malformed = samples.filter((l) => !/^[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})? ([-+0-9.eE]+|[Nn][Aa][Nn]|[+-]?[Ii][Nn][Ff])( -?\d+)?$/.test(l));
     check(r.status === 200 && r.type.startsWith("text/plain") && malformed.length === 0,
       `${inst.name}: GET ${inst.metricsPath} on the annotated metrics port (${inst.deployment.spec.template.metadata.annotations?.["prometheus.io/port"]} -> 127.0.0.1:${inst.metricsPort}) answers 200 text/plain in the Prometheus format` +
       ` (status ${r.status}${r.error ? `, ${r.error}` : ""}, ${samples.length} samples${malformed.length ? `, malformed: ${malformed[0].slice(0, 120)}` : ""})`);
