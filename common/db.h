@@ -115,6 +115,18 @@ class ArrayLiteral {
   std::string out_;
 };
 
+// Runs `sql` as the prepared statement `name` of tx's connection: parsed
+// and planned once per connection (on first use), then only executed.
+// `name` must always name the same `sql`.
+//
+//   pqxx::result r = ExecPrepared(tx, "cursors", kCursorsSql, ids.str());
+template <typename... Args>
+pqxx::result ExecPrepared(pqxx::transaction_base& tx, const char* name,
+                          const char* sql, Args&&... args) {
+  tx.conn().prepare(name, sql);  // registers once; then a lookup
+  return tx.exec_prepared(name, std::forward<Args>(args)...);
+}
+
 // One schema change. Versions start at 1 and never change once released.
 struct Migration {
   int version;

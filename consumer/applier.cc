@@ -31,22 +31,38 @@ std::string OccurredAt(const v1::Event& e) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%E6S+00", t, absl::UTCTimeZone());
 }
 
-// Cursors of `aggregates`, created if new and locked (in sorted order) for
-// the rest of the transaction.
+// Advisory lock class (first key) of an aggregate's apply lock; the
+// second key is hashtext(aggregate_id).
+constexpr int kAggregateLockClass = 0x0b10;
+
+// Locks every aggregate of the batch for the rest of the transaction, in
+// sorted order (so replicas never deadlock), and reads their cursors (none
+// yet: cursor 0). Holding and applying serialize on these locks, so two
+// consumer replicas never strand a held event. A transaction-scoped
+// advisory lock needs no row, so a new aggregate's cursor is written once,
+// at the end, instead of inserted, locked and updated.
+//
+// The cursors are read by a statement of their own, after the locks are
+// held: a statement sees the data as of its start, so one that first
+// waited for a lock would miss what the lock's holder just committed (a
+// held event, say), and strand it.
 void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
                  Snapshot* snap) {
   const std::string ids = ArrayLiteral(aggregates).str();
-  tx.exec_params(
-      "INSERT INTO aggregate_cursors (aggregate_id) "
-      "SELECT a FROM unnest($1::text[]) AS a ORDER BY a ON CONFLICT DO NOTHING",
-      ids);
-  for (const auto& row : tx.exec_params(
-           "SELECT aggregate_id, last_seq, held_count FROM aggregate_cursors "
-           "WHERE aggregate_id = ANY($1::text[]) ORDER BY aggregate_id "
-           "FOR UPDATE",
+  ExecPrepared(tx, "lock_aggregates",
+               "SELECT pg_advisory_xact_lock($2, hashtext(a)) "
+               "FROM unnest($1::text[]) AS a",
+               ids, kAggregateLockClass);
+  for (const std::string& a : aggregates) snap->aggregates[a] = {0, 0};
+  for (const auto& row : ExecPrepared(
+           tx, "read_cursors",
+           "SELECT c.aggregate_id, c.last_seq, c.held_count "
+           "FROM unnest($1::text[]) AS a "
+           "JOIN LATERAL (SELECT * FROM aggregate_cursors c "
+           "WHERE c.aggregate_id = a) c ON true",
            ids)) {
-    snap->aggregates[row["aggregate_id"].as<std::string>()] = {
-        row["last_seq"].as<int64_t>(), row["held_count"].as<int64_t>()};
+    snap->aggregates[row[0].as<std::string>()] = {row[1].as<int64_t>(),
+                                                  row[2].as<int64_t>()};
   }
 }
 
@@ -63,7 +79,8 @@ absl::Status ReadHeld(pqxx::work& tx, const HeldQuery& q, Snapshot* snap) {
     pos_agg.Add(a);
     pos_seq.Add(s);
   }
-  for (const auto& row : tx.exec_params(
+  for (const auto& row : ExecPrepared(
+           tx, "read_held",
            "WITH RECURSIVE chain AS ("
            " SELECT h.event_id, h.aggregate_id, h.seq FROM held_events h"
            " JOIN unnest($1::text[], $2::bigint[]) AS l(a, p)"
@@ -93,8 +110,10 @@ absl::Status ReadHeld(pqxx::work& tx, const HeldQuery& q, Snapshot* snap) {
 std::set<std::string> InInbox(pqxx::work& tx, const std::vector<std::string>& ids) {
   std::set<std::string> found;
   if (ids.empty()) return found;
-  for (const auto& row : tx.exec_params(
-           "SELECT event_id::text FROM inbox WHERE event_id = ANY($1::uuid[])",
+  for (const auto& row : ExecPrepared(
+           tx, "in_inbox",
+           "SELECT i.event_id::text FROM unnest($1::uuid[]) AS e JOIN LATERAL "
+           "(SELECT event_id FROM inbox WHERE event_id = e) i ON true",
            ArrayLiteral(ids).str())) {
     found.insert(row[0].as<std::string>());
   }
@@ -112,7 +131,8 @@ bool InsertInbox(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
     type.Add(e->event_type());
     at.Add(OccurredAt(*e));
   }
-  pqxx::result inserted = tx.exec_params(
+  pqxx::result inserted = ExecPrepared(
+      tx, "insert_inbox",
       "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "
       "occurred_at) SELECT * FROM unnest($1::uuid[], $2::text[], "
       "$3::bigint[], $4::text[], $5::timestamptz[]) ON CONFLICT DO NOTHING",
@@ -129,7 +149,8 @@ void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
     prev.Add(e->prev_seq());
     pay.Add(Hex(e->SerializeAsString()));
   }
-  tx.exec_params(
+  ExecPrepared(
+      tx, "insert_held",
       "INSERT INTO held_events (event_id, aggregate_id, seq, prev_seq, "
       "payload) SELECT e, a, s, p, decode(h, 'hex') FROM unnest($1::uuid[], "
       "$2::text[], $3::bigint[], $4::bigint[], $5::text[]) AS t(e, a, s, p, h)",
@@ -151,7 +172,8 @@ std::vector<std::string> DeletePassedHeld(
   }
   std::vector<std::string> gone;
   if (agg.empty()) return gone;
-  for (const auto& row : tx.exec_params(
+  for (const auto& row : ExecPrepared(
+           tx, "delete_passed_held",
            "DELETE FROM held_events h USING unnest($1::text[], $2::bigint[]) "
            "AS m(a, s) WHERE h.aggregate_id = m.a AND h.seq <= m.s "
            "RETURNING h.aggregate_id, h.event_id::text",
@@ -170,10 +192,12 @@ void UpdateCursors(pqxx::work& tx,
     last.Add(st.cursor);
     held.Add(st.held_count);
   }
-  tx.exec_params(
-      "UPDATE aggregate_cursors c SET last_seq = m.s, held_count = m.h, "
-      "updated_at = now() FROM unnest($1::text[], $2::bigint[], $3::int[]) "
-      "AS m(a, s, h) WHERE c.aggregate_id = m.a",
+  ExecPrepared(
+      tx, "upsert_cursors",
+      "INSERT INTO aggregate_cursors (aggregate_id, last_seq, held_count) "
+      "SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[]) "
+      "ON CONFLICT (aggregate_id) DO UPDATE SET last_seq = EXCLUDED.last_seq, "
+      "held_count = EXCLUDED.held_count, updated_at = now()",
       agg.str(), last.str(), held.str());
 }
 
@@ -194,6 +218,9 @@ Applier::Applier(Database* db, Metrics* metrics, ApplierOptions options,
                                 "Events answered, by outcome.")),
       rejected_(metrics->AddCounter(
           "outbox_consumer_events_total{outcome=\"rejected\"}",
+          "Events answered, by outcome.")),
+      deferred_(metrics->AddCounter(
+          "outbox_consumer_events_total{outcome=\"deferred\"}",
           "Events answered, by outcome.")),
       drained_(metrics->AddCounter(
           "outbox_consumer_held_applied_total",
@@ -226,6 +253,7 @@ void Applier::Count(const Attempt& attempt) {
   applied_->Add(plan.applied);
   duplicates_->Add(plan.duplicates);
   held_->Add(plan.held);
+  deferred_->Add(plan.deferred);
   rejected_->Add(plan.rejected);
   drained_->Add(plan.drained);
   position_reused_->Add(plan.position_reused);
@@ -301,9 +329,22 @@ absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyValidated(
                    "applying them one by one",
                    events.size(), s.ToString());
       std::vector<v1::EventResult> each;
+      std::set<std::string> rejected;  // as in one plan: later events defer
       for (size_t i = 0; i < events.size(); ++i) {
+        const v1::Event& e = *events[i];
+        if (rejected.count(e.aggregate_id())) {
+          v1::EventResult r;
+          r.set_event_id(e.event_id());
+          r.set_seq(e.seq());
+          r.set_outcome(v1::DEFERRED);
+          r.set_reason("an earlier event of its aggregate in this batch was rejected");
+          deferred_->Add();
+          each.push_back(std::move(r));
+          continue;
+        }
         auto one = ApplyValidated({events[i]}, {invalid[i]});
         if (!one.ok()) return one.status();
+        if ((*one)[0].outcome() == v1::REJECTED) rejected.insert(e.aggregate_id());
         each.push_back(std::move((*one)[0]));
       }
       return each;
@@ -357,8 +398,9 @@ absl::StatusOr<Applier::Attempt> Applier::ApplyOnce(
     }
     if (!plan.hold.empty()) InsertHeld(tx, plan.hold);
     if (!plan.unhold.empty()) {
-      tx.exec_params("DELETE FROM held_events WHERE event_id = ANY($1::uuid[])",
-                     ArrayLiteral(plan.unhold).str());
+      ExecPrepared(tx, "unhold",
+                   "DELETE FROM held_events WHERE event_id = ANY($1::uuid[])",
+                   ArrayLiteral(plan.unhold).str());
     }
     out.passed_held = DeletePassedHeld(tx, snap.aggregates, &plan.changed);
     if (!plan.changed.empty()) UpdateCursors(tx, plan.changed);

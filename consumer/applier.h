@@ -68,6 +68,7 @@ class Applier {
   Counter* const duplicates_;
   Counter* const held_;
   Counter* const rejected_;
+  Counter* const deferred_;
   Counter* const drained_;
   Counter* const position_reused_;
   Counter* const forks_;

@@ -118,8 +118,10 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       apply_one(h, st);
     }
   };
+  std::set<std::string> rejected_aggregates;  // a REJECTED event in this batch
   auto reject = [&](size_t i, std::string reason) {
     plan.results[i] = Result(*batch[i], v1::REJECTED, std::move(reason));
+    rejected_aggregates.insert(batch[i]->aggregate_id());
     ++plan.rejected;
   };
 
@@ -191,6 +193,13 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       plan.results[i] = Result(e, v1::APPLIED);
       ++plan.applied;
       drain(agg, &st);
+      continue;
+    }
+    if (rejected_aggregates.count(agg)) {
+      plan.results[i] = Result(e, v1::DEFERRED,
+                               "an earlier event of its aggregate in this "
+                               "batch was rejected");
+      ++plan.deferred;
       continue;
     }
     if (st.held_count >= options.max_held_per_aggregate) {

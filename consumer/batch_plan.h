@@ -21,7 +21,10 @@
 //                   REJECTED. An aggregate holds at most
 //                   max_held_per_aggregate events: beyond, REJECTED.
 //   otherwise       (prev_seq < C < seq) the chain is broken: REJECTED.
-// Invalid events are REJECTED with their validation reason.
+// Invalid events are REJECTED with their validation reason. An event that
+// would be HELD while an earlier event of its aggregate in the same batch
+// was REJECTED is DEFERRED instead: the relay keeps it pending behind that
+// one (which may become a dead letter) rather than park it here.
 //
 // The plan drains and counts only the held events the snapshot shows. A
 // held event that the chain passed without taking it (a fork held first,
@@ -83,6 +86,7 @@ struct Plan {
   int64_t applied = 0;     // batch events answered APPLIED
   int64_t duplicates = 0;  // DUPLICATE answers
   int64_t held = 0;        // HELD answers
+  int64_t deferred = 0;    // DEFERRED answers
   int64_t rejected = 0;    // REJECTED answers, all reasons
   int64_t drained = 0;     // held events applied (from earlier batches)
   int64_t position_reused = 0;  // REJECTED: a new event at a passed position

@@ -56,16 +56,23 @@ void Evolve(const v1::Event& e, OrderState* order,
 void Billing::Apply(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
   if (events.empty()) return;
   std::map<std::string, OrderState> orders;
+  // An order whose first event here is its OrderCreated has no view yet:
+  // only the others are read.
   ArrayLiteral ids;
   for (const v1::Event* e : events) {
-    if (orders.emplace(e->aggregate_id(), OrderState{}).second) {
+    if (orders.emplace(e->aggregate_id(), OrderState{}).second &&
+        !(e->prev_seq() == 0 && e->has_order_created())) {
       ids.Add(e->aggregate_id());
     }
   }
-  for (const auto& row : tx.exec_params(
-           "SELECT order_id, customer_id, status, total_cents, currency, "
-           "last_seq FROM order_view WHERE order_id = ANY($1::text[])",
-           ids.str())) {
+  for (const auto& row :
+       ids.empty() ? pqxx::result()
+                   : ExecPrepared(tx, "read_views",
+                                  "SELECT v.* FROM unnest($1::text[]) AS a "
+                                  "JOIN LATERAL (SELECT order_id, customer_id, "
+                                  "status, total_cents, currency, last_seq "
+                                  "FROM order_view WHERE order_id = a) v ON true",
+                                  ids.str())) {
     OrderState& o = orders[row["order_id"].as<std::string>()];
     o.customer_id = row["customer_id"].as<std::string>();
     o.status = row["status"].as<std::string>();
@@ -87,7 +94,8 @@ void Billing::Apply(pqxx::work& tx, const std::vector<const v1::Event*>& events)
     cur.Add(o.currency);
     last.Add(o.last_seq);
   }
-  tx.exec_params(
+  ExecPrepared(
+      tx, "upsert_views",
       "INSERT INTO order_view (order_id, customer_id, status, total_cents, "
       "currency, last_seq) SELECT * FROM unnest($1::text[], $2::text[], "
       "$3::text[], $4::bigint[], $5::text[], $6::bigint[]) "
@@ -105,7 +113,8 @@ void Billing::Apply(pqxx::work& tx, const std::vector<const v1::Event*>& events)
     amount.Add(ch.amount_cents);
     ccur.Add(ch.currency);
   }
-  tx.exec_params(
+  ExecPrepared(
+      tx, "insert_charges",
       "INSERT INTO charges (event_id, order_id, kind, amount_cents, currency) "
       "SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], "
       "$5::text[]) ON CONFLICT DO NOTHING",

@@ -83,8 +83,9 @@ TEST_F(OrderStoreTest, CreateWritesOrderAndEventTogether) {
 
   pqxx::result rows = tdb_.Query(
       "SELECT o.seq, o.prev_seq, o.aggregate_id, o.event_type, o.partition, "
-      "o.trace_parent, o.status, r.last_event_seq, o.payload "
-      "FROM outbox o JOIN orders r ON r.order_id::text = o.aggregate_id");
+      "o.trace_parent, d.status, r.last_event_seq, o.payload "
+      "FROM outbox o JOIN orders r ON r.order_id::text = o.aggregate_id "
+      "JOIN outbox_delivery d ON d.seq = o.seq AND d.subscription = 'billing'");
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0][1].as<int64_t>(), 0);
   EXPECT_EQ(rows[0][2].as<std::string>(), order->order_id());

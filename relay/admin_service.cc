@@ -10,18 +10,23 @@
 namespace outbox::relay {
 namespace {
 
-// kEventColumns, then the delivery state, read by name in RowToProto.
-const std::string& RowColumns() {
-  static const std::string columns = absl::StrCat(
-      kEventColumns,
-      ", status, attempts, coalesce(last_error, '') AS last_error, partition, "
-      "(extract(epoch FROM created_at) * 1000000)::bigint AS created_us, "
-      "(extract(epoch FROM available_at) * 1000000)::bigint AS available_us, "
-      "coalesce((extract(epoch FROM published_at) * 1000000)::bigint, 0) "
-      "AS published_us, "
-      "coalesce((extract(epoch FROM dead_at) * 1000000)::bigint, 0) AS dead_us");
-  return columns;
-}
+// An outbox row `o` with its delivery state `d` for subscription $1 (a row
+// without one was delivered, or skipped when the subscription started
+// after it): the event columns first (as kEventColumns), then the state,
+// read by name in RowToProto.
+constexpr char kRowSelect[] =
+    "SELECT o.seq, o.prev_seq, o.event_id::text, o.aggregate_type, "
+    "o.aggregate_id, o.event_type, o.schema_version, "
+    "coalesce(o.trace_parent, ''), o.payload, "
+    "coalesce(d.status, CASE WHEN o.seq < s.start_seq THEN 'skipped' ELSE "
+    "'delivered' END) AS status, coalesce(d.attempts, 0) AS attempts, "
+    "coalesce(d.last_error, '') AS last_error, o.partition, "
+    "(extract(epoch FROM o.created_at) * 1000000)::bigint AS created_us, "
+    "coalesce((extract(epoch FROM d.available_at) * 1000000)::bigint, 0) "
+    "AS available_us, "
+    "coalesce((extract(epoch FROM d.dead_at) * 1000000)::bigint, 0) AS dead_us "
+    "FROM outbox o JOIN subscriptions s ON s.name = $1 "
+    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq ";
 
 // Microseconds since the epoch for a request timestamp; 0 when unset.
 int64_t Micros(const google::protobuf::Timestamp& ts) {
@@ -41,10 +46,8 @@ void RowToProto(const pqxx::row& row, v1::OutboxRow* out) {
   out->set_partition(row["partition"].as<int>());
   ToTimestamp(absl::FromUnixMicros(row["created_us"].as<int64_t>()),
               out->mutable_created_at());
-  ToTimestamp(absl::FromUnixMicros(row["available_us"].as<int64_t>()),
-              out->mutable_available_at());
-  if (int64_t published = row["published_us"].as<int64_t>(); published != 0) {
-    ToTimestamp(absl::FromUnixMicros(published), out->mutable_published_at());
+  if (int64_t available = row["available_us"].as<int64_t>(); available != 0) {
+    ToTimestamp(absl::FromUnixMicros(available), out->mutable_available_at());
   }
   if (int64_t dead = row["dead_us"].as<int64_t>(); dead != 0) {
     ToTimestamp(absl::FromUnixMicros(dead), out->mutable_dead_at());
@@ -66,12 +69,18 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
   }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
-    pqxx::row r = tx.exec1(
-        "SELECT count(*) FILTER (WHERE status = 'pending'), "
-        "coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE "
-        "status = 'pending')), 0)::float8, "
-        "count(*) FILTER (WHERE status = 'dead'), "
-        "count(*) FILTER (WHERE status = 'delivered') FROM outbox");
+    // Undelivered rows only: the table of them is small; the delivered
+    // total is what the outbox retains beyond them.
+    pqxx::row r = tx.exec_params1(
+        "SELECT count(*) FILTER (WHERE d.status = 'pending'), "
+        "coalesce(extract(epoch FROM now() - min(o.created_at) FILTER (WHERE "
+        "d.status = 'pending')), 0)::float8, "
+        "count(*) FILTER (WHERE d.status = 'dead'), "
+        "(SELECT count(*) FROM outbox WHERE seq >= (SELECT start_seq FROM "
+        "subscriptions WHERE name = $1)) - count(*) "
+        "FROM outbox_delivery d JOIN outbox o USING (seq) "
+        "WHERE d.subscription = $1",
+        relay_->subscription());
     resp->set_pending(r[0].as<int64_t>());
     resp->set_oldest_pending_seconds(r[1].as<double>());
     resp->set_dead_letters(r[2].as<int64_t>());
@@ -104,10 +113,11 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
     for (const auto& row : tx.exec_params(
-             absl::StrCat("SELECT ", RowColumns(),
-                          " FROM outbox WHERE status = 'dead' AND "
-                          "($1 = '' OR aggregate_id = $1) ORDER BY seq LIMIT $2"),
-             req->aggregate_id(), req->limit() == 0 ? 100 : req->limit())) {
+             absl::StrCat(kRowSelect,
+                          "WHERE d.status = 'dead' AND ($2 = '' OR "
+                          "o.aggregate_id = $2) ORDER BY o.seq LIMIT $3"),
+             relay_->subscription(), req->aggregate_id(),
+             req->limit() == 0 ? 100 : req->limit())) {
       RowToProto(row, resp->add_rows());
     }
     return absl::OkStatus();
@@ -152,17 +162,18 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::work tx(c);
     pqxx::result r = tx.exec_params(
-        "WITH q AS (UPDATE outbox SET status = 'pending', attempts = 0, "
-        "available_at = now(), last_error = NULL, dead_at = NULL "
-        "WHERE status = 'dead' "
-        "AND ($1 = '' OR event_id = nullif($1, '')::uuid) "
+        "WITH q AS (UPDATE outbox_delivery SET status = 'pending', "
+        "attempts = 0, available_at = now(), last_error = NULL, dead_at = NULL "
+        "WHERE subscription = $7 AND status = 'dead' "
+        "AND ($1 = '' OR seq = (SELECT seq FROM outbox WHERE event_id = "
+        "nullif($1, '')::uuid)) "
         "AND ($2 = '' OR aggregate_id = $2) "
         "AND ($3::bigint = 0 OR dead_at >= to_timestamp($3::bigint / 1e6)) "
         "AND ($4::bigint = 0 OR dead_at < to_timestamp($4::bigint / 1e6)) "
         "AND ($5 = '' OR strpos(last_error, $5) > 0) RETURNING 1) "
         "SELECT count(*), pg_notify($6, '') FROM q",
         req->event_id(), req->aggregate_id(), after, before,
-        req->error_contains(), kNotifyChannel);
+        req->error_contains(), kNotifyChannel, relay_->subscription());
     tx.commit();
     resp->set_requeued(r[0][0].as<int64_t>());
     if (resp->requeued() == 0 && !req->all_dead()) {
@@ -196,9 +207,8 @@ grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext* ctx,
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
     pqxx::result r = tx.exec_params(
-        absl::StrCat("SELECT ", RowColumns(),
-                     " FROM outbox WHERE event_id = $1::uuid"),
-        req->event_id());
+        absl::StrCat(kRowSelect, "WHERE o.event_id = $2::uuid"),
+        relay_->subscription(), req->event_id());
     if (r.empty()) {
       return absl::NotFoundError(
           absl::StrCat("event ", req->event_id(), " is not in the outbox"));

@@ -7,6 +7,7 @@
 #include "common/config.h"
 #include "common/db.h"
 #include "common/db_flags.h"
+#include "common/ids.h"
 #include "common/schema.h"
 #include "common/service.h"
 #include "relay/admin_service.h"
@@ -20,8 +21,12 @@ ABSL_FLAG(std::string, consumer, "127.0.0.1:50053",
           "host:port of the consumer's EventSink.");
 ABSL_FLAG(int, max_attempts, 5,
           "REJECTED answers after which a row becomes a dead letter.");
-ABSL_FLAG(int, batch_size, 128, "Events per delivery batch (1-1000).");
-ABSL_FLAG(int, window, 1024, "Events in flight at most (credit window).");
+ABSL_FLAG(int, batch_size, 256, "Events per delivery batch (1-1000).");
+ABSL_FLAG(int, window, 2048,
+          "Events in flight at most per stream (credit window).");
+ABSL_FLAG(int, streams, 2,
+          "Delivery streams to the consumer, each for its own share of the "
+          "partitions; the consumer applies them in parallel (1-32).");
 ABSL_FLAG(absl::Duration, poll_interval, absl::Milliseconds(500),
           "Fallback poll when no NOTIFY arrives.");
 ABSL_FLAG(absl::Duration, ack_timeout, absl::Seconds(15),
@@ -49,6 +54,7 @@ int main(int argc, char** argv) {
   options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.window = absl::GetFlag(FLAGS_window);
+  options.lanes = absl::GetFlag(FLAGS_streams);
   options.poll_interval = absl::GetFlag(FLAGS_poll_interval);
   options.ack_timeout = absl::GetFlag(FLAGS_ack_timeout);
   options.reject_backoff = absl::GetFlag(FLAGS_reject_backoff);
@@ -70,12 +76,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   outbox::CallerCheck check(security->rules);
-  if (options.max_attempts < 1 || options.batch_size < 1 ||
+  if (options.lanes < 1 || options.lanes > outbox::kPartitionCount ||
+      options.max_attempts < 1 || options.batch_size < 1 ||
       options.batch_size > 1000 || options.window < options.batch_size ||
       options.poll_interval <= absl::ZeroDuration() ||
       options.ack_timeout <= absl::ZeroDuration()) {
     spdlog::critical(
-        "outbox-relay: need --max_attempts >= 1, --batch_size 1-1000, "
+        "outbox-relay: need --streams 1-32, --max_attempts >= 1, "
+        "--batch_size 1-1000, "
         "--window >= --batch_size, positive --poll_interval and --ack_timeout");
     return 2;
   }

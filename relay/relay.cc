@@ -20,10 +20,15 @@
 namespace outbox::relay {
 namespace {
 
-// Advisory lock classes (first key); the second key is the member's random
-// key or the partition number.
+// Advisory lock classes (first key), one pair per subscription (its id in
+// the high bits); the second key is the member's random key or the
+// partition number.
 constexpr int kMemberLockClass = 0x0b0d;
 constexpr int kPartitionLockClass = 0x0b0e;
+int MemberClass(int subscription_id) { return kMemberLockClass + (subscription_id << 16); }
+int PartitionClass(int subscription_id) {
+  return kPartitionLockClass + (subscription_id << 16);
+}
 
 absl::Duration Jittered(absl::Duration d) {
   thread_local absl::BitGen gen;
@@ -75,8 +80,12 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
       pruned_(metrics->AddCounter("outbox_relay_pruned_total",
                                   "Delivered rows deleted by --retention.")),
       member_key_(NewMemberKey()),
-      stream_backoff_(options_.retry_initial),
       db_backoff_(options_.retry_initial) {
+  lanes_.resize(std::max(1, options_.lanes));
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    lanes_[i].index = static_cast<int>(i);
+    lanes_[i].stream_backoff = options_.retry_initial;
+  }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
@@ -181,14 +190,73 @@ bool Relay::JoinMembership(pqxx::connection& conn) {
   // Never wait for the lock: a stale session may hold it still. A fresh key
   // is as good; the stale one drops out when its session ends.
   for (int tries = 0; tries < 8; ++tries) {
-    if (tx.exec_params("SELECT pg_try_advisory_lock($1, $2)", kMemberLockClass,
-                       member_key_)[0][0]
+    if (tx.exec_params("SELECT pg_try_advisory_lock($1, $2)",
+                       MemberClass(subscription_id_), member_key_)[0][0]
             .as<bool>()) {
       return true;
     }
     member_key_ = NewMemberKey();
   }
   return false;
+}
+
+bool Relay::EnsureSubscription(pqxx::connection& conn) {
+  {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec_params(
+        "SELECT id FROM subscriptions WHERE name = $1", options_.subscription);
+    if (!r.empty()) {
+      subscription_id_ = r[0][0].as<int>();
+      return true;
+    }
+  }
+  // A new subscription: created with the deliveries it is owed, in one
+  // transaction, so that no replica ever sees it half made.
+  int64_t created_by = 0, start = 0;
+  {
+    pqxx::work tx(conn);
+    pqxx::result r = tx.exec_params(
+        "INSERT INTO subscriptions (name, start_seq) VALUES ($1, CASE WHEN $2 "
+        "THEN (SELECT coalesce(max(seq), 0) + 1 FROM outbox) ELSE 0 END) "
+        "ON CONFLICT DO NOTHING RETURNING id, start_seq, "
+        "txid_current()::text::bigint",
+        options_.subscription, options_.start_from == StartFrom::kNow);
+    if (r.empty()) {
+      // Another replica made it meanwhile; it is visible once that commits.
+      tx.abort();
+      return false;
+    }
+    subscription_id_ = r[0][0].as<int>();
+    start = r[0][1].as<int64_t>();
+    created_by = r[0][2].as<int64_t>();
+    tx.exec_params(
+        "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
+        "partition) SELECT $1, seq, aggregate_id, partition FROM outbox "
+        "WHERE seq >= $2 ON CONFLICT DO NOTHING",
+        options_.subscription, start);
+    tx.commit();
+  }
+  spdlog::info("relay: created subscription {} (from {})", options_.subscription,
+               options_.start_from == StartFrom::kNow ? "now" : "the oldest event");
+  // Producers that inserted events while the subscription was being made
+  // may not have seen it: once every transaction older than it has ended,
+  // give those events to it as well.
+  pqxx::nontransaction tx(conn);
+  for (int i = 0; i < 600; ++i) {
+    if (tx.exec_params("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::"
+                       "bigint > $1",
+                       created_by)[0][0]
+            .as<bool>()) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  tx.exec_params(
+      "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
+      "partition) SELECT $1, seq, aggregate_id, partition FROM outbox "
+      "WHERE seq >= $2 ON CONFLICT DO NOTHING",
+      options_.subscription, start);
+  return true;
 }
 
 bool Relay::EnsureConnection() {
@@ -209,7 +277,7 @@ bool Relay::EnsureConnection() {
             "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
             "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
       }
-      joined = JoinMembership(**conn);
+      joined = EnsureSubscription(**conn) && JoinMembership(**conn);
       if (!joined) last_db_error_ = "no free membership lock";
     } catch (const std::exception& e) {
       last_db_error_ = std::string(StatusFromException(e).message());
@@ -221,6 +289,12 @@ bool Relay::EnsureConnection() {
     spdlog::warn("relay: connecting: {}; retrying", last_db_error_);
     next_db_attempt_ = absl::Now() + Jittered(db_backoff_);
     db_backoff_ = std::min(db_backoff_ * 2, options_.retry_max);
+    return false;
+  }
+  try {
+    (*conn)->prepare("claim", kClaimSql);
+  } catch (const std::exception& e) {
+    last_db_error_ = std::string(StatusFromException(e).message());
     return false;
   }
   conn_ = std::move(*conn);
@@ -241,7 +315,7 @@ bool Relay::Rebalance() {
                   "AND classid::int = $1 AND objsubid = 2 AND granted AND "
                   "database = (SELECT oid FROM pg_database WHERE datname = "
                   "current_database())",
-                  kMemberLockClass)[0][0]
+                  MemberClass(subscription_id_))[0][0]
                 .as<int>());
     const size_t target = (kPartitionCount + members - 1) / members;
     if (owned_.size() > target) {
@@ -256,15 +330,17 @@ bool Relay::Rebalance() {
     }
     for (auto it = releasing_.begin(); it != releasing_.end();) {
       bool busy = false;
-      for (const auto& [id, batch] : in_flight_) {
-        for (int p : batch.partitions) busy |= p == *it;
+      for (const Lane& lane : lanes_) {
+        for (const auto& [id, batch] : lane.in_flight) {
+          for (int p : batch.partitions) busy |= p == *it;
+        }
       }
       if (busy) {
         ++it;
         continue;
       }
-      tx.exec_params("SELECT pg_advisory_unlock($1, $2)", kPartitionLockClass,
-                     *it);
+      tx.exec_params("SELECT pg_advisory_unlock($1, $2)",
+                     PartitionClass(subscription_id_), *it);
       owned_.erase(*it);
       it = releasing_.erase(it);
     }
@@ -275,13 +351,14 @@ bool Relay::Rebalance() {
           "classid::int = $1 AND objid::int = p AND objsubid = 2 AND granted "
           "AND database = (SELECT oid FROM pg_database WHERE datname = "
           "current_database())) ORDER BY (p + $3) % $2",
-          kPartitionLockClass, kPartitionCount, member_key_ % kPartitionCount);
+          PartitionClass(subscription_id_), kPartitionCount,
+          member_key_ % kPartitionCount);
       for (const auto& row : free) {
         if (owned_.size() >= target) break;
         const int p = row[0].as<int>();
         if (owned_.count(p)) continue;
         if (tx.exec_params("SELECT pg_try_advisory_lock($1, $2)",
-                            kPartitionLockClass, p)[0][0]
+                            PartitionClass(subscription_id_), p)[0][0]
                 .as<bool>()) {
           owned_.insert(p);
         }
@@ -299,70 +376,117 @@ bool Relay::Rebalance() {
   }
 }
 
-bool Relay::Claim() {
+void Relay::Untrack(const std::string& aggregate_id) {
+  auto it = busy_aggregates_.find(aggregate_id);
+  if (it != busy_aggregates_.end() && --it->second <= 0) busy_aggregates_.erase(it);
+}
+
+bool Relay::Claim(Lane& lane) {
   std::vector<int> partitions;
   for (int p : owned_) {
-    if (!releasing_.count(p)) partitions.push_back(p);
+    if (!releasing_.count(p) && p % static_cast<int>(lanes_.size()) == lane.index) {
+      partitions.push_back(p);
+    }
   }
   if (partitions.empty()) return true;
   try {
-    while (static_cast<int>(in_flight_seqs_.size()) < options_.window &&
-           static_cast<int>(in_flight_.size()) < options_.pipeline_depth) {
+    // Aggregates whose first undelivered event cannot go now (backing off,
+    // dead): not asked for again in this round.
+    std::set<std::string> blocked;
+    // First above what was sent, then all (and all at least once per poll).
+    bool fresh = lane.sent_through > 0 && absl::Now() < lane.next_full_claim;
+    if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
+    while (static_cast<int>(lane.in_flight_seqs.size()) < options_.window &&
+           static_cast<int>(lane.in_flight.size()) < options_.pipeline_depth) {
       const int limit = std::min<int>(
-          options_.batch_size, options_.window - in_flight_seqs_.size());
-      std::vector<int64_t> excluded(in_flight_seqs_.begin(),
-                                    in_flight_seqs_.end());
-      for (const Mark& m : marks_) excluded.push_back(m.seq);
+          options_.batch_size, options_.window - lane.in_flight_seqs.size());
+      ArrayLiteral excluded;
+      for (const auto& [agg, n] : busy_aggregates_) excluded.Add(agg);
+      for (const std::string& agg : blocked) excluded.Add(agg);
       pqxx::result rows;
       const absl::Time t0 = absl::Now();
       {
         ++outbox_statements_;
         pqxx::nontransaction tx(*conn_);
-        rows = tx.exec_params(kClaimSql, ArrayLiteral(partitions).str(),
-                              ArrayLiteral(excluded).str(), limit);
+        rows = tx.exec_prepared("claim", options_.subscription,
+                                ArrayLiteral(partitions).str(), excluded.str(),
+                                limit, fresh ? lane.sent_through : int64_t{0});
       }
       if (spdlog::should_log(spdlog::level::debug)) {
         spdlog::debug("relay: claimed {} rows in {}", rows.size(),
                       absl::FormatDuration(absl::Now() - t0));
       }
-      if (rows.empty()) break;
+      if (rows.empty()) {
+        if (!fresh) break;
+        fresh = false;
+        lane.next_full_claim = absl::Now() + options_.poll_interval;
+        continue;
+      }
+      // An aggregate goes when its first row here is its first undelivered
+      // event; then all its rows here go, in chain order.
+      std::map<std::string, bool> goes;
+      for (const auto& row : rows) {
+        goes.emplace(row[4].as<std::string>(), row["prev_done"].as<bool>());
+      }
       v1::DeliverRequest req;
       InFlight batch;
       batch.batch_id = next_batch_id_++;
       req.set_batch_id(batch.batch_id);
-      size_t taken = 0;
+      std::set<std::string> cut;  // a row of it was rejected here
+      bool full = false;
+      size_t bytes = 0;  // of req, kept as events are added
       for (const auto& row : rows) {
+        const std::string agg = row[4].as<std::string>();
+        if (!goes.at(agg)) {
+          blocked.insert(agg);
+          continue;
+        }
+        if (cut.count(agg)) continue;
         // Below the consumer's message limit, whatever --batch_size says;
-        // the rest is claimed again next round.
-        if (req.ByteSizeLong() > kMaxDeliveryBatchBytes) break;
-        ++taken;
+        // the rest is claimed again once this batch is answered.
+        if (bytes > kMaxDeliveryBatchBytes) {
+          full = true;
+          break;
+        }
         const int64_t seq = row[0].as<int64_t>();
+        std::string bad;
+        size_t size = 0;
         if (!EventFromRow(row, req.add_events())) {
+          bad = "payload: not a valid outbox.v1.Event";
+        } else if (size = req.events(req.events_size() - 1).ByteSizeLong();
+                   size > kMaxEventBytes) {
+          bad = absl::StrCat("payload: the event takes ", size,
+                             " bytes; at most ", kMaxEventBytes,
+                             " can be delivered");
+        }
+        ++busy_aggregates_[agg];
+        if (!bad.empty()) {
+          // Its successors must not overtake it: they wait for its fate.
           req.mutable_events()->RemoveLast();
-          marks_.push_back({seq, false, "payload: not a valid outbox.v1.Event"});
+          marks_.push_back({seq, agg, false, bad});
+          cut.insert(agg);
           continue;
         }
-        if (const size_t size = req.events(req.events_size() - 1).ByteSizeLong();
-            size > kMaxEventBytes) {
-          req.mutable_events()->RemoveLast();
-          marks_.push_back({seq, false,
-                            absl::StrCat("payload: the event takes ", size,
-                                         " bytes; at most ", kMaxEventBytes,
-                                         " can be delivered")});
-          continue;
-        }
+        bytes += size + 8;  // the event, its tag and length
         batch.seqs.push_back(seq);
-        batch.partitions.push_back(row[kEventColumnCount].as<int>());
-        in_flight_seqs_.insert(seq);
+        lane.sent_through = std::max(lane.sent_through, seq);
+        batch.aggregates.push_back(agg);
+        batch.partitions.push_back(row["partition"].as<int>());
+        lane.in_flight_seqs.insert(seq);
       }
       if (!batch.seqs.empty()) {
         MaybeCrash("relay.after_claim_before_send");
         batch.sent_at = absl::Now();
-        in_flight_[batch.batch_id] = std::move(batch);
-        stream_->Send(std::move(req));
+        lane.in_flight[batch.batch_id] = std::move(batch);
+        lane.stream->Send(std::move(req));
         batches_->Add();
       }
-      if (static_cast<int>(rows.size()) < limit || taken < rows.size()) break;
+      if (full) break;
+      if (static_cast<int>(rows.size()) < limit) {
+        if (!fresh) break;
+        fresh = false;  // the new rows are claimed: now the passed-over ones
+        lane.next_full_claim = absl::Now() + options_.poll_interval;
+      }
     }
     return true;
   } catch (const std::exception& e) {
@@ -372,37 +496,50 @@ bool Relay::Claim() {
   }
 }
 
-void Relay::HandleResponses() {
-  if (stream_ == nullptr) return;
-  for (const v1::DeliverResponse& resp : stream_->TakeResponses()) {
+void Relay::HandleResponses(Lane& lane) {
+  if (lane.stream == nullptr) return;
+  for (const v1::DeliverResponse& resp : lane.stream->TakeResponses()) {
     // The consumer answers: whatever broke the last stream is over.
-    stream_backoff_ = options_.retry_initial;
-    auto it = in_flight_.find(resp.batch_id());
-    if (it == in_flight_.end()) {
+    lane.stream_backoff = options_.retry_initial;
+    auto it = lane.in_flight.find(resp.batch_id());
+    if (it == lane.in_flight.end()) {
       spdlog::warn("relay: answer for unknown batch {}", resp.batch_id());
       continue;
     }
     std::map<int64_t, const v1::EventResult*> by_seq;
     for (const auto& r : resp.results()) by_seq[r.seq()] = &r;
-    for (int64_t seq : it->second.seqs) {
-      in_flight_seqs_.erase(seq);
+    const InFlight& batch = it->second;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      const int64_t seq = batch.seqs[i];
+      const std::string& agg = batch.aggregates[i];
+      lane.in_flight_seqs.erase(seq);
       auto r = by_seq.find(seq);
-      if (r == by_seq.end()) continue;  // unanswered: stays pending
-      switch (r->second->outcome()) {
+      const v1::DeliveryOutcome outcome =
+          r == by_seq.end() ? v1::DELIVERY_OUTCOME_UNSPECIFIED
+                            : r->second->outcome();
+      switch (outcome) {
         case v1::APPLIED:
         case v1::DUPLICATE:
         case v1::HELD:
-          marks_.push_back({seq, true, ""});
+          marks_.push_back({seq, agg, true, ""});
           break;
         case v1::REJECTED:
-          marks_.push_back({seq, false, r->second->reason()});
+          marks_.push_back({seq, agg, false, r->second->reason()});
           break;
         default:
-          break;
+          // Unanswered or DEFERRED (behind an event rejected in the same
+          // batch): stays pending, no attempt counted.
+          Untrack(agg);
       }
     }
-    in_flight_.erase(it);
+    lane.in_flight.erase(it);
   }
+}
+
+int64_t Relay::InFlightEvents() const {
+  int64_t n = 0;
+  for (const Lane& lane : lanes_) n += lane.in_flight_seqs.size();
+  return n;
 }
 
 bool Relay::FlushMarks() {
@@ -418,23 +555,26 @@ bool Relay::FlushMarks() {
     ++outbox_statements_;
     pqxx::work tx(*conn_);
     if (!delivered.empty()) {
+      // Delivered: the row's work is done; deleting it writes no new row
+      // version and leaves the claims a smaller table.
       tx.exec_params(
-          "UPDATE outbox SET status = 'delivered', published_at = now() "
-          "WHERE seq = ANY($1::bigint[]) AND status = 'pending'",
-          ArrayLiteral(delivered).str());
+          "DELETE FROM outbox_delivery WHERE subscription = $1 AND "
+          "seq = ANY($2::bigint[]) AND status = 'pending'",
+          options_.subscription, ArrayLiteral(delivered).str());
     }
     for (const Mark& m : marks_) {
       if (m.delivered) continue;
       // Exponential backoff with jitter: reject_backoff * 2^attempts, capped.
       pqxx::result r = tx.exec_params(
-          "UPDATE outbox SET attempts = attempts + 1, last_error = $2, "
-          "status = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' "
-          "END, dead_at = CASE WHEN attempts + 1 >= $3 THEN now() END, "
-          "available_at = now() + make_interval(secs => least($5::float8, "
-          "$4::float8 * power(2, attempts)) * (0.5 + random() / 2)) "
-          "WHERE seq = $1 AND status = 'pending' RETURNING status",
-          m.seq, m.reason.substr(0, 2000), options_.max_attempts,
-          absl::ToDoubleSeconds(options_.reject_backoff),
+          "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = $3, "
+          "status = CASE WHEN attempts + 1 >= $4 THEN 'dead' ELSE 'pending' "
+          "END, dead_at = CASE WHEN attempts + 1 >= $4 THEN now() END, "
+          "available_at = now() + make_interval(secs => least($6::float8, "
+          "$5::float8 * power(2, attempts)) * (0.5 + random() / 2)) "
+          "WHERE subscription = $1 AND seq = $2 AND status = 'pending' "
+          "RETURNING status",
+          options_.subscription, m.seq, m.reason.substr(0, 2000),
+          options_.max_attempts, absl::ToDoubleSeconds(options_.reject_backoff),
           absl::ToDoubleSeconds(options_.reject_backoff_max));
       if (!r.empty() && r[0][0].as<std::string>() == "dead") {
         ++dead;
@@ -450,8 +590,10 @@ bool Relay::FlushMarks() {
     return false;
   }
   delivered_->Add(delivered.size());
+  deleted_since_vacuum_ += delivered.size();
   rejected_->Add(marks_.size() - delivered.size());
   dead_->Add(dead);
+  for (const Mark& m : marks_) Untrack(m.aggregate_id);
   marks_.clear();
   return true;
 }
@@ -463,14 +605,18 @@ bool Relay::PruneDelivered() {
     pqxx::nontransaction tx(*conn_);
     // Small batches keep each transaction short, so vacuum is never held
     // back and claims never wait behind a long delete.
-    const auto deleted = tx.exec_params(
-                               "DELETE FROM outbox WHERE seq IN (SELECT seq "
-                               "FROM outbox WHERE status = 'delivered' AND "
-                               "published_at < now() - make_interval(secs => "
-                               "$1::float8) LIMIT $2)",
-                               absl::ToDoubleSeconds(options_.retention),
-                               kBatch)
-                             .affected_rows();
+    // Only events every subscription has passed (no delivery row left:
+    // below the lowest undelivered seq of any subscription) and older
+    // than --retention, oldest first.
+    const auto deleted =
+        tx.exec_params(
+              "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE "
+              "seq < coalesce((SELECT min((SELECT min(d.seq) FROM "
+              "outbox_delivery d WHERE d.subscription = s.name)) FROM "
+              "subscriptions s), 9223372036854775807) AND created_at < now() - "
+              "make_interval(secs => $1::float8) ORDER BY seq LIMIT $2)",
+              absl::ToDoubleSeconds(options_.retention), kBatch)
+            .affected_rows();
     pruned_->Add(deleted);
     next_prune_ = absl::Now() + (static_cast<int>(deleted) == kBatch
                                      ? absl::ZeroDuration()
@@ -483,40 +629,65 @@ bool Relay::PruneDelivered() {
   }
 }
 
-void Relay::DropStream(const std::string& why) {
-  HandleResponses();  // what was answered before the break still counts
-  if (!in_flight_.empty()) {
-    spdlog::warn("relay: delivery stream lost ({}); {} events in flight stay "
-                 "pending and will be resent",
-                 why, in_flight_seqs_.size());
-  } else {
-    spdlog::info("relay: delivery stream closed ({})", why);
+bool Relay::VacuumDeliveries() {
+  // Delivered rows are deleted, and a claim scans the delivery table in
+  // seq order from its start: until vacuum removes their index entries,
+  // every claim steps over all rows delivered since, and a large backlog
+  // drains ever slower. Autovacuum may wake only once a minute; so the
+  // relay vacuums the table itself after each 10000 deletes, at most once a
+  // second, never waiting for another vacuum of it.
+  try {
+    pqxx::nontransaction tx(*conn_);
+    tx.exec("VACUUM (SKIP_LOCKED) outbox_delivery");
+  } catch (const std::exception& e) {
+    last_db_error_ = std::string(StatusFromException(e).message());
+    spdlog::warn("relay: vacuum: {}", last_db_error_);
+    return false;
   }
-  reconnects_->Add();
-  stream_->Cancel();
-  stream_.reset();
-  in_flight_.clear();
-  in_flight_seqs_.clear();
-  next_stream_attempt_ = absl::Now() + Jittered(stream_backoff_);
-  stream_backoff_ = std::min(stream_backoff_ * 2, options_.retry_max);
+  deleted_since_vacuum_ = 0;
+  next_vacuum_ = absl::Now() + absl::Seconds(1);
+  return true;
 }
 
-void Relay::EnsureStream() {
-  if (stream_ != nullptr || absl::Now() < next_stream_attempt_) return;
+void Relay::DropStream(Lane& lane, const std::string& why) {
+  HandleResponses(lane);  // what was answered before the break still counts
+  if (!lane.in_flight.empty()) {
+    spdlog::warn("relay: delivery stream {} lost ({}); {} events in flight stay "
+                 "pending and will be resent",
+                 lane.index, why, lane.in_flight_seqs.size());
+  } else {
+    spdlog::info("relay: delivery stream {} closed ({})", lane.index, why);
+  }
+  reconnects_->Add();
+  lane.stream->Cancel();
+  lane.stream.reset();
+  for (const auto& [id, batch] : lane.in_flight) {
+    for (const std::string& agg : batch.aggregates) Untrack(agg);
+  }
+  lane.in_flight.clear();
+  lane.in_flight_seqs.clear();
+  lane.next_stream_attempt = absl::Now() + Jittered(lane.stream_backoff);
+  lane.stream_backoff = std::min(lane.stream_backoff * 2, options_.retry_max);
+}
+
+void Relay::EnsureStream(Lane& lane) {
+  if (lane.stream != nullptr || absl::Now() < lane.next_stream_attempt) return;
   // Opening a stream blocks until the channel connects; only open it on a
   // ready channel so this thread never waits on the network.
   grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
   if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
-    next_stream_attempt_ = absl::Now() + Jittered(stream_backoff_);
-    stream_backoff_ = std::min(stream_backoff_ * 2, options_.retry_max);
+    lane.next_stream_attempt = absl::Now() + Jittered(lane.stream_backoff);
+    lane.stream_backoff = std::min(lane.stream_backoff * 2, options_.retry_max);
     return;
   }
   if (state != GRPC_CHANNEL_READY) return;
-  stream_ = std::make_unique<DeliveryStream>(stub_.get(), [this] { Wake(); });
+  lane.stream =
+      std::make_unique<DeliveryStream>(stub_.get(), [this] { Wake(); });
   // The backoff resets on the first answer, not here: a consumer that
   // accepts streams but fails every batch (its database is read-only) is
   // retried less and less often, up to --retry_max.
-  spdlog::info("relay: delivery stream open to {}", options_.consumer);
+  spdlog::info("relay: delivery stream {} open to {}", lane.index,
+               options_.consumer);
 }
 
 void Relay::Run() {
@@ -528,17 +699,21 @@ void Relay::Run() {
       stopping = stopping_;
       deadline = drain_deadline_;
     }
-    HandleResponses();
-    if (stream_ != nullptr && stream_->broken()) DropStream(stream_->error());
-    if (stream_ != nullptr && !in_flight_.empty() &&
-        absl::Now() - in_flight_.begin()->second.sent_at >
-            options_.ack_timeout) {
-      DropStream("no answer within --ack_timeout");
+    for (Lane& lane : lanes_) {
+      HandleResponses(lane);
+      if (lane.stream != nullptr && lane.stream->broken()) {
+        DropStream(lane, lane.stream->error());
+      }
+      if (lane.stream != nullptr && !lane.in_flight.empty() &&
+          absl::Now() - lane.in_flight.begin()->second.sent_at >
+              options_.ack_timeout) {
+        DropStream(lane, "no answer within --ack_timeout");
+      }
     }
     const int64_t statements_before = outbox_statements_;
     bool db_ok = EnsureConnection() && FlushMarks();
     if (stopping) {
-      if ((in_flight_.empty() && marks_.empty()) || absl::Now() >= deadline) {
+      if ((InFlightEvents() == 0 && marks_.empty()) || absl::Now() >= deadline) {
         break;
       }
     } else if (db_ok) {
@@ -546,8 +721,14 @@ void Relay::Run() {
         db_ok = Rebalance();
         next_rebalance_ = absl::Now() + options_.rebalance_interval;
       }
-      EnsureStream();
-      if (db_ok && stream_ != nullptr && !stream_->broken()) db_ok = Claim();
+      for (Lane& lane : lanes_) {
+        EnsureStream(lane);
+        if (db_ok && lane.connected()) db_ok = Claim(lane);
+      }
+      if (db_ok && deleted_since_vacuum_ >= 10000 &&
+          absl::Now() >= next_vacuum_) {
+        db_ok = VacuumDeliveries();
+      }
       if (db_ok && options_.retention > absl::ZeroDuration() &&
           owned_.count(0) && absl::Now() >= next_prune_) {
         db_ok = PruneDelivered();
@@ -568,32 +749,35 @@ void Relay::Run() {
     }
     absl::Duration wait = options_.poll_interval;
     if (stopping) wait = absl::Milliseconds(20);
-    if (stream_ == nullptr || conn_ == nullptr) {
+    bool all_connected = true;
+    for (const Lane& lane : lanes_) all_connected &= lane.connected();
+    if (!all_connected || conn_ == nullptr) {
       wait = std::min(wait, absl::Milliseconds(100));
     }
     std::unique_lock<std::mutex> lock(mu_);
     state_.partitions_owned.assign(owned_.begin(), owned_.end());
-    state_.in_flight = static_cast<int64_t>(in_flight_seqs_.size());
-    state_.stream_connected = stream_ != nullptr && !stream_->broken();
+    state_.in_flight = InFlightEvents();
+    state_.stream_connected = all_connected;
     cv_.wait_for(lock, absl::ToChronoNanoseconds(wait),
                  [&] { return woken_; });
     woken_ = false;
   }
-  // Drained (or out of time): close the stream, write the last marks, and
+  // Drained (or out of time): close the streams, write the last marks, and
   // release the partitions by closing the session.
-  if (stream_ != nullptr) {
-    if (!in_flight_.empty()) {
+  for (Lane& lane : lanes_) {
+    if (lane.stream == nullptr) continue;
+    if (!lane.in_flight.empty()) {
       spdlog::warn("relay: {} events unanswered at shutdown stay pending",
-                   in_flight_seqs_.size());
+                   lane.in_flight_seqs.size());
     } else {
       // Nothing in flight: half-close, so the consumer sees a clean end.
-      stream_->CloseSend();
-      for (int i = 0; i < 50 && !stream_->broken(); ++i) {
+      lane.stream->CloseSend();
+      for (int i = 0; i < 50 && !lane.stream->broken(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
-    stream_->Cancel();
-    stream_.reset();
+    lane.stream->Cancel();
+    lane.stream.reset();
   }
   if (conn_ != nullptr) FlushMarks();
   conn_.reset();

@@ -40,38 +40,68 @@
 
 namespace outbox::relay {
 
-// The claim: pending rows of partitions $1 (int[]), not in flight ($2,
-// bigint[]), at most $3, in seq order. Only the earliest undelivered row of
-// an aggregate is claimable: its successors wait at the relay until it is
-// answered, so a row that is rejected, backing off or dead stalls its own
-// aggregate only, and nothing is parked at the consumer needlessly. The
-// earliest-row test is a correlated scalar subquery because that always
-// runs as one index lookup per candidate, whatever the statistics; the
-// equivalent anti-join was planned as a quadratic nested loop on stale
-// statistics (9 s a claim behind 200k delivered rows).
-// Columns: kEventColumns, then partition.
+// The claim: pending deliveries of subscription $1 in partitions $2
+// (int[]), of aggregates not in $3 (text[]: those with events in flight or
+// answered but not yet marked), above seq $5, at most $4, in seq order,
+// with each row's event and whether its predecessor (prev_seq) is no longer
+// owed to the subscription (column `prev_done`: delivered, or before the
+// subscription's start). Events are delivered in chain order, so such a row
+// is its aggregate's first undelivered event. The relay takes an
+// aggregate's rows only when the first of them is that, and then takes them
+// all: they are the aggregate's next consecutive events, which the consumer
+// applies in chain order in one transaction. So a row that is rejected,
+// backing off or dead stalls its own aggregate only, and a long chain
+// drains a batch at a time instead of an event at a time.
+//
+// $5: the relay first claims above the highest seq it has sent, which
+// skips the rows in flight at the front of the table instead of reading
+// and rejecting each; when that runs dry, and at least once per poll, it
+// claims from the start ($5 = 0), finding rows passed over (their aggregate
+// was busy then, or they were backing off).
+//
+// The claimed delivery rows are materialized first, so that the outbox is
+// read by primary key for them alone: a merge join with the outbox would
+// walk its whole delivered history on every claim. Prepared once per
+// connection as "claim". Columns: kEventColumns, then partition, prev_done.
 inline constexpr char kClaimSql[] =
-    "SELECT seq, prev_seq, event_id::text, aggregate_type, aggregate_id, "
-    "event_type, schema_version, coalesce(trace_parent, ''), payload, "
-    "partition FROM outbox o WHERE o.status = 'pending' "
-    "AND o.partition = ANY($1::int[]) AND o.available_at <= now() "
-    "AND NOT (o.seq = ANY($2::bigint[])) "
-    "AND o.seq = (SELECT min(b.seq) FROM outbox b WHERE "
-    "b.aggregate_id = o.aggregate_id AND b.status <> 'delivered') "
-    "ORDER BY o.seq LIMIT $3";
+    "WITH c AS MATERIALIZED (SELECT d.seq, d.partition FROM outbox_delivery d "
+    "WHERE d.subscription = $1 AND d.status = 'pending' "
+    "AND d.partition = ANY($2::int[]) AND d.available_at <= now() "
+    "AND NOT (d.aggregate_id = ANY($3::text[])) AND d.seq > $5 "
+    "ORDER BY d.seq LIMIT $4) "
+    "SELECT o.seq, o.prev_seq, o.event_id::text, o.aggregate_type, "
+    "o.aggregate_id, o.event_type, o.schema_version, "
+    "coalesce(o.trace_parent, ''), o.payload, c.partition, "
+    "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
+    "AND p.seq = o.prev_seq) AS prev_done "
+    "FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq";
+
+// Where a new subscription starts.
+enum class StartFrom {
+  kOldest,  // every event still retained
+  kNow,     // events after the newest at its creation
+};
 
 struct RelayOptions {
   std::string db_url;
+  // The subscription this relay delivers (created on first use, see
+  // StartFrom); replicas of one subscription share its partitions.
+  std::string subscription = "billing";
+  StartFrom start_from = StartFrom::kOldest;
   DbSession session;  // limits of every database session
   std::string consumer;  // host:port of EventSink
   ClientTlsFiles consumer_tls;  // none: plaintext
   int max_attempts = 5;
-  int batch_size = 128;   // events per DeliverRequest
-  int window = 1024;      // events in flight at most
-  // Batches in flight at most. Two keep the consumer busy while an answer
-  // travels back; more would only split the backlog into smaller batches
-  // (one commit each) instead of letting a batch fill up.
+  int batch_size = 256;   // events per DeliverRequest
+  int window = 2048;      // events in flight at most
+  // Batches in flight at most, per lane. Two keep the consumer busy while
+  // an answer travels back; more would only split the backlog into smaller
+  // batches (one commit each) instead of letting a batch fill up.
   int pipeline_depth = 2;
+  // Delivery streams, each for its own share of the partitions (partition
+  // p goes to lane p % lanes). An aggregate lives in one partition, so its
+  // order holds, and the consumer applies the lanes' batches in parallel.
+  int lanes = 2;
   absl::Duration poll_interval = absl::Milliseconds(500);
   absl::Duration ack_timeout = absl::Seconds(15);
   absl::Duration rebalance_interval = absl::Seconds(1);
@@ -110,6 +140,8 @@ class Relay {
 
   RelayState State() const;
 
+  const std::string& subscription() const { return options_.subscription; }
+
   // application_name of the relay's database session, unique to it.
   const std::string& session_name() const { return session_name_; }
 
@@ -118,12 +150,28 @@ class Relay {
     uint64_t batch_id;
     absl::Time sent_at;
     std::vector<int64_t> seqs;
+    std::vector<std::string> aggregates;  // of each seq
     std::vector<int> partitions;
   };
   struct Mark {
     int64_t seq;
+    std::string aggregate_id;
     bool delivered;      // else rejected
     std::string reason;  // for rejected
+  };
+  // One delivery stream and what is in flight on it.
+  struct Lane {
+    int index = 0;
+    std::unique_ptr<DeliveryStream> stream;
+    absl::Time next_stream_attempt = absl::InfinitePast();
+    absl::Duration stream_backoff;
+    std::map<uint64_t, InFlight> in_flight;
+    std::set<int64_t> in_flight_seqs;
+    int64_t sent_through = 0;  // the highest seq sent on it
+    // A claim from the start at least this often, so that rows passed
+    // over never wait long behind a steady stream of new ones.
+    absl::Time next_full_claim = absl::InfinitePast();
+    bool connected() const { return stream != nullptr && !stream->broken(); }
   };
 
   void Run();
@@ -132,13 +180,17 @@ class Relay {
   // Each returns false when the database connection is lost.
   bool EnsureConnection();
   bool JoinMembership(pqxx::connection& conn);
+  bool EnsureSubscription(pqxx::connection& conn);
+  void Untrack(const std::string& aggregate_id);
   bool Rebalance();
-  bool Claim();
+  bool Claim(Lane& lane);
   bool FlushMarks();
   bool PruneDelivered();
-  void HandleResponses();
-  void DropStream(const std::string& why);
-  void EnsureStream();
+  bool VacuumDeliveries();
+  void HandleResponses(Lane& lane);
+  void DropStream(Lane& lane, const std::string& why);
+  void EnsureStream(Lane& lane);
+  int64_t InFlightEvents() const;
 
   const RelayOptions options_;
   const std::string replica_id_;
@@ -159,21 +211,26 @@ class Relay {
   // Worker-thread state.
   std::unique_ptr<pqxx::connection> conn_;
   int member_key_;  // second key of this session's membership lock
+  int subscription_id_ = 0;  // keys the partition locks of the subscription
+
   std::string last_db_error_;  // of the last failed step, for the watchdog
   // Statements run on the outbox table: a pass that runs none (a full
   // window, nothing to mark) tells the watchdog nothing.
   int64_t outbox_statements_ = 0;
   std::set<int> owned_;
-  std::unique_ptr<DeliveryStream> stream_;
-  absl::Time next_stream_attempt_ = absl::InfinitePast();
-  absl::Duration stream_backoff_;
+  std::vector<Lane> lanes_;
   absl::Time next_db_attempt_ = absl::InfinitePast();
   absl::Duration db_backoff_;
   absl::Time next_rebalance_ = absl::InfinitePast();
   absl::Time next_prune_ = absl::InfinitePast();
+  // Rows this relay deleted from outbox_delivery since it last vacuumed it.
+  int64_t deleted_since_vacuum_ = 0;
+  absl::Time next_vacuum_ = absl::InfinitePast();
   uint64_t next_batch_id_ = 1;
-  std::map<uint64_t, InFlight> in_flight_;
-  std::set<int64_t> in_flight_seqs_;
+
+  // Aggregates with events in flight or answered and not yet marked: not
+  // claimed again until marked (event count each).
+  std::map<std::string, int> busy_aggregates_;
   std::vector<Mark> marks_;  // answered, not yet written
   std::set<int> releasing_;  // partitions being given up: no new claims
 

@@ -95,7 +95,8 @@ std::string CheckReport::Json() const {
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                   const std::string& billing_url,
                                   absl::Duration wait,
-                                  const DbSession& session) {
+                                  const DbSession& session,
+                                  const std::string& subscription) {
   CheckReport r;
   auto orders_conn = Connect(orders_url, "outboxctl-verify", session);
   if (!orders_conn.ok()) return orders_conn.status();
@@ -107,10 +108,14 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     const absl::Time start = absl::Now();
     for (;;) {
       pqxx::nontransaction o(orders), b(billing);
-      const int64_t undrained = o.exec(
-          "SELECT count(*) FROM outbox p WHERE status = 'pending' AND NOT "
-          "EXISTS (SELECT 1 FROM outbox d WHERE d.aggregate_id = "
-          "p.aggregate_id AND d.status = 'dead')")[0][0].as<int64_t>();
+      const int64_t undrained =
+          o.exec_params(
+               "SELECT count(*) FROM outbox_delivery p WHERE p.subscription "
+               "= $1 AND p.status = 'pending' AND NOT EXISTS (SELECT 1 FROM "
+               "outbox_delivery d WHERE d.subscription = $1 AND "
+               "d.aggregate_id = p.aggregate_id AND d.status = 'dead')",
+               subscription)[0][0]
+              .as<int64_t>();
       const int64_t held =
           b.exec("SELECT count(*) FROM held_events")[0][0].as<int64_t>();
       if (undrained == 0 && held == 0) {
@@ -127,10 +132,14 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     pqxx::read_transaction o(orders);
     std::map<std::string, Committed> committed;
     std::set<std::string> dead_aggregates;
-    for (const auto& row : o.exec(
-             "SELECT event_id::text, aggregate_id, seq, prev_seq, event_type, "
-             "status, (extract(epoch FROM created_at) * 1000000)::bigint, "
-             "payload FROM outbox")) {
+    for (const auto& row : o.exec_params(
+             "SELECT o.event_id::text, o.aggregate_id, o.seq, o.prev_seq, "
+             "o.event_type, coalesce(d.status, 'delivered'), "
+             "(extract(epoch FROM o.created_at) * 1000000)::bigint, o.payload "
+             "FROM outbox o JOIN subscriptions s ON s.name = $1 LEFT JOIN "
+             "outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq "
+             "WHERE o.seq >= s.start_seq",
+             subscription)) {
       Committed c{row[1].as<std::string>(), row[2].as<int64_t>(),
                   row[3].as<int64_t>(), row[4].as<std::string>(),
                   row[5].as<std::string>(), row[6].as<int64_t>(), 0};

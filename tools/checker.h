@@ -42,12 +42,14 @@ struct CheckReport {
   std::string Json() const;
 };
 
+// Checks `subscription`'s deliveries (the events from its start on).
 // Waits up to `wait` until nothing drainable is pending and nothing is held
 // (rows behind a dead letter cannot drain and are reported apart), then
 // checks every invariant. Unavailable if a database cannot be read.
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                   const std::string& billing_url,
                                   absl::Duration wait,
-                                  const DbSession& session = {});
+                                  const DbSession& session = {},
+                                  const std::string& subscription = "billing");
 
 }  // namespace outbox::tools

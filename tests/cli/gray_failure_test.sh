@@ -77,9 +77,9 @@ pass "every event applied exactly once, in order, and no dead letter"
 kill -TERM "$relay"
 wait "$relay" || true
 load 20
-psql "$orders_db" -qc "UPDATE outbox SET status = 'dead', attempts = 5, dead_at = now(),
+psql "$orders_db" -qc "UPDATE outbox_delivery SET status = 'dead', attempts = 5, dead_at = now(),
   last_error = 'consumer bug #12: cannot apply' WHERE status = 'pending'" >/dev/null
-dead=$(psql "$orders_db" -qAtc "SELECT count(*) FROM outbox WHERE status = 'dead'")
+dead=$(psql "$orders_db" -qAtc "SELECT count(*) FROM outbox_delivery WHERE status = 'dead'")
 [ "$dead" -gt 0 ] || fail "no dead letters made"
 start relay2 outbox-relay --listen="127.0.0.1:$R" --db="$orders_db" \
   --consumer="127.0.0.1:$C" --poll_interval=200ms "${limits[@]}"

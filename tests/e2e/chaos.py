@@ -42,6 +42,7 @@ class Suite:
         self.keep_dbs = False
         self.verify_wait = args.wait
         self.sabotage = args.sabotage
+        self.tls = not args.plaintext  # mutual TLS on every link
         self.print_lock = threading.Lock()
         from chaoslib.runner import PortPool
         self.ports = PortPool()
@@ -69,9 +70,11 @@ def preflight(args):
     if missing:
         sys.exit(f"chaos: {', '.join(missing)} missing in {args.bin}; build "
                  "first (./scripts/test or ./scripts/up build them)")
-    for tool in ("psql", "bash"):
+    for tool in ("psql", "bash") + (() if args.plaintext else ("openssl",)):
         if shutil.which(tool) is None:
-            sys.exit(f"chaos: {tool} is not installed (postgresql-client-15)")
+            sys.exit(f"chaos: {tool} is not installed" + (
+                " (postgresql-client-15)" if tool == "psql" else
+                "; or run with --plaintext" if tool == "openssl" else ""))
     pg_ctl = os.path.join(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"),
                           "pg_ctl")
     if not os.access(pg_ctl, os.X_OK):
@@ -178,6 +181,9 @@ def main():
     ap.add_argument("--sabotage", action="store_true",
                     help="self-check of the harness: corrupt the billing "
                          "database after the load; every scenario must FAIL")
+    ap.add_argument("--plaintext", action="store_true",
+                    help="no TLS on any link (the default is mutual TLS on "
+                         "every link, a throwaway CA per scenario)")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -211,8 +217,13 @@ def main():
     t0 = time.monotonic()
     print(f"chaos: seed {seed}, {seconds:g}s of load and faults per scenario, "
           f"scenarios: {', '.join(s.name for s in scenarios)}", flush=True)
+    mode = ("plaintext (--plaintext): no TLS on any link" if args.plaintext
+            else "mutual TLS on every link (a throwaway CA and certificates "
+                 "per scenario; --plaintext for none)")
+    print(f"chaos: {mode}", flush=True)
     print(f"chaos: replay with ./scripts/chaos --seconds {seconds:g} --seed "
-          f"{seed}" + (f" --scenario {','.join(names)}" if names else ""),
+          f"{seed}" + (f" --scenario {','.join(names)}" if names else "")
+          + (" --plaintext" if args.plaintext else ""),
           flush=True)
     results = []
     try:
@@ -255,6 +266,7 @@ def main():
         for ex in r["examples"]:
             print(f"  ! {ex}")
     summary = {"seed": seed, "seconds": seconds,
+               "tls": not args.plaintext,
                "wall_seconds": round(wall, 1), "results": results}
     if args.json:
         with open(args.json, "w") as f:

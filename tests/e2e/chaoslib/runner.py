@@ -21,6 +21,7 @@ from .observe import Sampler
 from .pg import SqlError
 from .proxy import FaultProxy
 from .scenarios import ACK_TIMEOUT, AFTER_HEAL
+from .tls import HARNESS, LOAD, Certs, TlsError
 
 UUID_RE = re.compile(
     r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
@@ -98,6 +99,7 @@ class Run:
         self.hung = []
         self._ready_cache = set()
         self.gray = GrayFaults(self)
+        self.certs = None  # chaoslib.tls.Certs under mutual TLS, else None
         self._buf = None
         self.counts = {"ack timeouts": 0, "streams lost": 0}  # log_counts()
         self.health_counts = {}  # health_log_counts()
@@ -205,9 +207,11 @@ class Run:
         return self.suite.pg.psql(self.billing_db, sql, timeout=timeout)
 
     POISON_UPDATE = (
-        "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) "
-        "FROM outbox WHERE status = 'pending' AND event_type = "
-        "'OrderCreated') AND status = 'pending' RETURNING seq, aggregate_id")
+        "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(o.seq) "
+        "FROM outbox_delivery d JOIN outbox o USING (seq) WHERE d.status = "
+        "'pending' AND o.event_type = 'OrderCreated') AND EXISTS (SELECT 1 "
+        "FROM outbox_delivery d WHERE d.seq = outbox.seq AND d.status = "
+        "'pending') RETURNING seq, aggregate_id")
 
     # Poisons the next OrderCreated row as it is inserted, in the producer's
     # own transaction: committed poison that no relay can have sent before.
@@ -235,7 +239,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         wait_until = time.monotonic() + 15
         while time.monotonic() < wait_until:
             status = self.sql_orders(
-                f"SELECT status FROM outbox WHERE seq = {seq}").strip()
+                f"SELECT status FROM outbox_deliveries WHERE subscription = "
+                f"'billing' AND seq = {seq}").strip()
             if status != "pending":
                 break
             time.sleep(0.1)
@@ -245,7 +250,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             return False
         self.poisoned = (seq, agg)
         attempts = self.sql_orders(
-            f"SELECT attempts FROM outbox WHERE seq = {seq}").strip()
+            f"SELECT attempts FROM outbox_deliveries WHERE subscription = "
+            f"'billing' AND seq = {seq}").strip()
         self.log(f"row {seq} of {agg} is {status} after {attempts} attempts")
         return True
 
@@ -313,11 +319,13 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         port, mport = self.suite.ports.take(), self.suite.ports.take()
         db = self.billing_db if kind == "consumer" else self.orders_db
         binary = os.path.join(self.suite.bin, f"outbox-{kind}")
+        tls = self.certs.server_flags(kind) if self.certs else []
         argv = [binary, f"--listen=127.0.0.1:{port}",
                 f"--db={self._db_url(name, db)}",
                 f"--metrics_listen=127.0.0.1:{mport}",
-                f"--shutdown_timeout={SHUTDOWN_TIMEOUT:g}s"] + extra_args + [
-                    f"--{k}={v}" for k, v in self.scn.service_flags.items()]
+                f"--shutdown_timeout={SHUTDOWN_TIMEOUT:g}s"] + tls + \
+            extra_args + [
+                f"--{k}={v}" for k, v in self.scn.service_flags.items()]
         env = {"OUTBOX_FAULT": self.scn.fault_env} if self.scn.fault_env else {}
         p = P.Proc(self, name, kind, argv, port, mport, env)
         self.sup.add(p)
@@ -325,6 +333,14 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
 
     def setup(self):
         pg = self.suite.pg
+        if self.suite.tls:
+            # A CA of its own per scenario: a process left over from an
+            # earlier scenario cannot talk to this one's.
+            try:
+                self.certs = Certs(self.suite.root, os.path.join(
+                    self.workdir, "certs")).make()
+            except TlsError as e:
+                raise HarnessError(str(e))
         for db in (self.orders_db, self.billing_db):
             pg.drop_db(db)
             pg.create_db(db)
@@ -344,8 +360,12 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             flags = {"ack_timeout": f"{ACK_TIMEOUT:g}s",
                      "poll_interval": "200ms", "retry_max": "1s"}
             flags.update(scn.relay_flags)
+            # Under TLS the relay checks that the consumer's certificate
+            # names the host it dials: 127.0.0.1 is its IP SAN (through the
+            # TCP-level proxy too, which passes the TLS session on).
+            tls = self.certs.relay_client_flags() if self.certs else []
             self.relays.append(self._proc(
-                "relay", i, [f"--consumer=127.0.0.1:{port}"] +
+                "relay", i, [f"--consumer=127.0.0.1:{port}"] + tls +
                 [f"--{k}={v}" for k, v in flags.items()]))
         for i in range(1, scn.producers + 1):
             self.producers.append(self._proc("producer", i, []))
@@ -359,6 +379,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             topo += ", a proxy per service->PostgreSQL link"
         self.log(f"{scn.summary}")
         self.log(f"topology: {topo}; logs in {self.workdir}")
+        self.log(self.certs.describe() if self.certs else
+                 "plaintext (--plaintext): no TLS on any link", quiet=True)
         if scn.fault_env:
             self.log(f"OUTBOX_FAULT={scn.fault_env}")
         if scn.service_flags:
@@ -397,11 +419,18 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         buf = self.buf()
         if buf is None:
             return None
+        if self.certs:
+            # mutual TLS on the port clients use, as the harness (health
+            # answers any client whose certificate the CA signed)
+            how = self.certs.buf_flags(HARNESS) + [
+                f"https://127.0.0.1:{port}/grpc.health.v1.Health/Check"]
+        else:
+            how = ["--http2-prior-knowledge",
+                   f"http://127.0.0.1:{port}/grpc.health.v1.Health/Check"]
         try:
             r = subprocess.run(
-                [buf, "curl", "--protocol", "grpc", "--http2-prior-knowledge",
-                 "--timeout", f"{timeout:g}s",
-                 f"http://127.0.0.1:{port}/grpc.health.v1.Health/Check"],
+                [buf, "curl", "--protocol", "grpc",
+                 "--timeout", f"{timeout:g}s"] + how,
                 stdin=subprocess.DEVNULL, capture_output=True, text=True,
                 timeout=timeout + 7)
         except (OSError, subprocess.TimeoutExpired):
@@ -472,6 +501,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                     f"--duration={self.seconds + self.scn.load_extra:g}s",
                     "--concurrency=4", "--timeout=2s",
                     f"--seed={self.seed * 10 + i}"]
+            if self.certs:
+                argv += self.certs.ctl_flags(LOAD)
             out = open(os.path.join(self.workdir, f"load-{i}.out"), "wb")
             err = open(os.path.join(self.workdir, f"load-{i}.log"), "wb")
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
@@ -559,7 +590,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         pg = self.suite.pg
         try:
             self.backlog = int(self.sql_orders(
-                "SELECT count(*) FROM outbox WHERE status = 'pending'").strip())
+                "SELECT count(*) FROM outbox_delivery WHERE status = "
+                "'pending'").strip())
         except SqlError:
             self.backlog = None
         # The I5 bound. The client is not rate limited, so a long run can end
@@ -640,17 +672,20 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 parts.append(f"-- {title}\n(failed: {e})")
 
         q("outbox by status", self.sql_orders,
-          "SELECT status, count(*), max(attempts) FROM outbox GROUP BY 1")
+          "SELECT subscription, status, count(*), max(attempts) FROM "
+          "outbox_deliveries GROUP BY 1, 2")
         q("oldest undelivered rows", self.sql_orders,
-          "SELECT seq, aggregate_id, prev_seq, event_type, schema_version, "
-          "status, attempts, partition, available_at, last_error FROM outbox "
-          "WHERE status <> 'delivered' ORDER BY seq LIMIT 20")
+          "SELECT d.subscription, seq, o.aggregate_id, o.prev_seq, "
+          "o.event_type, o.schema_version, d.status, d.attempts, o.partition, "
+          "d.available_at, d.last_error FROM outbox o JOIN outbox_delivery d "
+          "USING (seq) ORDER BY seq LIMIT 20")
         q("partitions owned, by session (advisory locks 0x0b0e)",
           self.sql_orders,
           "SELECT l.pid, a.application_name, a.state, count(*), "
           "array_agg(l.objid ORDER BY l.objid) FROM pg_locks l LEFT JOIN "
           "pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND "
-          "l.classid = 2830 AND l.granted GROUP BY 1, 2, 3 ORDER BY 1")
+          "l.classid = 2830 + 65536 * (SELECT id FROM subscriptions WHERE "
+          "name = 'billing') AND l.granted GROUP BY 1, 2, 3 ORDER BY 1")
         q("held events", self.sql_billing,
           "SELECT h.seq, h.prev_seq, h.aggregate_id, coalesce(c.last_seq, 0) "
           "AS cursor, h.received_at FROM held_events h LEFT JOIN "
@@ -661,8 +696,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             lst = ",".join(f"'{i}'" for i in ids)
             q("outbox rows of the aggregates/events named by the checker",
               self.sql_orders,
-              "SELECT seq, event_id, aggregate_id, prev_seq, event_type, "
-              "status, attempts, created_at, published_at FROM outbox WHERE "
+              "SELECT seq, event_id, aggregate_id, event_type, status, "
+              "attempts, created_at FROM outbox_deliveries WHERE "
               f"aggregate_id IN ({lst}) OR event_id::text IN ({lst}) OR "
               f"aggregate_id IN (SELECT aggregate_id FROM outbox WHERE "
               f"event_id::text IN ({lst})) ORDER BY aggregate_id, seq")
@@ -678,9 +713,11 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         for r in self.relays:
             c = self.consumers[0]
             try:
+                tls = self.certs.ctl_flags(HARNESS) if self.certs else []
                 out = subprocess.run(
                     [outboxctl, "stats", f"--relay=127.0.0.1:{r.listen_port}",
-                     f"--consumer=127.0.0.1:{c.listen_port}", "--timeout=3s"],
+                     f"--consumer=127.0.0.1:{c.listen_port}",
+                     "--timeout=3s"] + tls,
                     stdin=subprocess.DEVNULL, capture_output=True, text=True,
                     timeout=20)
                 parts.append(f"-- outboxctl stats ({r.name})\n{out.stdout}"
@@ -689,9 +726,10 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 parts.append(f"-- outboxctl stats ({r.name}): {e}")
         for table, fn, sql in (
                 ("outbox", self.sql_orders,
-                 "SELECT seq, event_id, aggregate_id, prev_seq, event_type, "
-                 "schema_version, status, attempts, partition, created_at, "
-                 "published_at, last_error FROM outbox ORDER BY seq"),
+                 "SELECT o.seq, o.event_id, o.aggregate_id, o.prev_seq, "
+                 "o.event_type, o.schema_version, v.subscription, v.status, "
+                 "v.attempts, o.partition, o.created_at, v.last_error FROM "
+                 "outbox o JOIN outbox_deliveries v USING (seq) ORDER BY seq"),
                 ("inbox", self.sql_billing,
                  "SELECT * FROM inbox ORDER BY apply_id"),
                 ("held_events", self.sql_billing,
@@ -905,5 +943,7 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             "workdir": self.workdir if (self.violations or self.errors
                                         or self.suite.keep) else None,
             "replay": f"./scripts/chaos --seconds {self.seconds:g} --seed "
-                      f"{self.seed} --scenario {self.name}",
+                      f"{self.seed} --scenario {self.name}"
+                      + ("" if self.suite.tls else " --plaintext"),
+            "tls": self.suite.tls,
         }

@@ -253,7 +253,8 @@ def check_poison(run, report):
     seq, agg = p
     dead = [ln.split("|") for ln in run.sql_orders(
         "SELECT seq, aggregate_id, attempts, coalesce(last_error, '') "
-        "FROM outbox WHERE status = 'dead' ORDER BY seq").splitlines() if ln]
+        "FROM outbox_delivery WHERE status = 'dead' ORDER BY seq"
+    ).splitlines() if ln]
     if [int(d[0]) for d in dead] != [seq]:
         bad.append(f"I6: expected exactly row {seq} (aggregate {agg}) dead, "
                    f"dead rows are {[int(d[0]) for d in dead]}")
@@ -261,8 +262,9 @@ def check_poison(run, report):
         bad.append(f"I6: dead row {seq} has last_error {dead[0][3]!r}, "
                    "expected it to name schema_version")
     behind = int(run.sql_orders(
-        f"SELECT count(*) FROM outbox WHERE aggregate_id = '{agg}' AND "
-        f"seq > {seq} AND status <> 'pending'").strip())
+        f"SELECT count(*) FROM outbox_deliveries WHERE subscription = "
+        f"'billing' AND aggregate_id = '{agg}' AND seq > {seq} AND status "
+        f"<> 'pending'").strip())
     if behind:
         bad.append(f"I6: {behind} events behind dead row {seq} of {agg} left "
                    "pending (delivered or dead)")
