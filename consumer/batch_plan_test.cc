@@ -296,6 +296,19 @@ TEST(PlanBatch, InvalidEventsAreRejectedWithTheirReasonAndOthersFlow) {
   EXPECT_EQ(p.Applies(), (S{"a/3", "b/4"}));
 }
 
+TEST(PlanBatch, EventsBehindARejectedOneInTheBatchAreDeferredNotHeld) {
+  // The relay sends an aggregate's consecutive events together; when the
+  // first is bad, the others must stay pending at the relay (behind what
+  // may become a dead letter), not be parked here.
+  Planner p;
+  p.Invalid({"schema_version: 2 is not supported", "", "", ""});
+  p.Run({Ev("a", 3, 0), Ev("a", 5, 3), Ev("a", 8, 5), Ev("b", 4, 0)});
+  EXPECT_EQ(p.Outcomes(), (V{R, v1::DEFERRED, v1::DEFERRED, A}));
+  EXPECT_TRUE(p.Holds().empty());
+  EXPECT_EQ(p.plan().deferred, 2);
+  EXPECT_FALSE(p.plan().changed.count("a"));
+}
+
 TEST(PlanBatch, AggregatesAreIndependent) {
   Planner p;
   p.Cursor("a", 3).Cursor("b", 0);
