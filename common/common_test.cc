@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <atomic>
+#include <mutex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -14,6 +17,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/server.h"
+#include "common/group_commit.h"
 #include "common/identity.h"
 #include "common/sql_state.h"
 #include "common/tls.h"
@@ -439,6 +443,63 @@ TEST(PublicMessage, DatabaseInternalsNeverReachCallers) {
             "order x does not exist");
   EXPECT_EQ(ToGrpcStatus(absl::InternalError("stack trace")).error_code(),
             grpc::StatusCode::INTERNAL);
+}
+
+TEST(GroupCommit, AloneACallerWritesItsItemAtOnce) {
+  std::vector<size_t> groups;
+  GroupCommit<int, int> commit({.writers = 2, .max_group = 8},
+                               [&](const std::vector<const int*>& items) {
+                                 groups.push_back(items.size());
+                                 return std::vector<absl::StatusOr<int>>{*items[0] * 10};
+                               });
+  EXPECT_EQ(*commit.Submit(4), 40);
+  EXPECT_EQ(groups, (std::vector<size_t>{1}));
+}
+
+TEST(GroupCommit, ConcurrentCallersShareWritesAndGetTheirOwnResults) {
+  std::mutex mu;
+  std::vector<size_t> groups;
+  GroupCommit<int, int> commit(
+      {.writers = 1, .max_group = 16}, [&](const std::vector<const int*>& items) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          groups.push_back(items.size());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        std::vector<absl::StatusOr<int>> out;
+        for (const int* i : items) {
+          if (*i % 7 == 0) {
+            out.push_back(absl::InvalidArgumentError("multiple of 7"));
+          } else {
+            out.push_back(*i * 2);
+          }
+        }
+        return out;
+      });
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 1; k <= 20; ++k) {
+        const int item = t * 100 + k;
+        absl::StatusOr<int> r = commit.Submit(item);
+        const bool ok = item % 7 == 0 ? r.status().code() ==
+                                            absl::StatusCode::kInvalidArgument
+                                      : r.ok() && *r == item * 2;
+        if (!ok) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong, 0);
+  size_t total = 0, largest = 0;
+  for (size_t g : groups) {
+    total += g;
+    largest = std::max(largest, g);
+  }
+  EXPECT_EQ(total, 160u);  // every item written once
+  EXPECT_GT(largest, 1u);  // one writer at a time: the others queued up
+  EXPECT_LE(largest, 16u);
 }
 
 }  // namespace

@@ -76,6 +76,16 @@ void ArrayLiteral::Add(absl::string_view v) {
 
 void ArrayLiteral::Add(int64_t v) { Add(absl::StrCat(v)); }
 
+void ArrayLiteral::AddHex(absl::string_view bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  out_ += out_.empty() ? "{\"" : ",\"";
+  for (unsigned char c : bytes) {
+    out_.push_back(kHex[c >> 4]);
+    out_.push_back(kHex[c & 15]);
+  }
+  out_ += '"';
+}
+
 std::string SessionSettingsSql(const DbSession& session) {
   auto ms = [](absl::Duration d) {
     return absl::StrCat(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));

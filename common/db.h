@@ -108,6 +108,9 @@ class ArrayLiteral {
   }
   void Add(absl::string_view v);
   void Add(int64_t v);
+  // Bytes as hex, for a text[] parameter the SQL turns back with
+  // decode(x, 'hex') (bytea[] literals would need escaping).
+  void AddHex(absl::string_view bytes);
   std::string str() const { return out_.empty() ? "{}" : out_ + "}"; }
   bool empty() const { return out_.empty(); }
 

@@ -92,7 +92,7 @@ std::set<std::string> ParseIdentityList(const std::string& list) {
 
 CallerCheck::CallerCheck(AccessRules rules) : rules_(std::move(rules)) {}
 
-grpc::Status CallerCheck::Admit(const grpc::ServerContext& ctx, Access access,
+grpc::Status CallerCheck::Admit(const grpc::ServerContextBase& ctx, Access access,
                                 const char* method) const {
   if (!rules_.require_identity) return grpc::Status::OK;
   std::optional<PeerCertificate> peer;

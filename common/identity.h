@@ -78,7 +78,7 @@ class CallerCheck {
   // OK if the caller of `ctx` may make a call needing `access`; otherwise
   // the status to answer, and a log line naming `method`, the peer address
   // and the identity presented (at most a few lines a second).
-  grpc::Status Admit(const grpc::ServerContext& ctx, Access access,
+  grpc::Status Admit(const grpc::ServerContextBase& ctx, Access access,
                      const char* method) const;
 
   const AccessRules& rules() const { return rules_; }
@@ -92,7 +92,7 @@ class CallerCheck {
 // Admit through `check`, or admit everything when `check` is null (a
 // service built without one, as in tests of the logic).
 inline grpc::Status Admit(const CallerCheck* check,
-                          const grpc::ServerContext* ctx, Access access,
+                          const grpc::ServerContextBase* ctx, Access access,
                           const char* method) {
   return check == nullptr ? grpc::Status::OK
                           : check->Admit(*ctx, access, method);

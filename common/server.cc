@@ -79,6 +79,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options.max_concurrent_streams);
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  // The synchronous server keeps this many threads waiting for calls. With
+  // gRPC's default (at most 2), every call beyond two at once spawned a
+  // thread and ended it afterwards: most of the producer's CPU went there.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS,
+                              2);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                              options.max_threads);
   grpc::ResourceQuota quota("outbox-server");
   quota.SetMaxThreads(options.max_threads);
   quota.Resize(options.memory_bytes);

@@ -15,17 +15,6 @@
 namespace outbox::consumer {
 namespace {
 
-std::string Hex(const std::string& bytes) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
-
 std::string OccurredAt(const v1::Event& e) {
   absl::Time t = FromTimestamp(e.occurred_at());
   return absl::FormatTime("%Y-%m-%d %H:%M:%E6S+00", t, absl::UTCTimeZone());
@@ -147,7 +136,7 @@ void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
     agg.Add(e->aggregate_id());
     seq.Add(e->seq());
     prev.Add(e->prev_seq());
-    pay.Add(Hex(e->SerializeAsString()));
+    pay.AddHex(e->SerializeAsString());
   }
   ExecPrepared(
       tx, "insert_held",

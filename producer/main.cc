@@ -9,12 +9,17 @@
 #include "common/db_flags.h"
 #include "common/schema.h"
 #include "common/service.h"
+#include "common/worker_pool.h"
 #include "producer/order_service.h"
 #include "producer/order_store.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_orders",
           "PostgreSQL URL of the orders database (password from PGPASSWORD).");
+ABSL_FLAG(int, commit_writers, 1,
+          "CreateOrder calls in flight are written in groups, one statement "
+          "and one commit each; at most this many groups at once (1 to "
+          "--db_pool_size - 1). Fewer make larger groups.");
 ABSL_FLAG(bool, notify, true,
           "NOTIFY relays after commits (one per burst), so delivery does "
           "not wait for their poll.");
@@ -25,6 +30,12 @@ int main(int argc, char** argv) {
                       "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
   const outbox::DbSession session = outbox::DbSessionFromFlags();
+  if (absl::GetFlag(FLAGS_commit_writers) < 1 ||
+      absl::GetFlag(FLAGS_commit_writers) >= absl::GetFlag(FLAGS_db_pool_size)) {
+    spdlog::critical("outbox-producer: --commit_writers must be 1 to "
+                     "--db_pool_size - 1");
+    return 2;
+  }
   auto security = outbox::ServerSecurityFromFlags();
   if (!security.ok()) {
     spdlog::critical("outbox-producer: {}", std::string(security.status().message()));
@@ -45,8 +56,17 @@ int main(int argc, char** argv) {
   }
   outbox::Watchdog watchdog("producer database writes",
                             absl::GetFlag(FLAGS_stall_timeout));
-  outbox::producer::OrderStore store(&db, notifier.get());
-  outbox::producer::OrderServiceImpl service(&store, &metrics, &watchdog,
+  outbox::producer::OrderStoreOptions store_options;
+  store_options.create_groups.writers = absl::GetFlag(FLAGS_commit_writers);
+  outbox::producer::OrderStore store(&db, notifier.get(), store_options,
+                                     &metrics);
+  // PayOrder, CancelOrder and GetOrder wait on the database here, on the
+  // connections the group commit leaves.
+  outbox::WorkerPool workers(
+      absl::GetFlag(FLAGS_db_pool_size) - absl::GetFlag(FLAGS_commit_writers),
+      1024);
+  outbox::producer::OrderServiceImpl service(&store, &metrics, &workers,
+                                             &watchdog,
                                              &check);
   return outbox::ServeUntilSignal({.name = "outbox-producer",
                                    .listen = absl::GetFlag(FLAGS_listen),

@@ -1,9 +1,15 @@
 #include "producer/order_logic.h"
 
+#include <cctype>
+#include <climits>
 #include <cstdio>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
+#include "common/log.h"
 
 namespace outbox::producer {
 namespace {
@@ -191,6 +197,160 @@ std::string RequestFingerprint(const v1::CreateOrderRequest& req) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
   return buf;
+}
+
+std::string ItemsJson(
+    const google::protobuf::RepeatedPtrField<v1::LineItem>& items) {
+  std::string out = "[";
+  for (int i = 0; i < items.size(); ++i) {
+    absl::StrAppend(&out, i ? "," : "", "{\"sku\":\"", JsonEscape(items[i].sku()),
+                    "\",\"quantity\":", items[i].quantity(),
+                    ",\"unitPriceCents\":", items[i].unit_price_cents(), "}");
+  }
+  return out + "]";
+}
+
+namespace {
+
+// A cursor over JSON text; each Take* consumes what it reads.
+class JsonCursor {
+ public:
+  explicit JsonCursor(absl::string_view s) : s_(s) {}
+  void Space() {
+    while (!s_.empty() && (s_[0] == ' ' || s_[0] == '\n' || s_[0] == '\t' ||
+                           s_[0] == '\r')) {
+      s_.remove_prefix(1);
+    }
+  }
+  bool Take(char c) {
+    Space();
+    if (s_.empty() || s_[0] != c) return false;
+    s_.remove_prefix(1);
+    return true;
+  }
+  bool TakeString(std::string* out) {
+    if (!Take('"')) return false;
+    out->clear();
+    while (!s_.empty() && s_[0] != '"') {
+      char c = s_[0];
+      s_.remove_prefix(1);
+      if (c != '\\') {
+        out->push_back(c);
+        continue;
+      }
+      if (s_.empty()) return false;
+      c = s_[0];
+      s_.remove_prefix(1);
+      switch (c) {
+        case '"': case '\\': case '/': out->push_back(c); break;
+        case 'b': out->push_back('\b'); break;
+        case 'f': out->push_back('\f'); break;
+        case 'n': out->push_back('\n'); break;
+        case 'r': out->push_back('\r'); break;
+        case 't': out->push_back('\t'); break;
+        case 'u': {
+          uint32_t cp;
+          if (!Hex4(&cp)) return false;
+          if (cp >= 0xD800 && cp < 0xDC00) {  // a surrogate pair
+            uint32_t low;
+            if (!absl::ConsumePrefix(&s_, "\\u") || !Hex4(&low) ||
+                low < 0xDC00 || low > 0xDFFF) {
+              return false;
+            }
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+          }
+          Utf8(cp, out);
+          break;
+        }
+        default: return false;
+      }
+    }
+    return Take('"');
+  }
+  bool TakeInt(int64_t* out) {
+    Space();
+    size_t n = 0;
+    while (n < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[n])) ||
+                             (n == 0 && s_[n] == '-'))) {
+      ++n;
+    }
+    if (!absl::SimpleAtoi(s_.substr(0, n), out)) return false;
+    s_.remove_prefix(n);
+    return true;
+  }
+  bool AtEnd() {
+    Space();
+    return s_.empty();
+  }
+
+ private:
+  bool Hex4(uint32_t* out) {
+    if (s_.size() < 4) return false;
+    *out = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char c = s_[i];
+      *out <<= 4;
+      if (c >= '0' && c <= '9') *out |= c - '0';
+      else if (c >= 'a' && c <= 'f') *out |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') *out |= c - 'A' + 10;
+      else return false;
+    }
+    s_.remove_prefix(4);
+    return true;
+  }
+  static void Utf8(uint32_t cp, std::string* out) {
+    if (cp < 0x80) {
+      out->push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+  }
+
+  absl::string_view s_;
+};
+
+}  // namespace
+
+absl::Status ParseItemsJson(
+    absl::string_view json,
+    google::protobuf::RepeatedPtrField<v1::LineItem>* items) {
+  items->Clear();
+  const absl::Status bad = absl::InvalidArgumentError("items: not the stored form");
+  JsonCursor in(json);
+  if (!in.Take('[')) return bad;
+  if (in.Take(']')) return in.AtEnd() ? absl::OkStatus() : bad;
+  do {
+    if (!in.Take('{')) return bad;
+    v1::LineItem* item = items->Add();
+    std::string key;
+    do {
+      if (!in.TakeString(&key) || !in.Take(':')) return bad;
+      int64_t n = 0;
+      if (key == "sku") {
+        if (!in.TakeString(item->mutable_sku())) return bad;
+      } else if (key == "quantity" && in.TakeInt(&n) && n >= INT32_MIN &&
+                 n <= INT32_MAX) {
+        item->set_quantity(static_cast<int32_t>(n));
+      } else if (key == "unitPriceCents" && in.TakeInt(&n)) {
+        item->set_unit_price_cents(n);
+      } else {
+        return bad;
+      }
+    } while (in.Take(','));
+    if (!in.Take('}')) return bad;
+  } while (in.Take(','));
+  if (!in.Take(']') || !in.AtEnd()) return bad;
+  return absl::OkStatus();
 }
 
 }  // namespace outbox::producer

@@ -44,4 +44,14 @@ v1::OrderStatus StatusFromName(absl::string_view name);
 // aside), so that a key reused for a different order is refused.
 std::string RequestFingerprint(const v1::CreateOrderRequest& req);
 
+// The items as stored in orders.items (jsonb): a JSON array of
+// {"sku", "quantity", "unitPriceCents"} objects, the names grpcurl shows.
+std::string ItemsJson(const google::protobuf::RepeatedPtrField<v1::LineItem>& items);
+
+// Reads what ItemsJson wrote, as PostgreSQL prints it back (any spacing or
+// key order, JSON escapes), without a general JSON parser. InvalidArgument
+// for anything else; `items` is cleared first.
+absl::Status ParseItemsJson(absl::string_view json,
+                            google::protobuf::RepeatedPtrField<v1::LineItem>* items);
+
 }  // namespace outbox::producer

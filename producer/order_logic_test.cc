@@ -175,5 +175,45 @@ TEST(Fingerprint, DependsOnEveryFieldButTheKey) {
   EXPECT_NE(RequestFingerprint(c), RequestFingerprint(d));
 }
 
+TEST(ItemsJson, RoundTripsThroughTheStoredForm) {
+  v1::CreateOrderRequest req;
+  auto* a = req.add_items();
+  a->set_sku("book \"A\" \\ é ✓ \U0001F600\n");
+  a->set_quantity(10000);
+  a->set_unit_price_cents(1000000000);
+  auto* b = req.add_items();
+  b->set_sku("pen");
+  b->set_quantity(1);
+  v1::CreateOrderRequest back;
+  ASSERT_TRUE(ParseItemsJson(ItemsJson(req.items()), back.mutable_items()).ok())
+      << ItemsJson(req.items());
+  EXPECT_EQ(back.SerializeAsString(), req.SerializeAsString());
+}
+
+TEST(ItemsJson, ReadsWhatPostgresPrintsBack) {
+  // jsonb's own output: spaces, keys by length, escapes as \u for controls.
+  v1::CreateOrderRequest back;
+  ASSERT_TRUE(ParseItemsJson(
+                  "[{\"sku\": \"a\\u0001\\ud83d\\ude00\", \"quantity\": 2, "
+                  "\"unitPriceCents\": 1250}]",
+                  back.mutable_items())
+                  .ok());
+  ASSERT_EQ(back.items_size(), 1);
+  EXPECT_EQ(back.items(0).sku(), "a\x01\xF0\x9F\x98\x80");
+  EXPECT_EQ(back.items(0).quantity(), 2);
+  EXPECT_EQ(back.items(0).unit_price_cents(), 1250);
+  EXPECT_TRUE(ParseItemsJson("[]", back.mutable_items()).ok());
+  EXPECT_EQ(back.items_size(), 0);
+}
+
+TEST(ItemsJson, AnythingElseIsRefused) {
+  v1::CreateOrderRequest back;
+  for (const char* bad :
+       {"", "{}", "[", "[{]", "[{\"sku\": 1}]", "[{\"color\": \"red\"}]",
+        "[{\"quantity\": 99999999999}]", "[] x", "[{\"sku\": \"\\ud800\"}]"}) {
+    EXPECT_FALSE(ParseItemsJson(bad, back.mutable_items()).ok()) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace outbox::producer

@@ -9,7 +9,7 @@
 
 namespace outbox::producer {
 
-std::string TraceParentFrom(const grpc::ServerContext& ctx) {
+std::string TraceParentFrom(const grpc::ServerContextBase& ctx) {
   auto it = ctx.client_metadata().find("traceparent");
   if (it != ctx.client_metadata().end()) {
     std::string value(it->second.data(), it->second.size());
@@ -19,9 +19,13 @@ std::string TraceParentFrom(const grpc::ServerContext& ctx) {
 }
 
 OrderServiceImpl::OrderServiceImpl(OrderStore* store, Metrics* metrics,
-                                   Watchdog* watchdog,
+                                   WorkerPool* workers, Watchdog* watchdog,
                                    const CallerCheck* check)
-    : store_(store), metrics_(metrics), watchdog_(watchdog), check_(check) {
+    : store_(store),
+      metrics_(metrics),
+      workers_(workers),
+      watchdog_(watchdog),
+      check_(check) {
   // Visible from the first scrape, before any call.
   for (const char* method : {"CreateOrder", "PayOrder", "CancelOrder", "GetOrder"}) {
     CallCounter(method, absl::StatusCode::kOk);
@@ -36,17 +40,25 @@ Counter* OrderServiceImpl::CallCounter(const char* method,
       "OrderService calls by method and status code.");
 }
 
-grpc::Status OrderServiceImpl::Finish(const char* method,
-                                      const absl::Status& s) {
+void OrderServiceImpl::Finish(grpc::ServerUnaryReactor* reactor,
+                              const char* method, absl::Time start,
+                              const absl::Status& s) {
   CallCounter(method, s.code())->Add();
+  metrics_
+      ->AddHistogram(
+          absl::StrCat("outbox_producer_request_duration_seconds{method=\"",
+                       method, "\"}"),
+          "OrderService call latency, from the request to the answer.",
+          Histogram::LatencyBuckets())
+      ->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   if (s.code() == absl::StatusCode::kUnavailable ||
       s.code() == absl::StatusCode::kInternal) {
     spdlog::warn("{}: {}", method, s.ToString());
   }
-  return ToGrpcStatus(s);
+  reactor->Finish(ToGrpcStatus(s));
 }
 
-grpc::Status OrderServiceImpl::Refused(grpc::ServerContext* ctx,
+grpc::Status OrderServiceImpl::Refused(grpc::CallbackServerContext* ctx,
                                        const char* method) {
   grpc::Status a = Admit(check_, ctx, Access::kCall,
                          absl::StrCat("OrderService.", method).c_str());
@@ -56,8 +68,8 @@ grpc::Status OrderServiceImpl::Refused(grpc::ServerContext* ctx,
   return a;
 }
 
-const absl::Status& OrderServiceImpl::Watch(const absl::Status& s) {
-  if (watchdog_ == nullptr) return s;
+void OrderServiceImpl::Watch(const absl::Status& s) {
+  if (watchdog_ == nullptr) return;
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kInternal:
@@ -68,60 +80,98 @@ const absl::Status& OrderServiceImpl::Watch(const absl::Status& s) {
     default:
       watchdog_->Done();  // the database answered
   }
-  return s;
 }
 
-grpc::Status OrderServiceImpl::CreateOrder(grpc::ServerContext* ctx,
-                                           const v1::CreateOrderRequest* req,
-                                           v1::CreateOrderResponse* resp) {
-  if (grpc::Status a = Refused(ctx, "CreateOrder"); !a.ok()) return a;
+void OrderServiceImpl::OnWorker(
+    grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start,
+    v1::Order* order, std::function<absl::StatusOr<v1::Order>()> call) {
+  if (watchdog_ != nullptr) watchdog_->Working();
+  const bool queued = workers_->Post([=, call = std::move(call)] {
+    absl::StatusOr<v1::Order> result = call();
+    Watch(result.status());
+    if (result.ok()) *order = std::move(*result);
+    Finish(reactor, method, start, result.status());
+  });
+  if (!queued) {
+    Finish(reactor, method, start,
+           absl::ResourceExhaustedError("too many calls in progress; retry"));
+  }
+}
+
+grpc::ServerUnaryReactor* OrderServiceImpl::CreateOrder(
+    grpc::CallbackServerContext* ctx, const v1::CreateOrderRequest* req,
+    v1::CreateOrderResponse* resp) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status a = Refused(ctx, "CreateOrder"); !a.ok()) {
+    reactor->Finish(a);
+    return reactor;
+  }
   absl::StatusOr<int64_t> total = ValidateCreate(*req);
-  if (!total.ok()) return Finish("CreateOrder", total.status());
-  if (watchdog_ != nullptr) watchdog_->Working();
-  auto order = store_->Create(*req, *total, TraceParentFrom(*ctx));
-  Watch(order.status());
-  if (order.ok()) *resp->mutable_order() = std::move(*order);
-  return Finish("CreateOrder", order.status());
-}
-
-grpc::Status OrderServiceImpl::PayOrder(grpc::ServerContext* ctx,
-                                        const v1::PayOrderRequest* req,
-                                        v1::PayOrderResponse* resp) {
-  if (grpc::Status a = Refused(ctx, "PayOrder"); !a.ok()) return a;
-  if (absl::Status s = ValidatePay(*req); !s.ok()) return Finish("PayOrder", s);
-  if (watchdog_ != nullptr) watchdog_->Working();
-  auto order = store_->Pay(*req, TraceParentFrom(*ctx));
-  Watch(order.status());
-  if (order.ok()) *resp->mutable_order() = std::move(*order);
-  return Finish("PayOrder", order.status());
-}
-
-grpc::Status OrderServiceImpl::CancelOrder(grpc::ServerContext* ctx,
-                                           const v1::CancelOrderRequest* req,
-                                           v1::CancelOrderResponse* resp) {
-  if (grpc::Status a = Refused(ctx, "CancelOrder"); !a.ok()) return a;
-  if (absl::Status s = ValidateCancel(*req); !s.ok()) {
-    return Finish("CancelOrder", s);
+  if (!total.ok()) {
+    Finish(reactor, "CreateOrder", start, total.status());
+    return reactor;
   }
   if (watchdog_ != nullptr) watchdog_->Working();
-  auto order = store_->Cancel(*req, TraceParentFrom(*ctx));
-  Watch(order.status());
-  if (order.ok()) *resp->mutable_order() = std::move(*order);
-  return Finish("CancelOrder", order.status());
+  store_->CreateAsync(*req, *total, TraceParentFrom(*ctx),
+                      [=](absl::StatusOr<v1::Order> order) {
+                        Watch(order.status());
+                        if (order.ok()) *resp->mutable_order() = std::move(*order);
+                        Finish(reactor, "CreateOrder", start, order.status());
+                      });
+  return reactor;
 }
 
-grpc::Status OrderServiceImpl::GetOrder(grpc::ServerContext* ctx,
-                                        const v1::GetOrderRequest* req,
-                                        v1::GetOrderResponse* resp) {
-  if (grpc::Status a = Refused(ctx, "GetOrder"); !a.ok()) return a;
-  if (absl::Status s = ValidateOrderId(req->order_id()); !s.ok()) {
-    return Finish("GetOrder", s);
+grpc::ServerUnaryReactor* OrderServiceImpl::PayOrder(
+    grpc::CallbackServerContext* ctx, const v1::PayOrderRequest* req,
+    v1::PayOrderResponse* resp) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status a = Refused(ctx, "PayOrder"); !a.ok()) {
+    reactor->Finish(a);
+  } else if (absl::Status s = ValidatePay(*req); !s.ok()) {
+    Finish(reactor, "PayOrder", start, s);
+  } else {
+    OnWorker(reactor, "PayOrder", start, resp->mutable_order(),
+             [this, req, trace = TraceParentFrom(*ctx)] {
+               return store_->Pay(*req, trace);
+             });
   }
-  if (watchdog_ != nullptr) watchdog_->Working();
-  auto order = store_->Get(req->order_id());
-  Watch(order.status());
-  if (order.ok()) *resp->mutable_order() = std::move(*order);
-  return Finish("GetOrder", order.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* OrderServiceImpl::CancelOrder(
+    grpc::CallbackServerContext* ctx, const v1::CancelOrderRequest* req,
+    v1::CancelOrderResponse* resp) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status a = Refused(ctx, "CancelOrder"); !a.ok()) {
+    reactor->Finish(a);
+  } else if (absl::Status s = ValidateCancel(*req); !s.ok()) {
+    Finish(reactor, "CancelOrder", start, s);
+  } else {
+    OnWorker(reactor, "CancelOrder", start, resp->mutable_order(),
+             [this, req, trace = TraceParentFrom(*ctx)] {
+               return store_->Cancel(*req, trace);
+             });
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* OrderServiceImpl::GetOrder(
+    grpc::CallbackServerContext* ctx, const v1::GetOrderRequest* req,
+    v1::GetOrderResponse* resp) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status a = Refused(ctx, "GetOrder"); !a.ok()) {
+    reactor->Finish(a);
+  } else if (absl::Status s = ValidateOrderId(req->order_id()); !s.ok()) {
+    Finish(reactor, "GetOrder", start, s);
+  } else {
+    OnWorker(reactor, "GetOrder", start, resp->mutable_order(),
+             [this, req] { return store_->Get(req->order_id()); });
+  }
+  return reactor;
 }
 
 }  // namespace outbox::producer

@@ -1,50 +1,65 @@
 #pragma once
-// outbox.v1.OrderService over gRPC: translates requests and statuses; the
-// rules live in order_logic and the writes in OrderStore.
+// outbox.v1.OrderService over gRPC (the callback API): translates requests
+// and statuses; the rules live in order_logic and the writes in OrderStore.
+// No handler waits on the database on gRPC's threads: CreateOrder is queued
+// for the store's group commit and answered from its writer thread; the
+// other calls run on a worker pool.
 
 #include "common/identity.h"
 #include "common/metrics.h"
 #include "common/watchdog.h"
+#include "common/worker_pool.h"
 #include "outbox/v1/order.grpc.pb.h"
 #include "producer/order_store.h"
 
 namespace outbox::producer {
 
-class OrderServiceImpl final : public v1::OrderService::Service {
+class OrderServiceImpl final : public v1::OrderService::CallbackService {
  public:
-  // `store` and `metrics` must outlive the service; so must `watchdog` (may
-  // be null), which hears whether calls that reach the database succeed.
-  OrderServiceImpl(OrderStore* store, Metrics* metrics,
+  // `store`, `metrics` and `workers` must outlive the service; so must
+  // `watchdog` (may be null), which hears whether calls that reach the
+  // database succeed, and `check` (may be null: every caller admitted).
+  OrderServiceImpl(OrderStore* store, Metrics* metrics, WorkerPool* workers,
                    Watchdog* watchdog = nullptr,
                    const CallerCheck* check = nullptr);
 
-  grpc::Status CreateOrder(grpc::ServerContext* ctx,
-                           const v1::CreateOrderRequest* req,
-                           v1::CreateOrderResponse* resp) override;
-  grpc::Status PayOrder(grpc::ServerContext* ctx, const v1::PayOrderRequest* req,
-                        v1::PayOrderResponse* resp) override;
-  grpc::Status CancelOrder(grpc::ServerContext* ctx,
-                           const v1::CancelOrderRequest* req,
-                           v1::CancelOrderResponse* resp) override;
-  grpc::Status GetOrder(grpc::ServerContext* ctx, const v1::GetOrderRequest* req,
-                        v1::GetOrderResponse* resp) override;
+  grpc::ServerUnaryReactor* CreateOrder(grpc::CallbackServerContext* ctx,
+                                        const v1::CreateOrderRequest* req,
+                                        v1::CreateOrderResponse* resp) override;
+  grpc::ServerUnaryReactor* PayOrder(grpc::CallbackServerContext* ctx,
+                                     const v1::PayOrderRequest* req,
+                                     v1::PayOrderResponse* resp) override;
+  grpc::ServerUnaryReactor* CancelOrder(grpc::CallbackServerContext* ctx,
+                                        const v1::CancelOrderRequest* req,
+                                        v1::CancelOrderResponse* resp) override;
+  grpc::ServerUnaryReactor* GetOrder(grpc::CallbackServerContext* ctx,
+                                     const v1::GetOrderRequest* req,
+                                     v1::GetOrderResponse* resp) override;
 
  private:
-  // Counts the call by method and code, logs failures that are ours.
-  grpc::Status Finish(const char* method, const absl::Status& s);
-  // The caller check's refusal of `method`, counted; OK when admitted.
-  grpc::Status Refused(grpc::ServerContext* ctx, const char* method);
-  // Tells the watchdog how a call that reached the database ended.
-  const absl::Status& Watch(const absl::Status& s);
+  // Counts the call by method and code and its duration, logs failures that
+  // are ours, and finishes the call.
+  void Finish(grpc::ServerUnaryReactor* reactor, const char* method,
+              absl::Time start, const absl::Status& s);
   Counter* CallCounter(const char* method, absl::StatusCode code);
+  // The caller check's refusal of `method`; OK when admitted.
+  grpc::Status Refused(grpc::CallbackServerContext* ctx, const char* method);
+  // Tells the watchdog how a call that reached the database ended.
+  void Watch(const absl::Status& s);
+  // Runs `call` (which returns the order or why not) on a worker, then
+  // fills `order` and finishes.
+  void OnWorker(grpc::ServerUnaryReactor* reactor, const char* method,
+                absl::Time start, v1::Order* order,
+                std::function<absl::StatusOr<v1::Order>()> call);
 
   OrderStore* const store_;
   Metrics* const metrics_;
+  WorkerPool* const workers_;
   Watchdog* const watchdog_;
   const CallerCheck* const check_;
 };
 
 // The request's W3C traceparent metadata if valid, else a new one.
-std::string TraceParentFrom(const grpc::ServerContext& ctx);
+std::string TraceParentFrom(const grpc::ServerContextBase& ctx);
 
 }  // namespace outbox::producer

@@ -21,7 +21,7 @@ class Producer {
  public:
   explicit Producer(const std::string& db_url)
       : db_(db_url, 4, "order-service-test"), store_(&db_, nullptr),
-        service_(&store_, &metrics_) {
+        workers_(3, 64), service_(&store_, &metrics_, &workers_) {
     auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(2)},
                                     {{&service_, v1::OrderService::service_full_name()}});
     EXPECT_TRUE(server.ok()) << server.status();
@@ -37,6 +37,7 @@ class Producer {
   Database db_;
   OrderStore store_;
   Metrics metrics_;
+  WorkerPool workers_;
   OrderServiceImpl service_;
   std::unique_ptr<GrpcServer> server_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -5,21 +5,33 @@
 // event is only ever visible after its predecessor has committed.
 
 #include <functional>
+#include <optional>
+#include <vector>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/db.h"
+#include "common/group_commit.h"
+#include "common/metrics.h"
 #include "outbox/v1/event.pb.h"
 #include "outbox/v1/order.pb.h"
 #include "producer/notifier.h"
 
 namespace outbox::producer {
 
+struct OrderStoreOptions {
+  // Concurrent CreateOrder calls share one statement and one commit (group
+  // commit); this many groups are written at once, at most.
+  GroupCommitOptions create_groups;
+};
+
 class OrderStore {
  public:
   // `db` and `notifier` (may be null: relays then only poll) must outlive
-  // the store. The notifier is poked after each committed change.
-  OrderStore(Database* db, Notifier* notifier);
+  // the store; so must `metrics` (may be null). The notifier is poked after
+  // each committed change.
+  OrderStore(Database* db, Notifier* notifier, OrderStoreOptions options = {},
+             Metrics* metrics = nullptr);
 
   // Requests must have passed ValidateCreate/ValidatePay/ValidateCancel.
   // `trace_parent` is stored with the event.
@@ -30,6 +42,12 @@ class OrderStore {
   absl::StatusOr<v1::Order> Create(const v1::CreateOrderRequest& req,
                                    int64_t total_cents,
                                    const std::string& trace_parent);
+  // Create without waiting: queues the order for the next group commit;
+  // `done` gets the result on the store's writer thread. `req` must stay
+  // valid until then. Never blocks on the database.
+  void CreateAsync(const v1::CreateOrderRequest& req, int64_t total_cents,
+                   const std::string& trace_parent,
+                   std::function<void(absl::StatusOr<v1::Order>)> done);
   // NotFound, Aborted (stale expected_version), FailedPrecondition
   // (illegal transition) or InvalidArgument (amount differs from the total).
   absl::StatusOr<v1::Order> Pay(const v1::PayOrderRequest& req,
@@ -48,8 +66,28 @@ class OrderStore {
       const std::string& trace_parent,
       const std::function<absl::Status(const v1::Order&, v1::Event*)>& fill);
 
+  // The order of a Create whose idempotency key was taken: the first one if
+  // it came from the same request.
+  absl::StatusOr<v1::Order> OrderForKey(const v1::CreateOrderRequest& req,
+                                        const std::string& fingerprint);
+
+  // One CreateOrder's write, ready to join a group.
+  struct NewOrder {
+    const v1::CreateOrderRequest* req;
+    int64_t total_cents;
+    std::string order_id, fingerprint, items_json, event_id, payload,
+        trace_parent;
+  };
+  // Inserts the orders of a group and their events in one statement; one
+  // result per order: its created_at in microseconds, or nothing when its
+  // idempotency key was taken. A data error of the group is retried order
+  // by order, so that only the culprit fails.
+  std::vector<absl::StatusOr<std::optional<int64_t>>> InsertOrders(
+      const std::vector<const NewOrder*>& group);
+
   Database* const db_;
   Notifier* const notifier_;
+  GroupCommit<NewOrder, std::optional<int64_t>> create_commit_;
 };
 
 }  // namespace outbox::producer

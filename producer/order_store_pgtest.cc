@@ -176,6 +176,39 @@ TEST_F(OrderStoreTest, FailureAfterTheOrderWriteLeavesNeither) {
   EXPECT_EQ(Events(), 1);
 }
 
+TEST_F(OrderStoreTest, GroupCommitFailsOnlyTheRequestTheDatabaseRefuses) {
+  // Concurrent creates share statements; one carries a value a constraint
+  // refuses (a data error): its group is retried order by order, so it
+  // alone fails and every other order and event is written exactly once.
+  tdb_.Exec("ALTER TABLE orders ADD CONSTRAINT no_blocked CHECK "
+            "(customer_id <> 'blocked')");
+  constexpr int kThreads = 24;
+  std::vector<absl::Status> results(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      auto req = Request(absl::StrCat("group-", i));
+      if (i == 7) req.set_customer_id("blocked");
+      results[i] = store_.Create(req, 2500, NewTraceParent()).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) {
+    if (i == 7) {
+      EXPECT_EQ(results[i].code(), absl::StatusCode::kFailedPrecondition)
+          << results[i];
+    } else {
+      EXPECT_TRUE(results[i].ok()) << i << ": " << results[i];
+    }
+  }
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders"), kThreads - 1);
+  EXPECT_EQ(Events(), kThreads - 1);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders o JOIN outbox e ON "
+                        "e.seq = o.last_event_seq AND e.aggregate_id = "
+                        "o.order_id::text"),
+            kThreads - 1);
+}
+
 TEST_F(OrderStoreTest, ConcurrentRetriesWithOneKeyMakeOneOrder) {
   constexpr int kThreads = 10;
   std::vector<std::string> ids(kThreads);

@@ -92,7 +92,8 @@ class SecurityTest : public ::testing::Test {
   SecurityTest()
       : db_("postgresql://127.0.0.1:1/none", 1, "security-test"),
         store_(&db_, nullptr),
-        orders_(&store_, &metrics_, nullptr, &check_),
+        workers_(2, 64),
+        orders_(&store_, &metrics_, &workers_, nullptr, &check_),
         applier_(&db_, &metrics_),
         sink_(&applier_, &check_),
         query_(&db_, &metrics_, &check_),
@@ -140,6 +141,7 @@ class SecurityTest : public ::testing::Test {
   Metrics metrics_;
   Database db_;
   producer::OrderStore store_;
+  WorkerPool workers_;
   producer::OrderServiceImpl orders_;
   consumer::Applier applier_;
   consumer::EventSinkImpl sink_;
