@@ -137,6 +137,14 @@ struct Migration {
   const char* sql;
 };
 
+// A named list of migrations: schema_migrations records each name's
+// versions apart, so several owners (the outbox, the inbox engine, a
+// handler, an application) share one database.
+struct Schema {
+  std::string name;
+  const std::vector<Migration>* migrations;
+};
+
 // Applies the migrations not yet recorded in schema_migrations, in version
 // order, in one transaction under an advisory lock, so that replicas
 // starting at once apply each migration exactly once. Retries kWorld errors

@@ -104,4 +104,9 @@ absl::Time FromTimestamp(const google::protobuf::Timestamp& ts) {
   return absl::FromUnixSeconds(ts.seconds()) + absl::Nanoseconds(ts.nanos());
 }
 
+std::string SqlTimestamp(const google::protobuf::Timestamp& ts) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%E6S+00", FromTimestamp(ts),
+                          absl::UTCTimeZone());
+}
+
 }  // namespace outbox

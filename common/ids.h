@@ -33,5 +33,7 @@ int PartitionOf(absl::string_view aggregate_id);
 
 void ToTimestamp(absl::Time t, google::protobuf::Timestamp* out);
 absl::Time FromTimestamp(const google::protobuf::Timestamp& ts);
+// `ts` as a timestamptz literal in UTC, e.g. for an array parameter.
+std::string SqlTimestamp(const google::protobuf::Timestamp& ts);
 
 }  // namespace outbox

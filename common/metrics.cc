@@ -168,7 +168,7 @@ class Metrics::Collector : public prometheus::Collectable {
       auto [it, fresh] = index.emplace(g.family, out.size());
       if (fresh) out.push_back({g.family, g.help, MetricType::Gauge, {}});
       ClientMetric m;
-      m.label = ToLabels(g.labels);
+      m.label = ToLabels(WithBase(g.labels));
       m.gauge.value = g.read();
       out[it->second].metric.push_back(std::move(m));
     }
@@ -176,7 +176,7 @@ class Metrics::Collector : public prometheus::Collectable {
       MetricFamily family{f.family, f.help, MetricType::Gauge, {}};
       for (auto& [labels, value] : f.read()) {
         ClientMetric m;
-        m.label = ToLabels(labels);
+        m.label = ToLabels(WithBase(labels));
         m.gauge.value = value;
         family.metric.push_back(std::move(m));
       }
@@ -184,6 +184,12 @@ class Metrics::Collector : public prometheus::Collectable {
     }
     for (MetricFamily& f : ProcessMetrics()) out.push_back(std::move(f));
     return out;
+  }
+
+  // `labels` and the labels every series of this process carries.
+  Labels WithBase(Labels labels) const {
+    labels.insert(base_.begin(), base_.end());
+    return labels;
   }
 
   struct GaugeEntry {
@@ -196,6 +202,7 @@ class Metrics::Collector : public prometheus::Collectable {
     std::function<std::vector<std::pair<Labels, double>>()> read;
   };
 
+  Labels base_;
   std::shared_ptr<prometheus::Registry> registry_ =
       std::make_shared<prometheus::Registry>();
   mutable std::mutex mu_;
@@ -207,7 +214,9 @@ class Metrics::Collector : public prometheus::Collectable {
   std::vector<FamilyEntry> families_;
 };
 
-Metrics::Metrics() : collector_(std::make_shared<Collector>()) {}
+Metrics::Metrics(Labels base) : collector_(std::make_shared<Collector>()) {
+  collector_->base_ = std::move(base);
+}
 Metrics::~Metrics() = default;
 
 Counter* Metrics::AddCounter(const std::string& name, const std::string& help) {
@@ -220,7 +229,7 @@ Counter* Metrics::AddCounter(const std::string& name, const std::string& help) {
   if (f == nullptr) {
     f = &prometheus::BuildCounter().Name(family).Help(help).Register(*c.registry_);
   }
-  slot = std::make_unique<Counter>(&f->Add(labels));
+  slot = std::make_unique<Counter>(&f->Add(c.WithBase(labels)));
   return slot.get();
 }
 
@@ -235,7 +244,7 @@ Histogram* Metrics::AddHistogram(const std::string& name, const std::string& hel
   if (f == nullptr) {
     f = &prometheus::BuildHistogram().Name(family).Help(help).Register(*c.registry_);
   }
-  slot = std::make_unique<Histogram>(&f->Add(labels, buckets));
+  slot = std::make_unique<Histogram>(&f->Add(c.WithBase(labels), buckets));
   return slot.get();
 }
 

@@ -61,7 +61,9 @@ using Labels = std::map<std::string, std::string>;
 
 class Metrics {
  public:
-  Metrics();
+  // `base`: labels every series of this registry carries but the process
+  // metrics (e.g. the relay's subscription).
+  explicit Metrics(Labels base = {});
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;

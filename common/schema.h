@@ -1,7 +1,18 @@
 #pragma once
-// The database schemas, as versioned migrations. The orders database
-// (producer and relay) holds `orders` and `outbox`; the billing database
-// (consumer) holds `inbox`, cursors, held events and the billing effects.
+// The schemas the outbox machinery owns, as versioned migrations:
+//
+// - "outbox", in the producing service's database: the events (`outbox`),
+//   each aggregate's chain head (`outbox_heads`), the subscriptions and
+//   their delivery state (`outbox_delivery`). The writer's service and
+//   every relay apply it at startup.
+// - "inbox", in each consumer's database: applied events (`inbox`), each
+//   aggregate's applied position (`aggregate_cursors`) and the events held
+//   for their predecessor (`held_events`). The consumer applies it, then
+//   its handler's own migrations.
+//
+// Both adopt a database made by earlier releases, where the order demo's
+// migrations ("orders", "billing") created these tables: every statement
+// creates only what is missing and converts what is older.
 // Table and column names named in DESIGN.md section 3 are a public contract.
 
 #include <vector>
@@ -10,10 +21,13 @@
 
 namespace outbox {
 
-// The channel relays LISTEN on; a NOTIFY on it means "new pending rows".
+// The channel relays LISTEN on; a NOTIFY on it means "new events".
 inline constexpr char kNotifyChannel[] = "outbox_events";
 
-const std::vector<Migration>& OrdersMigrations();
-const std::vector<Migration>& BillingMigrations();
+const std::vector<Migration>& OutboxMigrations();
+const std::vector<Migration>& InboxMigrations();
+
+inline Schema OutboxSchema() { return {"outbox", &OutboxMigrations()}; }
+inline Schema InboxSchema() { return {"inbox", &InboxMigrations()}; }
 
 }  // namespace outbox

@@ -40,17 +40,21 @@ namespace outbox {
 
 std::optional<int> MigrateAtStartup(const std::string& name,
                                     const std::string& url,
-                                    const std::string& schema,
-                                    const std::vector<Migration>& migrations,
+                                    const std::vector<Schema>& schemas,
                                     const DbSession& session) {
-  absl::Status s = Migrate(url, schema, migrations, absl::Seconds(30), session);
-  if (s.ok()) return std::nullopt;
-  if (absl::IsCancelled(s)) {
-    spdlog::info("{}: stopped during start-up", name);
-    return 0;
+  for (const Schema& schema : schemas) {
+    absl::Status s = Migrate(url, schema.name, *schema.migrations,
+                             absl::Seconds(30), session);
+    if (s.ok()) continue;
+    if (absl::IsCancelled(s)) {
+      spdlog::info("{}: stopped during start-up", name);
+      return 0;
+    }
+    spdlog::critical("{}: migrations of {} failed: {}", name, schema.name,
+                     s.ToString());
+    return 1;
   }
-  spdlog::critical("{}: migrations failed: {}", name, s.ToString());
-  return 1;
+  return std::nullopt;
 }
 
 absl::StatusOr<ServerSecurity> ServerSecurityFromFlags() {

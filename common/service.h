@@ -59,12 +59,12 @@ struct ServeOptions {
   std::function<void()> before_drain;
 };
 
-// Applies `migrations` to `url` at start-up (see Migrate). Returns the exit
-// code the binary must stop with, or nothing when the database is ready.
+// Applies each schema's migrations to `url` at start-up, in order (see
+// Migrate). Returns the exit code the binary must stop with, or nothing
+// when the database is ready.
 std::optional<int> MigrateAtStartup(const std::string& name,
                                     const std::string& url,
-                                    const std::string& schema,
-                                    const std::vector<Migration>& migrations,
+                                    const std::vector<Schema>& schemas,
                                     const DbSession& session);
 
 // Serves until SIGINT or SIGTERM, then: health NOT_SERVING, before_drain,

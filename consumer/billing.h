@@ -1,24 +1,37 @@
 #pragma once
-// The billing domain's side effects of applied events: the order view (one
-// row per order) and the money movements (a charge when an order is paid, a
-// refund when a paid order is cancelled). They commit in the consumer's
-// transaction, with the inbox rows of the same events.
+// The billing handler, the order demo's consumer side: an order view (one
+// row per order) and the money movements (a charge when an order is paid,
+// a refund when a paid order is cancelled), committed in the inbox
+// engine's transaction with the inbox rows of the events that caused them.
 
 #include <pqxx/pqxx>
 
 #include <vector>
 
-#include "outbox/v1/event.pb.h"
+#include "absl/status/statusor.h"
+#include "inbox/handler.h"
+#include "outbox/v1/order.pb.h"
 
 namespace outbox::consumer {
 
-class Billing {
+inline constexpr int kOrderSchemaVersion = 1;
+
+// The order payload of `event`: from its payload, or from the fields that
+// events written before the envelope was domain-free carry. InvalidArgument
+// when it has none, or not the one its event_type names.
+absl::StatusOr<v1::LegacyOrderPayload> DecodeOrderPayload(const v1::Event& event);
+
+class BillingHandler final : public inbox::Handler {
  public:
-  // Applies `events` (valid, in apply order: each aggregate's in chain
-  // order) inside `tx`: reads the order views of their aggregates, evolves
-  // them by each event, and writes the views and the charges with one
-  // statement each. Throws what libpqxx throws.
-  static void Apply(pqxx::work& tx, const std::vector<const v1::Event*>& events);
+  std::string name() const override { return "billing"; }
+  const std::vector<Migration>& migrations() const override;
+  // Orders only: aggregate_type "order", a known event type at schema
+  // version 1, its payload about this aggregate with sane amounts.
+  absl::Status Validate(const v1::Event& event) const override;
+  // Reads the order views of the events' aggregates, evolves them by each
+  // event, and writes the views and the charges with one statement each.
+  std::vector<inbox::Rejection> Apply(
+      pqxx::work& tx, const std::vector<const v1::Event*>& events) override;
 };
 
 }  // namespace outbox::consumer

@@ -12,14 +12,32 @@
 #include "common/ids.h"
 #include "common/schema.h"
 #include "common/server.h"
-#include "consumer/applier.h"
 #include "common/watchdog.h"
-#include "consumer/sink_service.h"
+#include "consumer/audit.h"
+#include "consumer/billing.h"
+#include "consumer/query_service.h"
+#include "inbox/engine.h"
+#include "inbox/sink_service.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/pg.h"
 
 namespace outbox::consumer {
 namespace {
+
+using inbox::Engine;
+using inbox::EngineOptions;
+using inbox::EventSinkImpl;
+using inbox::kMaxBatchEvents;
+
+BillingHandler* Billing() {
+  static BillingHandler handler;
+  return &handler;
+}
+
+// The billing consumer's database: the engine's tables, then billing's.
+std::vector<Schema> BillingSchemas() {
+  return {InboxSchema(), {"billing", &Billing()->migrations()}};
+}
 
 // The three events of one order: created, paid, cancelled (refund).
 std::vector<v1::Event> OrderChain(int64_t first_seq, int64_t step = 1) {
@@ -37,27 +55,39 @@ std::vector<v1::Event> OrderChain(int64_t first_seq, int64_t step = 1) {
     e.set_schema_version(1);
     ToTimestamp(absl::Now(), e.mutable_occurred_at());
   }
-  auto* c = chain[0].mutable_order_created();
-  c->set_order_id(id);
-  c->set_customer_id("c");
-  c->set_currency("EUR");
-  c->set_total_cents(700);
-  chain[1].mutable_order_paid()->set_order_id(id);
-  chain[1].mutable_order_paid()->set_amount_cents(700);
-  chain[1].mutable_order_paid()->set_currency("EUR");
-  chain[2].mutable_order_cancelled()->set_order_id(id);
-  chain[2].mutable_order_cancelled()->set_refund_cents(700);
+  v1::OrderCreated created;
+  created.set_order_id(id);
+  created.set_customer_id("c");
+  created.set_currency("EUR");
+  created.set_total_cents(700);
+  chain[0].mutable_payload()->PackFrom(created);
+  v1::OrderPaid paid;
+  paid.set_order_id(id);
+  paid.set_amount_cents(700);
+  paid.set_currency("EUR");
+  chain[1].mutable_payload()->PackFrom(paid);
+  v1::OrderCancelled cancelled;
+  cancelled.set_order_id(id);
+  cancelled.set_refund_cents(700);
+  chain[2].mutable_payload()->PackFrom(cancelled);
   return chain;
+}
+
+std::vector<v1::DeliveryOutcome> Outcomes(
+    const std::vector<v1::EventResult>& results) {
+  std::vector<v1::DeliveryOutcome> out;
+  for (const auto& r : results) out.push_back(r.outcome());
+  return out;
 }
 
 class ConsumerTest : public ::testing::Test {
  protected:
   ConsumerTest()
-      : tdb_("consumer", BillingMigrations()),
+      : tdb_("consumer", BillingSchemas()),
         db_(tdb_.url(), 4, "consumer-test"),
-        applier_(&db_, &metrics_),
+        applier_(&db_, Billing(), &metrics_),
         sink_(&applier_),
-        query_(&db_, &metrics_) {
+        query_(&db_, &metrics_, "billing") {
     auto server = GrpcServer::Start(
         {"127.0.0.1:0", absl::Seconds(2), nullptr, kMaxDeliverMessageBytes},
         {{&sink_, v1::EventSink::service_full_name()},
@@ -92,12 +122,6 @@ class ConsumerTest : public ::testing::Test {
     return out;
   }
 
-  static std::vector<v1::DeliveryOutcome> Outcomes(
-      const std::vector<v1::EventResult>& results) {
-    std::vector<v1::DeliveryOutcome> out;
-    for (const auto& r : results) out.push_back(r.outcome());
-    return out;
-  }
 
   // Every aggregate's inbox rows are in seq order by apply_id, and each
   // applied seq is the chain's next.
@@ -112,7 +136,7 @@ class ConsumerTest : public ::testing::Test {
   testing::TestDatabase tdb_;
   Database db_;
   Metrics metrics_;
-  Applier applier_;
+  Engine applier_;
   EventSinkImpl sink_;
   BillingQueryImpl query_;
   std::unique_ptr<GrpcServer> server_;
@@ -213,10 +237,10 @@ TEST_F(ConsumerTest, TwoReplicasRacingOnOneAggregateNeverStrandAnEvent) {
   // same aggregate interleave in every way.
   Database db2(tdb_.url(), 4, "consumer-test-2");
   Metrics m2;
-  Applier second(&db2, &m2);
+  Engine second(&db2, Billing(), &m2);
   std::vector<std::vector<v1::Event>> chains;
   for (int i = 0; i < 60; ++i) chains.push_back(OrderChain(1 + i * 10, 3));
-  auto run = [&](Applier* a, unsigned seed) {
+  auto run = [&](Engine* a, unsigned seed) {
     std::vector<const v1::Event*> mine;
     for (const auto& c : chains)
       for (const auto& e : c) mine.push_back(&e);
@@ -243,7 +267,7 @@ TEST_F(ConsumerTest, BadEventsAreRejectedWithAReasonAndOthersApply) {
   unknown.set_event_type("OrderTeleported");
   v1::Event no_payload = chain[0];
   no_payload.set_event_id(NewUuid());
-  no_payload.clear_order_created();
+  no_payload.clear_payload();
   v1::Event future = chain[0];
   future.set_event_id(NewUuid());
   future.set_schema_version(9);
@@ -276,7 +300,7 @@ TEST_F(ConsumerTest, OversizedBatchEndsTheStreamWithInvalidArgument) {
 TEST(ConsumerDown, UnreachableDatabaseEndsTheStreamUnavailable) {
   Database db("postgresql://127.0.0.1:1/outbox_billing", 1, "t");
   Metrics metrics;
-  Applier applier(&db, &metrics);
+  Engine applier(&db, Billing(), &metrics);
   EventSinkImpl sink(&applier);
   auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
                                   {{&sink, v1::EventSink::service_full_name()}});
@@ -324,17 +348,17 @@ void TerminateOthers(testing::TestDatabase& tdb) {
 
 class GrayFailureTest : public ::testing::Test {
  protected:
-  GrayFailureTest() : tdb_("gray", BillingMigrations()) {}
+  GrayFailureTest() : tdb_("gray", BillingSchemas()) {}
 
   // An applier with its own pool and session limits (short, for tests).
-  std::unique_ptr<Applier> MakeApplier(const std::string& url,
-                                       Watchdog* watchdog = nullptr) {
+  std::unique_ptr<Engine> MakeApplier(const std::string& url,
+                                      Watchdog* watchdog = nullptr) {
     DbSession session;
     session.statement_timeout = absl::Milliseconds(1500);
     session.lock_timeout = absl::Milliseconds(300);
     pools_.push_back(std::make_unique<Database>(url, 2, "gray-test", session));
-    return std::make_unique<Applier>(pools_.back().get(), &metrics_,
-                                     ApplierOptions{}, watchdog);
+    return std::make_unique<Engine>(pools_.back().get(), Billing(), &metrics_,
+                                    EngineOptions{}, watchdog);
   }
 
   static std::vector<const v1::Event*> Ptrs(const std::vector<v1::Event>& v) {
@@ -363,7 +387,7 @@ class GrayFailureTest : public ::testing::Test {
 
   // The batch fails as unavailable, nothing is written or counted against
   // the events; once `heal` ran, the same batch applies.
-  void ExpectCostsTimeNotEvents(Applier* applier, const std::function<void()>& heal,
+  void ExpectCostsTimeNotEvents(Engine* applier, const std::function<void()>& heal,
                                 const std::string& expect_in_message) {
     auto chain = OrderChain(1);
     auto failed = applier->ApplyBatch(Ptrs(chain));
@@ -383,12 +407,6 @@ class GrayFailureTest : public ::testing::Test {
     EXPECT_EQ(Inbox(), 3);
   }
 
-  static std::vector<v1::DeliveryOutcome> Outcomes(
-      const std::vector<v1::EventResult>& results) {
-    std::vector<v1::DeliveryOutcome> out;
-    for (const auto& r : results) out.push_back(r.outcome());
-    return out;
-  }
 
   testing::TestDatabase tdb_;
   Metrics metrics_;
@@ -545,7 +563,10 @@ TEST_F(ConsumerTest, AnEventReusingAPassedPositionIsRejectedAndChangesNothing) {
   // different event.
   v1::Event restored = chain[1];
   restored.set_event_id(NewUuid());
-  restored.mutable_order_paid()->set_amount_cents(99999);
+  v1::OrderPaid forged;
+  forged.set_order_id(restored.aggregate_id());
+  forged.set_amount_cents(99999);
+  restored.mutable_payload()->PackFrom(forged);
   auto results = Deliver({{restored}});
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].outcome(), v1::REJECTED);
@@ -607,12 +628,12 @@ TEST_F(ConsumerTest, AnEventIdAppliedBeforeCannotApplyAgainAtANewPosition) {
 }
 
 TEST(ConsumerHeldCap, BeyondTheCapEventsAreRejected) {
-  testing::TestDatabase tdb("heldcap", BillingMigrations());
+  testing::TestDatabase tdb("heldcap", BillingSchemas());
   Database db(tdb.url(), 2, "cap-test");
   Metrics metrics;
-  ApplierOptions options;
+  EngineOptions options;
   options.plan.max_held_per_aggregate = 2;
-  Applier applier(&db, &metrics, options);
+  Engine applier(&db, Billing(), &metrics, options);
   auto chain = OrderChain(1);  // seqs 1, 2, 3
   v1::Event fourth = chain[2];
   fourth.set_event_id(NewUuid());
@@ -632,10 +653,10 @@ TEST(ConsumerHeldCap, BeyondTheCapEventsAreRejected) {
 }
 
 TEST(ConsumerSink, AReadOnlyDatabaseEndsTheStreamUnavailable) {
-  testing::TestDatabase tdb("sinkro", BillingMigrations());
+  testing::TestDatabase tdb("sinkro", BillingSchemas());
   Database db(tdb.url(), 2, "sink-ro");
   Metrics metrics;
-  Applier applier(&db, &metrics);
+  Engine applier(&db, Billing(), &metrics);
   EventSinkImpl sink(&applier);
   auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
                                   {{&sink, v1::EventSink::service_full_name()}});
@@ -655,6 +676,98 @@ TEST(ConsumerSink, AReadOnlyDatabaseEndsTheStreamUnavailable) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << status.error_message();
   EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM inbox"), 0);
+}
+
+// The audit handler records every event once, whatever its domain, in
+// chain order, with the payload as delivered.
+TEST(AuditHandlerTest, RecordsEveryEventOnceInChainOrder) {
+  AuditHandler audit;
+  testing::TestDatabase tdb("audit",
+                            {InboxSchema(), {"audit", &audit.migrations()}});
+  Database db(tdb.url(), 2, "audit-test");
+  Metrics metrics;
+  Engine engine(&db, &audit, &metrics);
+  auto chain = OrderChain(1);
+  v1::Event other = chain[0];  // another domain's event
+  other.set_event_id(NewUuid());
+  other.set_aggregate_type("invoice");
+  other.set_aggregate_id("inv-1");
+  other.set_event_type("InvoiceIssued");
+  other.clear_payload();
+  // Out of order, then again (duplicates).
+  auto r = engine.ApplyBatch({&chain[2], &other, &chain[1]});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].outcome(), v1::HELD);
+  EXPECT_EQ((*r)[1].outcome(), v1::APPLIED);
+  r = engine.ApplyBatch({&chain[0], &chain[1], &other});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[2].outcome(), v1::DUPLICATE);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM audit_log"), 4);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM (SELECT seq, lag(seq) OVER "
+                       "(PARTITION BY aggregate_id ORDER BY recorded_at, "
+                       "seq) AS b FROM audit_log) x WHERE b >= seq"),
+            0);
+  pqxx::result row = tdb.Query(
+      "SELECT payload_type, payload FROM audit_log WHERE event_id = '" +
+      chain[1].event_id() + "'");
+  EXPECT_EQ(row[0][0].as<std::string>(),
+            "type.googleapis.com/outbox.v1.OrderPaid");
+  v1::OrderPaid paid;
+  ASSERT_TRUE(paid.ParseFromString(pqxx::binarystring(row[0][1]).str()));
+  EXPECT_EQ(paid.amount_cents(), 700);
+}
+
+// A handler that refuses, at apply time, the events whose type is
+// "Refused" (a rule that needs its tables to decide).
+class RefusingHandler final : public inbox::Handler {
+ public:
+  std::string name() const override { return "refusing"; }
+  const std::vector<Migration>& migrations() const override {
+    static const std::vector<Migration> none;
+    return none;
+  }
+  absl::Status Validate(const v1::Event&) const override {
+    return absl::OkStatus();
+  }
+  std::vector<inbox::Rejection> Apply(
+      pqxx::work& tx, const std::vector<const v1::Event*>& events) override {
+    std::vector<inbox::Rejection> out;
+    for (size_t i = 0; i < events.size(); ++i) {
+      if (events[i]->event_type() == "Refused") out.push_back({i, "no funds"});
+    }
+    return out;
+  }
+};
+
+TEST(HandlerRefusal, RejectsTheEventDefersItsSuccessorsAndKeepsTheRest) {
+  RefusingHandler handler;
+  testing::TestDatabase tdb("refuse", {InboxSchema()});
+  Database db(tdb.url(), 2, "refuse-test");
+  Metrics metrics;
+  Engine engine(&db, &handler, &metrics);
+  auto a = OrderChain(1);
+  auto b = OrderChain(10);
+  a[1].set_event_type("Refused");
+  auto r = engine.ApplyBatch({&a[0], &b[0], &a[1], &b[1], &a[2], &b[2]});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Outcomes(*r), std::vector<v1::DeliveryOutcome>(
+                              {v1::APPLIED, v1::APPLIED, v1::REJECTED,
+                               v1::APPLIED, v1::DEFERRED, v1::APPLIED}));
+  EXPECT_EQ((*r)[2].reason(), "no funds");
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM inbox"), 4);
+  // A refused held event stays held; its predecessor applies.
+  auto c = OrderChain(20);
+  c[1].set_event_type("Refused");
+  r = engine.ApplyBatch({&c[1]});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)[0].outcome(), v1::HELD);
+  r = engine.ApplyBatch({&c[0]});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].outcome(), v1::APPLIED);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM held_events"), 1);
+  EXPECT_EQ(tdb.Scalar("SELECT last_seq FROM aggregate_cursors WHERE "
+                       "aggregate_id = '" + c[0].aggregate_id() + "'"),
+            20);
 }
 
 }  // namespace

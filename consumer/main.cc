@@ -1,6 +1,7 @@
 // outbox-consumer: EventSink (the relay delivers here) and BillingQuery.
-// Applies each event's billing effect and inbox record in one transaction,
-// drops duplicates and holds events that arrive before their predecessor.
+// The inbox engine applies each event's effect (the handler's: billing or
+// audit) and its inbox record in one transaction, drops duplicates and
+// holds events that arrive before their predecessor.
 
 #include <spdlog/spdlog.h>
 
@@ -10,13 +11,19 @@
 #include "common/db_flags.h"
 #include "common/schema.h"
 #include "common/service.h"
-#include "consumer/applier.h"
-#include "consumer/sink_service.h"
+#include "consumer/audit.h"
+#include "consumer/billing.h"
+#include "consumer/query_service.h"
+#include "inbox/engine.h"
+#include "inbox/sink_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50053", "gRPC listen address.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_billing",
-          "PostgreSQL URL of the billing database (password from "
+          "PostgreSQL URL of the consumer's database (password from "
           "PGPASSWORD).");
+ABSL_FLAG(std::string, handler, "billing",
+          "What applying an event does: billing (order views and charges) "
+          "or audit (records every event in audit_log).");
 ABSL_FLAG(std::string, delivery_clients, "",
           "Comma-separated identities that may call EventSink.Deliver (the "
           "relay's); empty: those of --allowed_clients. Needs "
@@ -50,8 +57,19 @@ int main(int argc, char** argv) {
     spdlog::critical("outbox-consumer: --max_held_per_aggregate must be >= 1");
     return 2;
   }
+  std::unique_ptr<outbox::inbox::Handler> handler;
+  if (absl::GetFlag(FLAGS_handler) == "billing") {
+    handler = std::make_unique<outbox::consumer::BillingHandler>();
+  } else if (absl::GetFlag(FLAGS_handler) == "audit") {
+    handler = std::make_unique<outbox::consumer::AuditHandler>();
+  } else {
+    spdlog::critical("outbox-consumer: --handler must be billing or audit, "
+                     "got \"{}\"", absl::GetFlag(FLAGS_handler));
+    return 2;
+  }
   if (auto exit_code = outbox::MigrateAtStartup(
-          "outbox-consumer", url, "billing", outbox::BillingMigrations(),
+          "outbox-consumer", url,
+          {outbox::InboxSchema(), {handler->name(), &handler->migrations()}},
           session)) {
     return *exit_code;
   }
@@ -60,16 +78,18 @@ int main(int argc, char** argv) {
   outbox::Metrics metrics;
   outbox::Watchdog watchdog("consumer apply path",
                             absl::GetFlag(FLAGS_stall_timeout));
-  outbox::consumer::ApplierOptions options;
+  outbox::inbox::EngineOptions options;
   options.plan.max_held_per_aggregate =
       absl::GetFlag(FLAGS_max_held_per_aggregate);
-  outbox::consumer::Applier applier(&db, &metrics, options, &watchdog);
-  outbox::consumer::EventSinkImpl sink(&applier, &check);
+  outbox::inbox::Engine engine(&db, handler.get(), &metrics, options,
+                               &watchdog);
+  outbox::inbox::EventSinkImpl sink(&engine, &check);
   // Queries have connections of their own: a flood of them never takes the
   // connections delivery needs.
   outbox::Database query_db(url, absl::GetFlag(FLAGS_query_db_pool_size),
                             "outbox-consumer-query", session);
-  outbox::consumer::BillingQueryImpl query(&query_db, &metrics, &check);
+  outbox::consumer::BillingQueryImpl query(&query_db, &metrics,
+                                          handler->name(), &check);
   return outbox::ServeUntilSignal(
       {.name = "outbox-consumer",
        .listen = absl::GetFlag(FLAGS_listen),

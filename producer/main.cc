@@ -7,18 +7,19 @@
 #include "common/config.h"
 #include "common/db.h"
 #include "common/db_flags.h"
-#include "common/schema.h"
 #include "common/service.h"
 #include "common/worker_pool.h"
+#include "producer/order_schema.h"
 #include "producer/order_service.h"
 #include "producer/order_store.h"
+#include "writer/writer.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_orders",
           "PostgreSQL URL of the orders database (password from PGPASSWORD).");
 ABSL_FLAG(int, commit_writers, 1,
           "CreateOrder calls in flight are written in groups, one statement "
-          "and one commit each; at most this many groups at once (1 to "
+          "and one transaction each; at most this many groups at once (1 to "
           "--db_pool_size - 1). Fewer make larger groups.");
 ABSL_FLAG(bool, notify, true,
           "NOTIFY relays after commits (one per burst), so delivery does "
@@ -42,24 +43,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   outbox::CallerCheck check(security->rules);
-  if (auto exit_code = outbox::MigrateAtStartup("outbox-producer", url, "orders",
-                                                outbox::OrdersMigrations(),
-                                                session)) {
+  if (auto exit_code = outbox::MigrateAtStartup(
+          "outbox-producer", url, outbox::producer::OrdersSchemas(), session)) {
     return *exit_code;
   }
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
                       "outbox-producer", session);
   outbox::Metrics metrics;
-  std::unique_ptr<outbox::producer::Notifier> notifier;
-  if (absl::GetFlag(FLAGS_notify)) {
-    notifier = std::make_unique<outbox::producer::Notifier>(url, session);
-  }
+  outbox::Writer writer(
+      {.notify_url = absl::GetFlag(FLAGS_notify) ? url : "", .session = session});
   outbox::Watchdog watchdog("producer database writes",
                             absl::GetFlag(FLAGS_stall_timeout));
   outbox::producer::OrderStoreOptions store_options;
   store_options.create_groups.writers = absl::GetFlag(FLAGS_commit_writers);
-  outbox::producer::OrderStore store(&db, notifier.get(), store_options,
-                                     &metrics);
+  outbox::producer::OrderStore store(&db, &writer, store_options, &metrics);
   // PayOrder, CancelOrder and GetOrder wait on the database here, on the
   // connections the group commit leaves.
   outbox::WorkerPool workers(

@@ -10,6 +10,7 @@
 #include "common/ids.h"
 #include "common/schema.h"
 #include "common/server.h"
+#include "producer/order_schema.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/pg.h"
 
@@ -20,7 +21,7 @@ namespace {
 class Producer {
  public:
   explicit Producer(const std::string& db_url)
-      : db_(db_url, 4, "order-service-test"), store_(&db_, nullptr),
+      : db_(db_url, 4, "order-service-test"), store_(&db_, &writer_),
         workers_(3, 64), service_(&store_, &metrics_, &workers_) {
     auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(2)},
                                     {{&service_, v1::OrderService::service_full_name()}});
@@ -35,6 +36,7 @@ class Producer {
 
  private:
   Database db_;
+  Writer writer_;
   OrderStore store_;
   Metrics metrics_;
   WorkerPool workers_;
@@ -57,7 +59,7 @@ v1::CreateOrderRequest Request() {
 
 class OrderServiceTest : public ::testing::Test {
  protected:
-  OrderServiceTest() : tdb_("svc", OrdersMigrations()), producer_(tdb_.url()) {}
+  OrderServiceTest() : tdb_("svc", OrdersSchemas()), producer_(tdb_.url()) {}
 
   grpc::Status Create(const v1::CreateOrderRequest& req, v1::Order* out,
                       const std::string& traceparent = "") {

@@ -18,63 +18,40 @@ namespace {
   "order_id::text AS order_id, customer_id, items::text AS items, currency, " \
   "total_cents, status, version, "                                            \
   "(extract(epoch from created_at) * 1000000)::bigint AS created_us, "        \
-  "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us, "        \
-  "last_event_seq"
+  "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us"
 constexpr char kReadOrderSql[] =
     "SELECT " OUTBOX_ORDER_COLUMNS " FROM orders WHERE order_id = $1::uuid";
+constexpr char kLockOrderSql[] = "SELECT " OUTBOX_ORDER_COLUMNS
+                                 " FROM orders WHERE order_id = $1::uuid "
+                                 "FOR UPDATE";
 constexpr char kOrderByKeySql[] = "SELECT " OUTBOX_ORDER_COLUMNS
                                   ", request_hash FROM orders WHERE "
                                   "idempotency_key = $1";
 #undef OUTBOX_ORDER_COLUMNS
 
-// New orders, their events and the events' deliveries, in one statement
-// (one round trip, one commit; autocommit makes it atomic) for a whole
-// group of CreateOrder calls. Each event's seq is drawn from the outbox's
-// own sequence first, so that its order row can point at it as it is
-// inserted (a row cannot be written twice in one statement). An order whose
-// idempotency key was seen before is not inserted (its drawn seq is
-// skipped; seqs are not dense anyway) and not returned.
-// Arrays, one element per order: $1 order_id, $2 customer, $3 items (json),
-// $4 currency, $5 total, $6 idempotency key ('' for none), $7 fingerprint,
-// $8 event_id, $9 payload (hex), $10 trace_parent, $11 partition.
+// The new orders of a group of CreateOrder calls, in one statement. An
+// order whose idempotency key was seen before is not inserted and not
+// returned. Arrays, one element per order: $1 order_id, $2 customer,
+// $3 items (json), $4 currency, $5 total, $6 idempotency key ('' for none),
+// $7 fingerprint.
 constexpr char kCreateSql[] =
-    "WITH input AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], "
-    "$4::text[], $5::bigint[], $6::text[], $7::text[], $8::uuid[], "
-    "$9::text[], $10::text[], $11::int[]) AS t(order_id, customer_id, items, "
-    "currency, total, key, fingerprint, event_id, payload, trace_parent, "
-    "partition)), "
-    "s AS (SELECT input.*, nextval('outbox_seq_seq') AS seq FROM input), "
-    "o AS (INSERT INTO orders (order_id, customer_id, items, currency, "
-    "total_cents, status, version, idempotency_key, request_hash, "
-    "last_event_seq) SELECT order_id, customer_id, items::jsonb, currency, "
-    "total, 'CREATED', 1, NULLIF(key, ''), fingerprint, seq FROM s "
+    "INSERT INTO orders (order_id, customer_id, items, currency, "
+    "total_cents, status, version, idempotency_key, request_hash) "
+    "SELECT order_id, customer_id, items::jsonb, currency, total, "
+    "'CREATED', 1, NULLIF(key, ''), fingerprint FROM unnest($1::uuid[], "
+    "$2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], "
+    "$7::text[]) AS t(order_id, customer_id, items, currency, total, key, "
+    "fingerprint) "
     "ON CONFLICT (idempotency_key) DO NOTHING "
-    "RETURNING order_id, (extract(epoch from created_at) * 1000000)::bigint "
-    "AS created_us), "
-    "e AS (INSERT INTO outbox (seq, event_id, aggregate_type, aggregate_id, "
-    "prev_seq, event_type, schema_version, payload, trace_parent, partition) "
-    "SELECT s.seq, s.event_id, 'order', s.order_id::text, 0, 'OrderCreated', "
-    "1, decode(s.payload, 'hex'), s.trace_parent, s.partition "
-    "FROM s JOIN o USING (order_id)) "
-    "SELECT order_id::text, created_us FROM o";
+    "RETURNING order_id::text, "
+    "(extract(epoch from created_at) * 1000000)::bigint AS created_us";
 
-// A change of an order read at version $2 and its event, in one
-// statement: applied only if the order is still at that version (so the
-// prev_seq read with it, $5, is still its newest event); nothing returned
-// otherwise. $1 order_id, $3 new status, $4 event_id, $6 event_type,
-// $7 payload, $8 trace_parent, $9 partition.
+// A change of an order locked by kLockOrderSql. $1 order_id, $2 status.
 constexpr char kChangeSql[] =
-    "WITH s AS (SELECT nextval('outbox_seq_seq') AS seq), "
-    "u AS (UPDATE orders SET status = $3, version = version + 1, "
-    "last_event_seq = s.seq, updated_at = now() FROM s "
-    "WHERE order_id = $1::uuid AND version = $2 "
-    "RETURNING orders.version, orders.last_event_seq, "
-    "(extract(epoch from orders.updated_at) * 1000000)::bigint AS updated_us), "
-    "e AS (INSERT INTO outbox (seq, event_id, aggregate_type, aggregate_id, "
-    "prev_seq, event_type, schema_version, payload, trace_parent, partition) "
-    "SELECT u.last_event_seq, $4::uuid, 'order', $1, $5, $6, 1, $7, $8, $9 "
-    "FROM u) "
-    "SELECT version, updated_us FROM u";
+    "UPDATE orders SET status = $2, version = version + 1, "
+    "updated_at = now() WHERE order_id = $1::uuid "
+    "RETURNING version, "
+    "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us";
 
 // Row (selected with kOrderColumns) -> Order.
 absl::StatusOr<v1::Order> OrderFromRow(const pqxx::row& row) {
@@ -96,35 +73,21 @@ absl::StatusOr<v1::Order> OrderFromRow(const pqxx::row& row) {
   return order;
 }
 
-v1::Event NewEvent(const std::string& order_id, int64_t prev_seq,
-                   const std::string& type, const std::string& trace_parent,
-                   absl::Time now) {
-  v1::Event e;
-  e.set_event_id(NewUuid());
-  e.set_aggregate_type("order");
-  e.set_aggregate_id(order_id);
-  // seq is the outbox row's, drawn in the statement; the relay sets it from
-  // the column.
-  e.set_prev_seq(prev_seq);
-  e.set_event_type(type);
-  e.set_schema_version(1);
-  ToTimestamp(now, e.mutable_occurred_at());
-  e.set_trace_parent(trace_parent);
+// The event of an order change: `payload`, typed by its message name.
+NewEvent OrderEvent(const std::string& order_id,
+                    const google::protobuf::Message& payload,
+                    const std::string& trace_parent) {
+  NewEvent e = NewEvent::Of("order", order_id, payload);
+  e.trace_parent = trace_parent;
   return e;
 }
 
-pqxx::binarystring Payload(const v1::Event& e) {
-  return pqxx::binarystring(e.SerializeAsString());
-}
-
-constexpr int kChangeTries = 5;  // re-reads when a concurrent change wins
-
 }  // namespace
 
-OrderStore::OrderStore(Database* db, Notifier* notifier,
-                       OrderStoreOptions options, Metrics* metrics)
+OrderStore::OrderStore(Database* db, Writer* writer, OrderStoreOptions options,
+                       Metrics* metrics)
     : db_(db),
-      notifier_(notifier),
+      writer_(writer),
       create_commit_(options.create_groups,
                      [this](const std::vector<const NewOrder*>& group) {
                        return InsertOrders(group);
@@ -142,9 +105,10 @@ std::vector<absl::StatusOr<std::optional<int64_t>>> OrderStore::InsertOrders(
     const std::vector<const NewOrder*>& group) {
   std::vector<absl::StatusOr<std::optional<int64_t>>> results(
       group.size(), std::optional<int64_t>());
-  ArrayLiteral id, customer, items, currency, total, key, fingerprint, event_id,
-      payload, trace, partition;
-  for (const NewOrder* o : group) {
+  ArrayLiteral id, customer, items, currency, total, key, fingerprint;
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const NewOrder* o = group[i];
     id.Add(o->order_id);
     customer.Add(o->req->customer_id());
     items.Add(o->items_json);
@@ -152,30 +116,32 @@ std::vector<absl::StatusOr<std::optional<int64_t>>> OrderStore::InsertOrders(
     total.Add(o->total_cents);
     key.Add(o->req->idempotency_key());
     fingerprint.Add(o->fingerprint);
-    event_id.Add(o->event_id);
-    payload.AddHex(o->payload);
-    trace.Add(o->trace_parent);
-    partition.Add(PartitionOf(o->order_id));
+    index[o->order_id] = i;
   }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::nontransaction tx(c);
-    MaybeCrash("producer.before_commit");
-    pqxx::result r = ExecPrepared(
-        tx, "create_orders", kCreateSql, id.str(), customer.str(), items.str(),
-        currency.str(), total.str(), key.str(), fingerprint.str(),
-        event_id.str(), payload.str(), trace.str(), partition.str());
-    std::map<std::string, int64_t> created;
+    pqxx::work tx(c);
+    pqxx::result r = ExecPrepared(tx, "create_orders", kCreateSql, id.str(),
+                                  customer.str(), items.str(), currency.str(),
+                                  total.str(), key.str(), fingerprint.str());
+    std::vector<NewEvent> events;
+    std::vector<std::pair<size_t, int64_t>> created;
+    events.reserve(r.size());
     for (const auto& row : r) {
-      created[row[0].as<std::string>()] = row[1].as<int64_t>();
+      const size_t i = index.at(row[0].as<std::string>());
+      created.emplace_back(i, row[1].as<int64_t>());
+      events.push_back(group[i]->event);
     }
-    for (size_t i = 0; i < group.size(); ++i) {
-      auto it = created.find(group[i]->order_id);
-      if (it != created.end()) results[i] = std::optional<int64_t>(it->second);
+    if (!events.empty()) {
+      auto appended = writer_->AppendMany(tx, events);
+      if (!appended.ok()) return appended.status();
     }
+    MaybeCrash("producer.before_commit");
+    tx.commit();
+    for (const auto& [i, at] : created) results[i] = std::optional<int64_t>(at);
     return absl::OkStatus();
   });
   if (s.ok()) {
-    if (notifier_ != nullptr) notifier_->Poke();
+    writer_->Committed();
     MaybeCrash("producer.after_commit_before_answer");
     return results;
   }
@@ -211,17 +177,13 @@ void OrderStore::CreateAsync(
   o.order_id = NewUuid();
   o.fingerprint = RequestFingerprint(req);
   o.items_json = ItemsJson(req.items());
-  o.trace_parent = trace_parent;
-  v1::Event event = NewEvent(o.order_id, 0, "OrderCreated", trace_parent,
-                             absl::Now());
-  v1::OrderCreated* created = event.mutable_order_created();
-  created->set_order_id(o.order_id);
-  created->set_customer_id(req.customer_id());
-  *created->mutable_items() = req.items();
-  created->set_currency(req.currency());
-  created->set_total_cents(total_cents);
-  o.event_id = event.event_id();
-  o.payload = event.SerializeAsString();
+  v1::OrderCreated created;
+  created.set_order_id(o.order_id);
+  created.set_customer_id(req.customer_id());
+  *created.mutable_items() = req.items();
+  created.set_currency(req.currency());
+  created.set_total_cents(total_cents);
+  o.event = OrderEvent(o.order_id, created, trace_parent);
   const std::string order_id = o.order_id;
   const std::string fingerprint = o.fingerprint;
   create_commit_.SubmitAsync(
@@ -273,54 +235,45 @@ absl::StatusOr<v1::Order> OrderStore::OrderForKey(
 
 absl::StatusOr<v1::Order> OrderStore::Change(
     const std::string& order_id, int64_t expected_version, v1::OrderStatus to,
-    const char* event_type, const std::string& trace_parent,
-    const std::function<absl::Status(const v1::Order&, v1::Event*)>& fill) {
+    const std::string& trace_parent,
+    const std::function<absl::StatusOr<NewEvent>(const v1::Order&)>& event) {
   absl::StatusOr<v1::Order> result;
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::nontransaction tx(c);
-    // Read, decide, then write only if nothing changed meanwhile: the
-    // version guards the write, so the prev_seq read here is the seq of the
-    // order's newest committed event when the write lands. Two round trips,
-    // no transaction held open between them; a lost race reads again.
-    for (int attempt = 0; attempt < kChangeTries; ++attempt) {
-      pqxx::result read =
-          ExecPrepared(tx, "read_order", kReadOrderSql, order_id);
-      if (read.empty()) {
-        return absl::NotFoundError(
-            absl::StrCat("order ", order_id, " does not exist"));
-      }
-      absl::StatusOr<v1::Order> current = OrderFromRow(read[0]);
-      if (!current.ok()) return current.status();
-      if (absl::Status v = CheckVersion(expected_version, current->version());
-          !v.ok()) {
-        return v;
-      }
-      if (absl::Status t = CheckTransition(current->status(), to); !t.ok()) {
-        return t;
-      }
-      const int64_t prev_seq = read[0]["last_event_seq"].as<int64_t>();
-      v1::Event event =
-          NewEvent(order_id, prev_seq, event_type, trace_parent, absl::Now());
-      if (absl::Status f = fill(*current, &event); !f.ok()) return f;
-      MaybeCrash("producer.before_commit");
-      pqxx::result written = ExecPrepared(
-          tx, "change_order", kChangeSql, order_id, current->version(),
-          StatusName(to), event.event_id(), prev_seq, event_type,
-          Payload(event), trace_parent, PartitionOf(order_id));
-      if (written.empty()) continue;  // changed since read: read again
-      if (notifier_ != nullptr) notifier_->Poke();
-      MaybeCrash("producer.after_commit_before_answer");
-      current->set_status(to);
-      current->set_version(written[0]["version"].as<int64_t>());
-      ToTimestamp(absl::FromUnixMicros(written[0]["updated_us"].as<int64_t>()),
-                  current->mutable_updated_at());
-      result = std::move(*current);
-      return absl::OkStatus();
+    pqxx::work tx(c);
+    pqxx::result read = ExecPrepared(tx, "lock_order", kLockOrderSql, order_id);
+    if (read.empty()) {
+      return absl::NotFoundError(
+          absl::StrCat("order ", order_id, " does not exist"));
     }
-    return absl::AbortedError(
-        absl::StrCat("order ", order_id, " changed concurrently; retry"));
+    absl::StatusOr<v1::Order> current = OrderFromRow(read[0]);
+    if (!current.ok()) return current.status();
+    if (absl::Status v = CheckVersion(expected_version, current->version());
+        !v.ok()) {
+      return v;
+    }
+    if (absl::Status t = CheckTransition(current->status(), to); !t.ok()) {
+      return t;
+    }
+    absl::StatusOr<NewEvent> e = event(*current);
+    if (!e.ok()) return e.status();
+    e->trace_parent = trace_parent;
+    pqxx::result written =
+        ExecPrepared(tx, "change_order", kChangeSql, order_id, StatusName(to));
+    if (auto appended = writer_->Append(tx, *e); !appended.ok()) {
+      return appended.status();
+    }
+    MaybeCrash("producer.before_commit");
+    tx.commit();
+    current->set_status(to);
+    current->set_version(written[0]["version"].as<int64_t>());
+    ToTimestamp(absl::FromUnixMicros(written[0]["updated_us"].as<int64_t>()),
+                current->mutable_updated_at());
+    result = std::move(*current);
+    return absl::OkStatus();
   });
   if (!s.ok()) return s;
+  writer_->Committed();
+  MaybeCrash("producer.after_commit_before_answer");
   return result;
 }
 
@@ -328,19 +281,18 @@ absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,
                                           const std::string& trace_parent) {
   return Change(
       req.order_id(), req.expected_version(), v1::ORDER_STATUS_PAID,
-      "OrderPaid", trace_parent,
-      [&](const v1::Order& current, v1::Event* event) {
+      trace_parent, [&](const v1::Order& current) -> absl::StatusOr<NewEvent> {
         if (req.amount_cents() != current.total_cents()) {
           return absl::InvalidArgumentError(
               absl::StrCat("amount_cents: ", req.amount_cents(),
                            " does not equal the order total ",
                            current.total_cents()));
         }
-        v1::OrderPaid* paid = event->mutable_order_paid();
-        paid->set_order_id(req.order_id());
-        paid->set_amount_cents(req.amount_cents());
-        paid->set_currency(current.currency());
-        return absl::OkStatus();
+        v1::OrderPaid paid;
+        paid.set_order_id(req.order_id());
+        paid.set_amount_cents(req.amount_cents());
+        paid.set_currency(current.currency());
+        return OrderEvent(req.order_id(), paid, "");
       });
 }
 
@@ -348,16 +300,15 @@ absl::StatusOr<v1::Order> OrderStore::Cancel(const v1::CancelOrderRequest& req,
                                              const std::string& trace_parent) {
   return Change(
       req.order_id(), req.expected_version(), v1::ORDER_STATUS_CANCELLED,
-      "OrderCancelled", trace_parent,
-      [&](const v1::Order& current, v1::Event* event) {
-        v1::OrderCancelled* cancelled = event->mutable_order_cancelled();
-        cancelled->set_order_id(req.order_id());
-        cancelled->set_reason(req.reason());
-        cancelled->set_currency(current.currency());
-        cancelled->set_refund_cents(
+      trace_parent, [&](const v1::Order& current) -> absl::StatusOr<NewEvent> {
+        v1::OrderCancelled cancelled;
+        cancelled.set_order_id(req.order_id());
+        cancelled.set_reason(req.reason());
+        cancelled.set_currency(current.currency());
+        cancelled.set_refund_cents(
             current.status() == v1::ORDER_STATUS_PAID ? current.total_cents()
                                                        : 0);
-        return absl::OkStatus();
+        return OrderEvent(req.order_id(), cancelled, "");
       });
 }
 

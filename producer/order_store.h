@@ -1,8 +1,7 @@
 #pragma once
 // The orders repository: each state change and its outbox event commit in
-// one PostgreSQL transaction. The event's prev_seq is read from the order
-// row under its row lock, so events of one order form a chain and an
-// event is only ever visible after its predecessor has committed.
+// one PostgreSQL transaction; the outbox writer (writer/writer.h) appends
+// the event and keeps each order's chain of events.
 
 #include <functional>
 #include <optional>
@@ -13,9 +12,8 @@
 #include "common/db.h"
 #include "common/group_commit.h"
 #include "common/metrics.h"
-#include "outbox/v1/event.pb.h"
 #include "outbox/v1/order.pb.h"
-#include "producer/notifier.h"
+#include "writer/writer.h"
 
 namespace outbox::producer {
 
@@ -27,10 +25,9 @@ struct OrderStoreOptions {
 
 class OrderStore {
  public:
-  // `db` and `notifier` (may be null: relays then only poll) must outlive
-  // the store; so must `metrics` (may be null). The notifier is poked after
-  // each committed change.
-  OrderStore(Database* db, Notifier* notifier, OrderStoreOptions options = {},
+  // `db` and `writer` must outlive the store; so must `metrics` (may be
+  // null).
+  OrderStore(Database* db, Writer* writer, OrderStoreOptions options = {},
              Metrics* metrics = nullptr);
 
   // Requests must have passed ValidateCreate/ValidatePay/ValidateCancel.
@@ -58,13 +55,12 @@ class OrderStore {
 
  private:
   // One change of an existing order: lock, check version and transition,
-  // let `fill` check the request against the order and write the event's
-  // payload, then append the event and update the order in one commit.
+  // let `event` check the request against the order and make the event,
+  // then update the order and append the event in one commit.
   absl::StatusOr<v1::Order> Change(
       const std::string& order_id, int64_t expected_version,
-      v1::OrderStatus to, const char* event_type,
-      const std::string& trace_parent,
-      const std::function<absl::Status(const v1::Order&, v1::Event*)>& fill);
+      v1::OrderStatus to, const std::string& trace_parent,
+      const std::function<absl::StatusOr<NewEvent>(const v1::Order&)>& event);
 
   // The order of a Create whose idempotency key was taken: the first one if
   // it came from the same request.
@@ -75,10 +71,10 @@ class OrderStore {
   struct NewOrder {
     const v1::CreateOrderRequest* req;
     int64_t total_cents;
-    std::string order_id, fingerprint, items_json, event_id, payload,
-        trace_parent;
+    std::string order_id, fingerprint, items_json;
+    NewEvent event;
   };
-  // Inserts the orders of a group and their events in one statement; one
+  // Inserts the orders of a group and their events in one transaction; one
   // result per order: its created_at in microseconds, or nothing when its
   // idempotency key was taken. A data error of the group is retried order
   // by order, so that only the culprit fails.
@@ -86,7 +82,7 @@ class OrderStore {
       const std::vector<const NewOrder*>& group);
 
   Database* const db_;
-  Notifier* const notifier_;
+  Writer* const writer_;
   GroupCommit<NewOrder, std::optional<int64_t>> create_commit_;
 };
 

@@ -11,6 +11,8 @@
 #include "common/ids.h"
 #include "common/schema.h"
 #include "producer/order_logic.h"
+#include "outbox/v1/event.pb.h"
+#include "producer/order_schema.h"
 #include "tests/testing/pg.h"
 
 namespace outbox::producer {
@@ -21,9 +23,11 @@ using testing::TestDatabase;
 class OrderStoreTest : public ::testing::Test {
  protected:
   OrderStoreTest()
-      : tdb_("orders", OrdersMigrations()),
+      : tdb_("orders", OrdersSchemas()),
         db_(tdb_.url(), 12, "order-store-test"),
-        store_(&db_, nullptr) {}
+        store_(&db_, &writer_) {
+    tdb_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  }
 
   static v1::CreateOrderRequest Request(const std::string& key = "") {
     v1::CreateOrderRequest r;
@@ -63,8 +67,16 @@ class OrderStoreTest : public ::testing::Test {
 
   int64_t Events() { return tdb_.Scalar("SELECT count(*) FROM outbox"); }
 
+  // The seq of `order_id`'s newest event, as its chain head says.
+  int64_t Head(const std::string& order_id) {
+    return tdb_.Scalar(absl::StrCat(
+        "SELECT last_seq FROM outbox_heads WHERE aggregate_type = 'order' "
+        "AND aggregate_id = '", order_id, "'"));
+  }
+
   TestDatabase tdb_;
   Database db_;
+  Writer writer_;
   OrderStore store_;
 };
 
@@ -83,8 +95,9 @@ TEST_F(OrderStoreTest, CreateWritesOrderAndEventTogether) {
 
   pqxx::result rows = tdb_.Query(
       "SELECT o.seq, o.prev_seq, o.aggregate_id, o.event_type, o.partition, "
-      "o.trace_parent, d.status, r.last_event_seq, o.payload "
-      "FROM outbox o JOIN orders r ON r.order_id::text = o.aggregate_id "
+      "o.trace_parent, d.status, h.last_seq, o.payload "
+      "FROM outbox o JOIN outbox_heads h ON h.aggregate_type = 'order' AND "
+      "h.aggregate_id = o.aggregate_id "
       "JOIN outbox_delivery d ON d.seq = o.seq AND d.subscription = 'billing'");
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0][1].as<int64_t>(), 0);
@@ -96,8 +109,12 @@ TEST_F(OrderStoreTest, CreateWritesOrderAndEventTogether) {
   EXPECT_EQ(rows[0][7].as<int64_t>(), rows[0][0].as<int64_t>());
   v1::Event event;
   ASSERT_TRUE(event.ParseFromString(pqxx::binarystring(rows[0][8]).str()));
-  EXPECT_EQ(event.order_created().total_cents(), 2500);
-  EXPECT_EQ(event.order_created().customer_id(), "c-1");
+  v1::OrderCreated created;
+  ASSERT_TRUE(event.payload().UnpackTo(&created));
+  EXPECT_EQ(created.total_cents(), 2500);
+  EXPECT_EQ(created.customer_id(), "c-1");
+  EXPECT_EQ(event.aggregate_type(), "order");
+  EXPECT_EQ(event.event_type(), "OrderCreated");
   EXPECT_EQ(event.trace_parent(), trace);
 }
 
@@ -124,11 +141,10 @@ TEST_F(OrderStoreTest, EventsOfAnOrderFormAPrevSeqChain) {
   v1::Event cancel_event;
   ASSERT_TRUE(
       cancel_event.ParseFromString(pqxx::binarystring(rows[2][3]).str()));
-  EXPECT_EQ(cancel_event.order_cancelled().refund_cents(), 2500);
-  EXPECT_EQ(tdb_.Scalar(absl::StrCat(
-                "SELECT last_event_seq FROM orders WHERE order_id = '",
-                o.order_id(), "'")),
-            rows[2][0].as<int64_t>());
+  v1::OrderCancelled cancelled_payload;
+  ASSERT_TRUE(cancel_event.payload().UnpackTo(&cancelled_payload));
+  EXPECT_EQ(cancelled_payload.refund_cents(), 2500);
+  EXPECT_EQ(Head(o.order_id()), rows[2][0].as<int64_t>());
 }
 
 TEST_F(OrderStoreTest, RefusedChangesWriteNothing) {
@@ -203,8 +219,9 @@ TEST_F(OrderStoreTest, GroupCommitFailsOnlyTheRequestTheDatabaseRefuses) {
   }
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders"), kThreads - 1);
   EXPECT_EQ(Events(), kThreads - 1);
-  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders o JOIN outbox e ON "
-                        "e.seq = o.last_event_seq AND e.aggregate_id = "
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders o JOIN outbox_heads h ON "
+                        "h.aggregate_id = o.order_id::text JOIN outbox e ON "
+                        "e.seq = h.last_seq AND e.aggregate_id = "
                         "o.order_id::text"),
             kThreads - 1);
 }
@@ -289,13 +306,21 @@ TEST(Migrations, ConcurrentStartupsApplyEachMigrationOnce) {
   std::vector<std::thread> threads;
   std::vector<absl::Status> results(8);
   for (int i = 0; i < 8; ++i) {
-    threads.emplace_back(
-        [&, i] { results[i] = Migrate(tdb.url(), "orders", OrdersMigrations()); });
+    threads.emplace_back([&, i] {
+      for (const Schema& schema : producer::OrdersSchemas()) {
+        results[i] = Migrate(tdb.url(), schema.name, *schema.migrations);
+        if (!results[i].ok()) return;
+      }
+    });
   }
   for (auto& t : threads) t.join();
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  size_t versions = 0;
+  for (const Schema& schema : producer::OrdersSchemas()) {
+    versions += schema.migrations->size();
+  }
   EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM schema_migrations"),
-            static_cast<int64_t>(OrdersMigrations().size()));
+            static_cast<int64_t>(versions));
   EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM pg_tables WHERE tablename IN "
                        "('orders', 'outbox')"),
             2);

@@ -54,6 +54,28 @@ void RowToProto(const pqxx::row& row, v1::OutboxRow* out) {
   }
 }
 
+// The subscription `requested` names, the relay's own when empty;
+// InvalidArgument when it cannot be a name.
+absl::StatusOr<std::string> SubscriptionOf(const std::string& requested,
+                                           const Relay* relay) {
+  if (requested.empty()) return relay->subscription();
+  if (!IsSubscriptionName(requested)) {
+    return absl::InvalidArgumentError(
+        "subscription: a-z first, then a-z, 0-9, _ or -; at most 63");
+  }
+  return requested;
+}
+
+// NotFound unless `name` is a subscription.
+absl::Status CheckExists(pqxx::transaction_base& tx, const std::string& name) {
+  if (tx.exec_params("SELECT 1 FROM subscriptions WHERE name = $1", name)
+          .empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("subscription ", name, " does not exist"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 RelayAdminImpl::RelayAdminImpl(Database* db, const Relay* relay,
@@ -61,14 +83,17 @@ RelayAdminImpl::RelayAdminImpl(Database* db, const Relay* relay,
     : db_(db), relay_(relay), check_(check) {}
 
 grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
-                                      const v1::GetRelayStatsRequest*,
+                                      const v1::GetRelayStatsRequest* req,
                                       v1::RelayStats* resp) {
   if (grpc::Status a = Admit(check_, ctx, Access::kCall, "RelayAdmin.GetStats");
       !a.ok()) {
     return a;
   }
+  auto sub = SubscriptionOf(req->subscription(), relay_);
+  if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
     // Undelivered rows only: the table of them is small; the delivered
     // total is what the outbox retains beyond them.
     pqxx::row r = tx.exec_params1(
@@ -80,7 +105,7 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
         "subscriptions WHERE name = $1)) - count(*) "
         "FROM outbox_delivery d JOIN outbox o USING (seq) "
         "WHERE d.subscription = $1",
-        relay_->subscription());
+        *sub);
     resp->set_pending(r[0].as<int64_t>());
     resp->set_oldest_pending_seconds(r[1].as<double>());
     resp->set_dead_letters(r[2].as<int64_t>());
@@ -88,9 +113,11 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
     return absl::OkStatus();
   });
   if (!s.ok()) return ToGrpcStatus(s);
+  resp->set_subscription(*sub);
+  resp->set_partitions_total(kPartitionCount);
+  if (*sub != relay_->subscription()) return grpc::Status::OK;
   RelayState state = relay_->State();
   for (int p : state.partitions_owned) resp->add_partitions_owned(p);
-  resp->set_partitions_total(kPartitionCount);
   resp->set_in_flight(state.in_flight);
   resp->set_stream_connected(state.stream_connected);
   resp->set_replica_id(state.replica_id);
@@ -110,13 +137,16 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "limit: must be 0-10000 (0 means 100)");
   }
+  auto sub = SubscriptionOf(req->subscription(), relay_);
+  if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
     for (const auto& row : tx.exec_params(
              absl::StrCat(kRowSelect,
                           "WHERE d.status = 'dead' AND ($2 = '' OR "
                           "o.aggregate_id = $2) ORDER BY o.seq LIMIT $3"),
-             relay_->subscription(), req->aggregate_id(),
+             *sub, req->aggregate_id(),
              req->limit() == 0 ? 100 : req->limit())) {
       RowToProto(row, resp->add_rows());
     }
@@ -153,6 +183,8 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "error_contains: at most 1000 bytes");
   }
+  auto sub = SubscriptionOf(req->subscription(), relay_);
+  if (!sub.ok()) return ToGrpcStatus(sub.status());
   const int64_t after = Micros(req->died_after());
   const int64_t before = Micros(req->died_before());
   if (after != 0 && before != 0 && after >= before) {
@@ -161,6 +193,7 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
   }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::work tx(c);
+    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
     pqxx::result r = tx.exec_params(
         "WITH q AS (UPDATE outbox_delivery SET status = 'pending', "
         "attempts = 0, available_at = now(), last_error = NULL, dead_at = NULL "
@@ -173,7 +206,7 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
         "AND ($5 = '' OR strpos(last_error, $5) > 0) RETURNING 1) "
         "SELECT count(*), pg_notify($6, '') FROM q",
         req->event_id(), req->aggregate_id(), after, before,
-        req->error_contains(), kNotifyChannel, relay_->subscription());
+        req->error_contains(), kNotifyChannel, *sub);
     tx.commit();
     resp->set_requeued(r[0][0].as<int64_t>());
     if (resp->requeued() == 0 && !req->all_dead()) {
@@ -185,7 +218,8 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
               : absl::StrCat("event ", req->event_id(),
                              " is not a dead letter"));
     }
-    spdlog::info("relay: requeued {} dead letters ({})", resp->requeued(),
+    spdlog::info("relay: requeued {} dead letters of {} ({})",
+                 resp->requeued(), *sub,
                  req->all_dead() ? "all matching"
                                  : req->event_id() + req->aggregate_id());
     return absl::OkStatus();
@@ -204,11 +238,14 @@ grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "event_id: must be a UUID");
   }
+  auto sub = SubscriptionOf(req->subscription(), relay_);
+  if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
     pqxx::result r = tx.exec_params(
-        absl::StrCat(kRowSelect, "WHERE o.event_id = $2::uuid"),
-        relay_->subscription(), req->event_id());
+        absl::StrCat(kRowSelect, "WHERE o.event_id = $2::uuid"), *sub,
+        req->event_id());
     if (r.empty()) {
       return absl::NotFoundError(
           absl::StrCat("event ", req->event_id(), " is not in the outbox"));

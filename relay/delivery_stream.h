@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "outbox/v1/consumer.grpc.pb.h"
+#include "outbox/v1/sink.grpc.pb.h"
 
 namespace outbox::relay {
 

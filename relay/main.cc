@@ -1,5 +1,6 @@
-// outbox-relay: streams committed outbox events to the consumer, at least
-// once and in per-aggregate order; serves RelayAdmin on --listen.
+// outbox-relay: streams one subscription's committed outbox events to its
+// consumer, at least once and in per-aggregate order; serves RelayAdmin on
+// --listen.
 
 #include <spdlog/spdlog.h>
 
@@ -16,9 +17,18 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:50052",
           "gRPC listen address of the admin service.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_orders",
-          "PostgreSQL URL of the orders database (password from PGPASSWORD).");
+          "PostgreSQL URL of the database holding the outbox (password from "
+          "PGPASSWORD).");
 ABSL_FLAG(std::string, consumer, "127.0.0.1:50053",
           "host:port of the consumer's EventSink.");
+ABSL_FLAG(std::string, subscription, "billing",
+          "The subscription delivered to --consumer: its own delivery "
+          "progress, attempts, dead letters and partitions. Replicas of one "
+          "subscription share its work; each subscription needs relays of "
+          "its own.");
+ABSL_FLAG(std::string, start_from, "oldest",
+          "Where a subscription that does not exist yet starts: oldest (every "
+          "retained event) or now (events written from its creation on).");
 ABSL_FLAG(int, max_attempts, 5,
           "REJECTED answers after which a row becomes a dead letter.");
 ABSL_FLAG(int, batch_size, 256, "Events per delivery batch (1-1000).");
@@ -51,6 +61,21 @@ int main(int argc, char** argv) {
   outbox::relay::RelayOptions options;
   options.db_url = absl::GetFlag(FLAGS_db);
   options.consumer = absl::GetFlag(FLAGS_consumer);
+  options.subscription = absl::GetFlag(FLAGS_subscription);
+  if (!outbox::relay::IsSubscriptionName(options.subscription)) {
+    spdlog::critical("outbox-relay: --subscription: \"{}\" is not a name "
+                     "(a-z first, then a-z, 0-9, _ or -; at most 63)",
+                     options.subscription);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_start_from) == "oldest") {
+    options.start_from = outbox::relay::StartFrom::kOldest;
+  } else if (absl::GetFlag(FLAGS_start_from) == "now") {
+    options.start_from = outbox::relay::StartFrom::kNow;
+  } else {
+    spdlog::critical("outbox-relay: --start_from must be oldest or now");
+    return 2;
+  }
   options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.window = absl::GetFlag(FLAGS_window);
@@ -88,13 +113,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (auto exit_code = outbox::MigrateAtStartup(
-          "outbox-relay", options.db_url, "orders", outbox::OrdersMigrations(),
+          "outbox-relay", options.db_url, {outbox::OutboxSchema()},
           options.session)) {
     return *exit_code;
   }
   outbox::Database db(options.db_url, absl::GetFlag(FLAGS_db_pool_size),
                       "outbox-relay-admin", options.session);
-  outbox::Metrics metrics;
+  outbox::Metrics metrics({{"subscription", options.subscription}});
   outbox::Watchdog watchdog("relay claim/mark loop",
                             absl::GetFlag(FLAGS_stall_timeout));
   outbox::relay::Relay relay(options, &metrics, &watchdog);

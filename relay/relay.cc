@@ -55,6 +55,19 @@ int NewMemberKey() {
 
 }  // namespace
 
+bool IsSubscriptionName(absl::string_view name) {
+  if (name.empty() || name.size() > 63 || name[0] < 'a' || name[0] > 'z') {
+    return false;
+  }
+  for (char ch : name) {
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+          ch == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
 Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
     : options_(std::move(options)),
       replica_id_([] {
@@ -201,25 +214,34 @@ bool Relay::JoinMembership(pqxx::connection& conn) {
 }
 
 bool Relay::EnsureSubscription(pqxx::connection& conn) {
+  int64_t start = 0;
   {
     pqxx::nontransaction tx(conn);
     pqxx::result r = tx.exec_params(
-        "SELECT id FROM subscriptions WHERE name = $1", options_.subscription);
+        "SELECT id, start_seq, chain_from FROM subscriptions WHERE name = $1",
+        options_.subscription);
     if (!r.empty()) {
       subscription_id_ = r[0][0].as<int>();
-      return true;
+      start = r[0][1].as<int64_t>();
+      chain_from_ = r[0][2].as<int64_t>();
+      if (chain_from_ >= 0) return true;
+      // Made by a replica that has not settled it yet (or died first).
+      return SettleSubscription(conn, start);
     }
   }
   // A new subscription: created with the deliveries it is owed, in one
-  // transaction, so that no replica ever sees it half made.
-  int64_t created_by = 0, start = 0;
+  // transaction, so that no replica ever sees it half made. From now: the
+  // events after the newest, and chains start there. From the oldest:
+  // every event, and chains start at the oldest retained one, known once
+  // in-flight writes have landed (-1 until then: not deliverable yet).
   {
     pqxx::work tx(conn);
     pqxx::result r = tx.exec_params(
-        "INSERT INTO subscriptions (name, start_seq) VALUES ($1, CASE WHEN $2 "
-        "THEN (SELECT coalesce(max(seq), 0) + 1 FROM outbox) ELSE 0 END) "
-        "ON CONFLICT DO NOTHING RETURNING id, start_seq, "
-        "txid_current()::text::bigint",
+        "INSERT INTO subscriptions (name, start_seq, chain_from) "
+        "SELECT $1, x, CASE WHEN $2 THEN x ELSE -1 END FROM (SELECT CASE "
+        "WHEN $2 THEN (SELECT coalesce(max(seq), 0) + 1 FROM outbox) ELSE 0 "
+        "END AS x) s "
+        "ON CONFLICT DO NOTHING RETURNING id, start_seq, chain_from",
         options_.subscription, options_.start_from == StartFrom::kNow);
     if (r.empty()) {
       // Another replica made it meanwhile; it is visible once that commits.
@@ -228,7 +250,7 @@ bool Relay::EnsureSubscription(pqxx::connection& conn) {
     }
     subscription_id_ = r[0][0].as<int>();
     start = r[0][1].as<int64_t>();
-    created_by = r[0][2].as<int64_t>();
+    chain_from_ = r[0][2].as<int64_t>();
     tx.exec_params(
         "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
         "partition) SELECT $1, seq, aggregate_id, partition FROM outbox "
@@ -238,16 +260,28 @@ bool Relay::EnsureSubscription(pqxx::connection& conn) {
   }
   spdlog::info("relay: created subscription {} (from {})", options_.subscription,
                options_.start_from == StartFrom::kNow ? "now" : "the oldest event");
+  return SettleSubscription(conn, start);
+}
+
+bool Relay::SettleSubscription(pqxx::connection& conn, int64_t start) {
   // Producers that inserted events while the subscription was being made
-  // may not have seen it: once every transaction older than it has ended,
-  // give those events to it as well.
+  // may not have seen it: once every transaction older than now has ended,
+  // give those events to it as well (some again, maybe: the consumer
+  // answers DUPLICATE).
   pqxx::nontransaction tx(conn);
-  for (int i = 0; i < 600; ++i) {
+  const int64_t now_xid =
+      tx.exec("SELECT txid_current()::text::bigint")[0][0].as<int64_t>();
+  for (int i = 0;; ++i) {
     if (tx.exec_params("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::"
                        "bigint > $1",
-                       created_by)[0][0]
+                       now_xid)[0][0]
             .as<bool>()) {
       break;
+    }
+    if (i == 600) return false;  // try again later
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -256,6 +290,21 @@ bool Relay::EnsureSubscription(pqxx::connection& conn) {
       "partition) SELECT $1, seq, aggregate_id, partition FROM outbox "
       "WHERE seq >= $2 ON CONFLICT DO NOTHING",
       options_.subscription, start);
+  if (chain_from_ < 0) {
+    // Every write that could land below the oldest retained event has
+    // landed: an event whose predecessor is older than that had it deleted
+    // by retention before this subscription existed.
+    tx.exec_params(
+        "UPDATE subscriptions SET chain_from = coalesce((SELECT min(seq) "
+        "FROM outbox), (SELECT CASE WHEN is_called THEN last_value + 1 ELSE "
+        "last_value END FROM outbox_seq_seq)) WHERE name = $1 AND "
+        "chain_from < 0",
+        options_.subscription);
+    chain_from_ = tx.exec_params("SELECT chain_from FROM subscriptions WHERE "
+                                 "name = $1",
+                                 options_.subscription)[0][0]
+                      .as<int64_t>();
+  }
   return true;
 }
 
@@ -277,8 +326,12 @@ bool Relay::EnsureConnection() {
             "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
             "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
       }
-      joined = EnsureSubscription(**conn) && JoinMembership(**conn);
-      if (!joined) last_db_error_ = "no free membership lock";
+      if (!EnsureSubscription(**conn)) {
+        last_db_error_ = absl::StrCat("subscription ", options_.subscription,
+                                      " is being created");
+      } else if (!(joined = JoinMembership(**conn))) {
+        last_db_error_ = "no free membership lock";
+      }
     } catch (const std::exception& e) {
       last_db_error_ = std::string(StatusFromException(e).message());
     }
@@ -451,7 +504,14 @@ bool Relay::Claim(Lane& lane) {
         const int64_t seq = row[0].as<int64_t>();
         std::string bad;
         size_t size = 0;
-        if (!EventFromRow(row, req.add_events())) {
+        v1::Event* event = req.add_events();
+        const bool parsed = EventFromRow(row, event);
+        if (event->prev_seq() < chain_from_) {
+          // Its predecessor was gone before the subscription began: for
+          // this subscriber the chain starts here.
+          event->set_prev_seq(0);
+        }
+        if (!parsed) {
           bad = "payload: not a valid outbox.v1.Event";
         } else if (size = req.events(req.events_size() - 1).ByteSizeLong();
                    size > kMaxEventBytes) {

@@ -32,7 +32,7 @@
 #include "common/metrics.h"
 #include "common/tls.h"
 #include "common/watchdog.h"
-#include "outbox/v1/consumer.grpc.pb.h"
+#include "outbox/v1/sink.grpc.pb.h"
 #include "outbox/v1/relay.pb.h"
 #include "relay/delivery_stream.h"
 #include "relay/outbox_row.h"
@@ -75,6 +75,9 @@ inline constexpr char kClaimSql[] =
     "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
     "AND p.seq = o.prev_seq) AS prev_done "
     "FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq";
+
+// A subscription's name: [a-z][a-z0-9_-]{0,62} (subscriptions.name's check).
+bool IsSubscriptionName(absl::string_view name);
 
 // Where a new subscription starts.
 enum class StartFrom {
@@ -181,6 +184,9 @@ class Relay {
   bool EnsureConnection();
   bool JoinMembership(pqxx::connection& conn);
   bool EnsureSubscription(pqxx::connection& conn);
+  // Waits out the writes in flight when `options_.subscription` was made,
+  // gives it those events, and fixes where its chains start (chain_from).
+  bool SettleSubscription(pqxx::connection& conn, int64_t start);
   void Untrack(const std::string& aggregate_id);
   bool Rebalance();
   bool Claim(Lane& lane);
@@ -212,6 +218,9 @@ class Relay {
   std::unique_ptr<pqxx::connection> conn_;
   int member_key_;  // second key of this session's membership lock
   int subscription_id_ = 0;  // keys the partition locks of the subscription
+  // Events whose prev_seq is below this are the first of their chain for
+  // this subscription (their predecessor was never owed to it).
+  int64_t chain_from_ = 0;
 
   std::string last_db_error_;  // of the last failed step, for the watchdog
   // Statements run on the outbox table: a pass that runs none (a full

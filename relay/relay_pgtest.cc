@@ -13,9 +13,12 @@
 #include "common/ids.h"
 #include "common/schema.h"
 #include "common/server.h"
-#include "consumer/applier.h"
-#include "consumer/sink_service.h"
+#include "consumer/audit.h"
+#include "consumer/billing.h"
+#include "inbox/engine.h"
+#include "inbox/sink_service.h"
 #include "producer/order_logic.h"
+#include "producer/order_schema.h"
 #include "producer/order_store.h"
 #include "relay/admin_service.h"
 #include "common/watchdog.h"
@@ -36,11 +39,25 @@ bool WaitFor(const std::function<bool()>& done,
   return done();
 }
 
-// A consumer served in-process on `port` (0 = any).
+consumer::BillingHandler* Billing() {
+  static consumer::BillingHandler handler;
+  return &handler;
+}
+consumer::AuditHandler* Audit() {
+  static consumer::AuditHandler handler;
+  return &handler;
+}
+
+std::vector<Schema> ConsumerSchemas(inbox::Handler* handler) {
+  return {InboxSchema(), {handler->name(), &handler->migrations()}};
+}
+
+// A consumer served in-process on `port` (0 = any), billing unless told.
 class Consumer {
  public:
-  Consumer(const std::string& url, int port)
-      : db_(url, 4, "relay-test-consumer"), applier_(&db_, &metrics_),
+  Consumer(const std::string& url, int port, inbox::Handler* handler = Billing())
+      : db_(url, 4, "relay-test-consumer"),
+        applier_(&db_, handler, &metrics_),
         sink_(&applier_) {
     auto server = GrpcServer::Start(
         {absl::StrCat("127.0.0.1:", port), absl::Seconds(1), nullptr,
@@ -54,19 +71,23 @@ class Consumer {
  private:
   Database db_;
   Metrics metrics_;
-  consumer::Applier applier_;
-  consumer::EventSinkImpl sink_;
+  inbox::Engine applier_;
+  inbox::EventSinkImpl sink_;
   std::unique_ptr<GrpcServer> server_;
 };
 
 class RelayTest : public ::testing::Test {
  protected:
   RelayTest()
-      : orders_("relay_orders", OrdersMigrations()),
-        billing_("relay_billing", BillingMigrations()),
+      : orders_("relay_orders", producer::OrdersSchemas()),
+        billing_("relay_billing", ConsumerSchemas(Billing())),
         orders_db_(orders_.url(), 4, "relay-test-producer"),
-        notifier_(orders_.url()),
-        store_(&orders_db_, &notifier_) {}
+        writer_({.notify_url = orders_.url()}),
+        store_(&orders_db_, &writer_) {
+    // As a deployment's first relay would make it; events written from now
+    // on are owed to it.
+    orders_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  }
 
   RelayOptions Options(int consumer_port) {
     RelayOptions o;
@@ -114,8 +135,10 @@ class RelayTest : public ::testing::Test {
     return ids;
   }
 
-  int64_t Pending() {
-    return orders_.Scalar("SELECT count(*) FROM outbox_delivery WHERE status = 'pending'");
+  int64_t Pending(const std::string& subscription = "billing") {
+    return orders_.Scalar(
+        "SELECT count(*) FROM outbox_delivery WHERE status = 'pending' AND "
+        "subscription = '" + subscription + "'");
   }
   int64_t Events() { return orders_.Scalar("SELECT count(*) FROM outbox"); }
   int64_t Applied() { return billing_.Scalar("SELECT count(*) FROM inbox"); }
@@ -142,7 +165,7 @@ class RelayTest : public ::testing::Test {
   testing::TestDatabase orders_;
   testing::TestDatabase billing_;
   Database orders_db_;
-  producer::Notifier notifier_;
+  Writer writer_;
   producer::OrderStore store_;
   Metrics metrics_;
 };
@@ -364,6 +387,84 @@ TEST_F(RelayTest, ConsumerOutageIsRetriedWithoutCountingAttempts) {
   ExpectExactlyOnceInOrder();
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_delivery WHERE status = 'dead'"),
             0);
+}
+
+// Fan-out: two subscriptions, each with its relay and consumer. One
+// consumer is down: the other subscription is delivered regardless, and
+// the first catches up, complete and in order, when its consumer returns.
+TEST_F(RelayTest, EachSubscriptionGetsEveryEventAndADownOneDelaysNoOther) {
+  testing::TestDatabase audit_db("relay_audit", ConsumerSchemas(Audit()));
+  int audit_port;
+  { audit_port = Consumer(audit_db.url(), 0, Audit()).port(); }  // down
+  Consumer billing(billing_.url(), 0);
+  RelayOptions audit_options = Options(audit_port);
+  audit_options.subscription = "audit";
+  Metrics audit_metrics(Labels{{"subscription", "audit"}});
+  Relay audit_relay(audit_options, &audit_metrics);
+  audit_relay.Start();
+  Relay billing_relay(Options(billing.port()), &metrics_);
+  billing_relay.Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar("SELECT count(*) FROM subscriptions") == 2;
+  }));
+  MakeOrders(30);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  ExpectExactlyOnceInOrder();
+  EXPECT_EQ(Pending("audit"), Events());
+  EXPECT_EQ(orders_.Scalar("SELECT coalesce(max(attempts), 0) FROM "
+                           "outbox_delivery WHERE subscription = 'audit'"),
+            0);
+  Consumer audit(audit_db.url(), audit_port, Audit());
+  ASSERT_TRUE(WaitFor([&] { return Pending("audit") == 0; }));
+  EXPECT_EQ(audit_db.Scalar("SELECT count(*) FROM audit_log"), Events());
+  EXPECT_EQ(audit_db.Scalar("SELECT count(DISTINCT event_id) FROM audit_log"),
+            Events());
+  EXPECT_EQ(audit_db.Scalar(
+                "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION "
+                "BY aggregate_id ORDER BY apply_id) AS before FROM inbox) x "
+                "WHERE before >= seq"),
+            0);
+  // The subscriptions' metrics and partitions are their own.
+  EXPECT_NE(audit_metrics.Render().find(absl::StrCat(
+                "outbox_relay_delivered_total{subscription=\"audit\"} ",
+                Events())),
+            std::string::npos)
+      << audit_metrics.Render();
+  EXPECT_EQ(audit_relay.State().partitions_owned.size(), size_t{kPartitionCount});
+}
+
+// A subscription created with StartFrom::kNow is owed only what is written
+// after it; one created with kOldest every retained event.
+TEST_F(RelayTest, NewSubscriptionStartsFromOldestOrNow) {
+  MakeOrders(6);
+  const int64_t before = Events();
+  testing::TestDatabase late_db("relay_late", ConsumerSchemas(Audit()));
+  testing::TestDatabase all_db("relay_all", ConsumerSchemas(Audit()));
+  Consumer late(late_db.url(), 0, Audit());
+  Consumer all(all_db.url(), 0, Audit());
+  RelayOptions late_options = Options(late.port());
+  late_options.subscription = "late";
+  late_options.start_from = StartFrom::kNow;
+  RelayOptions all_options = Options(all.port());
+  all_options.subscription = "all";
+  Metrics m1, m2;
+  Relay late_relay(late_options, &m1), all_relay(all_options, &m2);
+  late_relay.Start();
+  all_relay.Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar("SELECT count(*) FROM subscriptions") == 3;
+  }));
+  MakeOrders(4);
+  const int64_t after = Events() - before;
+  ASSERT_TRUE(WaitFor([&] {
+    return late_db.Scalar("SELECT count(*) FROM inbox") == after &&
+           all_db.Scalar("SELECT count(*) FROM inbox") == Events();
+  }));
+  EXPECT_EQ(Pending("late"), 0);
+  EXPECT_EQ(Pending("all"), 0);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_deliveries WHERE "
+                           "subscription = 'late' AND status = 'skipped'"),
+            before);
 }
 
 TEST_F(RelayTest, ReadOnlyConsumerDatabaseCostsTimeNotAttempts) {

@@ -16,8 +16,10 @@
 #include "common/identity.h"
 #include "common/server.h"
 #include "common/tls.h"
-#include "consumer/applier.h"
-#include "consumer/sink_service.h"
+#include "consumer/billing.h"
+#include "consumer/query_service.h"
+#include "inbox/engine.h"
+#include "inbox/sink_service.h"
 #include "producer/order_service.h"
 #include "producer/order_store.h"
 #include "relay/admin_service.h"
@@ -91,12 +93,12 @@ class SecurityTest : public ::testing::Test {
  protected:
   SecurityTest()
       : db_("postgresql://127.0.0.1:1/none", 1, "security-test"),
-        store_(&db_, nullptr),
+        store_(&db_, &writer_),
         workers_(2, 64),
         orders_(&store_, &metrics_, &workers_, nullptr, &check_),
-        applier_(&db_, &metrics_),
+        applier_(&db_, &billing_, &metrics_),
         sink_(&applier_, &check_),
-        query_(&db_, &metrics_, &check_),
+        query_(&db_, &metrics_, "billing", &check_),
         relay_(RelayOptionsForTest(), &metrics_),
         admin_(&db_, &relay_, &check_) {}
 
@@ -140,11 +142,13 @@ class SecurityTest : public ::testing::Test {
   }()};
   Metrics metrics_;
   Database db_;
+  Writer writer_;
   producer::OrderStore store_;
   WorkerPool workers_;
   producer::OrderServiceImpl orders_;
-  consumer::Applier applier_;
-  consumer::EventSinkImpl sink_;
+  consumer::BillingHandler billing_;
+  inbox::Engine applier_;
+  inbox::EventSinkImpl sink_;
   consumer::BillingQueryImpl query_;
   relay::Relay relay_;
   relay::RelayAdminImpl admin_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/db.h"
 #include "common/log.h"
+#include "consumer/billing.h"
 #include "outbox/v1/event.pb.h"
 
 namespace outbox::tools {
@@ -146,7 +147,9 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       if (c.type == "OrderCancelled") {
         v1::Event e;
         if (e.ParseFromString(pqxx::binarystring(row[7]).str())) {
-          c.refund_cents = e.order_cancelled().refund_cents();
+          if (auto p = consumer::DecodeOrderPayload(e); p.ok()) {
+            c.refund_cents = p->order_cancelled().refund_cents();
+          }
         }
       }
       if (c.status == "dead") dead_aggregates.insert(c.aggregate_id);

@@ -54,8 +54,9 @@ pass "errors carry the contract's codes"
 
 events=$(psql "$db" -qAtc "SELECT count(*) FROM outbox")
 [ "$events" = 2 ] || fail "expected 2 outbox events, found $events"
-curl -fsS "http://127.0.0.1:$metrics/metrics" | grep -q 'outbox_producer_requests_total{code="OK",method="CreateOrder"} 2' ||
-  fail "metrics do not count the calls"
+scraped=$(curl -fsS "http://127.0.0.1:$metrics/metrics")
+grep -q 'outbox_producer_requests_total{code="OK",method="CreateOrder"} 2' <<<"$scraped" ||
+  fail "metrics do not count the calls: $scraped"
 pass "2 events written; metrics count the calls"
 
 kill -TERM "$producer"

@@ -1,4 +1,4 @@
-// Fuzzes the consumer's decisions (consumer/batch_plan.h) on arbitrary
+// Fuzzes the consumer's decisions (inbox/batch_plan.h) on arbitrary
 // delivery sequences: a few aggregates' true chains, delivered in any
 // order, in batches of any size, with duplicates; optionally mixed with
 // forged events (a reused position, a fork, garbage) and invalid ones. The
@@ -11,7 +11,9 @@
 //     is the aggregate's last applied seq);
 //   - held events are above their cursor, one per link and position, and
 //     each aggregate's held count is exact;
-//   - APPLIED/DUPLICATE/HELD answers match what the database then holds.
+//   - APPLIED/DUPLICATE/HELD answers match what the database then holds;
+//     DEFERRED only follows a rejected or deferred event of its aggregate in
+//     the same batch, and writes nothing.
 // Without forgeries, no true event is ever REJECTED, and once every true
 // event has been delivered in order at the end, all are applied and
 // nothing is held.
@@ -27,13 +29,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "consumer/batch_plan.h"
+#include "inbox/batch_plan.h"
 
 namespace {
 
-using outbox::consumer::AggregateState;
-using outbox::consumer::Plan;
-using outbox::consumer::Snapshot;
+using outbox::inbox::AggregateState;
+using outbox::inbox::Plan;
+using outbox::inbox::Snapshot;
 using outbox::v1::Event;
 using Key = std::pair<std::string, int64_t>;
 
@@ -72,7 +74,7 @@ Snapshot Read(const Store& store, const std::vector<const Event*>& batch,
     snap.aggregates[batch[i]->aggregate_id()] =
         it == store.cursors.end() ? AggregateState{} : it->second;
   }
-  const auto q = outbox::consumer::HeldQuestions(batch, invalid, snap);
+  const auto q = outbox::inbox::HeldQuestions(batch, invalid, snap);
   if (!q.empty()) {
     for (auto [agg, pos] : q.links) {  // the chain from each link
       while (const Event* h = store.HeldAtLink(agg, pos)) {
@@ -89,7 +91,7 @@ Snapshot Read(const Store& store, const std::vector<const Event*>& batch,
     }
   }
   for (const std::string& id :
-       outbox::consumer::InboxQuestions(batch, invalid, snap, ask_all)) {
+       outbox::inbox::InboxQuestions(batch, invalid, snap, ask_all)) {
     if (store.inbox.count(id)) snap.in_inbox.insert(id);
   }
   return snap;
@@ -177,10 +179,10 @@ void Deliver(Store* store, const std::vector<Event>& batch_events,
   for (const Event& e : batch_events) batch.push_back(&e);
   const std::set<std::string> inbox_before = store->inbox;
   Snapshot snap = Read(*store, batch, invalid, false);
-  Plan plan = outbox::consumer::PlanBatch(batch, invalid, snap, {8});
+  Plan plan = outbox::inbox::PlanBatch(batch, invalid, snap, {8});
   if (!Write(store, plan)) {
     snap = Read(*store, batch, invalid, true);
-    plan = outbox::consumer::PlanBatch(batch, invalid, snap, {8});
+    plan = outbox::inbox::PlanBatch(batch, invalid, snap, {8});
     Require(Write(store, plan));
   }
   Require(plan.results.size() == batch.size());
@@ -218,6 +220,24 @@ void Deliver(Store* store, const std::vector<Event>& batch_events,
         Require(!r.reason().empty());
         if (!forgeries && invalid[i].empty()) Require(!true_ids.count(e.event_id()));
         break;
+      case outbox::v1::DEFERRED: {
+        // Only behind an earlier event of its aggregate in this batch that
+        // was rejected or deferred; nothing of it written.
+        Require(forgeries);
+        bool behind = false;
+        bool applied_twin = false;  // the same event again in this batch
+        for (size_t j = 0; j < batch.size(); ++j) {
+          behind |= j < i && batch[j]->aggregate_id() == e.aggregate_id() &&
+                    (plan.results[j].outcome() == outbox::v1::REJECTED ||
+                     plan.results[j].outcome() == outbox::v1::DEFERRED);
+          applied_twin |= j != i && batch[j]->event_id() == e.event_id() &&
+                          plan.results[j].outcome() == outbox::v1::APPLIED;
+        }
+        Require(behind);
+        Require(applied_twin || !store->inbox.count(e.event_id()) ||
+                inbox_before.count(e.event_id()));
+        break;
+      }
       default:
         Require(false);
     }

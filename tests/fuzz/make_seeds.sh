@@ -5,7 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 root=../..
-enc() { protoc -I"$root/proto" --encode="$1" "$root/proto/outbox/v1/$2"; }
+enc() {
+  local type=$1 files=()
+  shift
+  for f in "$@"; do files+=("$root/proto/outbox/v1/$f"); done
+  protoc -I"$root/proto" --encode="$type" "${files[@]}"
+}
 
 d=corpus/order_request_fuzz
 mkdir -p "$d"
@@ -30,19 +35,43 @@ TXT
 
 d=corpus/outbox_payload_fuzz
 mkdir -p "$d"
-enc outbox.v1.Event event.proto >"$d/seed-paid" <<'TXT'
+# Events as the writer stores them: the payload packed in an Any.
+enc outbox.v1.Event event.proto order.proto >"$d/seed-any-paid" <<'TXT'
 event_id: "6f1c2b1e-3c1a-4f7e-9a57-1d2a3b4c5d6e" aggregate_type: "order"
 aggregate_id: "0b9f6f1e-1111-4222-8333-444455556666" prev_seq: 7
 event_type: "OrderPaid" schema_version: 1
-order_paid { order_id: "0b9f6f1e-1111-4222-8333-444455556666" amount_cents: 2500 currency: "EUR" }
+payload { [type.googleapis.com/outbox.v1.OrderPaid] {
+  order_id: "0b9f6f1e-1111-4222-8333-444455556666" amount_cents: 2500 currency: "EUR" } }
 TXT
-enc outbox.v1.Event event.proto >"$d/seed-created" <<'TXT'
+enc outbox.v1.Event event.proto order.proto >"$d/seed-any-created" <<'TXT'
 event_id: "6f1c2b1e-3c1a-4f7e-9a57-1d2a3b4c5d6f" aggregate_type: "order"
 aggregate_id: "0b9f6f1e-1111-4222-8333-444455556666" event_type: "OrderCreated"
 schema_version: 1 occurred_at { seconds: 1700000000 }
+payload { [type.googleapis.com/outbox.v1.OrderCreated] {
+  order_id: "0b9f6f1e-1111-4222-8333-444455556666" customer_id: "c"
+  items { sku: "a" quantity: 1 unit_price_cents: 5 } currency: "EUR" total_cents: 5 } }
+TXT
+# Events as releases before the Any payload stored them: the order
+# payload in fields 10-12 of the envelope (LegacyOrderPayload names them).
+{ enc outbox.v1.Event event.proto <<'TXT'
+event_id: "6f1c2b1e-3c1a-4f7e-9a57-1d2a3b4c5d6e" aggregate_type: "order"
+aggregate_id: "0b9f6f1e-1111-4222-8333-444455556666" prev_seq: 7
+event_type: "OrderPaid" schema_version: 1
+TXT
+  enc outbox.v1.LegacyOrderPayload order.proto <<'TXT'
+order_paid { order_id: "0b9f6f1e-1111-4222-8333-444455556666" amount_cents: 2500 currency: "EUR" }
+TXT
+} >"$d/seed-paid"
+{ enc outbox.v1.Event event.proto <<'TXT'
+event_id: "6f1c2b1e-3c1a-4f7e-9a57-1d2a3b4c5d6f" aggregate_type: "order"
+aggregate_id: "0b9f6f1e-1111-4222-8333-444455556666" event_type: "OrderCreated"
+schema_version: 1 occurred_at { seconds: 1700000000 }
+TXT
+  enc outbox.v1.LegacyOrderPayload order.proto <<'TXT'
 order_created { order_id: "0b9f6f1e-1111-4222-8333-444455556666" customer_id: "c"
   items { sku: "a" quantity: 1 unit_price_cents: 5 } currency: "EUR" total_cents: 5 }
 TXT
+} >"$d/seed-created"
 
 d=corpus/traceparent_fuzz
 mkdir -p "$d"

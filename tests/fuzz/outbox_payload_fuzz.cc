@@ -1,14 +1,17 @@
 // Fuzzes the decoding of an outbox row's payload (arbitrary bytes in the
 // payload column, as a corrupt or foreign row would hold): the envelope
 // always comes from the columns, a payload that parses survives a round
-// trip, and the consumer's validation of the result never crashes.
+// trip, and neither the inbox's envelope checks nor the billing handler's
+// validation (which also decodes the order payload, current or legacy)
+// ever crashes on the result.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
-#include "consumer/apply_rules.h"
+#include "consumer/billing.h"
+#include "inbox/envelope.h"
 #include "relay/outbox_row.h"
 
 namespace {
@@ -46,7 +49,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Require(again.ParseFromString(e.SerializeAsString()));
     Require(again.SerializeAsString() == e.SerializeAsString());
   }
-  absl::Status s = outbox::consumer::ValidateEvent(e);
+  absl::Status s = outbox::inbox::ValidateEnvelope(e);
+  Require(s.ok() || s.code() == absl::StatusCode::kInvalidArgument);
+  s = outbox::consumer::BillingHandler().Validate(e);
   Require(s.ok() || s.code() == absl::StatusCode::kInvalidArgument);
   return 0;
 }

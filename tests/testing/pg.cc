@@ -21,7 +21,7 @@ std::string TestServerUrl() {
 }
 
 TestDatabase::TestDatabase(const std::string& prefix,
-                           const std::vector<Migration>& migrations) {
+                           const std::vector<Schema>& schemas) {
   std::string suffix = NewUuid().substr(0, 8);
   name_ = absl::AsciiStrToLower(absl::StrCat("t_", prefix, "_", suffix));
   const std::string server = TestServerUrl();
@@ -31,9 +31,12 @@ TestDatabase::TestDatabase(const std::string& prefix,
     tx.exec("CREATE DATABASE " + tx.quote_name(name_));
   }
   url_ = server + "/" + name_;
-  absl::Status s = Migrate(url_, "test", migrations);
-  if (!s.ok()) {
-    ADD_FAILURE() << "migrating " << name_ << ": " << s;
+  for (const Schema& schema : schemas) {
+    absl::Status s = Migrate(url_, schema.name, *schema.migrations);
+    if (!s.ok()) {
+      ADD_FAILURE() << "migrating " << name_ << " (" << schema.name
+                    << "): " << s;
+    }
   }
   conn_ = std::make_unique<pqxx::connection>(url_);
 }

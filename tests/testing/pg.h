@@ -19,9 +19,8 @@ std::string TestServerUrl();
 
 class TestDatabase {
  public:
-  // Creates "t_<prefix>_<random>" and applies `migrations` to it.
-  TestDatabase(const std::string& prefix,
-               const std::vector<Migration>& migrations);
+  // Creates "t_<prefix>_<random>" and applies `schemas` to it, in order.
+  TestDatabase(const std::string& prefix, const std::vector<Schema>& schemas);
   ~TestDatabase();
 
   const std::string& url() const { return url_; }

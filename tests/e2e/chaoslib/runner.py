@@ -396,7 +396,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         when it runs (the node wrapper costs ~0.2 s a call), else the
         wrapper; None when not installed."""
         if self._buf is None:
-            nm = os.path.join(self.suite.root, "node_modules")
+            nm = os.path.join(self.suite.root, "tests", "deploy",
+                              "node_modules")
             self._buf = ""
             for b in sorted(glob.glob(os.path.join(nm, "@bufbuild", "buf-*",
                                                    "bin", "buf"))):

@@ -178,7 +178,8 @@ def rogue_locks(run):
     if run.buf() is None:
         from .runner import HarnessError  # runner imports this module
         raise HarnessError("rogue-lock polls grpc.health.v1 with `buf curl`: "
-                           "node_modules/.bin/buf is missing (npm ci)")
+                           "tests/deploy/node_modules/.bin/buf is missing "
+                           "(npm ci in tests/deploy)")
     side = run.rng.choice(["billing", "orders"])
     done = set()
     extra = 0  # locks tried after the window (a lock not taken is retried)

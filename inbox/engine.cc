@@ -1,4 +1,4 @@
-#include "consumer/applier.h"
+#include "inbox/engine.h"
 
 #include <spdlog/spdlog.h>
 
@@ -9,16 +9,10 @@
 #include "common/ids.h"
 #include "common/server.h"
 #include "common/sql_state.h"
-#include "consumer/apply_rules.h"
-#include "consumer/billing.h"
+#include "inbox/envelope.h"
 
-namespace outbox::consumer {
+namespace outbox::inbox {
 namespace {
-
-std::string OccurredAt(const v1::Event& e) {
-  absl::Time t = FromTimestamp(e.occurred_at());
-  return absl::FormatTime("%Y-%m-%d %H:%M:%E6S+00", t, absl::UTCTimeZone());
-}
 
 // Advisory lock class (first key) of an aggregate's apply lock; the
 // second key is hashtext(aggregate_id).
@@ -118,7 +112,7 @@ bool InsertInbox(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
     agg.Add(e->aggregate_id());
     seq.Add(e->seq());
     type.Add(e->event_type());
-    at.Add(OccurredAt(*e));
+    at.Add(SqlTimestamp(e->occurred_at()));
   }
   pqxx::result inserted = ExecPrepared(
       tx, "insert_inbox",
@@ -192,9 +186,10 @@ void UpdateCursors(pqxx::work& tx,
 
 }  // namespace
 
-Applier::Applier(Database* db, Metrics* metrics, ApplierOptions options,
-                 Watchdog* watchdog)
+Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
+               EngineOptions options, Watchdog* watchdog)
     : db_(db),
+      handler_(handler),
       options_(options),
       watchdog_(watchdog),
       applied_(metrics->AddCounter(
@@ -235,9 +230,13 @@ Applier::Applier(Database* db, Metrics* metrics, ApplierOptions options,
       unavailable_(metrics->AddCounter(
           "outbox_consumer_batches_unavailable_total",
           "Batches not answered because the database failed for a reason "
-          "that is not the events' (read-only, full, timeout, ...).")) {}
+          "that is not the events' (read-only, full, timeout, ...).")),
+      refused_held_(metrics->AddCounter(
+          "outbox_consumer_held_refused_total",
+          "Times the handler refused a held event as it drained; it stays "
+          "held, and its aggregate waits behind it.")) {}
 
-void Applier::Count(const Attempt& attempt) {
+void Engine::Count(const Attempt& attempt) {
   const Plan& plan = attempt.plan;
   applied_->Add(plan.applied);
   duplicates_->Add(plan.duplicates);
@@ -262,13 +261,13 @@ void Applier::Count(const Attempt& attempt) {
   }
 }
 
-absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyBatch(
+absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyBatch(
     const std::vector<const v1::Event*>& events) {
   std::vector<std::string> invalid(events.size());
   for (size_t i = 0; i < events.size(); ++i) {
-    if (absl::Status s = ValidateEvent(*events[i]); !s.ok()) {
-      invalid[i] = std::string(s.message());
-    }
+    absl::Status s = ValidateEnvelope(*events[i]);
+    if (s.ok()) s = handler_->Validate(*events[i]);
+    if (!s.ok()) invalid[i] = std::string(s.message());
   }
   if (watchdog_ != nullptr) watchdog_->Working();
   auto results = ApplyValidated(events, invalid);
@@ -282,16 +281,41 @@ absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyBatch(
   return results;
 }
 
-absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyValidated(
+absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
     const std::vector<const v1::Event*>& events,
-    const std::vector<std::string>& invalid) {
+    std::vector<std::string> invalid) {
   absl::StatusOr<Attempt> attempt;
   bool ask_all = false;
+  std::set<std::string> keep_held;
+  // Each refusal removes an event from the next attempt, so this ends.
   for (int conflicts = 0;;) {
-    attempt = ApplyOnce(events, invalid, ask_all);
+    attempt = ApplyOnce(events, invalid, keep_held, ask_all);
     if (attempt.ok() && attempt->inbox_collision && !ask_all) {
       ask_all = true;  // an event id the plan did not know was applied
       continue;
+    }
+    if (attempt.ok() && !attempt->refused.empty()) {
+      bool progress = false;
+      for (const auto& [id, reason] : attempt->refused) {
+        bool in_batch = false;
+        for (size_t i = 0; i < events.size(); ++i) {
+          if (events[i]->event_id() == id && invalid[i].empty()) {
+            invalid[i] = reason;
+            in_batch = progress = true;
+          }
+        }
+        if (!in_batch && keep_held.insert(id).second) {
+          progress = true;
+          refused_held_->Add();
+          spdlog::warn("consumer: {} refused held event {} ({}); it stays "
+                       "held",
+                       handler_->name(), id, reason);
+        }
+      }
+      if (progress) continue;
+      attempt = absl::InternalError(
+          "the handler refused events that were not in its batch");
+      break;
     }
     if (!attempt.ok() && OriginOf(attempt.status()) == ErrorOrigin::kConflict &&
         ++conflicts <= options_.conflict_retries) {
@@ -354,9 +378,10 @@ absl::StatusOr<std::vector<v1::EventResult>> Applier::ApplyValidated(
       s.message()));
 }
 
-absl::StatusOr<Applier::Attempt> Applier::ApplyOnce(
+absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     const std::vector<const v1::Event*>& events,
-    const std::vector<std::string>& invalid, bool ask_inbox_about_all) {
+    const std::vector<std::string>& invalid,
+    const std::set<std::string>& keep_held, bool ask_inbox_about_all) {
   std::set<std::string> aggregates;
   for (size_t i = 0; i < events.size(); ++i) {
     if (invalid[i].empty()) aggregates.insert(events[i]->aggregate_id());
@@ -374,6 +399,14 @@ absl::StatusOr<Applier::Attempt> Applier::ApplyOnce(
     LockCursors(tx, aggregates, &snap);
     if (HeldQuery q = HeldQuestions(events, invalid, snap); !q.empty()) {
       if (absl::Status h = ReadHeld(tx, q, &snap); !h.ok()) return h;
+      if (!keep_held.empty()) {
+        // Unseen, they are not drained: their chains stop before them.
+        std::vector<v1::Event> seen;
+        for (v1::Event& h : snap.held) {
+          if (keep_held.count(h.event_id()) == 0) seen.push_back(std::move(h));
+        }
+        snap.held = std::move(seen);
+      }
     }
     snap.in_inbox =
         InInbox(tx, InboxQuestions(events, invalid, snap, ask_inbox_about_all));
@@ -383,7 +416,18 @@ absl::StatusOr<Applier::Attempt> Applier::ApplyOnce(
         out.inbox_collision = true;
         return absl::OkStatus();  // rolled back
       }
-      Billing::Apply(tx, plan.apply);
+      std::vector<Rejection> refused = handler_->Apply(tx, plan.apply);
+      if (!refused.empty()) {
+        for (const Rejection& r : refused) {
+          if (r.index < plan.apply.size()) {
+            out.refused[plan.apply[r.index]->event_id()] = r.reason;
+          }
+        }
+        if (out.refused.empty()) {
+          return absl::InternalError("the handler refused events out of range");
+        }
+        return absl::OkStatus();  // rolled back
+      }
     }
     if (!plan.hold.empty()) InsertHeld(tx, plan.hold);
     if (!plan.unhold.empty()) {
@@ -405,4 +449,4 @@ absl::StatusOr<Applier::Attempt> Applier::ApplyOnce(
   return out;
 }
 
-}  // namespace outbox::consumer
+}  // namespace outbox::inbox

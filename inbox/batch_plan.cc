@@ -1,11 +1,11 @@
-#include "consumer/batch_plan.h"
+#include "inbox/batch_plan.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
-namespace outbox::consumer {
+namespace outbox::inbox {
 namespace {
 
 using Key = std::pair<std::string, int64_t>;  // (aggregate, position)
@@ -313,4 +313,4 @@ HeldQuery HeldQuestions(const std::vector<const v1::Event*>& batch,
   return q;
 }
 
-}  // namespace outbox::consumer
+}  // namespace outbox::inbox

@@ -1,6 +1,6 @@
 #pragma once
 // Wakes relays after commits: one NOTIFY per burst of commits, sent on its
-// own connection once the writes have committed. Order transactions thus
+// own connection once the writes have committed. Writing transactions thus
 // never take the global lock NOTIFY holds at commit (measured by
 // scripts/bench: in-transaction NOTIFY costs about 40% of the producer's
 // throughput). The notification is only a hint; relays also poll, so a
@@ -15,7 +15,7 @@
 
 #include "common/db.h"
 
-namespace outbox::producer {
+namespace outbox {
 
 class Notifier {
  public:
@@ -37,4 +37,4 @@ class Notifier {
   std::thread thread_;
 };
 
-}  // namespace outbox::producer
+}  // namespace outbox

@@ -2,13 +2,13 @@
 // give, for events alone, in one batch, and against what earlier batches
 // left (cursors, the inbox, held events).
 
-#include "consumer/batch_plan.h"
+#include "inbox/batch_plan.h"
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 
-namespace outbox::consumer {
+namespace outbox::inbox {
 namespace {
 
 // An event of aggregate `agg` at `seq` after `prev`; its id names both.
@@ -342,4 +342,4 @@ TEST(Questions, HeldEventsAreReadOnlyForAggregatesThatHoldSome) {
 }
 
 }  // namespace
-}  // namespace outbox::consumer
+}  // namespace outbox::inbox

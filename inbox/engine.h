@@ -1,10 +1,11 @@
 #pragma once
-// Applies delivered events to the billing database exactly once and in
-// per-aggregate order. A batch is one transaction: it locks the cursor row
-// of every aggregate it touches (in sorted order, so replicas never
-// deadlock, and two replicas never strand a held event), reads what the
-// plan needs (consumer/batch_plan.h), and writes the plan: inbox rows,
-// billing effects, held events, cursors.
+// The inbox engine: applies delivered events to a consumer's database
+// exactly once and in per-aggregate order, with a Handler's effects
+// (inbox/handler.h). A batch is one transaction: it locks every aggregate
+// it touches (in sorted order, so replicas never deadlock, and two
+// replicas never strand a held event), reads what the plan needs
+// (inbox/batch_plan.h), and writes the plan: inbox rows, the handler's
+// effects, held events, cursors.
 //
 // A failure is blamed on an event only when PostgreSQL says the data of a
 // statement was bad (common/sql_state.h); the batch is then applied event
@@ -13,34 +14,39 @@
 // connection) answers nothing: Unavailable, and the sender resends later
 // without counting an attempt.
 
+#include <map>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/db.h"
 #include "common/metrics.h"
 #include "common/watchdog.h"
-#include "consumer/batch_plan.h"
-#include "outbox/v1/consumer.pb.h"
+#include "inbox/batch_plan.h"
+#include "inbox/handler.h"
+#include "outbox/v1/sink.pb.h"
 
-namespace outbox::consumer {
+namespace outbox::inbox {
 
-struct ApplierOptions {
+struct EngineOptions {
   PlanOptions plan;
   // Immediate retries of a batch that hit a transaction conflict
   // (serialization failure, deadlock) before it counts as unavailable.
   int conflict_retries = 5;
 };
 
-class Applier {
+class Engine {
  public:
-  // `db` and `metrics` must outlive the applier; so must `watchdog` (may be
-  // null), which hears of every batch's progress.
-  Applier(Database* db, Metrics* metrics, ApplierOptions options = {},
-          Watchdog* watchdog = nullptr);
+  // `db`, `handler` and `metrics` must outlive the engine; so must
+  // `watchdog` (may be null), which hears of every batch's progress.
+  Engine(Database* db, Handler* handler, Metrics* metrics,
+         EngineOptions options = {}, Watchdog* watchdog = nullptr);
 
   // One result per event, in order, after the transaction committed (the
   // commit is synchronous, so an answered APPLIED survives a database
-  // crash). Events that can never apply are REJECTED with the reason.
+  // crash). Events that can never apply (their envelope, or the handler's
+  // Validate or Apply refuses them) are REJECTED with the reason.
   // Unavailable when the database fails for a reason that is not the
   // events' (see the class comment): nothing is answered.
   absl::StatusOr<std::vector<v1::EventResult>> ApplyBatch(
@@ -52,17 +58,22 @@ class Applier {
     Plan plan;
     bool inbox_collision = false;  // retry, asking the inbox about every id
     std::vector<std::string> passed_held;  // held events the chain passed
+    // Events the handler's Apply refused (rolled back): id -> reason.
+    std::map<std::string, std::string> refused;
   };
   absl::StatusOr<std::vector<v1::EventResult>> ApplyValidated(
       const std::vector<const v1::Event*>& events,
-      const std::vector<std::string>& invalid);
+      std::vector<std::string> invalid);
+  // `keep_held`: held events (by id) the handler refused; they stay held.
   absl::StatusOr<Attempt> ApplyOnce(const std::vector<const v1::Event*>& events,
                                     const std::vector<std::string>& invalid,
+                                    const std::set<std::string>& keep_held,
                                     bool ask_inbox_about_all);
   void Count(const Attempt& attempt);
 
   Database* const db_;
-  const ApplierOptions options_;
+  Handler* const handler_;
+  const EngineOptions options_;
   Watchdog* const watchdog_;
   Counter* const applied_;
   Counter* const duplicates_;
@@ -75,6 +86,7 @@ class Applier {
   Counter* const over_cap_;
   Counter* const discarded_;
   Counter* const unavailable_;
+  Counter* const refused_held_;
 };
 
-}  // namespace outbox::consumer
+}  // namespace outbox::inbox

@@ -1,4 +1,4 @@
-#include "producer/notifier.h"
+#include "writer/notifier.h"
 
 #include <spdlog/spdlog.h>
 
@@ -7,7 +7,7 @@
 #include "common/db.h"
 #include "common/schema.h"
 
-namespace outbox::producer {
+namespace outbox {
 
 Notifier::Notifier(std::string db_url, DbSession session)
     : db_url_(std::move(db_url)), session_(session), thread_([this] { Run(); }) {}
@@ -39,9 +39,9 @@ void Notifier::Run() {
       poked_ = false;  // pokes from now on ask for the next NOTIFY
     }
     if (conn == nullptr) {
-      auto c = Connect(db_url_, "outbox-producer-notify", session_);
+      auto c = Connect(db_url_, "outbox-writer-notify", session_);
       if (!c.ok()) {
-        spdlog::warn("producer: cannot NOTIFY relays ({}); they will poll",
+        spdlog::warn("outbox writer: cannot NOTIFY relays ({}); they will poll",
                      std::string(c.status().message()));
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; });
@@ -57,11 +57,11 @@ void Notifier::Run() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stop_; });
     } catch (const std::exception& e) {
-      spdlog::warn("producer: NOTIFY failed ({}); relays will poll",
+      spdlog::warn("outbox writer: NOTIFY failed ({}); relays will poll",
                    std::string(StatusFromException(e).message()));
       conn.reset();
     }
   }
 }
 
-}  // namespace outbox::producer
+}  // namespace outbox

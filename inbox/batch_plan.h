@@ -1,10 +1,10 @@
 #pragma once
-// The consumer's decisions for one batch, without I/O. Given the batch and
+// The inbox engine's decisions for one batch, without I/O. Given the batch and
 // what the database holds about its aggregates (read under their cursor
 // locks: a Snapshot), PlanBatch decides what to answer for each event,
 // which events to apply and in what order, which to park in held_events,
-// which held events drain, and where each cursor ends. The applier
-// (consumer/applier.h) reads the snapshot, plans, and writes the plan in a
+// which held events drain, and where each cursor ends. The engine
+// (inbox/engine.h) reads the snapshot, plans, and writes the plan in a
 // few statements; everything a test needs to check a decision is here.
 //
 // The rules, per valid event e of aggregate A whose cursor is C:
@@ -38,10 +38,10 @@
 #include <string>
 #include <vector>
 
-#include "outbox/v1/consumer.pb.h"
+#include "outbox/v1/sink.pb.h"
 #include "outbox/v1/event.pb.h"
 
-namespace outbox::consumer {
+namespace outbox::inbox {
 
 struct AggregateState {
   int64_t cursor = 0;      // seq of the last applied event; 0 for none
@@ -56,7 +56,7 @@ struct AggregateState {
 struct Snapshot {
   // Every aggregate of the batch's valid events.
   std::map<std::string, AggregateState> aggregates;
-  // The event ids the inbox holds, among those the applier asked about
+  // The event ids the inbox holds, among those the engine asked about
   // (see InboxQuestions). An id missing here is taken as "not applied".
   std::set<std::string> in_inbox;
   // Held events the batch can touch (see HeldQuestions): the held chains
@@ -105,7 +105,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
                const Snapshot& snapshot, const PlanOptions& options);
 
 // The event ids whose inbox membership the plan needs: valid batch events
-// at or below their aggregate's cursor. With `all` (the applier's second
+// at or below their aggregate's cursor. With `all` (the engine's second
 // try, after an inbox insert collided), every valid batch event and every
 // held event of the snapshot.
 std::vector<std::string> InboxQuestions(
@@ -129,4 +129,4 @@ HeldQuery HeldQuestions(const std::vector<const v1::Event*>& batch,
                         const std::vector<std::string>& invalid,
                         const Snapshot& snapshot);
 
-}  // namespace outbox::consumer
+}  // namespace outbox::inbox

@@ -1,0 +1,100 @@
+#pragma once
+// outbox::Writer appends events to the outbox inside the caller's own
+// PostgreSQL transaction, next to the business rows they describe: both
+// commit, or neither does.
+//
+//   outbox::Writer writer({.notify_url = url});
+//   pqxx::work tx(conn);
+//   tx.exec_params("UPDATE accounts SET ...", ...);
+//   auto appended = writer.Append(
+//       tx, outbox::NewEvent::Of("account", account_id, deposited));
+//   if (!appended.ok()) { ... }  // the event was refused; tx is untouched
+//   tx.commit();
+//   writer.Committed();  // wakes the relays (they also poll)
+//
+// Each aggregate's events form one chain: every event carries prev_seq,
+// the seq of its aggregate's previous event (0 for the first). The writer
+// keeps the chain itself, in outbox_heads, one row per aggregate that the
+// appending statement locks and moves: appenders of one aggregate queue
+// on that row until the one before them commits, so an event is visible
+// only after its predecessor, and seq grows along every chain. No
+// business table is involved. The outbox tables come from
+// OutboxSchema() (common/schema.h); apply it before the first Append.
+
+#include <pqxx/pqxx>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/db.h"
+#include "google/protobuf/any.pb.h"
+#include "google/protobuf/message.h"
+
+namespace outbox {
+
+class Notifier;
+
+// One event to append.
+struct NewEvent {
+  std::string aggregate_type;  // 1-64 bytes, e.g. "order"
+  std::string aggregate_id;    // 1-128 bytes
+  std::string event_type;      // 1-128 bytes, e.g. "OrderPaid"
+  int schema_version = 1;      // of the payload
+  google::protobuf::Any payload;
+  std::string trace_parent;    // optional W3C traceparent
+  std::string event_id;        // optional UUID; a new one when empty
+  absl::Time occurred_at = absl::InfinitePast();  // now when unset
+
+  // An event whose payload is `message` and whose type is its name.
+  static NewEvent Of(std::string aggregate_type, std::string aggregate_id,
+                     const google::protobuf::Message& message);
+};
+
+// Where an appended event landed.
+struct Appended {
+  std::string event_id;
+  int64_t seq = 0;
+  int64_t prev_seq = 0;  // its aggregate's previous event; 0 for the first
+};
+
+struct WriterOptions {
+  // Where Committed() sends NOTIFY (on a connection of its own); empty:
+  // never, the relays then find events by polling only.
+  std::string notify_url;
+  DbSession session;
+};
+
+class Writer {
+ public:
+  explicit Writer(WriterOptions options = {});
+  ~Writer();
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+
+  // InvalidArgument naming the field, with nothing written, for an event
+  // that breaks the rules above or is too large to deliver. A database
+  // error is thrown, as libpqxx throws it from any statement of `tx`.
+  absl::StatusOr<Appended> Append(pqxx::transaction_base& tx,
+                                  const NewEvent& event);
+
+  // Append for many events, in as few statements as their aggregates allow
+  // (one when no aggregate comes twice). Results in the order of `events`;
+  // events of one aggregate chain in that order. All or none are valid.
+  absl::StatusOr<std::vector<Appended>> AppendMany(
+      pqxx::transaction_base& tx, const std::vector<NewEvent>& events);
+
+  // Call after the transaction that appended committed: wakes the relays
+  // soon (one NOTIFY per burst). Never blocks.
+  void Committed();
+
+  // The checks Append makes, without a database.
+  static absl::Status Validate(const NewEvent& event);
+
+ private:
+  std::unique_ptr<Notifier> notifier_;
+};
+
+}  // namespace outbox
