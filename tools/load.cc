@@ -1,6 +1,7 @@
 #include "tools/load.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -34,6 +35,26 @@ bool Indeterminate(grpc::StatusCode c) {
          c == grpc::StatusCode::CANCELLED;
 }
 
+// Spaces the calls of every worker `1/rate` apart (none if rate is 0): call
+// k may start at start + k / rate. A worker that falls behind catches up
+// at once, so the long-run rate holds as long as the workers can keep up.
+class Pacer {
+ public:
+  Pacer(double rate, absl::Time start) : rate_(rate), start_(start) {}
+  void Wait() {
+    if (rate_ <= 0) return;
+    const int64_t k = next_.fetch_add(1);
+    const absl::Time at = start_ + absl::Seconds(static_cast<double>(k) / rate_);
+    const absl::Time now = absl::Now();
+    if (at > now) absl::SleepFor(at - now);
+  }
+
+ private:
+  const double rate_;
+  const absl::Time start_;
+  std::atomic<int64_t> next_{0};
+};
+
 class Client {
  public:
   Client(const LoadOptions& o, std::atomic<int64_t>* calls,
@@ -45,6 +66,9 @@ class Client {
         o.producer, MakeChannelCredentials(o.tls), args));
   }
 
+  // Calls from now on wait for `pacer` (may be null: no pacing).
+  void set_pacer(Pacer* pacer) { pacer_ = pacer; }
+
   // Runs `call` until it succeeds, fails for good, or max_tries pass.
   template <typename F>
   grpc::Status Retry(F&& call) {
@@ -55,6 +79,7 @@ class Client {
         std::this_thread::sleep_for(std::chrono::milliseconds(
             std::min(1000, 50 << std::min(attempt, 5))));
       }
+      if (pacer_ != nullptr) pacer_->Wait();
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() +
                        absl::ToChronoMilliseconds(o_.call_timeout));
@@ -83,21 +108,49 @@ class Client {
   std::atomic<int64_t>* calls_;
   std::atomic<int64_t>* retries_;
   std::atomic<int64_t>* indeterminate_;
+  Pacer* pacer_ = nullptr;
   std::unique_ptr<v1::OrderService::Stub> stub_;
   std::mutex mu_;
   std::vector<double> latencies_;
 };
 
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 }  // namespace
 
 std::string LoadReport::Summary() const {
-  return absl::StrFormat(
+  std::string out;
+  if (setup_created > 0 || only == "pay" || only == "cancel") {
+    out = absl::StrFormat(
+        "setup (not counted below): orders created %d in %s\n", setup_created,
+        absl::FormatDuration(setup_elapsed));
+  }
+  return out + absl::StrFormat(
       "orders created %d, paid %d, cancelled %d in %s (%.0f calls/s)\n"
       "calls %d, retries %d, indeterminate outcomes %d, operations given up "
       "%d\ncall latency p50 %.1f ms  p99 %.1f ms\n",
       created, paid, cancelled, absl::FormatDuration(elapsed),
       calls / std::max(1e-3, absl::ToDoubleSeconds(elapsed)), calls, retries,
       indeterminate, gave_up, call_p50_ms, call_p99_ms);
+}
+
+std::string LoadReport::Json() const {
+  return absl::StrFormat(
+      "{\"only\":\"%s\",\"created\":%d,\"paid\":%d,\"cancelled\":%d,"
+      "\"calls\":%d,\"retries\":%d,\"indeterminate\":%d,\"gave_up\":%d,"
+      "\"elapsed_s\":%.6f,\"calls_per_s\":%.3f,\"call_p50_ms\":%.3f,"
+      "\"call_p99_ms\":%.3f,\"setup_created\":%d,\"setup_elapsed_s\":%.6f,"
+      "\"cpu_s\":%.3f}\n",
+      only.empty() ? "mix" : only, created, paid, cancelled, calls, retries,
+      indeterminate, gave_up, absl::ToDoubleSeconds(elapsed),
+      calls / std::max(1e-3, absl::ToDoubleSeconds(elapsed)), call_p50_ms,
+      call_p99_ms, setup_created, absl::ToDoubleSeconds(setup_elapsed),
+      cpu_seconds);
 }
 
 LoadReport RunLoad(const LoadOptions& o) {
@@ -107,15 +160,77 @@ LoadReport RunLoad(const LoadOptions& o) {
   const std::string prefix =
       o.key_prefix.empty() ? NewUuid().substr(0, 8) + "-" : o.key_prefix;
   std::vector<double> latencies;
-  std::mutex latencies_mu;
-  const absl::Time start = absl::Now();
+  const bool setup = o.only == "pay" || o.only == "cancel";
+  const double pay_fraction = o.only.empty() ? o.pay_fraction : 0;
+  const double cancel_fraction = o.only.empty() ? o.cancel_fraction : 0;
+  // Orders of the setup phase, by index (unset if not created).
+  std::vector<v1::Order> made(setup ? std::max(0, o.orders) : 0);
+  absl::Time start = absl::Now();
+  std::unique_ptr<Pacer> pacer;
+  std::atomic<bool> in_setup{setup};
 
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int w = 0; w < std::max(1, o.concurrency); ++w) {
+    clients.push_back(
+        std::make_unique<Client>(o, &calls, &retries, &indeterminate));
+  }
+
+  // Pays `order`; true if it is paid (by this call or an earlier try whose
+  // answer was lost). `order` follows what the server said.
+  auto pay_op = [&](Client& client, v1::Order& order, auto&& reread) {
+    v1::PayOrderRequest p;
+    p.set_order_id(order.order_id());
+    p.set_expected_version(order.version());
+    p.set_amount_cents(order.total_cents());
+    v1::PayOrderResponse pr;
+    grpc::Status s = client.Retry([&](grpc::ClientContext* ctx) {
+      return client.stub()->PayOrder(ctx, p, &pr);
+    });
+    if (s.ok()) {
+      order = pr.order();
+      ++paid;
+    } else if (reread() && order.status() == v1::ORDER_STATUS_PAID) {
+      ++paid;  // an earlier try committed; its answer was lost
+    } else {
+      ++gave_up;
+    }
+  };
+  auto cancel_op = [&](Client& client, v1::Order& order, auto&& reread) {
+    v1::CancelOrderRequest c;
+    c.set_order_id(order.order_id());
+    c.set_expected_version(order.version());
+    c.set_reason("load test");
+    v1::CancelOrderResponse cr;
+    grpc::Status s = client.Retry([&](grpc::ClientContext* ctx) {
+      return client.stub()->CancelOrder(ctx, c, &cr);
+    });
+    if (s.ok() || (reread() && order.status() == v1::ORDER_STATUS_CANCELLED)) {
+      ++cancelled;
+    } else {
+      ++gave_up;
+    }
+  };
+  // Re-reads the order: what a client does after an unknown outcome.
+  auto rereader = [](Client& client, v1::Order& order) {
+    return [&client, &order] {
+      v1::GetOrderRequest get;
+      get.set_order_id(order.order_id());
+      v1::GetOrderResponse got;
+      grpc::Status g = client.Retry([&](grpc::ClientContext* ctx) {
+        return client.stub()->GetOrder(ctx, get, &got);
+      });
+      if (g.ok()) order = got.order();
+      return g.ok();
+    };
+  };
+
+  // The mix (or CreateOrder only, or the setup phase's creates).
   auto worker = [&](int w) {
-    Client client(o, &calls, &retries, &indeterminate);
+    Client& client = *clients[w];
     std::mt19937_64 rng(o.seed * 1000003 + w);
     std::uniform_real_distribution<double> coin(0, 1);
     for (int i; (i = next.fetch_add(1)) < o.orders;) {
-      if (o.duration > absl::ZeroDuration() &&
+      if (!setup && o.duration > absl::ZeroDuration() &&
           absl::Now() - start > o.duration) {
         break;
       }
@@ -140,56 +255,34 @@ LoadReport RunLoad(const LoadOptions& o) {
       }
       ++created;
       v1::Order order = created_resp.order();
-      const bool pay = coin(rng) < o.pay_fraction;
-      const bool cancel = coin(rng) < o.cancel_fraction;
-      // Re-reads the order: what a client does after an unknown outcome.
-      auto reread = [&] {
-        v1::GetOrderRequest get;
-        get.set_order_id(order.order_id());
-        v1::GetOrderResponse got;
-        grpc::Status g = client.Retry([&](grpc::ClientContext* ctx) {
-          return client.stub()->GetOrder(ctx, get, &got);
-        });
-        if (g.ok()) order = got.order();
-        return g.ok();
-      };
-      if (pay) {
-        v1::PayOrderRequest p;
-        p.set_order_id(order.order_id());
-        p.set_expected_version(order.version());
-        p.set_amount_cents(order.total_cents());
-        v1::PayOrderResponse pr;
-        s = client.Retry([&](grpc::ClientContext* ctx) {
-          return client.stub()->PayOrder(ctx, p, &pr);
-        });
-        if (s.ok()) {
-          order = pr.order();
-          ++paid;
-        } else if (reread() && order.status() == v1::ORDER_STATUS_PAID) {
-          ++paid;  // an earlier try committed; its answer was lost
-        } else {
-          ++gave_up;
-        }
+      if (setup) {
+        made[i] = std::move(order);
+        continue;
       }
-      if (cancel) {
-        v1::CancelOrderRequest c;
-        c.set_order_id(order.order_id());
-        c.set_expected_version(order.version());
-        c.set_reason("load test");
-        v1::CancelOrderResponse cr;
-        s = client.Retry([&](grpc::ClientContext* ctx) {
-          return client.stub()->CancelOrder(ctx, c, &cr);
-        });
-        if (s.ok() || (reread() && order.status() == v1::ORDER_STATUS_CANCELLED)) {
-          ++cancelled;
-        } else {
-          ++gave_up;
-        }
+      const bool pay = coin(rng) < pay_fraction;
+      const bool cancel = coin(rng) < cancel_fraction;
+      auto reread = rereader(client, order);
+      if (pay) pay_op(client, order, reread);
+      if (cancel) cancel_op(client, order, reread);
+    }
+  };
+  // only=pay|cancel, after the setup: each created order once.
+  auto change_worker = [&](int w) {
+    Client& client = *clients[w];
+    for (int i; (i = next.fetch_add(1)) < o.orders;) {
+      if (o.duration > absl::ZeroDuration() &&
+          absl::Now() - start > o.duration) {
+        break;
+      }
+      v1::Order order = made[i];
+      if (order.order_id().empty()) continue;  // its create gave up
+      auto reread = rereader(client, order);
+      if (o.only == "pay") {
+        pay_op(client, order, reread);
+      } else {
+        cancel_op(client, order, reread);
       }
     }
-    auto mine = client.TakeLatencies();
-    std::lock_guard<std::mutex> lock(latencies_mu);
-    latencies.insert(latencies.end(), mine.begin(), mine.end());
   };
 
   std::atomic<bool> done{false};
@@ -200,22 +293,51 @@ LoadReport RunLoad(const LoadOptions& o) {
       }
       if (!done && o.progress) {
         std::fprintf(stderr,
-                     "load: %d/%d orders started, %lld calls, %lld retries\n",
+                     "load: %s%d/%d orders started, %lld calls, %lld retries\n",
+                     in_setup ? "setup: " : "",
                      std::min<int>(next.load(), o.orders), o.orders,
                      static_cast<long long>(calls.load()),
                      static_cast<long long>(retries.load()));
       }
     }
   });
-  std::vector<std::thread> workers;
-  for (int w = 0; w < std::max(1, o.concurrency); ++w) {
-    workers.emplace_back(worker, w);
+  auto run_workers = [&](auto&& fn) {
+    std::vector<std::thread> workers;
+    for (int w = 0; w < static_cast<int>(clients.size()); ++w) {
+      workers.emplace_back(fn, w);
+    }
+    for (auto& t : workers) t.join();
+  };
+  LoadReport r;
+  r.only = o.only;
+  if (setup) {
+    run_workers(worker);
+    r.setup_created = created.exchange(0);
+    r.setup_elapsed = absl::Now() - start;
+    // The measured phase starts here, from zero.
+    calls = 0;
+    retries = 0;
+    indeterminate = 0;
+    for (auto& c : clients) c->TakeLatencies();
+    next = 0;
+    in_setup = false;
+    start = absl::Now();
   }
-  for (auto& t : workers) t.join();
+  const double cpu_start = ProcessCpuSeconds();
+  pacer = std::make_unique<Pacer>(o.rate, start);
+  for (auto& c : clients) c->set_pacer(pacer.get());
+  if (setup) {
+    run_workers(change_worker);
+  } else {
+    run_workers(worker);
+  }
   done = true;
   progress.join();
+  for (auto& c : clients) {
+    auto mine = c->TakeLatencies();
+    latencies.insert(latencies.end(), mine.begin(), mine.end());
+  }
 
-  LoadReport r;
   r.created = created;
   r.paid = paid;
   r.cancelled = cancelled;
@@ -224,6 +346,7 @@ LoadReport RunLoad(const LoadOptions& o) {
   r.indeterminate = indeterminate;
   r.gave_up = gave_up;
   r.elapsed = absl::Now() - start;
+  r.cpu_seconds = ProcessCpuSeconds() - cpu_start;
   std::sort(latencies.begin(), latencies.end());
   if (!latencies.empty()) {
     r.call_p50_ms = latencies[latencies.size() / 2];

@@ -5,6 +5,11 @@
 // real client would: CreateOrder with the same key, Pay/Cancel after
 // re-reading the order. Outcomes it cannot know are counted as
 // indeterminate, never guessed.
+//
+// For benchmarks it can also exercise one call alone (`only`): CreateOrder
+// only, or PayOrder / CancelOrder only on orders it first creates in a
+// setup phase that the report does not count; and it can pace its calls
+// (`rate`).
 
 #include <cstdint>
 #include <string>
@@ -27,6 +32,14 @@ struct LoadOptions {
   std::string key_prefix;        // idempotency keys: prefix + index
   bool progress = true;          // a line a second on stderr
   ClientTlsFiles tls;            // none: plaintext
+  // "": the mix above. "create": CreateOrder only. "pay" / "cancel": first
+  // creates `orders` orders (the setup phase: not paced, not in the
+  // report's calls, rate or latencies), then pays / cancels each of them
+  // (expected_version 1) until done or `duration` passes.
+  std::string only;
+  // Calls started per second at most, all workers together (retries
+  // included); 0: as fast as the workers go.
+  double rate = 0;
 };
 
 struct LoadReport {
@@ -36,7 +49,14 @@ struct LoadReport {
   int64_t gave_up = 0;        // operations abandoned after max_tries
   absl::Duration elapsed;
   double call_p50_ms = 0, call_p99_ms = 0;
+  // The uncounted setup phase of only=pay|cancel.
+  int64_t setup_created = 0;
+  absl::Duration setup_elapsed;
+  std::string only;
+  double cpu_seconds = 0;  // this process's CPU time (user + system) in
+                           // the measured phase
   std::string Summary() const;
+  std::string Json() const;  // one line
 };
 
 LoadReport RunLoad(const LoadOptions& options);

@@ -5,9 +5,13 @@
 //   outboxctl requeue EVENT_ID | --aggregate ID | --all-dead
 //                     [--since DURATION] [--error SUBSTRING]
 //   outboxctl show EVENT_ID              one outbox row, decoded
-//   outboxctl load --orders N --concurrency C
+//   outboxctl load --orders N --concurrency C [--only create|pay|cancel]
+//                  [--rate CALLS_PER_S] [--duration D] [--format json]
 //   outboxctl verify --orders_db URL --billing_db URL [--wait 60s]
 //   outboxctl demo --orders N ...        load, then verify, with a summary
+//
+// stats, dead-letters, requeue and show act on the relay's subscription, or
+// on another one with --subscription NAME.
 
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
@@ -23,7 +27,7 @@
 #include "common/db_flags.h"
 #include "common/ids.h"
 #include "common/tls.h"
-#include "outbox/v1/consumer.grpc.pb.h"
+#include "outbox/v1/billing.grpc.pb.h"
 #include "outbox/v1/relay.grpc.pb.h"
 #include "tools/checker.h"
 #include "tools/load.h"
@@ -53,7 +57,17 @@ ABSL_FLAG(absl::Duration, wait, absl::Seconds(120),
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Per-call deadline.");
 ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(),
           "load: start no new order after this long (0: run to --orders).");
-ABSL_FLAG(std::string, format, "text", "verify: text or json.");
+ABSL_FLAG(std::string, format, "text", "verify, load: text or json.");
+ABSL_FLAG(std::string, only, "",
+          "load: one call alone: create (CreateOrder only), pay or cancel "
+          "(first creates --orders orders, not counted, then pays or cancels "
+          "them); empty: the mix of --pay_fraction and --cancel_fraction.");
+ABSL_FLAG(double, rate, 0,
+          "load: calls started per second at most, all clients together "
+          "(0: as fast as they go).");
+ABSL_FLAG(std::string, subscription, "",
+          "stats, dead-letters, requeue, show: the subscription to act on "
+          "(empty: the one the relay delivers, its --subscription).");
 ABSL_FLAG(std::string, ca, "",
           "PEM CA bundle the servers' certificates must chain to: call every "
           "address with TLS.");
@@ -102,15 +116,17 @@ int Stats() {
     auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
     grpc::ClientContext ctx;
     Deadline(&ctx);
+    outbox::v1::GetRelayStatsRequest req;
+    req.set_subscription(absl::GetFlag(FLAGS_subscription));
     outbox::v1::RelayStats s;
-    grpc::Status st = stub->GetStats(&ctx, {}, &s);
+    grpc::Status st = stub->GetStats(&ctx, req, &s);
     if (st.ok()) {
       std::printf(
-          "relay %s (%s)\n  pending %lld, oldest %.1f s, dead letters %lld, "
+          "relay %s (%s), subscription %s\n  pending %lld, oldest %.1f s, dead letters %lld, "
           "delivered %lld\n  partitions owned %d of %d, in flight %lld, "
           "stream %s\n  this process: delivered %lld, rejected %lld\n",
           s.replica_id().c_str(), absl::GetFlag(FLAGS_relay).c_str(),
-          static_cast<long long>(s.pending()), s.oldest_pending_seconds(),
+          s.subscription().c_str(), static_cast<long long>(s.pending()), s.oldest_pending_seconds(),
           static_cast<long long>(s.dead_letters()),
           static_cast<long long>(s.delivered_total()),
           s.partitions_owned_size(), s.partitions_total(),
@@ -153,6 +169,7 @@ int DeadLetters() {
   Deadline(&ctx);
   outbox::v1::ListDeadLettersRequest req;
   req.set_limit(absl::GetFlag(FLAGS_limit));
+  req.set_subscription(absl::GetFlag(FLAGS_subscription));
   req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
   outbox::v1::ListDeadLettersResponse resp;
   grpc::Status st = stub->ListDeadLetters(&ctx, req, &resp);
@@ -174,6 +191,7 @@ int Requeue(const std::vector<char*>& args) {
   if (args.size() > 2) req.set_event_id(args[2]);
   req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
   req.set_all_dead(absl::GetFlag(FLAGS_all_dead));
+  req.set_subscription(absl::GetFlag(FLAGS_subscription));
   req.set_error_contains(absl::GetFlag(FLAGS_error));
   if (absl::GetFlag(FLAGS_since) > absl::ZeroDuration()) {
     outbox::ToTimestamp(absl::Now() - absl::GetFlag(FLAGS_since),
@@ -201,6 +219,7 @@ int Show(const std::vector<char*>& args) {
   Deadline(&ctx);
   outbox::v1::GetEventRequest req;
   req.set_event_id(args[2]);
+  req.set_subscription(absl::GetFlag(FLAGS_subscription));
   outbox::v1::OutboxRow row;
   grpc::Status st = stub->GetEvent(&ctx, req, &row);
   if (!st.ok()) return Fail("show", st);
@@ -218,6 +237,8 @@ outbox::tools::LoadOptions LoadOptionsFromFlags() {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.call_timeout = absl::GetFlag(FLAGS_timeout);
   o.duration = absl::GetFlag(FLAGS_duration);
+  o.only = absl::GetFlag(FLAGS_only);
+  o.rate = absl::GetFlag(FLAGS_rate);
   o.tls = TlsFromFlags();
   return o;
 }
@@ -273,8 +294,20 @@ int Demo() {
 }
 
 int Load() {
+  const std::string only = absl::GetFlag(FLAGS_only);
+  if (!only.empty() && only != "create" && only != "pay" && only != "cancel") {
+    std::fprintf(stderr, "outboxctl: --only: create, pay or cancel, not %s\n",
+                 only.c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_rate) < 0) {
+    std::fprintf(stderr, "outboxctl: --rate must not be negative\n");
+    return 2;
+  }
   outbox::tools::LoadReport r = outbox::tools::RunLoad(LoadOptionsFromFlags());
-  std::printf("%s", r.Summary().c_str());
+  std::printf("%s", absl::GetFlag(FLAGS_format) == "json"
+                        ? r.Json().c_str()
+                        : r.Summary().c_str());
   return r.gave_up == 0 ? 0 : 1;
 }
 
@@ -298,7 +331,8 @@ int main(int argc, char** argv) {
       "outboxctl COMMAND [flags]\n"
       "commands: stats, dead-letters, requeue EVENT_ID|--aggregate ID|"
       "--all-dead [--since D] [--error TEXT], "
-      "show EVENT_ID,\n  load --orders N --concurrency C, verify, demo --orders N");
+      "show EVENT_ID,\n  load --orders N --concurrency C [--only create|pay|cancel] "
+      "[--rate R], verify, demo --orders N");
   const std::string cmd = args.size() > 1 ? args[1] : "";
   if (absl::Status s = outbox::CheckClientTls(TlsFromFlags(),
                                               {"--ca", "--cert", "--key"});
