@@ -5,7 +5,7 @@
 
 OUTBOX_ROOT="${OUTBOX_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 BIN="${OUTBOX_BIN:-$OUTBOX_ROOT/build/bin}"
-BUF="$OUTBOX_ROOT/node_modules/.bin/buf"
+BUF="$OUTBOX_ROOT/tests/deploy/node_modules/.bin/buf"
 PIDS=()
 
 fail() { echo "FAIL: $*" >&2; exit 1; }

@@ -56,13 +56,14 @@ ensure_packages() {
 }
 
 # Test-only Node.js tools (buf curl, kubernetes-models), pinned by
-# package-lock.json, into node_modules/.
+# tests/deploy/package-lock.json, into tests/deploy/node_modules/.
 ensure_node_tools() {
-  local stamp="$OUTBOX_ROOT/node_modules/.outbox-installed"
-  if [ ! -f "$stamp" ] || [ "$OUTBOX_ROOT/package-lock.json" -nt "$stamp" ]; then
-    log "installing test tools from npm (buf, kubernetes-models)"
-    (cd "$OUTBOX_ROOT" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
-      die "npm ci failed"
+  local dir="$OUTBOX_ROOT/tests/deploy"
+  local stamp="$dir/node_modules/.outbox-installed"
+  if [ ! -f "$stamp" ] || [ "$dir/package-lock.json" -nt "$stamp" ]; then
+    log "installing test tools from npm into tests/deploy (buf, kubernetes-models)"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+      die "npm ci failed in tests/deploy"
     touch "$stamp"
   fi
 }
