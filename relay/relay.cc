@@ -30,11 +30,6 @@ int PartitionClass(int subscription_id) {
   return kPartitionLockClass + (subscription_id << 16);
 }
 
-absl::Duration Jittered(absl::Duration d) {
-  thread_local absl::BitGen gen;
-  return d * absl::Uniform(gen, 0.5, 1.0);
-}
-
 class Wakeup : public pqxx::notification_receiver {
  public:
   Wakeup(pqxx::connection_base& c, std::function<void()> wake)
@@ -93,11 +88,11 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
       pruned_(metrics->AddCounter("outbox_relay_pruned_total",
                                   "Delivered rows deleted by --retention.")),
       member_key_(NewMemberKey()),
-      db_backoff_(options_.retry_initial) {
+      db_backoff_(options_.retry_initial, options_.retry_max) {
   lanes_.resize(std::max(1, options_.lanes));
   for (size_t i = 0; i < lanes_.size(); ++i) {
     lanes_[i].index = static_cast<int>(i);
-    lanes_[i].stream_backoff = options_.retry_initial;
+    lanes_[i].stream_backoff = Backoff(options_.retry_initial, options_.retry_max);
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
@@ -340,8 +335,7 @@ bool Relay::EnsureConnection() {
   }
   if (!joined) {
     spdlog::warn("relay: connecting: {}; retrying", last_db_error_);
-    next_db_attempt_ = absl::Now() + Jittered(db_backoff_);
-    db_backoff_ = std::min(db_backoff_ * 2, options_.retry_max);
+    next_db_attempt_ = absl::Now() + db_backoff_.Next();
     return false;
   }
   try {
@@ -351,7 +345,7 @@ bool Relay::EnsureConnection() {
     return false;
   }
   conn_ = std::move(*conn);
-  db_backoff_ = options_.retry_initial;
+  db_backoff_.Reset();
   owned_.clear();
   releasing_.clear();
   next_rebalance_ = absl::InfinitePast();
@@ -370,16 +364,13 @@ bool Relay::Rebalance() {
                   "current_database())",
                   MemberClass(subscription_id_))[0][0]
                 .as<int>());
-    const size_t target = (kPartitionCount + members - 1) / members;
-    if (owned_.size() > target) {
-      // Give up the highest partitions, each once nothing of it is in flight.
-      size_t extra = owned_.size() - target;
-      for (auto it = owned_.rbegin(); it != owned_.rend() && extra > 0;
-           ++it, --extra) {
-        releasing_.insert(*it);
-      }
-    } else {
+    const size_t target = PartitionTarget(kPartitionCount, members);
+    // Give up the highest partitions, each once nothing of it is in flight.
+    const std::set<int> release = PartitionsToRelease(owned_, target);
+    if (release.empty()) {
       releasing_.clear();
+    } else {
+      releasing_.insert(release.begin(), release.end());
     }
     for (auto it = releasing_.begin(); it != releasing_.end();) {
       bool busy = false;
@@ -398,18 +389,18 @@ bool Relay::Rebalance() {
       it = releasing_.erase(it);
     }
     if (owned_.size() < target) {
-      pqxx::result free = tx.exec_params(
-          "SELECT p FROM generate_series(0, $2 - 1) AS p WHERE NOT EXISTS ("
-          "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND "
-          "classid::int = $1 AND objid::int = p AND objsubid = 2 AND granted "
-          "AND database = (SELECT oid FROM pg_database WHERE datname = "
-          "current_database())) ORDER BY (p + $3) % $2",
-          PartitionClass(subscription_id_), kPartitionCount,
-          member_key_ % kPartitionCount);
-      for (const auto& row : free) {
+      std::set<int> taken;
+      for (const auto& row : tx.exec_params(
+               "SELECT objid::int FROM pg_locks WHERE locktype = 'advisory' "
+               "AND classid::int = $1 AND objsubid = 2 AND granted AND "
+               "database = (SELECT oid FROM pg_database WHERE datname = "
+               "current_database())",
+               PartitionClass(subscription_id_))) {
+        taken.insert(row[0].as<int>());
+      }
+      for (int p : AcquireOrder(kPartitionCount, member_key_)) {
         if (owned_.size() >= target) break;
-        const int p = row[0].as<int>();
-        if (owned_.count(p)) continue;
+        if (owned_.count(p) || taken.count(p)) continue;
         if (tx.exec_params("SELECT pg_try_advisory_lock($1, $2)",
                             PartitionClass(subscription_id_), p)[0][0]
                 .as<bool>()) {
@@ -435,12 +426,8 @@ void Relay::Untrack(const std::string& aggregate_id) {
 }
 
 bool Relay::Claim(Lane& lane) {
-  std::vector<int> partitions;
-  for (int p : owned_) {
-    if (!releasing_.count(p) && p % static_cast<int>(lanes_.size()) == lane.index) {
-      partitions.push_back(p);
-    }
-  }
+  const std::vector<int> partitions = LanePartitions(
+      owned_, releasing_, lane.index, static_cast<int>(lanes_.size()));
   if (partitions.empty()) return true;
   try {
     // Aggregates whose first undelivered event cannot go now (backing off,
@@ -449,10 +436,12 @@ bool Relay::Claim(Lane& lane) {
     // First above what was sent, then all (and all at least once per poll).
     bool fresh = lane.sent_through > 0 && absl::Now() < lane.next_full_claim;
     if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
-    while (static_cast<int>(lane.in_flight_seqs.size()) < options_.window &&
-           static_cast<int>(lane.in_flight.size()) < options_.pipeline_depth) {
-      const int limit = std::min<int>(
-          options_.batch_size, options_.window - lane.in_flight_seqs.size());
+    for (;;) {
+      const int limit = ClaimLimit(
+          options_.batch_size, options_.window, options_.pipeline_depth,
+          static_cast<int>(lane.in_flight_seqs.size()),
+          static_cast<int>(lane.in_flight.size()));
+      if (limit == 0) break;
       ArrayLiteral excluded;
       for (const auto& [agg, n] : busy_aggregates_) excluded.Add(agg);
       for (const std::string& agg : blocked) excluded.Add(agg);
@@ -560,7 +549,7 @@ void Relay::HandleResponses(Lane& lane) {
   if (lane.stream == nullptr) return;
   for (const v1::DeliverResponse& resp : lane.stream->TakeResponses()) {
     // The consumer answers: whatever broke the last stream is over.
-    lane.stream_backoff = options_.retry_initial;
+    lane.stream_backoff.Reset();
     auto it = lane.in_flight.find(resp.batch_id());
     if (it == lane.in_flight.end()) {
       spdlog::warn("relay: answer for unknown batch {}", resp.batch_id());
@@ -726,8 +715,7 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   }
   lane.in_flight.clear();
   lane.in_flight_seqs.clear();
-  lane.next_stream_attempt = absl::Now() + Jittered(lane.stream_backoff);
-  lane.stream_backoff = std::min(lane.stream_backoff * 2, options_.retry_max);
+  lane.next_stream_attempt = absl::Now() + lane.stream_backoff.Next();
 }
 
 void Relay::EnsureStream(Lane& lane) {
@@ -736,8 +724,7 @@ void Relay::EnsureStream(Lane& lane) {
   // ready channel so this thread never waits on the network.
   grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
   if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
-    lane.next_stream_attempt = absl::Now() + Jittered(lane.stream_backoff);
-    lane.stream_backoff = std::min(lane.stream_backoff * 2, options_.retry_max);
+    lane.next_stream_attempt = absl::Now() + lane.stream_backoff.Next();
     return;
   }
   if (state != GRPC_CHANNEL_READY) return;

@@ -36,6 +36,7 @@
 #include "outbox/v1/relay.pb.h"
 #include "relay/delivery_stream.h"
 #include "relay/outbox_row.h"
+#include "relay/policy.h"
 
 
 namespace outbox::relay {
@@ -167,7 +168,7 @@ class Relay {
     int index = 0;
     std::unique_ptr<DeliveryStream> stream;
     absl::Time next_stream_attempt = absl::InfinitePast();
-    absl::Duration stream_backoff;
+    Backoff stream_backoff{absl::Milliseconds(100), absl::Seconds(5)};
     std::map<uint64_t, InFlight> in_flight;
     std::set<int64_t> in_flight_seqs;
     int64_t sent_through = 0;  // the highest seq sent on it
@@ -229,7 +230,7 @@ class Relay {
   std::set<int> owned_;
   std::vector<Lane> lanes_;
   absl::Time next_db_attempt_ = absl::InfinitePast();
-  absl::Duration db_backoff_;
+  Backoff db_backoff_;
   absl::Time next_rebalance_ = absl::InfinitePast();
   absl::Time next_prune_ = absl::InfinitePast();
   // Rows this relay deleted from outbox_delivery since it last vacuumed it.

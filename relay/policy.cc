@@ -1,0 +1,70 @@
+#include "relay/policy.h"
+
+#include <algorithm>
+
+#include "absl/random/random.h"
+
+namespace outbox::relay {
+
+Backoff::Backoff(absl::Duration initial, absl::Duration max,
+                 std::function<double()> jitter)
+    : initial_(initial),
+      max_(std::max(initial, max)),
+      current_(initial),
+      jitter_(std::move(jitter)) {
+  if (!jitter_) {
+    jitter_ = [] {
+      thread_local absl::BitGen gen;
+      return absl::Uniform(gen, 0.5, 1.0);
+    };
+  }
+}
+
+absl::Duration Backoff::Next() {
+  const absl::Duration wait = current_ * jitter_();
+  current_ = std::min(current_ * 2, max_);
+  return wait;
+}
+
+size_t PartitionTarget(int partitions, int members) {
+  members = std::max(1, members);
+  return static_cast<size_t>((std::max(0, partitions) + members - 1) / members);
+}
+
+std::set<int> PartitionsToRelease(const std::set<int>& owned, size_t target) {
+  std::set<int> out;
+  size_t extra = owned.size() > target ? owned.size() - target : 0;
+  for (auto it = owned.rbegin(); it != owned.rend() && extra > 0; ++it, --extra) {
+    out.insert(*it);
+  }
+  return out;
+}
+
+std::vector<int> AcquireOrder(int partitions, int member_key) {
+  std::vector<int> out;
+  if (partitions <= 0) return out;
+  const int start = ((member_key % partitions) + partitions) % partitions;
+  for (int i = 0; i < partitions; ++i) out.push_back((start + i) % partitions);
+  return out;
+}
+
+std::vector<int> LanePartitions(const std::set<int>& owned,
+                                const std::set<int>& releasing, int lane,
+                                int lanes) {
+  std::vector<int> out;
+  lanes = std::max(1, lanes);
+  for (int p : owned) {
+    if (!releasing.count(p) && p % lanes == lane) out.push_back(p);
+  }
+  return out;
+}
+
+int ClaimLimit(int batch_size, int window, int pipeline_depth,
+               int in_flight_events, int in_flight_batches) {
+  if (in_flight_events >= window || in_flight_batches >= pipeline_depth) {
+    return 0;
+  }
+  return std::max(0, std::min(batch_size, window - in_flight_events));
+}
+
+}  // namespace outbox::relay

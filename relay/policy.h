@@ -1,0 +1,59 @@
+#pragma once
+// The relay's decisions, apart from its I/O (relay.cc does the SQL and the
+// streams): how long to back off, how many partitions a replica should
+// own and which to give up, which partitions a delivery stream claims
+// for, and how many events a claim may ask for. Pure, so they are
+// unit-tested without PostgreSQL (policy_test.cc).
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace outbox::relay {
+
+// Exponential backoff with jitter: each failure waits a random time in
+// [d/2, d), then d doubles up to `max`; Reset() after a success.
+class Backoff {
+ public:
+  // `jitter` maps [0.5, 1) fractions: tests pass a fixed one.
+  Backoff(absl::Duration initial, absl::Duration max,
+          std::function<double()> jitter = {});
+
+  // The wait before the next try; doubles the base for the one after.
+  absl::Duration Next();
+  void Reset() { current_ = initial_; }
+  absl::Duration current() const { return current_; }
+
+ private:
+  absl::Duration initial_, max_, current_;
+  std::function<double()> jitter_;
+};
+
+// Partitions each of `members` replicas should own so that all
+// `partitions` are owned: the ceiling of the share.
+size_t PartitionTarget(int partitions, int members);
+
+// Which owned partitions to give up to come down to `target`: the
+// highest, so that replicas agree without talking. Empty when at or below.
+std::set<int> PartitionsToRelease(const std::set<int>& owned, size_t target);
+
+// The order in which a replica tries free partitions: starting at its own
+// key, so that replicas starting together go for different ones.
+std::vector<int> AcquireOrder(int partitions, int member_key);
+
+// The partitions stream `lane` of `lanes` claims for: owned, not being
+// given up, and p % lanes == lane, so each partition's events always take
+// the same stream (and stay in order).
+std::vector<int> LanePartitions(const std::set<int>& owned,
+                                const std::set<int>& releasing, int lane,
+                                int lanes);
+
+// Events the next claim of a stream may ask for, with `in_flight_events`
+// unanswered in `in_flight_batches` batches; 0: it must wait for answers.
+int ClaimLimit(int batch_size, int window, int pipeline_depth,
+               int in_flight_events, int in_flight_batches);
+
+}  // namespace outbox::relay

@@ -1,0 +1,86 @@
+#include "relay/policy.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace outbox::relay {
+namespace {
+
+TEST(Backoff, DoublesUpToTheCapWithJitterAndResets) {
+  Backoff b(absl::Milliseconds(100), absl::Milliseconds(500), [] { return 0.5; });
+  EXPECT_EQ(b.Next(), absl::Milliseconds(50));
+  EXPECT_EQ(b.Next(), absl::Milliseconds(100));
+  EXPECT_EQ(b.Next(), absl::Milliseconds(200));
+  EXPECT_EQ(b.Next(), absl::Milliseconds(250));  // capped at 500, halved
+  EXPECT_EQ(b.Next(), absl::Milliseconds(250));
+  b.Reset();
+  EXPECT_EQ(b.Next(), absl::Milliseconds(50));
+}
+
+TEST(Backoff, RealJitterStaysWithinHalfAndWhole) {
+  Backoff b(absl::Seconds(1), absl::Seconds(1));
+  for (int i = 0; i < 1000; ++i) {
+    const absl::Duration d = b.Next();
+    EXPECT_GE(d, absl::Milliseconds(500));
+    EXPECT_LT(d, absl::Seconds(1));
+  }
+}
+
+TEST(Backoff, ACapBelowTheStartIsTheStart) {
+  Backoff b(absl::Seconds(2), absl::Seconds(1), [] { return 1.0; });
+  EXPECT_EQ(b.Next(), absl::Seconds(2));
+  EXPECT_EQ(b.Next(), absl::Seconds(2));
+}
+
+TEST(PartitionTarget, EveryPartitionIsOwnedWhateverTheReplicas) {
+  for (int members = 1; members <= 70; ++members) {
+    const size_t t = PartitionTarget(64, members);
+    EXPECT_GE(t * members, 64u) << members;
+    EXPECT_LT((t - 1) * members, 64u) << members;  // no more than needed
+  }
+  EXPECT_EQ(PartitionTarget(64, 0), 64u);  // no member seen: take them all
+  EXPECT_EQ(PartitionTarget(64, 3), 22u);
+}
+
+TEST(PartitionsToRelease, TheHighestBeyondTheTarget) {
+  const std::set<int> owned = {1, 5, 9, 12, 40};
+  EXPECT_EQ(PartitionsToRelease(owned, 3), (std::set<int>{12, 40}));
+  EXPECT_TRUE(PartitionsToRelease(owned, 5).empty());
+  EXPECT_TRUE(PartitionsToRelease(owned, 9).empty());
+  EXPECT_EQ(PartitionsToRelease(owned, 0), owned);
+}
+
+TEST(AcquireOrder, EveryPartitionOnceStartingAtTheMemberKey) {
+  const std::vector<int> order = AcquireOrder(8, 13);
+  EXPECT_EQ(order, (std::vector<int>{5, 6, 7, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(AcquireOrder(8, -3).front(), 5);
+  EXPECT_TRUE(AcquireOrder(0, 1).empty());
+}
+
+TEST(LanePartitions, EachPartitionOnOneLaneAndNoneBeingReleased) {
+  std::set<int> owned;
+  for (int p = 0; p < 64; ++p) owned.insert(p);
+  const std::set<int> releasing = {3, 60};
+  std::set<int> seen;
+  for (int lane = 0; lane < 3; ++lane) {
+    for (int p : LanePartitions(owned, releasing, lane, 3)) {
+      EXPECT_EQ(p % 3, lane);
+      EXPECT_TRUE(seen.insert(p).second) << p << " on two lanes";
+    }
+  }
+  EXPECT_EQ(seen.size(), 62u);
+  EXPECT_FALSE(seen.count(3));
+  EXPECT_FALSE(seen.count(60));
+}
+
+TEST(ClaimLimit, BatchSizeWithinTheWindowAndThePipeline) {
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 0, 0), 256);
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 1900, 1), 148);  // what the window has left
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 2048, 1), 0);    // window full
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 10, 2), 0);      // pipeline full
+  EXPECT_EQ(ClaimLimit(256, 100, 8, 150, 1), 0);      // over the window
+}
+
+}  // namespace
+}  // namespace outbox::relay
