@@ -24,6 +24,21 @@ namespace outbox {
 // The channel relays LISTEN on; a NOTIFY on it means "new events".
 inline constexpr char kNotifyChannel[] = "outbox_events";
 
+// An event's state for one subscription. outbox_delivery.status holds the
+// first two; an event without a delivery row was delivered, or skipped when
+// the subscription started after it.
+inline constexpr char kDeliveryPending[] = "pending";
+inline constexpr char kDeliveryDead[] = "dead";
+inline constexpr char kDeliveryDelivered[] = "delivered";
+inline constexpr char kDeliverySkipped[] = "skipped";
+
+// That state in SQL, for the outbox row `o`, the subscription row `s` and
+// its delivery row `d` (LEFT JOINed): the view outbox_deliveries and the
+// relay's admin API read it alike.
+inline constexpr char kDeliveryStatusSql[] =
+    "coalesce(d.status, CASE WHEN o.seq < s.start_seq THEN 'skipped' "
+    "ELSE 'delivered' END)";
+
 const std::vector<Migration>& OutboxMigrations();
 const std::vector<Migration>& InboxMigrations();
 

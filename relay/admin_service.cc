@@ -14,19 +14,16 @@ namespace {
 // without one was delivered, or skipped when the subscription started
 // after it): the event columns first (as kEventColumns), then the state,
 // read by name in RowToProto.
-constexpr char kRowSelect[] =
-    "SELECT o.seq, o.prev_seq, o.event_id::text, o.aggregate_type, "
-    "o.aggregate_id, o.event_type, o.schema_version, "
-    "coalesce(o.trace_parent, ''), o.payload, "
-    "coalesce(d.status, CASE WHEN o.seq < s.start_seq THEN 'skipped' ELSE "
-    "'delivered' END) AS status, coalesce(d.attempts, 0) AS attempts, "
+const std::string kRowSelect = absl::StrCat(
+    "SELECT ", kEventColumns, ", ", kDeliveryStatusSql,
+    " AS status, coalesce(d.attempts, 0) AS attempts, "
     "coalesce(d.last_error, '') AS last_error, o.partition, "
     "(extract(epoch FROM o.created_at) * 1000000)::bigint AS created_us, "
     "coalesce((extract(epoch FROM d.available_at) * 1000000)::bigint, 0) "
     "AS available_us, "
     "coalesce((extract(epoch FROM d.dead_at) * 1000000)::bigint, 0) AS dead_us "
     "FROM outbox o JOIN subscriptions s ON s.name = $1 "
-    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq ";
+    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq ");
 
 // Microseconds since the epoch for a request timestamp; 0 when unset.
 int64_t Micros(const google::protobuf::Timestamp& ts) {

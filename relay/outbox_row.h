@@ -11,10 +11,11 @@
 
 namespace outbox::relay {
 
-// Columns 0-8 of every query that reads events; more may follow.
+// Columns 0-8 of every query that reads events, of the outbox aliased `o`;
+// more may follow.
 inline constexpr char kEventColumns[] =
-    "seq, prev_seq, event_id::text, aggregate_type, aggregate_id, "
-    "event_type, schema_version, coalesce(trace_parent, ''), payload";
+    "o.seq, o.prev_seq, o.event_id::text, o.aggregate_type, o.aggregate_id, "
+    "o.event_type, o.schema_version, coalesce(o.trace_parent, ''), o.payload";
 inline constexpr int kEventColumnCount = 9;
 
 // The envelope columns of an outbox row.

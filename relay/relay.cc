@@ -625,7 +625,7 @@ bool Relay::FlushMarks() {
           options_.subscription, m.seq, m.reason.substr(0, 2000),
           options_.max_attempts, absl::ToDoubleSeconds(options_.reject_backoff),
           absl::ToDoubleSeconds(options_.reject_backoff_max));
-      if (!r.empty() && r[0][0].as<std::string>() == "dead") {
+      if (!r.empty() && r[0][0].as<std::string>() == kDeliveryDead) {
         ++dead;
         spdlog::warn("relay: row {} is a dead letter: {}", m.seq, m.reason);
       }

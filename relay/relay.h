@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/db.h"
 #include "common/metrics.h"
@@ -64,18 +65,16 @@ namespace outbox::relay {
 // read by primary key for them alone: a merge join with the outbox would
 // walk its whole delivered history on every claim. Prepared once per
 // connection as "claim". Columns: kEventColumns, then partition, prev_done.
-inline constexpr char kClaimSql[] =
+inline const std::string kClaimSql = absl::StrCat(
     "WITH c AS MATERIALIZED (SELECT d.seq, d.partition FROM outbox_delivery d "
     "WHERE d.subscription = $1 AND d.status = 'pending' "
     "AND d.partition = ANY($2::int[]) AND d.available_at <= now() "
     "AND NOT (d.aggregate_id = ANY($3::text[])) AND d.seq > $5 "
-    "ORDER BY d.seq LIMIT $4) "
-    "SELECT o.seq, o.prev_seq, o.event_id::text, o.aggregate_type, "
-    "o.aggregate_id, o.event_type, o.schema_version, "
-    "coalesce(o.trace_parent, ''), o.payload, c.partition, "
+    "ORDER BY d.seq LIMIT $4) SELECT ",
+    kEventColumns, ", c.partition, "
     "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
     "AND p.seq = o.prev_seq) AS prev_done "
-    "FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq";
+    "FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
 
 // A subscription's name: [a-z][a-z0-9_-]{0,62} (subscriptions.name's check).
 bool IsSubscriptionName(absl::string_view name);

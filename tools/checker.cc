@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/db.h"
 #include "common/log.h"
+#include "common/schema.h"
 #include "consumer/billing.h"
 #include "outbox/v1/event.pb.h"
 
@@ -134,12 +135,13 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     std::map<std::string, Committed> committed;
     std::set<std::string> dead_aggregates;
     for (const auto& row : o.exec_params(
-             "SELECT o.event_id::text, o.aggregate_id, o.seq, o.prev_seq, "
-             "o.event_type, coalesce(d.status, 'delivered'), "
-             "(extract(epoch FROM o.created_at) * 1000000)::bigint, o.payload "
-             "FROM outbox o JOIN subscriptions s ON s.name = $1 LEFT JOIN "
-             "outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq "
-             "WHERE o.seq >= s.start_seq",
+             absl::StrCat(
+                 "SELECT o.event_id::text, o.aggregate_id, o.seq, o.prev_seq, "
+                 "o.event_type, ", kDeliveryStatusSql, ", "
+                 "(extract(epoch FROM o.created_at) * 1000000)::bigint, "
+                 "o.payload FROM outbox o JOIN subscriptions s ON s.name = $1 "
+                 "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
+                 "d.seq = o.seq WHERE o.seq >= s.start_seq"),
              subscription)) {
       Committed c{row[1].as<std::string>(), row[2].as<int64_t>(),
                   row[3].as<int64_t>(), row[4].as<std::string>(),
@@ -152,7 +154,7 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
           }
         }
       }
-      if (c.status == "dead") dead_aggregates.insert(c.aggregate_id);
+      if (c.status == kDeliveryDead) dead_aggregates.insert(c.aggregate_id);
       committed.emplace(row[0].as<std::string>(), std::move(c));
     }
     std::map<std::string, std::string> order_status;
@@ -207,7 +209,7 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       latencies.push_back((a.applied_us - c->second.created_us) / 1000.0);
     }
     for (const auto& [id, c] : committed) {
-      if (c.status == "dead") {
+      if (c.status == kDeliveryDead) {
         ++r.dead_letters;
         continue;
       }
@@ -229,7 +231,7 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
         }
         continue;
       }
-      if (c.status == "pending" && dead_aggregates.count(c.aggregate_id)) {
+      if (c.status == kDeliveryPending && dead_aggregates.count(c.aggregate_id)) {
         ++r.behind_dead;
       } else if (!r.drained) {
         ++r.pending;  // not delivered yet, or held: not lost (yet)
