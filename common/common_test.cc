@@ -1,24 +1,23 @@
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "absl/flags/flag.h"
 #include "common/config.h"
 #include "common/db.h"
+#include "common/group_commit.h"
+#include "common/identity.h"
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/server.h"
-#include "common/group_commit.h"
-#include "common/identity.h"
 #include "common/sql_state.h"
 #include "common/tls.h"
 #include "common/watchdog.h"
@@ -61,12 +60,12 @@ TEST(Ids, UuidsAreV4AndValidated) {
 }
 
 TEST(Ids, TraceParent) {
-  EXPECT_TRUE(IsTraceParent(
-      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
-  EXPECT_FALSE(IsTraceParent(
-      "00-00000000000000000000000000000000-00f067aa0ba902b7-01"));
-  EXPECT_FALSE(IsTraceParent(
-      "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+  EXPECT_TRUE(
+      IsTraceParent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+  EXPECT_FALSE(
+      IsTraceParent("00-00000000000000000000000000000000-00f067aa0ba902b7-01"));
+  EXPECT_FALSE(
+      IsTraceParent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
   EXPECT_FALSE(IsTraceParent("garbage"));
   EXPECT_TRUE(IsTraceParent(NewTraceParent()));
 }
@@ -94,9 +93,10 @@ TEST(Log, JsonEscape) {
 }
 
 TEST(Db, ConnectionDefaultsAddLivenessSettingsOnce) {
-  EXPECT_EQ(WithConnectionDefaults("postgresql://h/db?connect_timeout=2"),
-            "postgresql://h/db?connect_timeout=2&keepalives=1&keepalives_idle="
-            "10&keepalives_interval=5&keepalives_count=3&tcp_user_timeout=30000");
+  EXPECT_EQ(
+      WithConnectionDefaults("postgresql://h/db?connect_timeout=2"),
+      "postgresql://h/db?connect_timeout=2&keepalives=1&keepalives_idle="
+      "10&keepalives_interval=5&keepalives_count=3&tcp_user_timeout=30000");
   EXPECT_EQ(WithConnectionDefaults("host=h dbname=d"),
             "host=h dbname=d connect_timeout=5 keepalives=1 keepalives_idle=10 "
             "keepalives_interval=5 keepalives_count=3 tcp_user_timeout=30000");
@@ -130,8 +130,8 @@ TEST(Metrics, RendersPrometheusText) {
   m.AddHistogram("h_seconds", "Latency.", {0.1, 1})->Observe(0.5);
   const std::string text = m.Render();
   for (const char* want :
-       {"# TYPE x_total counter\n", "x_total{k=\"a\"} 2\n", "x_total{k=\"b\"} 1\n",
-        "# TYPE y gauge\ny 1.5\n", "z{part=\"1\"} 3\n",
+       {"# TYPE x_total counter\n", "x_total{k=\"a\"} 2\n",
+        "x_total{k=\"b\"} 1\n", "# TYPE y gauge\ny 1.5\n", "z{part=\"1\"} 3\n",
         "h_seconds_bucket{le=\"1\"} 1\n", "h_seconds_count 1\n",
         "# TYPE process_cpu_seconds_total counter\n",
         "process_resident_memory_bytes ", "process_open_fds "}) {
@@ -140,7 +140,8 @@ TEST(Metrics, RendersPrometheusText) {
 }
 
 TEST(Metrics, NamesCarryTheirLabels) {
-  auto [family, labels] = ParseMetricName("x_total{method=\"Pay\",code=\"OK\"}");
+  auto [family, labels] =
+      ParseMetricName("x_total{method=\"Pay\",code=\"OK\"}");
   EXPECT_EQ(family, "x_total");
   EXPECT_EQ(labels, (Labels{{"method", "Pay"}, {"code", "OK"}}));
   EXPECT_EQ(ParseMetricName("plain").first, "plain");
@@ -166,7 +167,8 @@ TEST(Metrics, ASlowClientDoesNotBlockScrapes) {
   ASSERT_GT(send(slow1, "GET /met", 8, 0), 0);
   ASSERT_GT(send(slow2, "GE", 2, 0), 0);
   int fd = connect();
-  const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const char req[] =
+      "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   ASSERT_GT(send(fd, req, sizeof(req) - 1, 0), 0);
   std::string got;
   char buf[4096];
@@ -200,7 +202,8 @@ TEST_P(SqlStateRule, ClassDecidesOriginAndCode) {
   const SqlStateCase& c = GetParam();
   EXPECT_EQ(OriginOfSqlState(c.state), c.origin)
       << c.state << " (" << c.what << ")";
-  EXPECT_EQ(CodeForSqlState(c.state), c.code) << c.state << " (" << c.what << ")";
+  EXPECT_EQ(CodeForSqlState(c.state), c.code)
+      << c.state << " (" << c.what << ")";
 }
 
 constexpr auto kData = ErrorOrigin::kData;
@@ -215,29 +218,37 @@ INSTANTIATE_TEST_SUITE_P(
         SqlStateCase{"22P02", kData, Code::kInvalidArgument, "bad text value"},
         SqlStateCase{"22021", kData, Code::kInvalidArgument, "bad encoding"},
         SqlStateCase{"23505", kData, Code::kAlreadyExists, "unique violation"},
-        SqlStateCase{"23514", kData, Code::kFailedPrecondition, "check violation"},
+        SqlStateCase{"23514", kData, Code::kFailedPrecondition,
+                     "check violation"},
         SqlStateCase{"54000", kData, Code::kInvalidArgument, "program limit"},
-        SqlStateCase{"40001", kConflict, Code::kAborted, "serialization failure"},
+        SqlStateCase{"40001", kConflict, Code::kAborted,
+                     "serialization failure"},
         SqlStateCase{"40P01", kConflict, Code::kAborted, "deadlock"},
         SqlStateCase{"08006", kWorld, Code::kUnavailable, "connection failure"},
-        SqlStateCase{"25006", kWorld, Code::kUnavailable, "read-only transaction"},
-        SqlStateCase{"25P03", kWorld, Code::kUnavailable, "idle in transaction timeout"},
+        SqlStateCase{"25006", kWorld, Code::kUnavailable,
+                     "read-only transaction"},
+        SqlStateCase{"25P03", kWorld, Code::kUnavailable,
+                     "idle in transaction timeout"},
         SqlStateCase{"28P01", kWorld, Code::kUnavailable, "bad password"},
         SqlStateCase{"3D000", kWorld, Code::kUnavailable, "no such database"},
-        SqlStateCase{"42501", kWorld, Code::kUnavailable, "insufficient privilege"},
+        SqlStateCase{"42501", kWorld, Code::kUnavailable,
+                     "insufficient privilege"},
         SqlStateCase{"42P01", kWorld, Code::kUnavailable, "no such table"},
         SqlStateCase{"53100", kWorld, Code::kUnavailable, "disk full"},
         SqlStateCase{"53200", kWorld, Code::kUnavailable, "out of memory"},
-        SqlStateCase{"53300", kWorld, Code::kUnavailable, "too many connections"},
+        SqlStateCase{"53300", kWorld, Code::kUnavailable,
+                     "too many connections"},
         SqlStateCase{"55P03", kWorld, Code::kUnavailable, "lock timeout"},
-        SqlStateCase{"55000", kWorld, Code::kUnavailable, "not accepting connections"},
+        SqlStateCase{"55000", kWorld, Code::kUnavailable,
+                     "not accepting connections"},
         SqlStateCase{"57014", kWorld, Code::kUnavailable, "statement timeout"},
         SqlStateCase{"57P01", kWorld, Code::kUnavailable, "admin shutdown"},
         SqlStateCase{"57P02", kWorld, Code::kUnavailable, "crash shutdown"},
         SqlStateCase{"57P03", kWorld, Code::kUnavailable, "cannot connect now"},
         SqlStateCase{"58030", kWorld, Code::kUnavailable, "I/O error"},
         SqlStateCase{"XX001", kWorld, Code::kUnavailable, "data corrupted"},
-        SqlStateCase{"P0001", kWorld, Code::kUnavailable, "raised by a trigger"},
+        SqlStateCase{"P0001", kWorld, Code::kUnavailable,
+                     "raised by a trigger"},
         SqlStateCase{"0A000", kWorld, Code::kUnavailable, "not supported"},
         SqlStateCase{"", kWorld, Code::kUnavailable, "no SQLSTATE"},
         SqlStateCase{"ZZ999", kWorld, Code::kUnavailable, "unknown class"}));
@@ -311,22 +322,24 @@ TEST(Watchdog, StallsOnlyWhileItHasWorkWithoutProgress) {
 
 // -- Who may call what (common/identity.h), one rule at a time. ------------
 
-PeerCertificate Cert(std::vector<std::string> uris, std::vector<std::string> dns,
-                     std::string cn) {
+PeerCertificate Cert(std::vector<std::string> uris,
+                     std::vector<std::string> dns, std::string cn) {
   return {std::move(uris), std::move(dns), std::move(cn)};
 }
 
 TEST(Identity, UriSansComeFirstThenDnsSansThenTheCommonName) {
   using S = std::vector<std::string>;
-  EXPECT_EQ(IdentitiesOf(Cert({"spiffe://outbox/relay"}, {"relay.svc"}, "relay")),
-            (S{"spiffe://outbox/relay"}));
+  EXPECT_EQ(
+      IdentitiesOf(Cert({"spiffe://outbox/relay"}, {"relay.svc"}, "relay")),
+      (S{"spiffe://outbox/relay"}));
   EXPECT_EQ(IdentitiesOf(Cert({}, {"relay.svc", "localhost"}, "relay")),
             (S{"relay.svc", "localhost"}));
   EXPECT_EQ(IdentitiesOf(Cert({}, {}, "relay")), (S{"relay"}));
   EXPECT_TRUE(IdentitiesOf(Cert({}, {}, "")).empty());
 }
 
-AccessRules MutualTls(std::set<std::string> allowed, std::set<std::string> admin) {
+AccessRules MutualTls(std::set<std::string> allowed,
+                      std::set<std::string> admin) {
   AccessRules r;
   r.require_identity = true;
   r.allowed = std::move(allowed);
@@ -347,16 +360,21 @@ TEST(Identity, MutualTlsWithoutACertificateIsUnauthenticated) {
 
 TEST(Identity, AnEmptyAllowListAdmitsEveryCertificateOfTheCa) {
   auto rules = MutualTls({}, {});
-  EXPECT_TRUE(rules.Decide(Cert({"spiffe://outbox/anyone"}, {}, ""), Access::kCall).ok());
+  EXPECT_TRUE(
+      rules.Decide(Cert({"spiffe://outbox/anyone"}, {}, ""), Access::kCall)
+          .ok());
 }
 
 TEST(Identity, OnlyListedIdentitiesAreAdmittedAndRefusalsNameTheIdentity) {
   auto rules = MutualTls({"spiffe://outbox/relay"}, {});
-  EXPECT_TRUE(rules.Decide(Cert({"spiffe://outbox/relay"}, {}, "x"), Access::kCall).ok());
-  absl::Status s =
-      rules.Decide(Cert({"spiffe://outbox/intruder"}, {"relay"}, "relay"), Access::kCall);
+  EXPECT_TRUE(
+      rules.Decide(Cert({"spiffe://outbox/relay"}, {}, "x"), Access::kCall)
+          .ok());
+  absl::Status s = rules.Decide(
+      Cert({"spiffe://outbox/intruder"}, {"relay"}, "relay"), Access::kCall);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_NE(s.message().find("spiffe://outbox/intruder"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("spiffe://outbox/intruder"), std::string::npos)
+      << s;
   EXPECT_NE(s.message().find("--allowed_clients"), std::string::npos) << s;
 }
 
@@ -364,8 +382,9 @@ TEST(Identity, AUriSanHidesDnsSansAndTheCommonName) {
   // A certificate with a URI SAN is that URI: its DNS name or CN being
   // listed does not admit it.
   auto rules = MutualTls({"relay", "relay.svc"}, {});
-  EXPECT_EQ(rules.Decide(Cert({"spiffe://outbox/other"}, {"relay.svc"}, "relay"),
-                         Access::kCall)
+  EXPECT_EQ(rules
+                .Decide(Cert({"spiffe://outbox/other"}, {"relay.svc"}, "relay"),
+                        Access::kCall)
                 .code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(rules.Decide(Cert({}, {"relay.svc"}, "x"), Access::kCall).ok());
@@ -399,13 +418,15 @@ TEST(Identity, DeliveryCanBeNarrowerThanCalls) {
 
 TEST(Identity, NoAdminListRefusesAdminCallsUnderMutualTls) {
   auto rules = MutualTls({}, {});
-  EXPECT_EQ(rules.Decide(Cert({"spiffe://outbox/any"}, {}, ""), Access::kAdmin).code(),
+  EXPECT_EQ(rules.Decide(Cert({"spiffe://outbox/any"}, {}, ""), Access::kAdmin)
+                .code(),
             absl::StatusCode::kPermissionDenied);
 }
 
 TEST(Identity, ListsAreCommaSeparatedAndTrimmed) {
-  EXPECT_EQ(ParseIdentityList(" spiffe://outbox/relay, relay.svc ,,cn "),
-            (std::set<std::string>{"spiffe://outbox/relay", "relay.svc", "cn"}));
+  EXPECT_EQ(
+      ParseIdentityList(" spiffe://outbox/relay, relay.svc ,,cn "),
+      (std::set<std::string>{"spiffe://outbox/relay", "relay.svc", "cn"}));
   EXPECT_TRUE(ParseIdentityList("").empty());
 }
 
@@ -413,16 +434,20 @@ TEST(Tls, FilesMustFitTogether) {
   EXPECT_TRUE(CheckServerTls({}).ok());
   EXPECT_NE(CheckServerTls({"a.crt", "", ""}).message().find("--tls_key"),
             std::string::npos);
-  EXPECT_NE(CheckServerTls({"", "", "ca.crt"}).message().find("--tls_client_ca"),
-            std::string::npos);
-  absl::Status missing = CheckServerTls({"/nonexistent.crt", "/nonexistent.key", ""});
+  EXPECT_NE(
+      CheckServerTls({"", "", "ca.crt"}).message().find("--tls_client_ca"),
+      std::string::npos);
+  absl::Status missing =
+      CheckServerTls({"/nonexistent.crt", "/nonexistent.key", ""});
   EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(missing.message().find("--tls_cert: cannot read"), std::string::npos)
+  EXPECT_NE(missing.message().find("--tls_cert: cannot read"),
+            std::string::npos)
       << missing;
   ClientTlsFlags flags{"--ca", "--cert", "--key"};
   EXPECT_TRUE(CheckClientTls({}, flags).ok());
-  EXPECT_NE(CheckClientTls({"", "c.crt", "c.key"}, flags).message().find("--ca"),
-            std::string::npos);
+  EXPECT_NE(
+      CheckClientTls({"", "c.crt", "c.key"}, flags).message().find("--ca"),
+      std::string::npos);
 }
 
 TEST(PublicMessage, DatabaseInternalsNeverReachCallers) {
@@ -433,12 +458,14 @@ TEST(PublicMessage, DatabaseInternalsNeverReachCallers) {
   EXPECT_EQ(m.find("permission"), std::string::npos) << m;
   EXPECT_NE(m.find("the database is unavailable"), std::string::npos) << m;
   EXPECT_NE(m.find("[error id "), std::string::npos) << m;
-  const std::string lost = PublicMessage(StatusFromException(pqxx::broken_connection(
-      "connection to server at \"10.0.0.7\", port 5432 failed")));
+  const std::string lost =
+      PublicMessage(StatusFromException(pqxx::broken_connection(
+          "connection to server at \"10.0.0.7\", port 5432 failed")));
   EXPECT_EQ(lost.find("10.0.0.7"), std::string::npos) << lost;
   // The service's own answers keep their message.
-  EXPECT_EQ(PublicMessage(absl::InvalidArgumentError("currency: must be 3 letters")),
-            "currency: must be 3 letters");
+  EXPECT_EQ(
+      PublicMessage(absl::InvalidArgumentError("currency: must be 3 letters")),
+      "currency: must be 3 letters");
   EXPECT_EQ(PublicMessage(absl::NotFoundError("order x does not exist")),
             "order x does not exist");
   EXPECT_EQ(ToGrpcStatus(absl::InternalError("stack trace")).error_code(),
@@ -447,11 +474,12 @@ TEST(PublicMessage, DatabaseInternalsNeverReachCallers) {
 
 TEST(GroupCommit, AloneACallerWritesItsItemAtOnce) {
   std::vector<size_t> groups;
-  GroupCommit<int, int> commit({.writers = 2, .max_group = 8},
-                               [&](const std::vector<const int*>& items) {
-                                 groups.push_back(items.size());
-                                 return std::vector<absl::StatusOr<int>>{*items[0] * 10};
-                               });
+  GroupCommit<int, int> commit(
+      {.writers = 2, .max_group = 8},
+      [&](const std::vector<const int*>& items) {
+        groups.push_back(items.size());
+        return std::vector<absl::StatusOr<int>>{*items[0] * 10};
+      });
   EXPECT_EQ(*commit.Submit(4), 40);
   EXPECT_EQ(groups, (std::vector<size_t>{1}));
 }
@@ -460,7 +488,8 @@ TEST(GroupCommit, ConcurrentCallersShareWritesAndGetTheirOwnResults) {
   std::mutex mu;
   std::vector<size_t> groups;
   GroupCommit<int, int> commit(
-      {.writers = 1, .max_group = 16}, [&](const std::vector<const int*>& items) {
+      {.writers = 1, .max_group = 16},
+      [&](const std::vector<const int*>& items) {
         {
           std::lock_guard<std::mutex> lock(mu);
           groups.push_back(items.size());

@@ -24,8 +24,8 @@ std::string EnvNameForFlag(const std::string& flag) {
   std::string name = "OUTBOX_";
   for (char c : flag) {
     name.push_back(c == '-' ? '_'
-                            : static_cast<char>(std::toupper(
-                                  static_cast<unsigned char>(c))));
+                            : static_cast<char>(
+                                  std::toupper(static_cast<unsigned char>(c))));
   }
   return name;
 }
@@ -36,9 +36,8 @@ absl::Status ApplyFlagsFromEnvironment() {
     if (value == nullptr) continue;
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(EnvNameForFlag(std::string(name)), "=\"", value,
-                       "\": ", error));
+      return absl::InvalidArgumentError(absl::StrCat(
+          EnvNameForFlag(std::string(name)), "=\"", value, "\": ", error));
     }
   }
   return absl::OkStatus();
@@ -84,7 +83,8 @@ bool TerminationRequested() {
   sigset_t pending;
   sigemptyset(&pending);
   sigpending(&pending);
-  return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1;
+  return sigismember(&pending, SIGINT) == 1 ||
+         sigismember(&pending, SIGTERM) == 1;
 }
 
 std::optional<std::string> WaitForTerminationSignal(absl::Duration timeout) {

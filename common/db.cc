@@ -31,7 +31,8 @@ std::string SqlStateOfType(const std::exception& e) {
   if (dynamic_cast<const pqxx::too_many_connections*>(&e)) return "53300";
   if (dynamic_cast<const pqxx::serialization_failure*>(&e)) return "40001";
   if (dynamic_cast<const pqxx::deadlock_detected*>(&e)) return "40P01";
-  if (dynamic_cast<const pqxx::statement_completion_unknown*>(&e)) return "40003";
+  if (dynamic_cast<const pqxx::statement_completion_unknown*>(&e))
+    return "40003";
   if (dynamic_cast<const pqxx::transaction_rollback*>(&e)) return "40000";
   if (dynamic_cast<const pqxx::insufficient_privilege*>(&e)) return "42501";
   return "";
@@ -47,9 +48,9 @@ std::string FirstLine(const char* what) {
 
 std::string WithConnectionDefaults(const std::string& url) {
   static const std::pair<const char*, const char*> kDefaults[] = {
-      {"connect_timeout", "5"},   {"keepalives", "1"},
-      {"keepalives_idle", "10"},  {"keepalives_interval", "5"},
-      {"keepalives_count", "3"},  {"tcp_user_timeout", "30000"},
+      {"connect_timeout", "5"},  {"keepalives", "1"},
+      {"keepalives_idle", "10"}, {"keepalives_interval", "5"},
+      {"keepalives_count", "3"}, {"tcp_user_timeout", "30000"},
   };
   const bool is_url = IsUrl(url);
   std::string out = url;
@@ -90,11 +91,10 @@ std::string SessionSettingsSql(const DbSession& session) {
   auto ms = [](absl::Duration d) {
     return absl::StrCat(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
   };
-  return absl::StrCat(
-      "SET statement_timeout = ", ms(session.statement_timeout),
-      "; SET lock_timeout = ", ms(session.lock_timeout),
-      "; SET idle_in_transaction_session_timeout = ",
-      ms(session.idle_in_transaction_timeout));
+  return absl::StrCat("SET statement_timeout = ", ms(session.statement_timeout),
+                      "; SET lock_timeout = ", ms(session.lock_timeout),
+                      "; SET idle_in_transaction_session_timeout = ",
+                      ms(session.idle_in_transaction_timeout));
 }
 
 absl::Status StatusFromException(const std::exception& e) {
@@ -110,8 +110,9 @@ absl::Status StatusFromException(const std::exception& e) {
     state = sql->sqlstate();
   }
   if (!state.empty()) {
-    absl::Status s(CodeForSqlState(state),
-                   absl::StrCat(FirstLine(e.what()), " [SQLSTATE ", state, "]"));
+    absl::Status s(
+        CodeForSqlState(state),
+        absl::StrCat(FirstLine(e.what()), " [SQLSTATE ", state, "]"));
     s.SetPayload(kSqlStatePayload, absl::Cord(state));
     return s;
   }
@@ -289,7 +290,8 @@ absl::Status Migrate(const std::string& url, const std::string& schema_name,
     spdlog::warn("migrations: {}; retrying", std::string(last.message()));
     for (int i = 0; i < 10; ++i) {
       if (TerminationRequested()) {
-        return absl::CancelledError("terminated while waiting for the database");
+        return absl::CancelledError(
+            "terminated while waiting for the database");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

@@ -3,13 +3,12 @@
 // survives database restarts, translation of libpqxx exceptions into
 // absl::Status (SQLSTATE kept), and versioned migrations.
 
-#include <pqxx/pqxx>
-
 #include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <vector>
 

@@ -2,7 +2,8 @@
 
 #include "absl/flags/flag.h"
 
-ABSL_FLAG(absl::Duration, statement_timeout, outbox::DbSession{}.statement_timeout,
+ABSL_FLAG(absl::Duration, statement_timeout,
+          outbox::DbSession{}.statement_timeout,
           "PostgreSQL statement_timeout of every session: a statement running "
           "longer fails and is retried later. 0 keeps the server's setting.");
 ABSL_FLAG(absl::Duration, lock_timeout, outbox::DbSession{}.lock_timeout,

@@ -23,7 +23,8 @@ const std::map<std::string, double>* Armed() {
     auto* m = new std::map<std::string, double>();
     const char* spec = std::getenv("OUTBOX_FAULT");
     if (spec == nullptr) return m;
-    for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    for (absl::string_view item :
+         absl::StrSplit(spec, ',', absl::SkipEmpty())) {
       std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
       double p = 0;
       if (!absl::SimpleAtod(kv.second, &p) || p < 0 || p > 1) {

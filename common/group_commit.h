@@ -108,9 +108,10 @@ class GroupCommit {
       if (on_group_) on_group_(items.size());
       std::vector<absl::StatusOr<Result>> results = write_(items);
       for (size_t i = 0; i < group.size(); ++i) {
-        group[i].done(i < results.size()
-                          ? std::move(results[i])
-                          : absl::InternalError("group commit: a result is missing"));
+        group[i].done(
+            i < results.size()
+                ? std::move(results[i])
+                : absl::InternalError("group commit: a result is missing"));
       }
     }
   }

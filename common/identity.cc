@@ -37,7 +37,8 @@ std::vector<std::string> IdentitiesOf(const PeerCertificate& cert) {
   return {};
 }
 
-std::optional<PeerCertificate> PeerCertificateOf(const grpc::AuthContext& auth) {
+std::optional<PeerCertificate> PeerCertificateOf(
+    const grpc::AuthContext& auth) {
   if (!auth.IsPeerAuthenticated()) return std::nullopt;
   PeerCertificate cert;
   cert.uri_sans = Values(auth, GRPC_PEER_URI_PROPERTY_NAME);
@@ -65,13 +66,15 @@ absl::Status AccessRules::Decide(const std::optional<PeerCertificate>& peer,
     if (listed(delivery)) return absl::OkStatus();
     return absl::PermissionDeniedError(absl::StrCat(
         "only identities in --delivery_clients may deliver events; the "
-        "caller presented ", Presented(peer)));
+        "caller presented ",
+        Presented(peer)));
   }
   if (access == Access::kAdmin) {
     if (listed(admin)) return absl::OkStatus();
     return absl::PermissionDeniedError(absl::StrCat(
         "this call changes state and needs an identity in --admin_clients; "
-        "the caller presented ", Presented(peer)));
+        "the caller presented ",
+        Presented(peer)));
   }
   if (allowed.empty() || listed(allowed) || listed(admin)) {
     return absl::OkStatus();
@@ -92,8 +95,8 @@ std::set<std::string> ParseIdentityList(const std::string& list) {
 
 CallerCheck::CallerCheck(AccessRules rules) : rules_(std::move(rules)) {}
 
-grpc::Status CallerCheck::Admit(const grpc::ServerContextBase& ctx, Access access,
-                                const char* method) const {
+grpc::Status CallerCheck::Admit(const grpc::ServerContextBase& ctx,
+                                Access access, const char* method) const {
   if (!rules_.require_identity) return grpc::Status::OK;
   std::optional<PeerCertificate> peer;
   if (auto auth = ctx.auth_context(); auth != nullptr) {

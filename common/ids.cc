@@ -41,8 +41,8 @@ bool AllZero(absl::string_view s) {
 std::string NewUuid() {
   uint64_t hi = absl::Uniform<uint64_t>(Gen());
   uint64_t lo = absl::Uniform<uint64_t>(Gen());
-  hi = (hi & ~0xf000ULL) | 0x4000ULL;                 // version 4
-  lo = (lo & ~(3ULL << 62)) | (2ULL << 62);           // RFC 4122 variant
+  hi = (hi & ~0xf000ULL) | 0x4000ULL;        // version 4
+  lo = (lo & ~(3ULL << 62)) | (2ULL << 62);  // RFC 4122 variant
   char buf[37];
   std::snprintf(buf, sizeof(buf), "%08x-%04x-%04x-%04x-%012llx",
                 static_cast<unsigned>(hi >> 32),
@@ -70,7 +70,7 @@ bool IsTraceParent(absl::string_view s) {
     return false;
   }
   absl::string_view version = s.substr(0, 2), trace = s.substr(3, 32),
-                   parent = s.substr(36, 16), flags = s.substr(53, 2);
+                    parent = s.substr(36, 16), flags = s.substr(53, 2);
   return version == "00" && AllHex(trace) && AllHex(parent) && AllHex(flags) &&
          !AllZero(trace) && !AllZero(parent);
 }

@@ -4,8 +4,8 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
 

@@ -1,7 +1,6 @@
 #include "common/log.h"
 
 #include <grpc/support/log.h>
-
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -18,11 +17,21 @@ std::string JsonEscape(const std::string& s) {
   out.reserve(s.size() + 8);
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -43,8 +52,8 @@ class JsonMessageFlag : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&,
               spdlog::memory_buf_t& dest) override {
-    std::string escaped = JsonEscape(
-        std::string(msg.payload.data(), msg.payload.size()));
+    std::string escaped =
+        JsonEscape(std::string(msg.payload.data(), msg.payload.size()));
     dest.append(escaped.data(), escaped.data() + escaped.size());
   }
   std::unique_ptr<custom_flag_formatter> clone() const override {
@@ -73,9 +82,9 @@ void GrpcLog(gpr_log_func_args* args) {
 absl::Status InitLogging(const std::string& format, const std::string& level) {
   spdlog::level::level_enum lvl = spdlog::level::from_str(level);
   if (lvl == spdlog::level::off && level != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--log_level: \"", level,
-        "\" is not one of trace, debug, info, warn, error, off"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_level: \"", level,
+                     "\" is not one of trace, debug, info, warn, error, off"));
   }
   spdlog::drop("outbox");
   auto logger = spdlog::stderr_logger_mt("outbox");

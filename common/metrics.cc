@@ -81,12 +81,14 @@ std::vector<MetricFamily> ProcessMetrics() {
                       static_cast<double>(vsize)));
   int64_t boot = 0;
   for (absl::string_view line : absl::StrSplit(ReadFile("/proc/stat"), '\n')) {
-    if (absl::ConsumePrefix(&line, "btime ")) (void)absl::SimpleAtoi(line, &boot);
+    if (absl::ConsumePrefix(&line, "btime "))
+      (void)absl::SimpleAtoi(line, &boot);
   }
   if (boot > 0) {
-    out.push_back(Gauge("process_start_time_seconds",
-                        "Start time of the process since unix epoch in seconds.",
-                        boot + start / ticks));
+    out.push_back(
+        Gauge("process_start_time_seconds",
+              "Start time of the process since unix epoch in seconds.",
+              boot + start / ticks));
   }
   int fds = 0;
   if (DIR* d = opendir("/proc/self/fd")) {
@@ -96,8 +98,8 @@ std::vector<MetricFamily> ProcessMetrics() {
     closedir(d);
     --fds;  // the one opendir held
   }
-  out.push_back(Gauge("process_open_fds", "Number of open file descriptors.",
-                      fds));
+  out.push_back(
+      Gauge("process_open_fds", "Number of open file descriptors.", fds));
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) == 0) {
     out.push_back(Gauge("process_max_fds",
@@ -118,7 +120,8 @@ std::pair<std::string, Labels> ParseMetricName(const std::string& name) {
   size_t i = 0;
   while (i < rest.size()) {
     const size_t eq = rest.find('=', i);
-    if (eq == std::string::npos || eq + 1 >= rest.size() || rest[eq + 1] != '"') {
+    if (eq == std::string::npos || eq + 1 >= rest.size() ||
+        rest[eq + 1] != '"') {
       break;
     }
     std::string key = rest.substr(i, eq - i);
@@ -141,8 +144,8 @@ int64_t Counter::value() const { return static_cast<int64_t>(c_->Value()); }
 void Histogram::Observe(double value) { h_->Observe(value); }
 
 std::vector<double> Histogram::LatencyBuckets() {
-  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-          0.1,    0.25,  0.5,    1,     2.5,  5,     10, 30};
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+          0.25,   0.5,   1,      2.5,   5,    10,    30};
 }
 
 std::vector<double> Histogram::SizeBuckets() {
@@ -206,8 +209,10 @@ class Metrics::Collector : public prometheus::Collectable {
   std::shared_ptr<prometheus::Registry> registry_ =
       std::make_shared<prometheus::Registry>();
   mutable std::mutex mu_;
-  std::map<std::string, prometheus::Family<prometheus::Counter>*> counter_families_;
-  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histogram_families_;
+  std::map<std::string, prometheus::Family<prometheus::Counter>*>
+      counter_families_;
+  std::map<std::string, prometheus::Family<prometheus::Histogram>*>
+      histogram_families_;
   std::map<std::string, std::unique_ptr<Counter>> counters_;
   std::map<std::string, std::unique_ptr<Histogram>> histograms_;
   std::vector<GaugeEntry> gauges_;
@@ -227,13 +232,15 @@ Counter* Metrics::AddCounter(const std::string& name, const std::string& help) {
   auto [family, labels] = ParseMetricName(name);
   auto& f = c.counter_families_[family];
   if (f == nullptr) {
-    f = &prometheus::BuildCounter().Name(family).Help(help).Register(*c.registry_);
+    f = &prometheus::BuildCounter().Name(family).Help(help).Register(
+        *c.registry_);
   }
   slot = std::make_unique<Counter>(&f->Add(c.WithBase(labels)));
   return slot.get();
 }
 
-Histogram* Metrics::AddHistogram(const std::string& name, const std::string& help,
+Histogram* Metrics::AddHistogram(const std::string& name,
+                                 const std::string& help,
                                  const std::vector<double>& buckets) {
   Collector& c = *collector_;
   std::lock_guard<std::mutex> lock(c.mu_);
@@ -242,7 +249,8 @@ Histogram* Metrics::AddHistogram(const std::string& name, const std::string& hel
   auto [family, labels] = ParseMetricName(name);
   auto& f = c.histogram_families_[family];
   if (f == nullptr) {
-    f = &prometheus::BuildHistogram().Name(family).Help(help).Register(*c.registry_);
+    f = &prometheus::BuildHistogram().Name(family).Help(help).Register(
+        *c.registry_);
   }
   slot = std::make_unique<Histogram>(&f->Add(c.WithBase(labels), buckets));
   return slot.get();
@@ -282,21 +290,22 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   try {
     // A few threads, and a slow client is cut off after 3 s: one client can
     // never keep Prometheus from scraping.
-    auto exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", absl::StrCat(host, ":", port), "num_threads", "4",
-        "request_timeout_ms", "3000", "enable_keep_alive", "no"});
+    auto exposer =
+        std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+            "listening_ports", absl::StrCat(host, ":", port), "num_threads",
+            "4", "request_timeout_ms", "3000", "enable_keep_alive", "no"});
     exposer->RegisterCollectable(metrics->collector_);
     const std::vector<int> ports = exposer->GetListeningPorts();
     return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(
         std::move(exposer), ports.empty() ? port : ports[0]));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_listen: cannot listen on ", listen, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics_listen: cannot listen on ", listen, ": ", e.what()));
   }
 }
 
-MetricsHttpServer::MetricsHttpServer(std::unique_ptr<prometheus::Exposer> exposer,
-                                     int port)
+MetricsHttpServer::MetricsHttpServer(
+    std::unique_ptr<prometheus::Exposer> exposer, int port)
     : exposer_(std::move(exposer)), port_(port) {}
 
 MetricsHttpServer::~MetricsHttpServer() = default;

@@ -78,8 +78,9 @@ class Metrics {
                 std::function<double()> read);
   // A gauge family whose series `read` lists on every scrape (e.g. one per
   // partition the relay owns).
-  void AddGaugeFamily(const std::string& family, const std::string& help,
-                      std::function<std::vector<std::pair<Labels, double>>()> read);
+  void AddGaugeFamily(
+      const std::string& family, const std::string& help,
+      std::function<std::vector<std::pair<Labels, double>>()> read);
 
   // Everything, in the text exposition format.
   std::string Render() const;

@@ -128,7 +128,8 @@ CREATE OR REPLACE VIEW outbox_deliveries AS
     LEFT JOIN outbox_delivery d ON d.subscription = s.name AND d.seq = o.seq;
 )sql");
   static const std::vector<Migration> kMigrations = {
-      {1, "events, chain heads, subscriptions and their deliveries", kOutboxV1.c_str()},
+      {1, "events, chain heads, subscriptions and their deliveries",
+       kOutboxV1.c_str()},
   };
   return kMigrations;
 }

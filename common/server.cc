@@ -25,7 +25,8 @@ std::string PublicMessage(const absl::Status& s) {
       sentence = "internal error";
       break;
     case absl::StatusCode::kDeadlineExceeded:
-      if (from_database) sentence = "the database did not answer in time; try again";
+      if (from_database)
+        sentence = "the database did not answer in time; try again";
       break;
     case absl::StatusCode::kAborted:
       if (from_database) sentence = "a concurrent change conflicted; try again";
@@ -37,13 +38,15 @@ std::string PublicMessage(const absl::Status& s) {
   const std::string id = NewUuid().substr(0, 8);
   spdlog::warn("error id {}: {}", id, s.ToString());
   std::string state = SqlStateOf(s);
-  return absl::StrCat(sentence, state.empty() ? "" : " (SQLSTATE " + state + ")",
+  return absl::StrCat(sentence,
+                      state.empty() ? "" : " (SQLSTATE " + state + ")",
                       " [error id ", id, "]");
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), PublicMessage(s));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      PublicMessage(s));
 }
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
@@ -82,10 +85,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   // The synchronous server keeps this many threads waiting for calls. With
   // gRPC's default (at most 2), every call beyond two at once spawned a
   // thread and ended it afterwards: most of the producer's CPU went there.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS,
-                              2);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
-                              options.max_threads);
+  builder.SetSyncServerOption(
+      grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
+  builder.SetSyncServerOption(
+      grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, options.max_threads);
   grpc::ResourceQuota quota("outbox-server");
   quota.SetMaxThreads(options.max_threads);
   quota.Resize(options.memory_bytes);
@@ -97,9 +100,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen,
-                     " (address in use or invalid?)"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen, " (address in use or invalid?)"));
   }
   auto result = std::unique_ptr<GrpcServer>(
       new GrpcServer(options, std::move(server), port, std::move(names)));

@@ -83,8 +83,10 @@ namespace {
 
 void LogSecurity(const std::string& name, const ServerSecurity* sec) {
   if (sec == nullptr || !sec->files.tls()) {
-    spdlog::warn("{}: plaintext gRPC, every caller admitted (loopback "
-                 "development; see --tls_cert)", name);
+    spdlog::warn(
+        "{}: plaintext gRPC, every caller admitted (loopback "
+        "development; see --tls_cert)",
+        name);
     return;
   }
   if (!sec->files.mutual()) {
@@ -109,7 +111,8 @@ int ServeUntilSignal(const ServeOptions& options) {
   if (!metrics_listen.empty() && options.metrics != nullptr) {
     auto started = MetricsHttpServer::Start(metrics_listen, options.metrics);
     if (!started.ok()) {
-      spdlog::critical("{}: {}", options.name, std::string(started.status().message()));
+      spdlog::critical("{}: {}", options.name,
+                       std::string(started.status().message()));
       return 1;
     }
     metrics_server = std::move(*started);
@@ -127,7 +130,8 @@ int ServeUntilSignal(const ServeOptions& options) {
   server_options.health_listen = absl::GetFlag(FLAGS_health_listen);
   auto server = GrpcServer::Start(server_options, options.services);
   if (!server.ok()) {
-    spdlog::critical("{}: {}", options.name, std::string(server.status().message()));
+    spdlog::critical("{}: {}", options.name,
+                     std::string(server.status().message()));
     return 1;
   }
   spdlog::info("{}: serving gRPC on {}", options.name, (*server)->address());
@@ -147,7 +151,8 @@ int ServeUntilSignal(const ServeOptions& options) {
       (*server)->SetServing(false);
       serving = false;
     } else if (!serving && why.empty()) {
-      spdlog::info("{}: health SERVING again: the work loop moves", options.name);
+      spdlog::info("{}: health SERVING again: the work loop moves",
+                   options.name);
       (*server)->SetServing(true);
       serving = true;
     }

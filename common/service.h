@@ -13,8 +13,8 @@
 #include "absl/flags/declare.h"
 #include "absl/time/time.h"
 #include "common/db.h"
-#include "common/metrics.h"
 #include "common/identity.h"
+#include "common/metrics.h"
 #include "common/server.h"
 #include "common/tls.h"
 #include "common/watchdog.h"
@@ -45,8 +45,8 @@ struct ServerSecurity {
 absl::StatusOr<ServerSecurity> ServerSecurityFromFlags();
 
 struct ServeOptions {
-  std::string name;    // e.g. "outbox-producer", for logs
-  std::string listen;  // gRPC address
+  std::string name;                          // e.g. "outbox-producer", for logs
+  std::string listen;                        // gRPC address
   const ServerSecurity* security = nullptr;  // null: plaintext
   int max_receive_message_bytes = kMaxApiMessageBytes;
   std::vector<NamedService> services;

@@ -23,7 +23,8 @@ absl::StatusCode CodeForSqlState(absl::string_view state) {
       break;
   }
   if (state == "23505") return absl::StatusCode::kAlreadyExists;
-  if (absl::StartsWith(state, "23")) return absl::StatusCode::kFailedPrecondition;
+  if (absl::StartsWith(state, "23"))
+    return absl::StatusCode::kFailedPrecondition;
   return absl::StatusCode::kInvalidArgument;
 }
 
@@ -33,9 +34,12 @@ ErrorOrigin OriginOf(const absl::Status& s) {
 
 const char* ErrorOriginName(ErrorOrigin origin) {
   switch (origin) {
-    case ErrorOrigin::kData: return "data";
-    case ErrorOrigin::kConflict: return "conflict";
-    case ErrorOrigin::kWorld: return "world";
+    case ErrorOrigin::kData:
+      return "data";
+    case ErrorOrigin::kConflict:
+      return "conflict";
+    case ErrorOrigin::kWorld:
+      return "world";
   }
   return "?";
 }

@@ -10,7 +10,7 @@
 //   class  meaning                                  origin    status
 //   22     data exception (bad value, overflow,     kData     INVALID_ARGUMENT
 //          bad encoding, too long)
-//   23     integrity constraint violation           kData     FAILED_PRECONDITION
+//   23     integrity constraint violation           kData FAILED_PRECONDITION
 //          (23505 unique violation)                           (ALREADY_EXISTS)
 //   54     program limit exceeded (a value too      kData     INVALID_ARGUMENT
 //          large for an index, too many elements)
@@ -49,7 +49,7 @@
 namespace outbox {
 
 enum class ErrorOrigin {
-  kData,      // the values a statement carried; one request or event is at fault
+  kData,  // the values a statement carried; one request or event is at fault
   kConflict,  // a transaction conflict; the same work succeeds when retried now
   kWorld,     // the database, its configuration or the network; retry later
 };

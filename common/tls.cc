@@ -46,7 +46,8 @@ absl::Status Together(const std::string& a, const char* a_flag,
 }  // namespace
 
 absl::Status CheckServerTls(const ServerTlsFiles& f) {
-  if (absl::Status s = Together(f.cert, "--tls_cert", f.key, "--tls_key"); !s.ok())
+  if (absl::Status s = Together(f.cert, "--tls_cert", f.key, "--tls_key");
+      !s.ok())
     return s;
   if (f.mutual() && !f.tls()) {
     return absl::InvalidArgumentError(
@@ -57,11 +58,13 @@ absl::Status CheckServerTls(const ServerTlsFiles& f) {
     return s;
   if (absl::Status s = CheckPem(f.key, "--tls_key", "PRIVATE KEY"); !s.ok())
     return s;
-  if (f.mutual()) return CheckPem(f.client_ca, "--tls_client_ca", "CERTIFICATE");
+  if (f.mutual())
+    return CheckPem(f.client_ca, "--tls_client_ca", "CERTIFICATE");
   return absl::OkStatus();
 }
 
-absl::Status CheckClientTls(const ClientTlsFiles& f, const ClientTlsFlags& flags) {
+absl::Status CheckClientTls(const ClientTlsFiles& f,
+                            const ClientTlsFlags& flags) {
   if (absl::Status s = Together(f.cert, flags.cert, f.key, flags.key); !s.ok())
     return s;
   if (!f.cert.empty() && !f.tls()) {
@@ -69,7 +72,8 @@ absl::Status CheckClientTls(const ClientTlsFiles& f, const ClientTlsFlags& flags
         flags.cert, ": needs ", flags.ca, " (the server's CA) as well"));
   }
   if (!f.tls()) return absl::OkStatus();
-  if (absl::Status s = CheckPem(f.ca, flags.ca, "CERTIFICATE"); !s.ok()) return s;
+  if (absl::Status s = CheckPem(f.ca, flags.ca, "CERTIFICATE"); !s.ok())
+    return s;
   if (f.cert.empty()) return absl::OkStatus();
   if (absl::Status s = CheckPem(f.cert, flags.cert, "CERTIFICATE"); !s.ok())
     return s;

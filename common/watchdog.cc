@@ -41,11 +41,11 @@ std::optional<std::string> Watchdog::Stalled(absl::Time now) const {
   if (stall_timeout_ <= absl::ZeroDuration()) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   if (!busy_ || now - since_ <= stall_timeout_) return std::nullopt;
-  return absl::StrCat(what_, " made no progress for ",
-                      absl::FormatDuration(absl::Trunc(now - since_,
-                                                       absl::Seconds(1))),
-                      " while it had work",
-                      last_error_.empty() ? "" : "; last error: ", last_error_);
+  return absl::StrCat(
+      what_, " made no progress for ",
+      absl::FormatDuration(absl::Trunc(now - since_, absl::Seconds(1))),
+      " while it had work",
+      last_error_.empty() ? "" : "; last error: ", last_error_);
 }
 
 }  // namespace outbox

@@ -102,8 +102,8 @@ absl::StatusOr<v1::LegacyOrderPayload> DecodeOrderPayload(const v1::Event& e) {
     } else if (type == "OrderCancelled") {
       ok = e.payload().UnpackTo(p.mutable_order_cancelled());
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("event_type: unknown type \"", type.substr(0, 64), "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "event_type: unknown type \"", type.substr(0, 64), "\""));
     }
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -117,15 +117,14 @@ absl::StatusOr<v1::LegacyOrderPayload> DecodeOrderPayload(const v1::Event& e) {
   if (!p.ParseFromString(e.SerializeAsString())) {
     return absl::InvalidArgumentError("payload: does not parse");
   }
-  const bool matches =
-      (type == "OrderCreated" && p.has_order_created()) ||
-      (type == "OrderPaid" && p.has_order_paid()) ||
-      (type == "OrderCancelled" && p.has_order_cancelled());
+  const bool matches = (type == "OrderCreated" && p.has_order_created()) ||
+                       (type == "OrderPaid" && p.has_order_paid()) ||
+                       (type == "OrderCancelled" && p.has_order_cancelled());
   if (!matches) {
     if (type != "OrderCreated" && type != "OrderPaid" &&
         type != "OrderCancelled") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("event_type: unknown type \"", type.substr(0, 64), "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "event_type: unknown type \"", type.substr(0, 64), "\""));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("payload: ", type, " without its payload"));
@@ -153,14 +152,18 @@ absl::Status BillingHandler::Validate(const v1::Event& e) const {
   if (!p.ok()) return p.status();
   std::string order_id;
   if (p->has_order_created()) {
-    if (p->order_created().total_cents() < 0) return bad("payload: negative total");
-    if (p->order_created().currency().size() != 3) return bad("payload: bad currency");
+    if (p->order_created().total_cents() < 0)
+      return bad("payload: negative total");
+    if (p->order_created().currency().size() != 3)
+      return bad("payload: bad currency");
     order_id = p->order_created().order_id();
   } else if (p->has_order_paid()) {
-    if (p->order_paid().amount_cents() < 0) return bad("payload: negative amount");
+    if (p->order_paid().amount_cents() < 0)
+      return bad("payload: negative amount");
     order_id = p->order_paid().order_id();
   } else {
-    if (p->order_cancelled().refund_cents() < 0) return bad("payload: negative refund");
+    if (p->order_cancelled().refund_cents() < 0)
+      return bad("payload: negative refund");
     order_id = p->order_cancelled().order_id();
   }
   if (order_id != e.aggregate_id()) {
@@ -198,13 +201,14 @@ std::vector<inbox::Rejection> BillingHandler::Apply(
     }
   }
   for (const auto& row :
-       ids.empty() ? pqxx::result()
-                   : ExecPrepared(tx, "read_views",
-                                  "SELECT v.* FROM unnest($1::text[]) AS a "
-                                  "JOIN LATERAL (SELECT order_id, customer_id, "
-                                  "status, total_cents, currency, last_seq "
-                                  "FROM order_view WHERE order_id = a) v ON true",
-                                  ids.str())) {
+       ids.empty()
+           ? pqxx::result()
+           : ExecPrepared(tx, "read_views",
+                          "SELECT v.* FROM unnest($1::text[]) AS a "
+                          "JOIN LATERAL (SELECT order_id, customer_id, "
+                          "status, total_cents, currency, last_seq "
+                          "FROM order_view WHERE order_id = a) v ON true",
+                          ids.str())) {
     OrderState& o = orders[row["order_id"].as<std::string>()];
     o.customer_id = row["customer_id"].as<std::string>();
     o.status = row["status"].as<std::string>();

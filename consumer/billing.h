@@ -5,7 +5,6 @@
 // engine's transaction with the inbox rows of the events that caused them.
 
 #include <pqxx/pqxx>
-
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,7 +18,8 @@ inline constexpr int kOrderSchemaVersion = 1;
 // The order payload of `event`: from its payload, or from the fields that
 // events written before the envelope was domain-free carry. InvalidArgument
 // when it has none, or not the one its event_type names.
-absl::StatusOr<v1::LegacyOrderPayload> DecodeOrderPayload(const v1::Event& event);
+absl::StatusOr<v1::LegacyOrderPayload> DecodeOrderPayload(
+    const v1::Event& event);
 
 class BillingHandler final : public inbox::Handler {
  public:

@@ -61,8 +61,7 @@ TEST(BillingValidate, RejectsWithAReason) {
               e.mutable_payload()->set_type_url(
                   "type.googleapis.com/outbox.v1.OrderPaid");
               e.mutable_payload()->set_value("\xff\xff\xff");
-            })
-                .substr(0, 30),
+            }).substr(0, 30),
             "payload: OrderPaid expected, g");
   EXPECT_EQ(Reason([](auto& e) {
               v1::OrderPaid p;
@@ -77,9 +76,9 @@ TEST(BillingValidate, RejectsWithAReason) {
               e.mutable_payload()->PackFrom(p);
             }),
             "payload: negative amount");
-  EXPECT_EQ(Reason([](auto& e) { e.set_aggregate_type("invoice"); })
-                .substr(0, 15),
-            "aggregate_type:");
+  EXPECT_EQ(
+      Reason([](auto& e) { e.set_aggregate_type("invoice"); }).substr(0, 15),
+      "aggregate_type:");
 }
 
 // An event written before the envelope was domain-free: the payload in
@@ -91,8 +90,8 @@ TEST(BillingValidate, ReadsEventsOfTheEarlierEnvelope) {
   legacy.mutable_order_paid()->set_order_id(kOrder);
   legacy.mutable_order_paid()->set_amount_cents(250);
   v1::Event old;
-  ASSERT_TRUE(old.ParseFromString(e.SerializeAsString() +
-                                  legacy.SerializeAsString()));
+  ASSERT_TRUE(
+      old.ParseFromString(e.SerializeAsString() + legacy.SerializeAsString()));
   EXPECT_TRUE(BillingHandler().Validate(old).ok());
   auto decoded = DecodeOrderPayload(old);
   ASSERT_TRUE(decoded.ok());

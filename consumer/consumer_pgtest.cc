@@ -122,7 +122,6 @@ class ConsumerTest : public ::testing::Test {
     return out;
   }
 
-
   // Every aggregate's inbox rows are in seq order by apply_id, and each
   // applied seq is the chain's next.
   void ExpectAppliedInOrder() {
@@ -166,8 +165,8 @@ TEST_F(ConsumerTest, DuplicatesAreAnsweredAndHaveNoSecondEffect) {
   auto chain = OrderChain(1);
   Deliver({chain});
   auto again = Deliver({chain, {chain[1]}});
-  EXPECT_EQ(Outcomes(again), (V{v1::DUPLICATE, v1::DUPLICATE, v1::DUPLICATE,
-                                v1::DUPLICATE}));
+  EXPECT_EQ(Outcomes(again),
+            (V{v1::DUPLICATE, v1::DUPLICATE, v1::DUPLICATE, v1::DUPLICATE}));
   // Also inside one batch.
   auto other = OrderChain(10);
   auto twice = Deliver({{other[0], other[0], other[1], other[1]}});
@@ -302,8 +301,9 @@ TEST(ConsumerDown, UnreachableDatabaseEndsTheStreamUnavailable) {
   Metrics metrics;
   Engine applier(&db, Billing(), &metrics);
   EventSinkImpl sink(&applier);
-  auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                                  {{&sink, v1::EventSink::service_full_name()}});
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&sink, v1::EventSink::service_full_name()}});
   ASSERT_TRUE(server.ok());
   auto stub = v1::EventSink::NewStub(testing::Loopback((*server)->port()));
   grpc::ClientContext ctx;
@@ -341,9 +341,10 @@ class Session {
 // Ends every other session of the database: a pooled connection then
 // reconnects, as after a failover.
 void TerminateOthers(testing::TestDatabase& tdb) {
-  tdb.Exec(absl::StrCat(
-      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '",
-      tdb.name(), "' AND pid <> pg_backend_pid()"));
+  tdb.Exec(
+      absl::StrCat("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                   "WHERE datname = '",
+                   tdb.name(), "' AND pid <> pg_backend_pid()"));
 }
 
 class GrayFailureTest : public ::testing::Test {
@@ -367,19 +368,22 @@ class GrayFailureTest : public ::testing::Test {
     return out;
   }
   int64_t Rejected() {
-    return metrics_.AddCounter("outbox_consumer_events_total{outcome=\"rejected\"}",
-                               "")->value();
+    return metrics_
+        .AddCounter("outbox_consumer_events_total{outcome=\"rejected\"}", "")
+        ->value();
   }
   int64_t Inbox() { return tdb_.Scalar("SELECT count(*) FROM inbox"); }
 
   // A trigger on inbox that raises `sqlstate` for every row (or only for
   // rows of `event_type`).
-  void RaiseOnInbox(const std::string& sqlstate, const std::string& event_type = "") {
+  void RaiseOnInbox(const std::string& sqlstate,
+                    const std::string& event_type = "") {
     tdb_.Exec(absl::StrCat(
         "CREATE OR REPLACE FUNCTION gray_fail() RETURNS trigger LANGUAGE "
-        "plpgsql AS $$ BEGIN IF '", event_type, "' = '' OR NEW.event_type = '",
-        event_type, "' THEN RAISE EXCEPTION 'injected' USING ERRCODE = '",
-        sqlstate, "'; END IF; RETURN NEW; END $$; "
+        "plpgsql AS $$ BEGIN IF '",
+        event_type, "' = '' OR NEW.event_type = '", event_type,
+        "' THEN RAISE EXCEPTION 'injected' USING ERRCODE = '", sqlstate,
+        "'; END IF; RETURN NEW; END $$; "
         "CREATE TRIGGER gray_fail BEFORE INSERT ON inbox FOR EACH ROW "
         "EXECUTE FUNCTION gray_fail()"));
   }
@@ -387,7 +391,8 @@ class GrayFailureTest : public ::testing::Test {
 
   // The batch fails as unavailable, nothing is written or counted against
   // the events; once `heal` ran, the same batch applies.
-  void ExpectCostsTimeNotEvents(Engine* applier, const std::function<void()>& heal,
+  void ExpectCostsTimeNotEvents(Engine* applier,
+                                const std::function<void()>& heal,
                                 const std::string& expect_in_message) {
     auto chain = OrderChain(1);
     auto failed = applier->ApplyBatch(Ptrs(chain));
@@ -406,7 +411,6 @@ class GrayFailureTest : public ::testing::Test {
     EXPECT_EQ(Outcomes(*applied), (V{v1::APPLIED, v1::APPLIED, v1::APPLIED}));
     EXPECT_EQ(Inbox(), 3);
   }
-
 
   testing::TestDatabase tdb_;
   Metrics metrics_;
@@ -429,9 +433,13 @@ TEST_F(GrayFailureTest, ReadOnlyDatabase) {
 
 TEST_F(GrayFailureTest, MissingPrivilege) {
   const std::string role = absl::StrCat("gray_", NewUuid().substr(0, 8));
-  tdb_.Exec(absl::StrCat("CREATE ROLE ", role, " LOGIN; GRANT ALL ON ALL TABLES "
-                         "IN SCHEMA public TO ", role, "; REVOKE INSERT ON inbox "
-                         "FROM ", role));
+  tdb_.Exec(absl::StrCat("CREATE ROLE ", role,
+                         " LOGIN; GRANT ALL ON ALL TABLES "
+                         "IN SCHEMA public TO ",
+                         role,
+                         "; REVOKE INSERT ON inbox "
+                         "FROM ",
+                         role));
   std::string url = tdb_.url();
   url.replace(url.find("postgres@"), 9, role + "@");
   auto applier = MakeApplier(url);
@@ -446,23 +454,27 @@ TEST_F(GrayFailureTest, MissingPrivilege) {
 TEST_F(GrayFailureTest, DiskFull) {
   auto applier = MakeApplier(tdb_.url());
   RaiseOnInbox("53100");
-  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "53100");
+  ExpectCostsTimeNotEvents(
+      applier.get(), [&] { StopRaising(); }, "53100");
 }
 
 TEST_F(GrayFailureTest, TooManyConnectionsAndOutOfMemory) {
   auto applier = MakeApplier(tdb_.url());
   RaiseOnInbox("53300");
-  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "53300");
+  ExpectCostsTimeNotEvents(
+      applier.get(), [&] { StopRaising(); }, "53300");
   tdb_.Exec("TRUNCATE inbox, aggregate_cursors, order_view, charges");
   RaiseOnInbox("53200");
-  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "53200");
+  ExpectCostsTimeNotEvents(
+      applier.get(), [&] { StopRaising(); }, "53200");
 }
 
 TEST_F(GrayFailureTest, LockTimeout) {
   auto applier = MakeApplier(tdb_.url());
   Session rogue(tdb_.url());
   rogue.Hold("LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE");
-  ExpectCostsTimeNotEvents(applier.get(), [&] { rogue.Release(); }, "55P03");
+  ExpectCostsTimeNotEvents(
+      applier.get(), [&] { rogue.Release(); }, "55P03");
 }
 
 TEST_F(GrayFailureTest, StatementTimeout) {
@@ -476,13 +488,16 @@ TEST_F(GrayFailureTest, StatementTimeout) {
       "57014");
 }
 
-TEST_F(GrayFailureTest, SerializationFailuresAndDeadlocksAreRetriedThenUnavailable) {
+TEST_F(GrayFailureTest,
+       SerializationFailuresAndDeadlocksAreRetriedThenUnavailable) {
   auto applier = MakeApplier(tdb_.url());
   RaiseOnInbox("40001");
-  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "40001");
+  ExpectCostsTimeNotEvents(
+      applier.get(), [&] { StopRaising(); }, "40001");
   tdb_.Exec("TRUNCATE inbox, aggregate_cursors, order_view, charges");
   RaiseOnInbox("40P01");
-  ExpectCostsTimeNotEvents(applier.get(), [&] { StopRaising(); }, "40P01");
+  ExpectCostsTimeNotEvents(
+      applier.get(), [&] { StopRaising(); }, "40P01");
 }
 
 TEST_F(GrayFailureTest, ServerEndsTheSessionMidBatch) {
@@ -529,7 +544,8 @@ TEST_F(GrayFailureTest, BadDataIsPinnedOnItsEventAlone) {
   EXPECT_EQ(Inbox(), 2);
   StopRaising();
   // A constraint violation (class 23) on the billing effect: the same.
-  tdb_.Exec("ALTER TABLE charges ADD CONSTRAINT sane CHECK (amount_cents < 500)");
+  tdb_.Exec(
+      "ALTER TABLE charges ADD CONSTRAINT sane CHECK (amount_cents < 500)");
   auto results2 = applier->ApplyBatch(Ptrs({chain[1], other[1]}));
   ASSERT_TRUE(results2.ok()) << results2.status();
   EXPECT_EQ(Outcomes(*results2), (V{v1::REJECTED, v1::REJECTED}));
@@ -574,8 +590,9 @@ TEST_F(ConsumerTest, AnEventReusingAPassedPositionIsRejectedAndChangesNothing) {
       << results[0].reason();
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 2);
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 3);
-  EXPECT_EQ(metrics_.AddCounter("outbox_consumer_position_reused_total", "")->value(),
-            1);
+  EXPECT_EQ(
+      metrics_.AddCounter("outbox_consumer_position_reused_total", "")->value(),
+      1);
   // The real one is still a duplicate.
   EXPECT_EQ(Outcomes(Deliver({{chain[1]}})), (V{v1::DUPLICATE}));
 }
@@ -610,8 +627,9 @@ TEST_F(ConsumerTest, AHeldForkThatTheChainPassesIsDiscardedAndCounted) {
             (V{v1::APPLIED, v1::APPLIED, v1::APPLIED}));
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_events"), 0);
   EXPECT_EQ(tdb_.Scalar("SELECT held_count FROM aggregate_cursors"), 0);
-  EXPECT_EQ(metrics_.AddCounter("outbox_consumer_held_discarded_total", "")->value(),
-            1);
+  EXPECT_EQ(
+      metrics_.AddCounter("outbox_consumer_held_discarded_total", "")->value(),
+      1);
   ExpectAppliedInOrder();
 }
 
@@ -658,8 +676,9 @@ TEST(ConsumerSink, AReadOnlyDatabaseEndsTheStreamUnavailable) {
   Metrics metrics;
   Engine applier(&db, Billing(), &metrics);
   EventSinkImpl sink(&applier);
-  auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                                  {{&sink, v1::EventSink::service_full_name()}});
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&sink, v1::EventSink::service_full_name()}});
   ASSERT_TRUE(server.ok());
   tdb.Exec(absl::StrCat("ALTER DATABASE ", tdb.name(),
                         " SET default_transaction_read_only = on"));
@@ -766,7 +785,8 @@ TEST(HandlerRefusal, RejectsTheEventDefersItsSuccessorsAndKeepsTheRest) {
   EXPECT_EQ((*r)[0].outcome(), v1::APPLIED);
   EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM held_events"), 1);
   EXPECT_EQ(tdb.Scalar("SELECT last_seq FROM aggregate_cursors WHERE "
-                       "aggregate_id = '" + c[0].aggregate_id() + "'"),
+                       "aggregate_id = '" +
+                       c[0].aggregate_id() + "'"),
             20);
 }
 

@@ -42,14 +42,16 @@ int main(int argc, char** argv) {
   const outbox::DbSession session = outbox::DbSessionFromFlags();
   auto security = outbox::ServerSecurityFromFlags();
   if (!security.ok()) {
-    spdlog::critical("outbox-consumer: {}", std::string(security.status().message()));
+    spdlog::critical("outbox-consumer: {}",
+                     std::string(security.status().message()));
     return 2;
   }
   security->rules.delivery =
       outbox::ParseIdentityList(absl::GetFlag(FLAGS_delivery_clients));
   if (!security->rules.delivery.empty() && !security->files.mutual()) {
-    spdlog::critical("outbox-consumer: --delivery_clients: identities come "
-                     "from client certificates; needs --tls_client_ca");
+    spdlog::critical(
+        "outbox-consumer: --delivery_clients: identities come "
+        "from client certificates; needs --tls_client_ca");
     return 2;
   }
   outbox::CallerCheck check(security->rules);
@@ -63,8 +65,10 @@ int main(int argc, char** argv) {
   } else if (absl::GetFlag(FLAGS_handler) == "audit") {
     handler = std::make_unique<outbox::consumer::AuditHandler>();
   } else {
-    spdlog::critical("outbox-consumer: --handler must be billing or audit, "
-                     "got \"{}\"", absl::GetFlag(FLAGS_handler));
+    spdlog::critical(
+        "outbox-consumer: --handler must be billing or audit, "
+        "got \"{}\"",
+        absl::GetFlag(FLAGS_handler));
     return 2;
   }
   if (auto exit_code = outbox::MigrateAtStartup(
@@ -73,8 +77,8 @@ int main(int argc, char** argv) {
           session)) {
     return *exit_code;
   }
-  outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
-                      "outbox-consumer", session);
+  outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size), "outbox-consumer",
+                      session);
   outbox::Metrics metrics;
   outbox::Watchdog watchdog("consumer apply path",
                             absl::GetFlag(FLAGS_stall_timeout));
@@ -88,8 +92,8 @@ int main(int argc, char** argv) {
   // connections delivery needs.
   outbox::Database query_db(url, absl::GetFlag(FLAGS_query_db_pool_size),
                             "outbox-consumer-query", session);
-  outbox::consumer::BillingQueryImpl query(&query_db, &metrics,
-                                          handler->name(), &check);
+  outbox::consumer::BillingQueryImpl query(&query_db, &metrics, handler->name(),
+                                           &check);
   return outbox::ServeUntilSignal(
       {.name = "outbox-consumer",
        .listen = absl::GetFlag(FLAGS_listen),

@@ -7,13 +7,15 @@
 namespace outbox::consumer {
 
 BillingQueryImpl::BillingQueryImpl(Database* db, Metrics* metrics,
-                                   std::string handler, const CallerCheck* check)
+                                   std::string handler,
+                                   const CallerCheck* check)
     : db_(db), metrics_(metrics), handler_(std::move(handler)), check_(check) {}
 
 grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext* ctx,
                                             const v1::GetOrderViewRequest* req,
                                             v1::GetOrderViewResponse* resp) {
-  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "BillingQuery.GetOrderView");
+  if (grpc::Status a =
+          Admit(check_, ctx, Access::kCall, "BillingQuery.GetOrderView");
       !a.ok()) {
     return a;
   }
@@ -33,8 +35,8 @@ grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext* ctx,
         "FROM order_view WHERE order_id = $1",
         req->order_id());
     if (r.empty()) {
-      return absl::NotFoundError(absl::StrCat(
-          "order ", req->order_id(), " has no applied events here"));
+      return absl::NotFoundError(absl::StrCat("order ", req->order_id(),
+                                              " has no applied events here"));
     }
     v1::OrderView* v = resp->mutable_order();
     v->set_order_id(r[0][0].as<std::string>());
@@ -62,7 +64,8 @@ grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext* ctx,
 grpc::Status BillingQueryImpl::GetStats(grpc::ServerContext* ctx,
                                         const v1::GetConsumerStatsRequest*,
                                         v1::ConsumerStats* resp) {
-  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "BillingQuery.GetStats");
+  if (grpc::Status a =
+          Admit(check_, ctx, Access::kCall, "BillingQuery.GetStats");
       !a.ok()) {
     return a;
   }
@@ -97,7 +100,8 @@ grpc::Status BillingQueryImpl::GetStats(grpc::ServerContext* ctx,
 grpc::Status BillingQueryImpl::ListHeldEvents(
     grpc::ServerContext* ctx, const v1::ListHeldEventsRequest* req,
     v1::ListHeldEventsResponse* resp) {
-  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "BillingQuery.ListHeldEvents");
+  if (grpc::Status a =
+          Admit(check_, ctx, Access::kCall, "BillingQuery.ListHeldEvents");
       !a.ok()) {
     return a;
   }

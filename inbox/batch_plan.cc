@@ -31,7 +31,8 @@ class HeldIndex {
  public:
   void Add(const v1::Event* e) {
     // A legacy fork (two rows for one link) keeps the lowest seq.
-    auto [it, inserted] = by_link_.emplace(Key{e->aggregate_id(), e->prev_seq()}, e);
+    auto [it, inserted] =
+        by_link_.emplace(Key{e->aggregate_id(), e->prev_seq()}, e);
     if (!inserted && e->seq() < it->second->seq()) it->second = e;
     by_position_.emplace(Key{e->aggregate_id(), e->seq()}, e);
     by_id_.emplace(e->event_id(), e);
@@ -233,10 +234,10 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
   for (const v1::Event* h : held.All()) {
     AggregateState& st = state.at(h->aggregate_id());
     if (h->seq() > st.cursor) continue;
-    passed[h->event_id()] = absl::StrCat(
-        "fork: aggregate ", h->aggregate_id(), " reached seq ", st.cursor,
-        " by another event; this event (seq ", h->seq(), ", prev_seq ",
-        h->prev_seq(), ") can never apply");
+    passed[h->event_id()] =
+        absl::StrCat("fork: aggregate ", h->aggregate_id(), " reached seq ",
+                     st.cursor, " by another event; this event (seq ", h->seq(),
+                     ", prev_seq ", h->prev_seq(), ") can never apply");
     held.Remove(h);
     --st.held_count;
     if (from_snapshot.count(h)) {

@@ -70,7 +70,9 @@ class Planner {
     for (const v1::Event* e : plan_.hold) out.push_back(e->event_id());
     return out;
   }
-  const std::string& Reason(size_t i) const { return plan_.results[i].reason(); }
+  const std::string& Reason(size_t i) const {
+    return plan_.results[i].reason();
+  }
   const Plan& plan() const { return plan_; }
 
  private:
@@ -116,7 +118,8 @@ TEST(PlanBatch, ADifferentEventAtAPassedPositionIsRejectedAsReuse) {
   Planner p;
   p.Cursor("a", 9).Applied(Ev("a", 7, 3)).Run({Ev("a", 7, 3, "-restored")});
   EXPECT_EQ(p.Outcomes(), (V{R}));
-  EXPECT_NE(p.Reason(0).find("position reused"), std::string::npos) << p.Reason(0);
+  EXPECT_NE(p.Reason(0).find("position reused"), std::string::npos)
+      << p.Reason(0);
   EXPECT_EQ(p.plan().position_reused, 1);
   EXPECT_TRUE(p.plan().changed.empty());
 }

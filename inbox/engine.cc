@@ -37,13 +37,13 @@ void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
                "FROM unnest($1::text[]) AS a",
                ids, kAggregateLockClass);
   for (const std::string& a : aggregates) snap->aggregates[a] = {0, 0};
-  for (const auto& row : ExecPrepared(
-           tx, "read_cursors",
-           "SELECT c.aggregate_id, c.last_seq, c.held_count "
-           "FROM unnest($1::text[]) AS a "
-           "JOIN LATERAL (SELECT * FROM aggregate_cursors c "
-           "WHERE c.aggregate_id = a) c ON true",
-           ids)) {
+  for (const auto& row :
+       ExecPrepared(tx, "read_cursors",
+                    "SELECT c.aggregate_id, c.last_seq, c.held_count "
+                    "FROM unnest($1::text[]) AS a "
+                    "JOIN LATERAL (SELECT * FROM aggregate_cursors c "
+                    "WHERE c.aggregate_id = a) c ON true",
+                    ids)) {
     snap->aggregates[row[0].as<std::string>()] = {row[1].as<int64_t>(),
                                                   row[2].as<int64_t>()};
   }
@@ -90,7 +90,8 @@ absl::Status ReadHeld(pqxx::work& tx, const HeldQuery& q, Snapshot* snap) {
   return absl::OkStatus();
 }
 
-std::set<std::string> InInbox(pqxx::work& tx, const std::vector<std::string>& ids) {
+std::set<std::string> InInbox(pqxx::work& tx,
+                              const std::vector<std::string>& ids) {
   std::set<std::string> found;
   if (ids.empty()) return found;
   for (const auto& row : ExecPrepared(
@@ -198,8 +199,9 @@ Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
       duplicates_(metrics->AddCounter(
           "outbox_consumer_events_total{outcome=\"duplicate\"}",
           "Events answered, by outcome.")),
-      held_(metrics->AddCounter("outbox_consumer_events_total{outcome=\"held\"}",
-                                "Events answered, by outcome.")),
+      held_(
+          metrics->AddCounter("outbox_consumer_events_total{outcome=\"held\"}",
+                              "Events answered, by outcome.")),
       rejected_(metrics->AddCounter(
           "outbox_consumer_events_total{outcome=\"rejected\"}",
           "Events answered, by outcome.")),
@@ -218,10 +220,10 @@ Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
           "outbox_consumer_forks_total",
           "Events REJECTED because another event already holds their link "
           "or position in the chain.")),
-      over_cap_(metrics->AddCounter(
-          "outbox_consumer_held_cap_rejections_total",
-          "Events REJECTED because their aggregate holds "
-          "--max_held_per_aggregate events.")),
+      over_cap_(
+          metrics->AddCounter("outbox_consumer_held_cap_rejections_total",
+                              "Events REJECTED because their aggregate holds "
+                              "--max_held_per_aggregate events.")),
       discarded_(metrics->AddCounter(
           "outbox_consumer_held_discarded_total",
           "Held events dropped because their aggregate's chain passed their "
@@ -249,13 +251,16 @@ void Engine::Count(const Attempt& attempt) {
   over_cap_->Add(plan.over_cap);
   discarded_->Add(plan.discarded + attempt.passed_held.size());
   for (const std::string& id : attempt.passed_held) {
-    spdlog::warn("consumer: held event {} discarded: its aggregate's chain "
-                 "passed its position with another event (a fork)", id);
+    spdlog::warn(
+        "consumer: held event {} discarded: its aggregate's chain "
+        "passed its position with another event (a fork)",
+        id);
   }
   if (plan.position_reused + plan.forks + plan.over_cap > 0) {
     for (const v1::EventResult& r : plan.results) {
       if (r.outcome() == v1::REJECTED) {
-        spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(), r.reason());
+        spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(),
+                     r.reason());
       }
     }
   }
@@ -307,9 +312,10 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
         if (!in_batch && keep_held.insert(id).second) {
           progress = true;
           refused_held_->Add();
-          spdlog::warn("consumer: {} refused held event {} ({}); it stays "
-                       "held",
-                       handler_->name(), id, reason);
+          spdlog::warn(
+              "consumer: {} refused held event {} ({}); it stays "
+              "held",
+              handler_->name(), id, reason);
         }
       }
       if (progress) continue;
@@ -338,9 +344,10 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
     if (events.size() > 1) {
       // One event carries data the database refuses. Apply one by one so
       // that only the culprit is rejected.
-      spdlog::warn("consumer: batch of {} events failed on its data ({}); "
-                   "applying them one by one",
-                   events.size(), s.ToString());
+      spdlog::warn(
+          "consumer: batch of {} events failed on its data ({}); "
+          "applying them one by one",
+          events.size(), s.ToString());
       std::vector<v1::EventResult> each;
       std::set<std::string> rejected;  // as in one plan: later events defer
       for (size_t i = 0; i < events.size(); ++i) {
@@ -350,14 +357,16 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
           r.set_event_id(e.event_id());
           r.set_seq(e.seq());
           r.set_outcome(v1::DEFERRED);
-          r.set_reason("an earlier event of its aggregate in this batch was rejected");
+          r.set_reason(
+              "an earlier event of its aggregate in this batch was rejected");
           deferred_->Add();
           each.push_back(std::move(r));
           continue;
         }
         auto one = ApplyValidated({events[i]}, {invalid[i]});
         if (!one.ok()) return one.status();
-        if ((*one)[0].outcome() == v1::REJECTED) rejected.insert(e.aggregate_id());
+        if ((*one)[0].outcome() == v1::REJECTED)
+          rejected.insert(e.aggregate_id());
         each.push_back(std::move((*one)[0]));
       }
       return each;
@@ -373,9 +382,9 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
     return std::vector<v1::EventResult>{std::move(r)};
   }
   unavailable_->Add();
-  return absl::UnavailableError(absl::StrCat(
-      "database (", ErrorOriginName(OriginOf(s)), " error, not the events'): ",
-      s.message()));
+  return absl::UnavailableError(
+      absl::StrCat("database (", ErrorOriginName(OriginOf(s)),
+                   " error, not the events'): ", s.message()));
 }
 
 absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(

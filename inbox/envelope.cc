@@ -18,8 +18,8 @@ absl::Status ValidateEnvelope(const v1::Event& e) {
   }
   if (e.seq() <= 0) return bad("seq: must be positive, got ", e.seq());
   if (e.prev_seq() < 0 || e.prev_seq() >= e.seq()) {
-    return bad("prev_seq: must be in [0, seq), got ", e.prev_seq(), " with seq ",
-               e.seq());
+    return bad("prev_seq: must be in [0, seq), got ", e.prev_seq(),
+               " with seq ", e.seq());
   }
   if (e.event_type().empty() || e.event_type().size() > 128) {
     return bad("event_type: must be 1-128 bytes");

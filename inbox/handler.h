@@ -14,7 +14,6 @@
 //   };
 
 #include <pqxx/pqxx>
-
 #include <string>
 #include <vector>
 

@@ -16,7 +16,8 @@ grpc::Status EventSinkImpl::Deliver(
     grpc::ServerReaderWriter<v1::DeliverResponse, v1::DeliverRequest>* stream) {
   // Only the relay may deliver: anyone else could forge effects or push a
   // cursor past real events.
-  if (grpc::Status a = Admit(check_, ctx, Access::kDeliver, "EventSink.Deliver");
+  if (grpc::Status a =
+          Admit(check_, ctx, Access::kDeliver, "EventSink.Deliver");
       !a.ok()) {
     return a;
   }

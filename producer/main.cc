@@ -26,20 +26,24 @@ ABSL_FLAG(bool, notify, true,
           "not wait for their poll.");
 
 int main(int argc, char** argv) {
-  outbox::InitProcess(argc, argv,
-                      "outbox-producer: the order service with a "
-                      "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
+  outbox::InitProcess(
+      argc, argv,
+      "outbox-producer: the order service with a "
+      "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
   const outbox::DbSession session = outbox::DbSessionFromFlags();
   if (absl::GetFlag(FLAGS_commit_writers) < 1 ||
-      absl::GetFlag(FLAGS_commit_writers) >= absl::GetFlag(FLAGS_db_pool_size)) {
-    spdlog::critical("outbox-producer: --commit_writers must be 1 to "
-                     "--db_pool_size - 1");
+      absl::GetFlag(FLAGS_commit_writers) >=
+          absl::GetFlag(FLAGS_db_pool_size)) {
+    spdlog::critical(
+        "outbox-producer: --commit_writers must be 1 to "
+        "--db_pool_size - 1");
     return 2;
   }
   auto security = outbox::ServerSecurityFromFlags();
   if (!security.ok()) {
-    spdlog::critical("outbox-producer: {}", std::string(security.status().message()));
+    spdlog::critical("outbox-producer: {}",
+                     std::string(security.status().message()));
     return 2;
   }
   outbox::CallerCheck check(security->rules);
@@ -47,11 +51,11 @@ int main(int argc, char** argv) {
           "outbox-producer", url, outbox::producer::OrdersSchemas(), session)) {
     return *exit_code;
   }
-  outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size),
-                      "outbox-producer", session);
+  outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size), "outbox-producer",
+                      session);
   outbox::Metrics metrics;
-  outbox::Writer writer(
-      {.notify_url = absl::GetFlag(FLAGS_notify) ? url : "", .session = session});
+  outbox::Writer writer({.notify_url = absl::GetFlag(FLAGS_notify) ? url : "",
+                         .session = session});
   outbox::Watchdog watchdog("producer database writes",
                             absl::GetFlag(FLAGS_stall_timeout));
   outbox::producer::OrderStoreOptions store_options;
@@ -63,12 +67,12 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_db_pool_size) - absl::GetFlag(FLAGS_commit_writers),
       1024);
   outbox::producer::OrderServiceImpl service(&store, &metrics, &workers,
-                                             &watchdog,
-                                             &check);
-  return outbox::ServeUntilSignal({.name = "outbox-producer",
-                                   .listen = absl::GetFlag(FLAGS_listen),
-                                   .security = &*security,
-                                   .services = {{&service, outbox::v1::OrderService::service_full_name()}},
-                                   .metrics = &metrics,
-                                   .watchdogs = {&watchdog}});
+                                             &watchdog, &check);
+  return outbox::ServeUntilSignal(
+      {.name = "outbox-producer",
+       .listen = absl::GetFlag(FLAGS_listen),
+       .security = &*security,
+       .services = {{&service, outbox::v1::OrderService::service_full_name()}},
+       .metrics = &metrics,
+       .watchdogs = {&watchdog}});
 }

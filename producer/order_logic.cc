@@ -6,8 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/ids.h"
 #include "common/log.h"
 
@@ -67,8 +67,8 @@ absl::Status CheckText(absl::string_view field, absl::string_view value,
 }  // namespace
 
 absl::StatusOr<int64_t> ValidateCreate(const v1::CreateOrderRequest& req) {
-  if (absl::Status s = CheckText("customer_id", req.customer_id(), 1,
-                                 kMaxTextChars);
+  if (absl::Status s =
+          CheckText("customer_id", req.customer_id(), 1, kMaxTextChars);
       !s.ok()) {
     return s;
   }
@@ -86,9 +86,9 @@ absl::StatusOr<int64_t> ValidateCreate(const v1::CreateOrderRequest& req) {
       return s;
     }
     if (item.quantity() < 1 || item.quantity() > kMaxQuantity) {
-      return Invalid(prefix + "quantity",
-                     absl::StrCat("must be 1-", kMaxQuantity, ", got ",
-                                  item.quantity()));
+      return Invalid(
+          prefix + "quantity",
+          absl::StrCat("must be 1-", kMaxQuantity, ", got ", item.quantity()));
     }
     if (item.unit_price_cents() < 0 ||
         item.unit_price_cents() > kMaxUnitPriceCents) {
@@ -106,10 +106,10 @@ absl::StatusOr<int64_t> ValidateCreate(const v1::CreateOrderRequest& req) {
   const std::string& cur = req.currency();
   if (cur.size() != 3 || !(cur[0] >= 'A' && cur[0] <= 'Z') ||
       !(cur[1] >= 'A' && cur[1] <= 'Z') || !(cur[2] >= 'A' && cur[2] <= 'Z')) {
-    return Invalid("currency", absl::StrCat("must be three upper-case letters "
-                                            "(ISO 4217, e.g. EUR), got \"",
-                                            cur.size() <= 16 ? cur : "...",
-                                            "\""));
+    return Invalid("currency",
+                   absl::StrCat("must be three upper-case letters "
+                                "(ISO 4217, e.g. EUR), got \"",
+                                cur.size() <= 16 ? cur : "...", "\""));
   }
   if (absl::Status s = CheckText("idempotency_key", req.idempotency_key(), 0,
                                  kMaxIdempotencyKeyChars);
@@ -166,10 +166,14 @@ absl::Status CheckTransition(v1::OrderStatus from, v1::OrderStatus to) {
 
 std::string StatusName(v1::OrderStatus s) {
   switch (s) {
-    case v1::ORDER_STATUS_CREATED: return "CREATED";
-    case v1::ORDER_STATUS_PAID: return "PAID";
-    case v1::ORDER_STATUS_CANCELLED: return "CANCELLED";
-    default: return "UNSPECIFIED";
+    case v1::ORDER_STATUS_CREATED:
+      return "CREATED";
+    case v1::ORDER_STATUS_PAID:
+      return "PAID";
+    case v1::ORDER_STATUS_CANCELLED:
+      return "CANCELLED";
+    default:
+      return "UNSPECIFIED";
   }
 }
 
@@ -195,7 +199,8 @@ std::string RequestFingerprint(const v1::CreateOrderRequest& req) {
     h *= 1099511628211ULL;
   }
   char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(buf, sizeof(buf), "%016llx",
+                static_cast<unsigned long long>(h));
   return buf;
 }
 
@@ -203,7 +208,8 @@ std::string ItemsJson(
     const google::protobuf::RepeatedPtrField<v1::LineItem>& items) {
   std::string out = "[";
   for (int i = 0; i < items.size(); ++i) {
-    absl::StrAppend(&out, i ? "," : "", "{\"sku\":\"", JsonEscape(items[i].sku()),
+    absl::StrAppend(&out, i ? "," : "", "{\"sku\":\"",
+                    JsonEscape(items[i].sku()),
                     "\",\"quantity\":", items[i].quantity(),
                     ",\"unitPriceCents\":", items[i].unit_price_cents(), "}");
   }
@@ -217,8 +223,8 @@ class JsonCursor {
  public:
   explicit JsonCursor(absl::string_view s) : s_(s) {}
   void Space() {
-    while (!s_.empty() && (s_[0] == ' ' || s_[0] == '\n' || s_[0] == '\t' ||
-                           s_[0] == '\r')) {
+    while (!s_.empty() &&
+           (s_[0] == ' ' || s_[0] == '\n' || s_[0] == '\t' || s_[0] == '\r')) {
       s_.remove_prefix(1);
     }
   }
@@ -242,12 +248,26 @@ class JsonCursor {
       c = s_[0];
       s_.remove_prefix(1);
       switch (c) {
-        case '"': case '\\': case '/': out->push_back(c); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
-        case 'n': out->push_back('\n'); break;
-        case 'r': out->push_back('\r'); break;
-        case 't': out->push_back('\t'); break;
+        case '"':
+        case '\\':
+        case '/':
+          out->push_back(c);
+          break;
+        case 'b':
+          out->push_back('\b');
+          break;
+        case 'f':
+          out->push_back('\f');
+          break;
+        case 'n':
+          out->push_back('\n');
+          break;
+        case 'r':
+          out->push_back('\r');
+          break;
+        case 't':
+          out->push_back('\t');
+          break;
         case 'u': {
           uint32_t cp;
           if (!Hex4(&cp)) return false;
@@ -262,7 +282,8 @@ class JsonCursor {
           Utf8(cp, out);
           break;
         }
-        default: return false;
+        default:
+          return false;
       }
     }
     return Take('"');
@@ -290,10 +311,14 @@ class JsonCursor {
     for (int i = 0; i < 4; ++i) {
       const char c = s_[i];
       *out <<= 4;
-      if (c >= '0' && c <= '9') *out |= c - '0';
-      else if (c >= 'a' && c <= 'f') *out |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') *out |= c - 'A' + 10;
-      else return false;
+      if (c >= '0' && c <= '9')
+        *out |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        *out |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        *out |= c - 'A' + 10;
+      else
+        return false;
     }
     s_.remove_prefix(4);
     return true;
@@ -325,7 +350,8 @@ absl::Status ParseItemsJson(
     absl::string_view json,
     google::protobuf::RepeatedPtrField<v1::LineItem>* items) {
   items->Clear();
-  const absl::Status bad = absl::InvalidArgumentError("items: not the stored form");
+  const absl::Status bad =
+      absl::InvalidArgumentError("items: not the stored form");
   JsonCursor in(json);
   if (!in.Take('[')) return bad;
   if (in.Take(']')) return in.AtEnd() ? absl::OkStatus() : bad;

@@ -5,10 +5,10 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "outbox/v1/order.pb.h"
 
 namespace outbox::producer {
@@ -46,12 +46,14 @@ std::string RequestFingerprint(const v1::CreateOrderRequest& req);
 
 // The items as stored in orders.items (jsonb): a JSON array of
 // {"sku", "quantity", "unitPriceCents"} objects, the names grpcurl shows.
-std::string ItemsJson(const google::protobuf::RepeatedPtrField<v1::LineItem>& items);
+std::string ItemsJson(
+    const google::protobuf::RepeatedPtrField<v1::LineItem>& items);
 
 // Reads what ItemsJson wrote, as PostgreSQL prints it back (any spacing or
 // key order, JSON escapes), without a general JSON parser. InvalidArgument
 // for anything else; `items` is cleared first.
-absl::Status ParseItemsJson(absl::string_view json,
-                            google::protobuf::RepeatedPtrField<v1::LineItem>* items);
+absl::Status ParseItemsJson(
+    absl::string_view json,
+    google::protobuf::RepeatedPtrField<v1::LineItem>* items);
 
 }  // namespace outbox::producer

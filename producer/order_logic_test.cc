@@ -141,10 +141,10 @@ TEST(StateMachine, AllowsOnlyTheDocumentedTransitions) {
                              v1::ORDER_STATUS_CANCELLED};
   for (OrderStatus from : all) {
     for (OrderStatus to : all) {
-      bool allowed = (from == v1::ORDER_STATUS_CREATED &&
-                      to != v1::ORDER_STATUS_CREATED) ||
-                     (from == v1::ORDER_STATUS_PAID &&
-                      to == v1::ORDER_STATUS_CANCELLED);
+      bool allowed =
+          (from == v1::ORDER_STATUS_CREATED &&
+           to != v1::ORDER_STATUS_CREATED) ||
+          (from == v1::ORDER_STATUS_PAID && to == v1::ORDER_STATUS_CANCELLED);
       absl::Status s = CheckTransition(from, to);
       EXPECT_EQ(s.ok(), allowed) << StatusName(from) << "->" << StatusName(to);
       if (!allowed) {
@@ -193,11 +193,11 @@ TEST(ItemsJson, RoundTripsThroughTheStoredForm) {
 TEST(ItemsJson, ReadsWhatPostgresPrintsBack) {
   // jsonb's own output: spaces, keys by length, escapes as \u for controls.
   v1::CreateOrderRequest back;
-  ASSERT_TRUE(ParseItemsJson(
-                  "[{\"sku\": \"a\\u0001\\ud83d\\ude00\", \"quantity\": 2, "
-                  "\"unitPriceCents\": 1250}]",
-                  back.mutable_items())
-                  .ok());
+  ASSERT_TRUE(
+      ParseItemsJson("[{\"sku\": \"a\\u0001\\ud83d\\ude00\", \"quantity\": 2, "
+                     "\"unitPriceCents\": 1250}]",
+                     back.mutable_items())
+          .ok());
   ASSERT_EQ(back.items_size(), 1);
   EXPECT_EQ(back.items(0).sku(), "a\x01\xF0\x9F\x98\x80");
   EXPECT_EQ(back.items(0).quantity(), 2);

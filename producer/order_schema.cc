@@ -22,7 +22,8 @@ CREATE TABLE orders (
   updated_at      timestamptz NOT NULL DEFAULT now()
 );
 )sql"},
-      {2, "when a row became a dead letter", "SELECT 1  -- now the outbox schema's"},
+      {2, "when a row became a dead letter",
+       "SELECT 1  -- now the outbox schema's"},
       {3, "delivery state per subscription, apart from the immutable event",
        "SELECT 1  -- now the outbox schema's"},
       {4, "the chain head of each order moves to outbox_heads", R"sql(

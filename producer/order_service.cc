@@ -27,7 +27,8 @@ OrderServiceImpl::OrderServiceImpl(OrderStore* store, Metrics* metrics,
       watchdog_(watchdog),
       check_(check) {
   // Visible from the first scrape, before any call.
-  for (const char* method : {"CreateOrder", "PayOrder", "CancelOrder", "GetOrder"}) {
+  for (const char* method :
+       {"CreateOrder", "PayOrder", "CancelOrder", "GetOrder"}) {
     CallCounter(method, absl::StatusCode::kOk);
   }
 }
@@ -116,7 +117,8 @@ grpc::ServerUnaryReactor* OrderServiceImpl::CreateOrder(
   store_->CreateAsync(*req, *total, TraceParentFrom(*ctx),
                       [=](absl::StatusOr<v1::Order> order) {
                         Watch(order.status());
-                        if (order.ok()) *resp->mutable_order() = std::move(*order);
+                        if (order.ok())
+                          *resp->mutable_order() = std::move(*order);
                         Finish(reactor, "CreateOrder", start, order.status());
                       });
   return reactor;

@@ -1,8 +1,6 @@
 // OrderService over real gRPC on loopback against a real PostgreSQL: status
 // codes as the contract gives them, reflection, health and trace context.
 
-#include "producer/order_service.h"
-
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
@@ -11,6 +9,7 @@
 #include "common/schema.h"
 #include "common/server.h"
 #include "producer/order_schema.h"
+#include "producer/order_service.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/pg.h"
 
@@ -21,10 +20,13 @@ namespace {
 class Producer {
  public:
   explicit Producer(const std::string& db_url)
-      : db_(db_url, 4, "order-service-test"), store_(&db_, &writer_),
-        workers_(3, 64), service_(&store_, &metrics_, &workers_) {
-    auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(2)},
-                                    {{&service_, v1::OrderService::service_full_name()}});
+      : db_(db_url, 4, "order-service-test"),
+        store_(&db_, &writer_),
+        workers_(3, 64),
+        service_(&store_, &metrics_, &workers_) {
+    auto server =
+        GrpcServer::Start({"127.0.0.1:0", absl::Seconds(2)},
+                          {{&service_, v1::OrderService::service_full_name()}});
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     channel_ = testing::Loopback(server_->port());
@@ -80,7 +82,8 @@ class OrderServiceTest : public ::testing::Test {
   Producer producer_;
 };
 
-TEST_F(OrderServiceTest, BadInputIsInvalidArgumentNamingTheFieldAndWritesNothing) {
+TEST_F(OrderServiceTest,
+       BadInputIsInvalidArgumentNamingTheFieldAndWritesNothing) {
   struct Case {
     const char* field;
     void (*mutate)(v1::CreateOrderRequest&);
@@ -141,8 +144,9 @@ TEST_F(OrderServiceTest, LifecycleAndContractStatusCodes) {
   v1::CancelOrderRequest cancel;
   cancel.set_order_id(NewUuid());
   v1::CancelOrderResponse cancelled;
-  EXPECT_EQ(producer_.stub()->CancelOrder(&ctx, cancel, &cancelled).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(
+      producer_.stub()->CancelOrder(&ctx, cancel, &cancelled).error_code(),
+      grpc::StatusCode::NOT_FOUND);
 
   grpc::ClientContext get_ctx;
   v1::GetOrderRequest get;
@@ -170,13 +174,14 @@ TEST_F(OrderServiceTest, ReflectionAndHealth) {
   auto services = testing::ReflectedServices(producer_.channel());
   EXPECT_TRUE(services.count("outbox.v1.OrderService")) << services.size();
   EXPECT_TRUE(services.count("grpc.health.v1.Health"));
-  EXPECT_TRUE(
-      testing::ReflectionDescribes(producer_.channel(), "grpc.health.v1.Health"));
+  EXPECT_TRUE(testing::ReflectionDescribes(producer_.channel(),
+                                           "grpc.health.v1.Health"));
   EXPECT_TRUE(testing::ReflectionDescribes(producer_.channel(),
                                            "outbox.v1.OrderService"));
   EXPECT_EQ(testing::HealthStatus(producer_.channel()), "SERVING");
-  EXPECT_EQ(testing::HealthStatus(producer_.channel(), "outbox.v1.OrderService"),
-            "SERVING");
+  EXPECT_EQ(
+      testing::HealthStatus(producer_.channel(), "outbox.v1.OrderService"),
+      "SERVING");
   producer_.server()->SetServing(false);
   EXPECT_EQ(testing::HealthStatus(producer_.channel()), "NOT_SERVING");
 }
@@ -185,8 +190,7 @@ TEST(OrderServiceUnavailable, DatabaseDownIsUnavailable) {
   Producer producer("postgresql://127.0.0.1:1/outbox_orders");
   grpc::ClientContext ctx;
   v1::CreateOrderResponse resp;
-  grpc::Status s = producer.stub()->CreateOrder(
-      &ctx, Request(), &resp);
+  grpc::Status s = producer.stub()->CreateOrder(&ctx, Request(), &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   // Still alive and answering.
   EXPECT_EQ(testing::HealthStatus(producer.channel()), "SERVING");

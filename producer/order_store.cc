@@ -4,10 +4,10 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "common/sql_state.h"
 #include "absl/time/clock.h"
 #include "common/fault.h"
 #include "common/ids.h"
+#include "common/sql_state.h"
 #include "producer/order_logic.h"
 
 namespace outbox::producer {
@@ -187,9 +187,9 @@ void OrderStore::CreateAsync(
   const std::string order_id = o.order_id;
   const std::string fingerprint = o.fingerprint;
   create_commit_.SubmitAsync(
-      std::move(o), [this, &req, total_cents, order_id, fingerprint,
-                     done = std::move(done)](
-                        absl::StatusOr<std::optional<int64_t>> written) {
+      std::move(o),
+      [this, &req, total_cents, order_id, fingerprint,
+       done = std::move(done)](absl::StatusOr<std::optional<int64_t>> written) {
         if (!written.ok()) return done(written.status());
         if (!written->has_value()) {
           // The key was used before (ON CONFLICT waited for a concurrent
@@ -217,8 +217,8 @@ absl::StatusOr<v1::Order> OrderStore::OrderForKey(
   absl::StatusOr<v1::Order> result;
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::nontransaction tx(c);
-    pqxx::result first = ExecPrepared(tx, "order_by_key", kOrderByKeySql,
-                                      req.idempotency_key());
+    pqxx::result first =
+        ExecPrepared(tx, "order_by_key", kOrderByKeySql, req.idempotency_key());
     if (first.empty()) {
       return absl::AbortedError("idempotency_key: concurrent request; retry");
     }
@@ -283,10 +283,9 @@ absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,
       req.order_id(), req.expected_version(), v1::ORDER_STATUS_PAID,
       trace_parent, [&](const v1::Order& current) -> absl::StatusOr<NewEvent> {
         if (req.amount_cents() != current.total_cents()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("amount_cents: ", req.amount_cents(),
-                           " does not equal the order total ",
-                           current.total_cents()));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "amount_cents: ", req.amount_cents(),
+              " does not equal the order total ", current.total_cents()));
         }
         v1::OrderPaid paid;
         paid.set_order_id(req.order_id());
@@ -305,9 +304,9 @@ absl::StatusOr<v1::Order> OrderStore::Cancel(const v1::CancelOrderRequest& req,
         cancelled.set_order_id(req.order_id());
         cancelled.set_reason(req.reason());
         cancelled.set_currency(current.currency());
-        cancelled.set_refund_cents(
-            current.status() == v1::ORDER_STATUS_PAID ? current.total_cents()
-                                                       : 0);
+        cancelled.set_refund_cents(current.status() == v1::ORDER_STATUS_PAID
+                                       ? current.total_cents()
+                                       : 0);
         return OrderEvent(req.order_id(), cancelled, "");
       });
 }

@@ -5,8 +5,8 @@
 
 #include <functional>
 #include <optional>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/db.h"
@@ -58,8 +58,8 @@ class OrderStore {
   // let `event` check the request against the order and make the event,
   // then update the order and append the event in one commit.
   absl::StatusOr<v1::Order> Change(
-      const std::string& order_id, int64_t expected_version,
-      v1::OrderStatus to, const std::string& trace_parent,
+      const std::string& order_id, int64_t expected_version, v1::OrderStatus to,
+      const std::string& trace_parent,
       const std::function<absl::StatusOr<NewEvent>(const v1::Order&)>& event);
 
   // The order of a Create whose idempotency key was taken: the first one if

@@ -1,8 +1,6 @@
 // OrderStore against a real PostgreSQL: one transaction per change, the
 // prev_seq chain, concurrency and recovery.
 
-#include "producer/order_store.h"
-
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -10,9 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
 #include "common/schema.h"
-#include "producer/order_logic.h"
 #include "outbox/v1/event.pb.h"
+#include "producer/order_logic.h"
 #include "producer/order_schema.h"
+#include "producer/order_store.h"
 #include "tests/testing/pg.h"
 
 namespace outbox::producer {
@@ -71,7 +70,8 @@ class OrderStoreTest : public ::testing::Test {
   int64_t Head(const std::string& order_id) {
     return tdb_.Scalar(absl::StrCat(
         "SELECT last_seq FROM outbox_heads WHERE aggregate_type = 'order' "
-        "AND aggregate_id = '", order_id, "'"));
+        "AND aggregate_id = '",
+        order_id, "'"));
   }
 
   TestDatabase tdb_;
@@ -129,9 +129,10 @@ TEST_F(OrderStoreTest, EventsOfAnOrderFormAPrevSeqChain) {
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
   EXPECT_EQ(cancelled->version(), 3);
 
-  pqxx::result rows = tdb_.Query(absl::StrCat(
-      "SELECT seq, prev_seq, event_type, payload FROM outbox "
-      "WHERE aggregate_id = '", o.order_id(), "' ORDER BY seq"));
+  pqxx::result rows = tdb_.Query(
+      absl::StrCat("SELECT seq, prev_seq, event_type, payload FROM outbox "
+                   "WHERE aggregate_id = '",
+                   o.order_id(), "' ORDER BY seq"));
   ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0][1].as<int64_t>(), 0);
   EXPECT_EQ(rows[1][1].as<int64_t>(), rows[0][0].as<int64_t>());
@@ -154,8 +155,7 @@ TEST_F(OrderStoreTest, RefusedChangesWriteNothing) {
             absl::StatusCode::kInvalidArgument);
   v1::Order missing = o;
   missing.set_order_id(NewUuid());
-  EXPECT_EQ(Pay(missing, 0, 2500).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Pay(missing, 0, 2500).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Cancel(missing, 0).status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(Cancel(o, 1).ok());
   EXPECT_EQ(Pay(o, 2, 2500).status().code(),
@@ -196,8 +196,9 @@ TEST_F(OrderStoreTest, GroupCommitFailsOnlyTheRequestTheDatabaseRefuses) {
   // Concurrent creates share statements; one carries a value a constraint
   // refuses (a data error): its group is retried order by order, so it
   // alone fails and every other order and event is written exactly once.
-  tdb_.Exec("ALTER TABLE orders ADD CONSTRAINT no_blocked CHECK "
-            "(customer_id <> 'blocked')");
+  tdb_.Exec(
+      "ALTER TABLE orders ADD CONSTRAINT no_blocked CHECK "
+      "(customer_id <> 'blocked')");
   constexpr int kThreads = 24;
   std::vector<absl::Status> results(kThreads);
   std::vector<std::thread> threads;
@@ -275,9 +276,10 @@ TEST_F(OrderStoreTest, RacingChangesKeepTheChain) {
 TEST_F(OrderStoreTest, RecoversWhenConnectionsAreKilled) {
   v1::Order o = Create();
   // What a database restart does to every open connection.
-  tdb_.Exec(absl::StrCat(
-      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-      "WHERE datname = '", tdb_.name(), "' AND pid <> pg_backend_pid()"));
+  tdb_.Exec(
+      absl::StrCat("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                   "WHERE datname = '",
+                   tdb_.name(), "' AND pid <> pg_backend_pid()"));
   // Calls on dead connections fail as Unavailable, then new ones succeed.
   absl::StatusOr<v1::Order> got;
   int unavailable = 0;

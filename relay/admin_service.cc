@@ -126,7 +126,8 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
 grpc::Status RelayAdminImpl::ListDeadLetters(
     grpc::ServerContext* ctx, const v1::ListDeadLettersRequest* req,
     v1::ListDeadLettersResponse* resp) {
-  if (grpc::Status a = Admit(check_, ctx, Access::kCall, "RelayAdmin.ListDeadLetters");
+  if (grpc::Status a =
+          Admit(check_, ctx, Access::kCall, "RelayAdmin.ListDeadLetters");
       !a.ok()) {
     return a;
   }
@@ -159,8 +160,8 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
       !a.ok()) {
     return a;
   }
-  const int modes = !req->event_id().empty() + !req->aggregate_id().empty() +
-                    req->all_dead();
+  const int modes =
+      !req->event_id().empty() + !req->aggregate_id().empty() + req->all_dead();
   if (modes != 1) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "event_id, aggregate_id or all_dead: give exactly one");
@@ -215,8 +216,8 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
               : absl::StrCat("event ", req->event_id(),
                              " is not a dead letter"));
     }
-    spdlog::info("relay: requeued {} dead letters of {} ({})",
-                 resp->requeued(), *sub,
+    spdlog::info("relay: requeued {} dead letters of {} ({})", resp->requeued(),
+                 *sub,
                  req->all_dead() ? "all matching"
                                  : req->event_id() + req->aggregate_id());
     return absl::OkStatus();
@@ -240,9 +241,9 @@ grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext* ctx,
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
     if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
-    pqxx::result r = tx.exec_params(
-        absl::StrCat(kRowSelect, "WHERE o.event_id = $2::uuid"), *sub,
-        req->event_id());
+    pqxx::result r =
+        tx.exec_params(absl::StrCat(kRowSelect, "WHERE o.event_id = $2::uuid"),
+                       *sub, req->event_id());
     if (r.empty()) {
       return absl::NotFoundError(
           absl::StrCat("event ", req->event_id(), " is not in the outbox"));

@@ -46,8 +46,8 @@ class DeliveryStream {
 
   std::function<void()> wake_;
   grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::DeliverRequest,
-                                           v1::DeliverResponse>>
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::DeliverRequest, v1::DeliverResponse>>
       stream_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

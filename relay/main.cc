@@ -63,9 +63,10 @@ int main(int argc, char** argv) {
   options.consumer = absl::GetFlag(FLAGS_consumer);
   options.subscription = absl::GetFlag(FLAGS_subscription);
   if (!outbox::relay::IsSubscriptionName(options.subscription)) {
-    spdlog::critical("outbox-relay: --subscription: \"{}\" is not a name "
-                     "(a-z first, then a-z, 0-9, _ or -; at most 63)",
-                     options.subscription);
+    spdlog::critical(
+        "outbox-relay: --subscription: \"{}\" is not a name "
+        "(a-z first, then a-z, 0-9, _ or -; at most 63)",
+        options.subscription);
     return 2;
   }
   if (absl::GetFlag(FLAGS_start_from) == "oldest") {
@@ -90,14 +91,16 @@ int main(int argc, char** argv) {
                           absl::GetFlag(FLAGS_client_cert),
                           absl::GetFlag(FLAGS_client_key)};
   if (absl::Status s = outbox::CheckClientTls(
-          options.consumer_tls, {"--consumer_ca", "--client_cert", "--client_key"});
+          options.consumer_tls,
+          {"--consumer_ca", "--client_cert", "--client_key"});
       !s.ok()) {
     spdlog::critical("outbox-relay: {}", std::string(s.message()));
     return 2;
   }
   auto security = outbox::ServerSecurityFromFlags();
   if (!security.ok()) {
-    spdlog::critical("outbox-relay: {}", std::string(security.status().message()));
+    spdlog::critical("outbox-relay: {}",
+                     std::string(security.status().message()));
     return 2;
   }
   outbox::CallerCheck check(security->rules);
@@ -112,9 +115,9 @@ int main(int argc, char** argv) {
         "--window >= --batch_size, positive --poll_interval and --ack_timeout");
     return 2;
   }
-  if (auto exit_code = outbox::MigrateAtStartup(
-          "outbox-relay", options.db_url, {outbox::OutboxSchema()},
-          options.session)) {
+  if (auto exit_code =
+          outbox::MigrateAtStartup("outbox-relay", options.db_url,
+                                   {outbox::OutboxSchema()}, options.session)) {
     return *exit_code;
   }
   outbox::Database db(options.db_url, absl::GetFlag(FLAGS_db_pool_size),
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
        .services = {{&admin, outbox::v1::RelayAdmin::service_full_name()}},
        .metrics = &metrics,
        .watchdogs = {&watchdog},
-       .before_drain =
-           [&] { relay.Stop(absl::GetFlag(FLAGS_shutdown_timeout)); }});
+       .before_drain = [&] {
+         relay.Stop(absl::GetFlag(FLAGS_shutdown_timeout));
+       }});
 }

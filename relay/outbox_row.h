@@ -3,7 +3,6 @@
 // select, and the one place that turns them into an outbox.v1.Event.
 
 #include <pqxx/pqxx>
-
 #include <string>
 
 #include "absl/strings/string_view.h"

@@ -34,7 +34,8 @@ size_t PartitionTarget(int partitions, int members) {
 std::set<int> PartitionsToRelease(const std::set<int>& owned, size_t target) {
   std::set<int> out;
   size_t extra = owned.size() > target ? owned.size() - target : 0;
-  for (auto it = owned.rbegin(); it != owned.rend() && extra > 0; ++it, --extra) {
+  for (auto it = owned.rbegin(); it != owned.rend() && extra > 0;
+       ++it, --extra) {
     out.insert(*it);
   }
   return out;

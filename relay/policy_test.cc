@@ -8,7 +8,8 @@ namespace outbox::relay {
 namespace {
 
 TEST(Backoff, DoublesUpToTheCapWithJitterAndResets) {
-  Backoff b(absl::Milliseconds(100), absl::Milliseconds(500), [] { return 0.5; });
+  Backoff b(absl::Milliseconds(100), absl::Milliseconds(500),
+            [] { return 0.5; });
   EXPECT_EQ(b.Next(), absl::Milliseconds(50));
   EXPECT_EQ(b.Next(), absl::Milliseconds(100));
   EXPECT_EQ(b.Next(), absl::Milliseconds(200));
@@ -76,10 +77,11 @@ TEST(LanePartitions, EachPartitionOnOneLaneAndNoneBeingReleased) {
 
 TEST(ClaimLimit, BatchSizeWithinTheWindowAndThePipeline) {
   EXPECT_EQ(ClaimLimit(256, 2048, 2, 0, 0), 256);
-  EXPECT_EQ(ClaimLimit(256, 2048, 2, 1900, 1), 148);  // what the window has left
-  EXPECT_EQ(ClaimLimit(256, 2048, 2, 2048, 1), 0);    // window full
-  EXPECT_EQ(ClaimLimit(256, 2048, 2, 10, 2), 0);      // pipeline full
-  EXPECT_EQ(ClaimLimit(256, 100, 8, 150, 1), 0);      // over the window
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 1900, 1),
+            148);                                   // what the window has left
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 2048, 1), 0);  // window full
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 10, 2), 0);    // pipeline full
+  EXPECT_EQ(ClaimLimit(256, 100, 8, 150, 1), 0);    // over the window
 }
 
 }  // namespace

@@ -1,20 +1,18 @@
 #include "relay/relay.h"
 
+#include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
-
 #include <pqxx/pqxx>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/db.h"
 #include "common/fault.h"
-#include "common/limits.h"
 #include "common/ids.h"
+#include "common/limits.h"
 #include "common/schema.h"
 
 namespace outbox::relay {
@@ -25,7 +23,9 @@ namespace {
 // partition number.
 constexpr int kMemberLockClass = 0x0b0d;
 constexpr int kPartitionLockClass = 0x0b0e;
-int MemberClass(int subscription_id) { return kMemberLockClass + (subscription_id << 16); }
+int MemberClass(int subscription_id) {
+  return kMemberLockClass + (subscription_id << 16);
+}
 int PartitionClass(int subscription_id) {
   return kPartitionLockClass + (subscription_id << 16);
 }
@@ -33,7 +33,8 @@ int PartitionClass(int subscription_id) {
 class Wakeup : public pqxx::notification_receiver {
  public:
   Wakeup(pqxx::connection_base& c, std::function<void()> wake)
-      : pqxx::notification_receiver(c, kNotifyChannel), wake_(std::move(wake)) {}
+      : pqxx::notification_receiver(c, kNotifyChannel),
+        wake_(std::move(wake)) {}
   void operator()(const std::string&, int) override {
     spdlog::debug("relay: NOTIFY received");
     wake_();
@@ -80,9 +81,9 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
           "REJECTED answers (each counts an attempt of its row).")),
       dead_(metrics->AddCounter("outbox_relay_dead_letters_total",
                                 "Rows that became dead letters.")),
-      reconnects_(metrics->AddCounter(
-          "outbox_relay_stream_failures_total",
-          "Delivery streams that broke or timed out.")),
+      reconnects_(
+          metrics->AddCounter("outbox_relay_stream_failures_total",
+                              "Delivery streams that broke or timed out.")),
       batches_(metrics->AddCounter("outbox_relay_batches_total",
                                    "Delivery batches sent.")),
       pruned_(metrics->AddCounter("outbox_relay_pruned_total",
@@ -92,7 +93,8 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   lanes_.resize(std::max(1, options_.lanes));
   for (size_t i = 0; i < lanes_.size(); ++i) {
     lanes_[i].index = static_cast<int>(i);
-    lanes_[i].stream_backoff = Backoff(options_.retry_initial, options_.retry_max);
+    lanes_[i].stream_backoff =
+        Backoff(options_.retry_initial, options_.retry_max);
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
@@ -112,11 +114,9 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   stub_ = v1::EventSink::NewStub(channel_);
   metrics->AddGauge("outbox_relay_in_flight", "Events sent, not yet answered.",
                     [this] { return static_cast<double>(State().in_flight); });
-  metrics->AddGauge("outbox_relay_partitions_owned",
-                    "Partitions this replica streams.", [this] {
-                      return static_cast<double>(
-                          State().partitions_owned.size());
-                    });
+  metrics->AddGauge(
+      "outbox_relay_partitions_owned", "Partitions this replica streams.",
+      [this] { return static_cast<double>(State().partitions_owned.size()); });
   metrics->AddGauge("outbox_relay_stream_connected",
                     "1 while a delivery stream is open.",
                     [this] { return State().stream_connected ? 1.0 : 0.0; });
@@ -173,9 +173,10 @@ void Relay::Listen() {
       Wake();
       while (!listen_stop_) (*conn)->await_notification(0, 200000);
     } catch (const std::exception& e) {
-      spdlog::warn("relay: LISTEN connection lost ({}); polling until it is "
-                   "back",
-                   std::string(StatusFromException(e).message()));
+      spdlog::warn(
+          "relay: LISTEN connection lost ({}); polling until it is "
+          "back",
+          std::string(StatusFromException(e).message()));
       std::this_thread::sleep_for(std::chrono::seconds(1));
     }
   }
@@ -253,8 +254,9 @@ bool Relay::EnsureSubscription(pqxx::connection& conn) {
         options_.subscription, start);
     tx.commit();
   }
-  spdlog::info("relay: created subscription {} (from {})", options_.subscription,
-               options_.start_from == StartFrom::kNow ? "now" : "the oldest event");
+  spdlog::info(
+      "relay: created subscription {} (from {})", options_.subscription,
+      options_.start_from == StartFrom::kNow ? "now" : "the oldest event");
   return SettleSubscription(conn, start);
 }
 
@@ -295,9 +297,10 @@ bool Relay::SettleSubscription(pqxx::connection& conn, int64_t start) {
         "last_value END FROM outbox_seq_seq)) WHERE name = $1 AND "
         "chain_from < 0",
         options_.subscription);
-    chain_from_ = tx.exec_params("SELECT chain_from FROM subscriptions WHERE "
-                                 "name = $1",
-                                 options_.subscription)[0][0]
+    chain_from_ = tx.exec_params(
+                        "SELECT chain_from FROM subscriptions WHERE "
+                        "name = $1",
+                        options_.subscription)[0][0]
                       .as<int64_t>();
   }
   return true;
@@ -358,12 +361,12 @@ bool Relay::Rebalance() {
     pqxx::nontransaction tx(*conn_);
     const int members = std::max<int>(
         1, tx.exec_params(
-                  "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                  "AND classid::int = $1 AND objsubid = 2 AND granted AND "
-                  "database = (SELECT oid FROM pg_database WHERE datname = "
-                  "current_database())",
-                  MemberClass(subscription_id_))[0][0]
-                .as<int>());
+                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                 "AND classid::int = $1 AND objsubid = 2 AND granted AND "
+                 "database = (SELECT oid FROM pg_database WHERE datname = "
+                 "current_database())",
+                 MemberClass(subscription_id_))[0][0]
+               .as<int>());
     const size_t target = PartitionTarget(kPartitionCount, members);
     // Give up the highest partitions, each once nothing of it is in flight.
     const std::set<int> release = PartitionsToRelease(owned_, target);
@@ -402,7 +405,7 @@ bool Relay::Rebalance() {
         if (owned_.size() >= target) break;
         if (owned_.count(p) || taken.count(p)) continue;
         if (tx.exec_params("SELECT pg_try_advisory_lock($1, $2)",
-                            PartitionClass(subscription_id_), p)[0][0]
+                           PartitionClass(subscription_id_), p)[0][0]
                 .as<bool>()) {
           owned_.insert(p);
         }
@@ -422,7 +425,8 @@ bool Relay::Rebalance() {
 
 void Relay::Untrack(const std::string& aggregate_id) {
   auto it = busy_aggregates_.find(aggregate_id);
-  if (it != busy_aggregates_.end() && --it->second <= 0) busy_aggregates_.erase(it);
+  if (it != busy_aggregates_.end() && --it->second <= 0)
+    busy_aggregates_.erase(it);
 }
 
 bool Relay::Claim(Lane& lane) {
@@ -437,10 +441,10 @@ bool Relay::Claim(Lane& lane) {
     bool fresh = lane.sent_through > 0 && absl::Now() < lane.next_full_claim;
     if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
     for (;;) {
-      const int limit = ClaimLimit(
-          options_.batch_size, options_.window, options_.pipeline_depth,
-          static_cast<int>(lane.in_flight_seqs.size()),
-          static_cast<int>(lane.in_flight.size()));
+      const int limit = ClaimLimit(options_.batch_size, options_.window,
+                                   options_.pipeline_depth,
+                                   static_cast<int>(lane.in_flight_seqs.size()),
+                                   static_cast<int>(lane.in_flight.size()));
       if (limit == 0) break;
       ArrayLiteral excluded;
       for (const auto& [agg, n] : busy_aggregates_) excluded.Add(agg);
@@ -563,9 +567,9 @@ void Relay::HandleResponses(Lane& lane) {
       const std::string& agg = batch.aggregates[i];
       lane.in_flight_seqs.erase(seq);
       auto r = by_seq.find(seq);
-      const v1::DeliveryOutcome outcome =
-          r == by_seq.end() ? v1::DELIVERY_OUTCOME_UNSPECIFIED
-                            : r->second->outcome();
+      const v1::DeliveryOutcome outcome = r == by_seq.end()
+                                              ? v1::DELIVERY_OUTCOME_UNSPECIFIED
+                                              : r->second->outcome();
       switch (outcome) {
         case v1::APPLIED:
         case v1::DUPLICATE:
@@ -615,7 +619,8 @@ bool Relay::FlushMarks() {
       if (m.delivered) continue;
       // Exponential backoff with jitter: reject_backoff * 2^attempts, capped.
       pqxx::result r = tx.exec_params(
-          "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = $3, "
+          "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = "
+          "$3, "
           "status = CASE WHEN attempts + 1 >= $4 THEN 'dead' ELSE 'pending' "
           "END, dead_at = CASE WHEN attempts + 1 >= $4 THEN now() END, "
           "available_at = now() + make_interval(secs => least($6::float8, "
@@ -701,9 +706,10 @@ bool Relay::VacuumDeliveries() {
 void Relay::DropStream(Lane& lane, const std::string& why) {
   HandleResponses(lane);  // what was answered before the break still counts
   if (!lane.in_flight.empty()) {
-    spdlog::warn("relay: delivery stream {} lost ({}); {} events in flight stay "
-                 "pending and will be resent",
-                 lane.index, why, lane.in_flight_seqs.size());
+    spdlog::warn(
+        "relay: delivery stream {} lost ({}); {} events in flight stay "
+        "pending and will be resent",
+        lane.index, why, lane.in_flight_seqs.size());
   } else {
     spdlog::info("relay: delivery stream {} closed ({})", lane.index, why);
   }
@@ -760,7 +766,8 @@ void Relay::Run() {
     const int64_t statements_before = outbox_statements_;
     bool db_ok = EnsureConnection() && FlushMarks();
     if (stopping) {
-      if ((InFlightEvents() == 0 && marks_.empty()) || absl::Now() >= deadline) {
+      if ((InFlightEvents() == 0 && marks_.empty()) ||
+          absl::Now() >= deadline) {
         break;
       }
     } else if (db_ok) {
@@ -805,8 +812,7 @@ void Relay::Run() {
     state_.partitions_owned.assign(owned_.begin(), owned_.end());
     state_.in_flight = InFlightEvents();
     state_.stream_connected = all_connected;
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(wait),
-                 [&] { return woken_; });
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), [&] { return woken_; });
     woken_ = false;
   }
   // Drained (or out of time): close the streams, write the last marks, and

@@ -15,13 +15,12 @@
 // after max_attempts the row is a dead letter. Later rows of that aggregate
 // wait behind it (and only those). Transport failures never count.
 
-#include <pqxx/pqxx>
-
 #include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <pqxx/pqxx>
 #include <set>
 #include <string>
 #include <thread>
@@ -33,12 +32,11 @@
 #include "common/metrics.h"
 #include "common/tls.h"
 #include "common/watchdog.h"
-#include "outbox/v1/sink.grpc.pb.h"
 #include "outbox/v1/relay.pb.h"
+#include "outbox/v1/sink.grpc.pb.h"
 #include "relay/delivery_stream.h"
 #include "relay/outbox_row.h"
 #include "relay/policy.h"
-
 
 namespace outbox::relay {
 
@@ -71,7 +69,8 @@ inline const std::string kClaimSql = absl::StrCat(
     "AND d.partition = ANY($2::int[]) AND d.available_at <= now() "
     "AND NOT (d.aggregate_id = ANY($3::text[])) AND d.seq > $5 "
     "ORDER BY d.seq LIMIT $4) SELECT ",
-    kEventColumns, ", c.partition, "
+    kEventColumns,
+    ", c.partition, "
     "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
     "AND p.seq = o.prev_seq) AS prev_done "
     "FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
@@ -91,12 +90,12 @@ struct RelayOptions {
   // StartFrom); replicas of one subscription share its partitions.
   std::string subscription = "billing";
   StartFrom start_from = StartFrom::kOldest;
-  DbSession session;  // limits of every database session
-  std::string consumer;  // host:port of EventSink
+  DbSession session;            // limits of every database session
+  std::string consumer;         // host:port of EventSink
   ClientTlsFiles consumer_tls;  // none: plaintext
   int max_attempts = 5;
-  int batch_size = 256;   // events per DeliverRequest
-  int window = 2048;      // events in flight at most
+  int batch_size = 256;  // events per DeliverRequest
+  int window = 2048;     // events in flight at most
   // Batches in flight at most, per lane. Two keep the consumer busy while
   // an answer travels back; more would only split the backlog into smaller
   // batches (one commit each) instead of letting a batch fill up.
@@ -216,7 +215,7 @@ class Relay {
 
   // Worker-thread state.
   std::unique_ptr<pqxx::connection> conn_;
-  int member_key_;  // second key of this session's membership lock
+  int member_key_;           // second key of this session's membership lock
   int subscription_id_ = 0;  // keys the partition locks of the subscription
   // Events whose prev_seq is below this are the first of their chain for
   // this subscription (their predecessor was never owed to it).

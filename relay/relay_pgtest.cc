@@ -2,8 +2,6 @@
 // over loopback gRPC: delivery in order, NOTIFY wake-up, poison events and
 // requeue, restarts, two replicas sharing partitions, and a consumer outage.
 
-#include "relay/relay.h"
-
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -13,6 +11,7 @@
 #include "common/ids.h"
 #include "common/schema.h"
 #include "common/server.h"
+#include "common/watchdog.h"
 #include "consumer/audit.h"
 #include "consumer/billing.h"
 #include "inbox/engine.h"
@@ -21,7 +20,7 @@
 #include "producer/order_schema.h"
 #include "producer/order_store.h"
 #include "relay/admin_service.h"
-#include "common/watchdog.h"
+#include "relay/relay.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/pg.h"
 
@@ -55,14 +54,15 @@ std::vector<Schema> ConsumerSchemas(inbox::Handler* handler) {
 // A consumer served in-process on `port` (0 = any), billing unless told.
 class Consumer {
  public:
-  Consumer(const std::string& url, int port, inbox::Handler* handler = Billing())
+  Consumer(const std::string& url, int port,
+           inbox::Handler* handler = Billing())
       : db_(url, 4, "relay-test-consumer"),
         applier_(&db_, handler, &metrics_),
         sink_(&applier_) {
-    auto server = GrpcServer::Start(
-        {absl::StrCat("127.0.0.1:", port), absl::Seconds(1), nullptr,
-         kMaxDeliverMessageBytes},
-        {{&sink_, v1::EventSink::service_full_name()}});
+    auto server =
+        GrpcServer::Start({absl::StrCat("127.0.0.1:", port), absl::Seconds(1),
+                           nullptr, kMaxDeliverMessageBytes},
+                          {{&sink_, v1::EventSink::service_full_name()}});
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }
@@ -138,7 +138,8 @@ class RelayTest : public ::testing::Test {
   int64_t Pending(const std::string& subscription = "billing") {
     return orders_.Scalar(
         "SELECT count(*) FROM outbox_delivery WHERE status = 'pending' AND "
-        "subscription = '" + subscription + "'");
+        "subscription = '" +
+        subscription + "'");
   }
   int64_t Events() { return orders_.Scalar("SELECT count(*) FROM outbox"); }
   int64_t Applied() { return billing_.Scalar("SELECT count(*) FROM inbox"); }
@@ -197,7 +198,8 @@ TEST_F(RelayTest, NotifyWakesTheRelayWithoutWaitingForThePoll) {
   relay.Start();
   ASSERT_TRUE(WaitFor([&] { return relay.State().stream_connected; }));
   absl::SleepFor(absl::Milliseconds(300));  // idle, waiting on the poll
-  MakeOrders(1);  // three events: each is claimed when NOTIFY or an answer wakes the relay
+  MakeOrders(1);  // three events: each is claimed when NOTIFY or an answer
+                  // wakes the relay
   // Without NOTIFY this would wait ten minutes for the poll.
   EXPECT_TRUE(WaitFor([&] { return Applied() == 3; }, absl::Seconds(10)));
 }
@@ -208,12 +210,15 @@ TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
   // Its first event now claims a schema this consumer cannot read.
   orders_.Exec(absl::StrCat(
       "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) FROM "
-      "outbox WHERE aggregate_id = '", poison, "')"));
+      "outbox WHERE aggregate_id = '",
+      poison, "')"));
   Consumer consumer(billing_.url(), 0);
   Relay relay(Options(consumer.port()), &metrics_);
   relay.Start();
   ASSERT_TRUE(WaitFor([&] {
-    return orders_.Scalar("SELECT count(*) FROM outbox_delivery WHERE status = 'dead'") == 1;
+    return orders_.Scalar(
+               "SELECT count(*) FROM outbox_delivery WHERE status = 'dead'") ==
+           1;
   }));
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() - 3; }));
   pqxx::result dead = orders_.Query(
@@ -224,19 +229,21 @@ TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
   EXPECT_NE(dead[0][2].as<std::string>().find("schema_version"),
             std::string::npos);
   // Its successors wait at the relay, not at the consumer.
-  EXPECT_EQ(orders_.Scalar(absl::StrCat(
-                "SELECT count(*) FROM outbox_delivery WHERE status = 'pending' AND "
-                "aggregate_id = '", poison, "'")),
-            2);
+  EXPECT_EQ(
+      orders_.Scalar(absl::StrCat(
+          "SELECT count(*) FROM outbox_delivery WHERE status = 'pending' AND "
+          "aggregate_id = '",
+          poison, "'")),
+      2);
   EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM held_events"), 0);
 
   // The operator fixes the cause and requeues through the admin API.
   orders_.Exec("UPDATE outbox SET schema_version = 1");
   Database admin_db(orders_.url(), 2, "relay-test-admin");
   RelayAdminImpl admin(&admin_db, &relay);
-  auto server = GrpcServer::Start(
-      {"127.0.0.1:0", absl::Seconds(1)},
-      {{&admin, v1::RelayAdmin::service_full_name()}});
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&admin, v1::RelayAdmin::service_full_name()}});
   ASSERT_TRUE(server.ok());
   auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
   {
@@ -341,7 +348,8 @@ TEST_F(RelayTest, RetentionDeletesOnlyOldDeliveredRows) {
   EXPECT_EQ(Events(), Applied() - delivered);
 }
 
-TEST_F(RelayTest, ClaimStaysAnIndexLookupBehindALargeHistoryWithStaleStatistics) {
+TEST_F(RelayTest,
+       ClaimStaysAnIndexLookupBehindALargeHistoryWithStaleStatistics) {
   // Regression: behind 200k delivered rows analyzed before a backlog
   // arrived, an earlier claim was planned as a nested loop comparing every
   // pending row with every other (9 s a claim). The claim must read only
@@ -381,11 +389,14 @@ TEST_F(RelayTest, ConsumerOutageIsRetriedWithoutCountingAttempts) {
   relay.Start();
   absl::SleepFor(absl::Seconds(1));
   EXPECT_EQ(Pending(), Events());
-  EXPECT_EQ(orders_.Scalar("SELECT coalesce(max(attempts), 0) FROM outbox_delivery"), 0);
+  EXPECT_EQ(
+      orders_.Scalar("SELECT coalesce(max(attempts), 0) FROM outbox_delivery"),
+      0);
   Consumer consumer(billing_.url(), port);
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
   ExpectExactlyOnceInOrder();
-  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_delivery WHERE status = 'dead'"),
+  EXPECT_EQ(orders_.Scalar(
+                "SELECT count(*) FROM outbox_delivery WHERE status = 'dead'"),
             0);
 }
 
@@ -425,12 +436,13 @@ TEST_F(RelayTest, EachSubscriptionGetsEveryEventAndADownOneDelaysNoOther) {
                 "WHERE before >= seq"),
             0);
   // The subscriptions' metrics and partitions are their own.
-  EXPECT_NE(audit_metrics.Render().find(absl::StrCat(
-                "outbox_relay_delivered_total{subscription=\"audit\"} ",
-                Events())),
-            std::string::npos)
+  EXPECT_NE(
+      audit_metrics.Render().find(absl::StrCat(
+          "outbox_relay_delivered_total{subscription=\"audit\"} ", Events())),
+      std::string::npos)
       << audit_metrics.Render();
-  EXPECT_EQ(audit_relay.State().partitions_owned.size(), size_t{kPartitionCount});
+  EXPECT_EQ(audit_relay.State().partitions_owned.size(),
+            size_t{kPartitionCount});
 }
 
 // A subscription created with StartFrom::kNow is owed only what is written
@@ -476,21 +488,26 @@ TEST_F(RelayTest, ReadOnlyConsumerDatabaseCostsTimeNotAttempts) {
                              " SET default_transaction_read_only = on"));
   billing_.Exec(absl::StrCat(
       "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname "
-      "= '", billing_.name(), "' AND pid <> pg_backend_pid()"));
+      "= '",
+      billing_.name(), "' AND pid <> pg_backend_pid()"));
   Relay relay(Options(consumer.port()), &metrics_);
   relay.Start();
   absl::SleepFor(absl::Seconds(2));
   EXPECT_EQ(Applied(), 0);
   EXPECT_EQ(Pending(), Events());
-  EXPECT_EQ(orders_.Scalar("SELECT coalesce(max(attempts), 0) FROM outbox_delivery"), 0);
-  EXPECT_GT(metrics_.AddCounter("outbox_relay_stream_failures_total", "")->value(),
-            0);
+  EXPECT_EQ(
+      orders_.Scalar("SELECT coalesce(max(attempts), 0) FROM outbox_delivery"),
+      0);
+  EXPECT_GT(
+      metrics_.AddCounter("outbox_relay_stream_failures_total", "")->value(),
+      0);
   billing_.Exec(absl::StrCat("ALTER DATABASE ", billing_.name(),
                              " RESET default_transaction_read_only"));
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
   ExpectExactlyOnceInOrder();
-  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_delivery WHERE status = 'dead' "
-                           "OR attempts > 0"),
+  EXPECT_EQ(orders_.Scalar(
+                "SELECT count(*) FROM outbox_delivery WHERE status = 'dead' "
+                "OR attempts > 0"),
             0);
 }
 
@@ -499,29 +516,34 @@ TEST_F(RelayTest, BulkRequeueByTimeAndErrorReportsItsCount) {
   // Four first events become poison; each dies after max_attempts.
   orders_.Exec(absl::StrCat(
       "UPDATE outbox SET schema_version = 2 WHERE prev_seq = 0 AND "
-      "aggregate_id IN ('", ids[0], "','", ids[1], "','", ids[2], "','", ids[3],
-      "')"));
+      "aggregate_id IN ('",
+      ids[0], "','", ids[1], "','", ids[2], "','", ids[3], "')"));
   Consumer consumer(billing_.url(), 0);
   Relay relay(Options(consumer.port()), &metrics_);
   relay.Start();
   auto dead = [&] {
-    return orders_.Scalar("SELECT count(*) FROM outbox_delivery WHERE status = 'dead'");
+    return orders_.Scalar(
+        "SELECT count(*) FROM outbox_delivery WHERE status = 'dead'");
   };
   ASSERT_TRUE(WaitFor([&] { return dead() == 4; }));
   // One died long ago, one of another cause.
-  orders_.Exec(absl::StrCat("UPDATE outbox_delivery SET dead_at = now() - "
-                            "interval '3 hours' WHERE status = 'dead' AND "
-                            "aggregate_id = '",
-                            ids[0], "'"));
-  orders_.Exec(absl::StrCat("UPDATE outbox_delivery SET last_error = 'payload: "
-                            "unreadable' WHERE status = 'dead' AND "
-                            "aggregate_id = '", ids[1], "'"));
+  orders_.Exec(
+      absl::StrCat("UPDATE outbox_delivery SET dead_at = now() - "
+                   "interval '3 hours' WHERE status = 'dead' AND "
+                   "aggregate_id = '",
+                   ids[0], "'"));
+  orders_.Exec(
+      absl::StrCat("UPDATE outbox_delivery SET last_error = 'payload: "
+                   "unreadable' WHERE status = 'dead' AND "
+                   "aggregate_id = '",
+                   ids[1], "'"));
   orders_.Exec("UPDATE outbox SET schema_version = 1");
 
   Database admin_db(orders_.url(), 2, "relay-test-admin");
   RelayAdminImpl admin(&admin_db, &relay);
-  auto server = GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                                  {{&admin, v1::RelayAdmin::service_full_name()}});
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&admin, v1::RelayAdmin::service_full_name()}});
   ASSERT_TRUE(server.ok());
   auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
   auto requeue = [&](const v1::RequeueRequest& req, v1::RequeueResponse* resp) {
@@ -549,7 +571,8 @@ TEST_F(RelayTest, BulkRequeueByTimeAndErrorReportsItsCount) {
   v1::RequeueRequest both;
   both.set_all_dead(true);
   both.set_aggregate_id(ids[0]);
-  EXPECT_EQ(requeue(both, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(requeue(both, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   v1::RequeueRequest filtered_id;
   filtered_id.set_event_id(NewUuid());
   filtered_id.set_error_contains("x");

@@ -43,7 +43,9 @@ class Certificates {
   }
   ~Certificates() { std::filesystem::remove_all(dir_); }
   bool ok() const { return ok_; }
-  std::string File(const std::string& name) const { return (dir_ / name).string(); }
+  std::string File(const std::string& name) const {
+    return (dir_ / name).string();
+  }
   ClientTlsFiles Client(const std::string& who) const {
     if (who.empty()) return {File("ca.crt"), "", ""};
     return {File("ca.crt"), File(who + ".crt"), File(who + ".key")};
@@ -81,7 +83,8 @@ grpc::Status CallAnything(grpc::Channel* channel, const std::string& method) {
 
 std::vector<std::string> MethodsOf(const std::string& service) {
   const auto* d =
-      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          service);
   std::vector<std::string> out;
   for (int i = 0; d != nullptr && i < d->method_count(); ++i) {
     out.push_back(absl::StrCat("/", service, "/", d->method(i)->name()));
@@ -115,8 +118,9 @@ class SecurityTest : public ::testing::Test {
     options.listen = "127.0.0.1:0";
     options.shutdown_timeout = absl::Seconds(1);
     options.health_listen = "127.0.0.1:0";
-    options.credentials = MakeServerCredentials(
-        {certs_.File("server.crt"), certs_.File("server.key"), certs_.File("ca.crt")});
+    options.credentials = MakeServerCredentials({certs_.File("server.crt"),
+                                                 certs_.File("server.key"),
+                                                 certs_.File("ca.crt")});
     auto server = GrpcServer::Start(
         options, {{&orders_, v1::OrderService::service_full_name()},
                   {&sink_, v1::EventSink::service_full_name()},
@@ -159,14 +163,15 @@ TEST_F(SecurityTest, EveryMethodRefusesAnIdentityThatIsNotAdmitted) {
   auto intruder = As("intruder");
   int methods = 0;
   for (const char* service :
-       {"outbox.v1.OrderService", "outbox.v1.EventSink", "outbox.v1.BillingQuery",
-        "outbox.v1.RelayAdmin"}) {
+       {"outbox.v1.OrderService", "outbox.v1.EventSink",
+        "outbox.v1.BillingQuery", "outbox.v1.RelayAdmin"}) {
     for (const std::string& method : MethodsOf(service)) {
       ++methods;
       grpc::Status s = CallAnything(intruder.get(), method);
       EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
           << method << ": " << s.error_message();
-      EXPECT_NE(s.error_message().find("spiffe://outbox/intruder"), std::string::npos)
+      EXPECT_NE(s.error_message().find("spiffe://outbox/intruder"),
+                std::string::npos)
           << method << ": " << s.error_message();
     }
   }
@@ -186,30 +191,36 @@ TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
         << method << ": " << s.error_message();
   }
   // Deliver: only the relay, though the reader may query.
-  EXPECT_EQ(CallAnything(reader.get(), "/outbox.v1.EventSink/Deliver").error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_NE(CallAnything(As("relay").get(), "/outbox.v1.EventSink/Deliver").error_code(),
+  EXPECT_EQ(
+      CallAnything(reader.get(), "/outbox.v1.EventSink/Deliver").error_code(),
+      grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(CallAnything(As("relay").get(), "/outbox.v1.EventSink/Deliver")
+                .error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
   // Requeue: the reader may not, ops may.
-  EXPECT_EQ(CallAnything(reader.get(), "/outbox.v1.RelayAdmin/Requeue").error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(CallAnything(As("ops").get(), "/outbox.v1.RelayAdmin/Requeue").error_code(),
+  EXPECT_EQ(
+      CallAnything(reader.get(), "/outbox.v1.RelayAdmin/Requeue").error_code(),
+      grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(CallAnything(As("ops").get(), "/outbox.v1.RelayAdmin/Requeue")
+                .error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);  // an empty request
 }
 
 TEST_F(SecurityTest, HealthAndReflectionAnswerAnyClientThatPassesTls) {
   auto intruder = As("intruder");
   EXPECT_EQ(testing::HealthStatus(intruder.get()), "SERVING");
-  EXPECT_TRUE(testing::ReflectedServices(intruder.get()).count("outbox.v1.EventSink"));
+  EXPECT_TRUE(
+      testing::ReflectedServices(intruder.get()).count("outbox.v1.EventSink"));
 }
 
 TEST_F(SecurityTest, ThePlaintextHealthPortAnswersHealthOnly) {
-  auto probe = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->health_port()),
-                                   grpc::InsecureChannelCredentials());
+  auto probe =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->health_port()),
+                          grpc::InsecureChannelCredentials());
   EXPECT_EQ(testing::HealthStatus(probe.get()), "SERVING");
-  for (const char* method : {"/outbox.v1.EventSink/Deliver",
-                             "/outbox.v1.RelayAdmin/Requeue",
-                             "/outbox.v1.OrderService/CreateOrder"}) {
+  for (const char* method :
+       {"/outbox.v1.EventSink/Deliver", "/outbox.v1.RelayAdmin/Requeue",
+        "/outbox.v1.OrderService/CreateOrder"}) {
     EXPECT_EQ(CallAnything(probe.get(), method).error_code(),
               grpc::StatusCode::UNIMPLEMENTED)
         << method;
@@ -221,11 +232,14 @@ TEST_F(SecurityTest, ThePlaintextHealthPortAnswersHealthOnly) {
 TEST_F(SecurityTest, NoCertificateReachesNothing) {
   auto anonymous = As("");
   EXPECT_NE(testing::HealthStatus(anonymous.get()), "SERVING");
-  grpc::Status s = CallAnything(anonymous.get(), "/outbox.v1.EventSink/Deliver");
+  grpc::Status s =
+      CallAnything(anonymous.get(), "/outbox.v1.EventSink/Deliver");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-  auto plaintext = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                       grpc::InsecureChannelCredentials());
-  EXPECT_EQ(CallAnything(plaintext.get(), "/outbox.v1.EventSink/Deliver").error_code(),
+  auto plaintext =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                          grpc::InsecureChannelCredentials());
+  EXPECT_EQ(CallAnything(plaintext.get(), "/outbox.v1.EventSink/Deliver")
+                .error_code(),
             grpc::StatusCode::UNAVAILABLE);
 }
 

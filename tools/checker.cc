@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <pqxx/pqxx>
 #include <set>
 #include <thread>
-
-#include <pqxx/pqxx>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,7 +43,8 @@ void Example(CheckReport* r, std::string s) {
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  size_t i =
+      std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
   return v[i];
 }
 
@@ -69,8 +69,8 @@ std::string CheckReport::Summary() const {
       latency_p99_ms, lost, missing_effects, duplicate_effects,
       order_violations, phantoms, view_mismatches);
   for (const std::string& e : examples) absl::StrAppend(&s, "  ! ", e, "\n");
-  absl::StrAppend(&s, ok() ? "RESULT: OK, every invariant holds\n"
-                           : "RESULT: VIOLATION\n");
+  absl::StrAppend(
+      &s, ok() ? "RESULT: OK, every invariant holds\n" : "RESULT: VIOLATION\n");
   return s;
 }
 
@@ -96,8 +96,7 @@ std::string CheckReport::Json() const {
 
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                   const std::string& billing_url,
-                                  absl::Duration wait,
-                                  const DbSession& session,
+                                  absl::Duration wait, const DbSession& session,
                                   const std::string& subscription) {
   CheckReport r;
   auto orders_conn = Connect(orders_url, "outboxctl-verify", session);
@@ -137,15 +136,21 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     for (const auto& row : o.exec_params(
              absl::StrCat(
                  "SELECT o.event_id::text, o.aggregate_id, o.seq, o.prev_seq, "
-                 "o.event_type, ", kDeliveryStatusSql, ", "
+                 "o.event_type, ",
+                 kDeliveryStatusSql,
+                 ", "
                  "(extract(epoch FROM o.created_at) * 1000000)::bigint, "
                  "o.payload FROM outbox o JOIN subscriptions s ON s.name = $1 "
                  "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
                  "d.seq = o.seq WHERE o.seq >= s.start_seq"),
              subscription)) {
-      Committed c{row[1].as<std::string>(), row[2].as<int64_t>(),
-                  row[3].as<int64_t>(), row[4].as<std::string>(),
-                  row[5].as<std::string>(), row[6].as<int64_t>(), 0};
+      Committed c{row[1].as<std::string>(),
+                  row[2].as<int64_t>(),
+                  row[3].as<int64_t>(),
+                  row[4].as<std::string>(),
+                  row[5].as<std::string>(),
+                  row[6].as<int64_t>(),
+                  0};
       if (c.type == "OrderCancelled") {
         v1::Event e;
         if (e.ParseFromString(pqxx::binarystring(row[7]).str())) {
@@ -166,10 +171,10 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
 
     pqxx::read_transaction b(billing);
     std::vector<Applied> applied;
-    for (const auto& row : b.exec(
-             "SELECT event_id::text, aggregate_id, seq, "
-             "(extract(epoch FROM applied_at) * 1000000)::bigint FROM inbox "
-             "ORDER BY apply_id")) {
+    for (const auto& row :
+         b.exec("SELECT event_id::text, aggregate_id, seq, "
+                "(extract(epoch FROM applied_at) * 1000000)::bigint FROM inbox "
+                "ORDER BY apply_id")) {
       applied.push_back({row[0].as<std::string>(), row[1].as<std::string>(),
                          row[2].as<int64_t>(), row[3].as<int64_t>()});
     }
@@ -217,7 +222,8 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
         // The effect each applied event must have, exactly once.
         const bool pays = c.type == "OrderPaid" ||
                           (c.type == "OrderCancelled" && c.refund_cents > 0);
-        const int charges = charges_by_event.count(id) ? charges_by_event[id] : 0;
+        const int charges =
+            charges_by_event.count(id) ? charges_by_event[id] : 0;
         if (pays && charges == 0) {
           ++r.missing_effects;
           Example(&r, absl::StrCat("I1 effect: ", c.type, " ", id, " of ",
@@ -231,7 +237,8 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
         }
         continue;
       }
-      if (c.status == kDeliveryPending && dead_aggregates.count(c.aggregate_id)) {
+      if (c.status == kDeliveryPending &&
+          dead_aggregates.count(c.aggregate_id)) {
         ++r.behind_dead;
       } else if (!r.drained) {
         ++r.pending;  // not delivered yet, or held: not lost (yet)
@@ -253,9 +260,10 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       auto v = view_status.find(order_id);
       if (v == view_status.end() || v->second != status) {
         ++r.view_mismatches;
-        Example(&r, absl::StrCat("order ", order_id, " is ", status,
-                                 " but the consumer's view says ",
-                                 v == view_status.end() ? "nothing" : v->second));
+        Example(&r,
+                absl::StrCat("order ", order_id, " is ", status,
+                             " but the consumer's view says ",
+                             v == view_status.end() ? "nothing" : v->second));
       }
     }
     r.latency_p50_ms = Percentile(latencies, 0.50);

@@ -14,13 +14,13 @@
 namespace outbox::tools {
 
 struct CheckReport {
-  int64_t events = 0;        // committed outbox rows
-  int64_t applied = 0;       // inbox rows
-  int64_t dead_letters = 0;  // rows the relay gave up on
-  int64_t behind_dead = 0;   // pending rows waiting behind a dead letter
-  int64_t pending = 0;       // other undelivered rows
-  int64_t held = 0;          // parked at the consumer
-  int64_t lost = 0;          // I1: delivered or drained, never applied
+  int64_t events = 0;             // committed outbox rows
+  int64_t applied = 0;            // inbox rows
+  int64_t dead_letters = 0;       // rows the relay gave up on
+  int64_t behind_dead = 0;        // pending rows waiting behind a dead letter
+  int64_t pending = 0;            // other undelivered rows
+  int64_t held = 0;               // parked at the consumer
+  int64_t lost = 0;               // I1: delivered or drained, never applied
   int64_t duplicate_effects = 0;  // I2: charges beyond one per paying event
   int64_t missing_effects = 0;    // I1 for effects: expected charge absent
   int64_t order_violations = 0;   // I3: applied out of the prev_seq chain

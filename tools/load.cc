@@ -44,7 +44,8 @@ class Pacer {
   void Wait() {
     if (rate_ <= 0) return;
     const int64_t k = next_.fetch_add(1);
-    const absl::Time at = start_ + absl::Seconds(static_cast<double>(k) / rate_);
+    const absl::Time at =
+        start_ + absl::Seconds(static_cast<double>(k) / rate_);
     const absl::Time now = absl::Now();
     if (at > now) absl::SleepFor(at - now);
   }
@@ -126,17 +127,19 @@ double ProcessCpuSeconds() {
 std::string LoadReport::Summary() const {
   std::string out;
   if (setup_created > 0 || only == "pay" || only == "cancel") {
-    out = absl::StrFormat(
-        "setup (not counted below): orders created %d in %s\n", setup_created,
-        absl::FormatDuration(setup_elapsed));
+    out =
+        absl::StrFormat("setup (not counted below): orders created %d in %s\n",
+                        setup_created, absl::FormatDuration(setup_elapsed));
   }
-  return out + absl::StrFormat(
-      "orders created %d, paid %d, cancelled %d in %s (%.0f calls/s)\n"
-      "calls %d, retries %d, indeterminate outcomes %d, operations given up "
-      "%d\ncall latency p50 %.1f ms  p99 %.1f ms\n",
-      created, paid, cancelled, absl::FormatDuration(elapsed),
-      calls / std::max(1e-3, absl::ToDoubleSeconds(elapsed)), calls, retries,
-      indeterminate, gave_up, call_p50_ms, call_p99_ms);
+  return out +
+         absl::StrFormat(
+             "orders created %d, paid %d, cancelled %d in %s (%.0f calls/s)\n"
+             "calls %d, retries %d, indeterminate outcomes %d, operations "
+             "given up "
+             "%d\ncall latency p50 %.1f ms  p99 %.1f ms\n",
+             created, paid, cancelled, absl::FormatDuration(elapsed),
+             calls / std::max(1e-3, absl::ToDoubleSeconds(elapsed)), calls,
+             retries, indeterminate, gave_up, call_p50_ms, call_p99_ms);
 }
 
 std::string LoadReport::Json() const {
@@ -292,12 +295,11 @@ LoadReport RunLoad(const LoadOptions& o) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       if (!done && o.progress) {
-        std::fprintf(stderr,
-                     "load: %s%d/%d orders started, %lld calls, %lld retries\n",
-                     in_setup ? "setup: " : "",
-                     std::min<int>(next.load(), o.orders), o.orders,
-                     static_cast<long long>(calls.load()),
-                     static_cast<long long>(retries.load()));
+        std::fprintf(
+            stderr, "load: %s%d/%d orders started, %lld calls, %lld retries\n",
+            in_setup ? "setup: " : "", std::min<int>(next.load(), o.orders),
+            o.orders, static_cast<long long>(calls.load()),
+            static_cast<long long>(retries.load()));
       }
     }
   });
@@ -350,8 +352,8 @@ LoadReport RunLoad(const LoadOptions& o) {
   std::sort(latencies.begin(), latencies.end());
   if (!latencies.empty()) {
     r.call_p50_ms = latencies[latencies.size() / 2];
-    r.call_p99_ms = latencies[std::min(latencies.size() - 1,
-                                       latencies.size() * 99 / 100)];
+    r.call_p99_ms =
+        latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
   }
   return r;
 }

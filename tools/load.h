@@ -21,17 +21,17 @@ namespace outbox::tools {
 
 struct LoadOptions {
   std::string producer = "127.0.0.1:50051";
-  int orders = 100;               // at most
-  absl::Duration duration;        // if set, no new order starts after it
+  int orders = 100;         // at most
+  absl::Duration duration;  // if set, no new order starts after it
   int concurrency = 8;
   double pay_fraction = 0.7;     // of created orders
   double cancel_fraction = 0.3;  // of created orders (paid ones get refunds)
   absl::Duration call_timeout = absl::Seconds(5);
-  int max_tries = 20;            // per call, then the operation gives up
+  int max_tries = 20;  // per call, then the operation gives up
   uint64_t seed = 1;
-  std::string key_prefix;        // idempotency keys: prefix + index
-  bool progress = true;          // a line a second on stderr
-  ClientTlsFiles tls;            // none: plaintext
+  std::string key_prefix;  // idempotency keys: prefix + index
+  bool progress = true;    // a line a second on stderr
+  ClientTlsFiles tls;      // none: plaintext
   // "": the mix above. "create": CreateOrder only. "pay" / "cancel": first
   // creates `orders` orders (the setup phase: not paced, not in the
   // report's calls, rate or latencies), then pays / cancels each of them

@@ -37,8 +37,7 @@ ABSL_FLAG(std::string, relay, "127.0.0.1:50052", "Relay admin address.");
 ABSL_FLAG(std::string, consumer, "127.0.0.1:50053", "Consumer address.");
 ABSL_FLAG(std::string, orders_db, "postgresql://127.0.0.1:5432/outbox_orders",
           "Orders database (verify, demo).");
-ABSL_FLAG(std::string, billing_db,
-          "postgresql://127.0.0.1:5432/outbox_billing",
+ABSL_FLAG(std::string, billing_db, "postgresql://127.0.0.1:5432/outbox_billing",
           "Billing database (verify, demo).");
 ABSL_FLAG(std::string, aggregate, "", "Aggregate id (dead-letters, requeue).");
 ABSL_FLAG(bool, all_dead, false, "requeue: every dead letter (--all-dead).");
@@ -122,12 +121,13 @@ int Stats() {
     grpc::Status st = stub->GetStats(&ctx, req, &s);
     if (st.ok()) {
       std::printf(
-          "relay %s (%s), subscription %s\n  pending %lld, oldest %.1f s, dead letters %lld, "
+          "relay %s (%s), subscription %s\n  pending %lld, oldest %.1f s, dead "
+          "letters %lld, "
           "delivered %lld\n  partitions owned %d of %d, in flight %lld, "
           "stream %s\n  this process: delivered %lld, rejected %lld\n",
           s.replica_id().c_str(), absl::GetFlag(FLAGS_relay).c_str(),
-          s.subscription().c_str(), static_cast<long long>(s.pending()), s.oldest_pending_seconds(),
-          static_cast<long long>(s.dead_letters()),
+          s.subscription().c_str(), static_cast<long long>(s.pending()),
+          s.oldest_pending_seconds(), static_cast<long long>(s.dead_letters()),
           static_cast<long long>(s.delivered_total()),
           s.partitions_owned_size(), s.partitions_total(),
           static_cast<long long>(s.in_flight()),
@@ -244,10 +244,9 @@ outbox::tools::LoadOptions LoadOptionsFromFlags() {
 }
 
 int Verify() {
-  auto report = outbox::tools::Check(absl::GetFlag(FLAGS_orders_db),
-                                     absl::GetFlag(FLAGS_billing_db),
-                                     absl::GetFlag(FLAGS_wait),
-                                     outbox::DbSessionFromFlags());
+  auto report = outbox::tools::Check(
+      absl::GetFlag(FLAGS_orders_db), absl::GetFlag(FLAGS_billing_db),
+      absl::GetFlag(FLAGS_wait), outbox::DbSessionFromFlags());
   if (!report.ok()) {
     std::fprintf(stderr, "outboxctl: verify: %s\n",
                  report.status().ToString().c_str());
@@ -261,7 +260,8 @@ int Verify() {
 
 int Demo() {
   std::printf("demo: %d orders through producer %s, relay %s, consumer %s\n",
-              absl::GetFlag(FLAGS_orders), absl::GetFlag(FLAGS_producer).c_str(),
+              absl::GetFlag(FLAGS_orders),
+              absl::GetFlag(FLAGS_producer).c_str(),
               absl::GetFlag(FLAGS_relay).c_str(),
               absl::GetFlag(FLAGS_consumer).c_str());
   outbox::tools::LoadReport load =
@@ -269,10 +269,9 @@ int Demo() {
   std::printf("\n-- load --\n%s", load.Summary().c_str());
   std::printf("\n-- waiting for every event to be applied --\n");
   std::fflush(stdout);
-  auto report = outbox::tools::Check(absl::GetFlag(FLAGS_orders_db),
-                                     absl::GetFlag(FLAGS_billing_db),
-                                     absl::GetFlag(FLAGS_wait),
-                                     outbox::DbSessionFromFlags());
+  auto report = outbox::tools::Check(
+      absl::GetFlag(FLAGS_orders_db), absl::GetFlag(FLAGS_billing_db),
+      absl::GetFlag(FLAGS_wait), outbox::DbSessionFromFlags());
   if (!report.ok()) {
     std::fprintf(stderr, "demo: %s\n", report.status().ToString().c_str());
     return 1;
@@ -285,10 +284,11 @@ int Demo() {
   std::printf("\n-- summary --\norders             %lld\n%s",
               static_cast<long long>(load.created), report->Summary().c_str());
   if (have_stats) {
-    std::printf("duplicates absorbed %lld, held on arrival %lld (consumer "
-                "counters)\n",
-                static_cast<long long>(stats.duplicates_by_process()),
-                static_cast<long long>(stats.held_by_process()));
+    std::printf(
+        "duplicates absorbed %lld, held on arrival %lld (consumer "
+        "counters)\n",
+        static_cast<long long>(stats.duplicates_by_process()),
+        static_cast<long long>(stats.held_by_process()));
   }
   return report->ok() && load.gave_up == 0 ? 0 : 1;
 }
@@ -331,11 +331,12 @@ int main(int argc, char** argv) {
       "outboxctl COMMAND [flags]\n"
       "commands: stats, dead-letters, requeue EVENT_ID|--aggregate ID|"
       "--all-dead [--since D] [--error TEXT], "
-      "show EVENT_ID,\n  load --orders N --concurrency C [--only create|pay|cancel] "
+      "show EVENT_ID,\n  load --orders N --concurrency C [--only "
+      "create|pay|cancel] "
       "[--rate R], verify, demo --orders N");
   const std::string cmd = args.size() > 1 ? args[1] : "";
-  if (absl::Status s = outbox::CheckClientTls(TlsFromFlags(),
-                                              {"--ca", "--cert", "--key"});
+  if (absl::Status s =
+          outbox::CheckClientTls(TlsFromFlags(), {"--ca", "--cert", "--key"});
       !s.ok()) {
     std::fprintf(stderr, "outboxctl: %s\n", std::string(s.message()).c_str());
     return 2;

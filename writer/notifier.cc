@@ -10,7 +10,9 @@
 namespace outbox {
 
 Notifier::Notifier(std::string db_url, DbSession session)
-    : db_url_(std::move(db_url)), session_(session), thread_([this] { Run(); }) {}
+    : db_url_(std::move(db_url)),
+      session_(session),
+      thread_([this] { Run(); }) {}
 
 Notifier::~Notifier() {
   {

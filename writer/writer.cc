@@ -149,10 +149,10 @@ absl::StatusOr<std::vector<Appended>> Writer::AppendMany(
       trace.Add(e.trace_parent);
       partition.Add(PartitionOf(e.aggregate_id));
     }
-    pqxx::result r = ExecPrepared(
-        tx, "outbox_writer_append", kAppendSql, type.str(), id.str(),
-        event_id.str(), event_type.str(), version.str(), payload.str(),
-        trace.str(), partition.str());
+    pqxx::result r =
+        ExecPrepared(tx, "outbox_writer_append", kAppendSql, type.str(),
+                     id.str(), event_id.str(), event_type.str(), version.str(),
+                     payload.str(), trace.str(), partition.str());
     for (const auto& row : r) {
       const size_t i = round[row[0].as<size_t>() - 1];
       out[i].seq = row[1].as<int64_t>();

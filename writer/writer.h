@@ -21,9 +21,8 @@
 // business table is involved. The outbox tables come from
 // OutboxSchema() (common/schema.h); apply it before the first Append.
 
-#include <pqxx/pqxx>
-
 #include <memory>
+#include <pqxx/pqxx>
 #include <string>
 #include <vector>
 
@@ -44,8 +43,8 @@ struct NewEvent {
   std::string event_type;      // 1-128 bytes, e.g. "OrderPaid"
   int schema_version = 1;      // of the payload
   google::protobuf::Any payload;
-  std::string trace_parent;    // optional W3C traceparent
-  std::string event_id;        // optional UUID; a new one when empty
+  std::string trace_parent;  // optional W3C traceparent
+  std::string event_id;      // optional UUID; a new one when empty
   absl::Time occurred_at = absl::InfinitePast();  // now when unset
 
   // An event whose payload is `message` and whose type is its name.

@@ -1,8 +1,6 @@
 // outbox::Writer against a real PostgreSQL: chains per aggregate, under
 // concurrent appenders, rollbacks and many events per statement.
 
-#include "writer/writer.h"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -16,6 +14,7 @@
 #include "google/protobuf/wrappers.pb.h"
 #include "outbox/v1/event.pb.h"
 #include "tests/testing/pg.h"
+#include "writer/writer.h"
 
 namespace outbox {
 namespace {
@@ -173,11 +172,11 @@ TEST_F(WriterTest, RefusesBadEventsNamingTheFieldAndWritesNothing) {
                                 "event_id"));
   NewEvent bad_trace = Note("t", "a", "x");
   bad_trace.trace_parent = "00-zz";
-  EXPECT_TRUE(absl::StrContains(
-      writer.Append(tx, bad_trace).status().message(), "trace_parent"));
+  EXPECT_TRUE(absl::StrContains(writer.Append(tx, bad_trace).status().message(),
+                                "trace_parent"));
   NewEvent huge = Note("t", "a", std::string(kMaxEventBytes, 'x'));
-  EXPECT_TRUE(absl::StrContains(writer.Append(tx, huge).status().message(),
-                                "payload"));
+  EXPECT_TRUE(
+      absl::StrContains(writer.Append(tx, huge).status().message(), "payload"));
   auto many = writer.AppendMany(tx, {Note("t", "a", "ok"), no_id});
   EXPECT_TRUE(absl::StrContains(many.status().message(), "events[1]."));
   tx.commit();

@@ -3,9 +3,8 @@
 //
 //   parcel-desk --db=postgresql://127.0.0.1/parcels --parcels=100
 
-#include <pqxx/pqxx>
-
 #include <cstdio>
+#include <pqxx/pqxx>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -45,7 +44,8 @@ int main(int argc, char** argv) {
     if (absl::Status st = outbox::Migrate(url, s.name, *s.migrations,
                                           absl::Seconds(30), session);
         !st.ok()) {
-      std::fprintf(stderr, "parcel-desk: %s\n", std::string(st.message()).c_str());
+      std::fprintf(stderr, "parcel-desk: %s\n",
+                   std::string(st.message()).c_str());
       return 1;
     }
   }
@@ -76,8 +76,8 @@ int main(int argc, char** argv) {
     delivered.set_signed_by("Front desk");
     {
       pqxx::work tx(conn);
-      tx.exec_params("UPDATE parcels SET status = 'delivered' WHERE parcel_id = $1",
-                     id);
+      tx.exec_params(
+          "UPDATE parcels SET status = 'delivered' WHERE parcel_id = $1", id);
       auto appended =
           writer.Append(tx, outbox::NewEvent::Of("parcel", id, delivered));
       if (!appended.ok()) return 1;

@@ -3,13 +3,14 @@
 // each aggregate's events in chain order; this file is only the domain's
 // part: a Handler that keeps the table `tracking` up to date.
 //
-//   parcel-tracker --db=postgresql://127.0.0.1/tracking --listen=127.0.0.1:50061
+//   parcel-tracker --db=postgresql://127.0.0.1/tracking
+//   --listen=127.0.0.1:50061
 //   outbox-relay --db=postgresql://127.0.0.1/parcels --subscription=tracking \
 //     --consumer=127.0.0.1:50061
 
-#include <pqxx/pqxx>
-
 #include <spdlog/spdlog.h>
+
+#include <pqxx/pqxx>
 
 #include "absl/flags/flag.h"
 #include "common/config.h"
@@ -90,14 +91,16 @@ CREATE TABLE tracking (
 
  private:
   static absl::Status Bad(const Event& e, const std::string& why) {
-    return absl::InvalidArgumentError("payload of " + e.event_type() + ": " + why);
+    return absl::InvalidArgumentError("payload of " + e.event_type() + ": " +
+                                      why);
   }
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  outbox::InitProcess(argc, argv, "parcel-tracker: tracks parcels from their events.");
+  outbox::InitProcess(argc, argv,
+                      "parcel-tracker: tracks parcels from their events.");
   const std::string url = absl::GetFlag(FLAGS_db);
   const outbox::DbSession session = outbox::DbSessionFromFlags();
   TrackingHandler handler;
@@ -109,7 +112,8 @@ int main(int argc, char** argv) {
   }
   auto security = outbox::ServerSecurityFromFlags();
   if (!security.ok()) {
-    spdlog::critical("parcel-tracker: {}", std::string(security.status().message()));
+    spdlog::critical("parcel-tracker: {}",
+                     std::string(security.status().message()));
     return 2;
   }
   outbox::CallerCheck check(security->rules);

@@ -40,13 +40,13 @@ using outbox::v1::Event;
 using Key = std::pair<std::string, int64_t>;
 
 // Fails the run, saying which property broke.
-#define Require(cond)                                                  \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
+#define Require(cond)                                                   \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
       std::fprintf(stderr, "%s:%d: violated: %s\n", __FILE__, __LINE__, \
-                   #cond);                                             \
-      std::abort();                                                    \
-    }                                                                  \
+                   #cond);                                              \
+      std::abort();                                                     \
+    }                                                                   \
   } while (0)
 
 // The billing database as the applier leaves it.
@@ -104,7 +104,8 @@ bool Write(Store* store, const Plan& plan) {
   std::set<Key> positions;
   for (const Event* e : plan.apply) {
     Key pos{e->aggregate_id(), e->seq()};
-    if (store->inbox.count(e->event_id()) || store->inbox_positions.count(pos) ||
+    if (store->inbox.count(e->event_id()) ||
+        store->inbox_positions.count(pos) ||
         !ids.insert(e->event_id()).second || !positions.insert(pos).second) {
       return false;
     }
@@ -188,12 +189,13 @@ void Deliver(Store* store, const std::vector<Event>& batch_events,
   Require(plan.results.size() == batch.size());
   if (Tracing()) {
     for (size_t i = 0; i < batch.size(); ++i) {
-      std::fprintf(stderr, "  %s %s seq %lld prev %lld -> %s %s\n",
-                   batch[i]->aggregate_id().c_str(), batch[i]->event_id().c_str(),
-                   static_cast<long long>(batch[i]->seq()),
-                   static_cast<long long>(batch[i]->prev_seq()),
-                   outbox::v1::DeliveryOutcome_Name(plan.results[i].outcome()).c_str(),
-                   plan.results[i].reason().c_str());
+      std::fprintf(
+          stderr, "  %s %s seq %lld prev %lld -> %s %s\n",
+          batch[i]->aggregate_id().c_str(), batch[i]->event_id().c_str(),
+          static_cast<long long>(batch[i]->seq()),
+          static_cast<long long>(batch[i]->prev_seq()),
+          outbox::v1::DeliveryOutcome_Name(plan.results[i].outcome()).c_str(),
+          plan.results[i].reason().c_str());
     }
     for (const auto& [agg, st] : store->cursors) {
       std::fprintf(stderr, "  = %s cursor %lld held %lld\n", agg.c_str(),
@@ -208,17 +210,20 @@ void Deliver(Store* store, const std::vector<Event>& batch_events,
     Require(r.event_id() == e.event_id() && r.seq() == e.seq());
     switch (r.outcome()) {
       case outbox::v1::APPLIED:
-        Require(store->inbox.count(e.event_id()) && !inbox_before.count(e.event_id()));
+        Require(store->inbox.count(e.event_id()) &&
+                !inbox_before.count(e.event_id()));
         break;
       case outbox::v1::DUPLICATE:
         Require(store->inbox.count(e.event_id()));
         break;
       case outbox::v1::HELD:
-        Require(store->held.count(e.event_id()) || store->inbox.count(e.event_id()));
+        Require(store->held.count(e.event_id()) ||
+                store->inbox.count(e.event_id()));
         break;
       case outbox::v1::REJECTED:
         Require(!r.reason().empty());
-        if (!forgeries && invalid[i].empty()) Require(!true_ids.count(e.event_id()));
+        if (!forgeries && invalid[i].empty())
+          Require(!true_ids.count(e.event_id()));
         break;
       case outbox::v1::DEFERRED: {
         // Only behind an earlier event of its aggregate in this batch that

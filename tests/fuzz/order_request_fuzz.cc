@@ -14,13 +14,13 @@
 namespace {
 
 // Fails the run, saying which property broke.
-#define Require(cond)                                                  \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
+#define Require(cond)                                                   \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
       std::fprintf(stderr, "%s:%d: violated: %s\n", __FILE__, __LINE__, \
-                   #cond);                                             \
-      std::abort();                                                    \
-    }                                                                  \
+                   #cond);                                              \
+      std::abort();                                                     \
+    }                                                                   \
   } while (0)
 
 void CheckCreate(const outbox::v1::CreateOrderRequest& req) {
@@ -61,7 +61,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (req.ParseFromArray(body, n)) {
         absl::Status s = outbox::producer::ValidatePay(req);
         Require(s.ok() || s.code() == absl::StatusCode::kInvalidArgument);
-        if (s.ok()) Require(outbox::producer::ValidateOrderId(req.order_id()).ok());
+        if (s.ok())
+          Require(outbox::producer::ValidateOrderId(req.order_id()).ok());
       }
       break;
     }

@@ -17,13 +17,13 @@
 namespace {
 
 // Fails the run, saying which property broke.
-#define Require(cond)                                                  \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
+#define Require(cond)                                                   \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
       std::fprintf(stderr, "%s:%d: violated: %s\n", __FILE__, __LINE__, \
-                   #cond);                                             \
-      std::abort();                                                    \
-    }                                                                  \
+                   #cond);                                              \
+      std::abort();                                                     \
+    }                                                                   \
   } while (0)
 
 }  // namespace

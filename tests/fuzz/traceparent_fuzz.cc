@@ -13,16 +13,19 @@
 namespace {
 
 // Fails the run, saying which property broke.
-#define Require(cond)                                                  \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
+#define Require(cond)                                                   \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
       std::fprintf(stderr, "%s:%d: violated: %s\n", __FILE__, __LINE__, \
-                   #cond);                                             \
-      std::abort();                                                    \
-    }                                                                  \
+                   #cond);                                              \
+      std::abort();                                                     \
+    }                                                                   \
   } while (0)
 
-bool Hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+bool Hex(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') ||
+         (c >= 'A' && c <= 'F');
+}
 
 }  // namespace
 

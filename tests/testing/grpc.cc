@@ -24,8 +24,10 @@ std::string HealthStatus(grpc::Channel* channel, const std::string& service) {
   req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status s = stub->Check(&ctx, req, &resp);
-  if (!s.ok()) return absl::StrCat("error ", s.error_code(), ": ", s.error_message());
-  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  if (!s.ok())
+    return absl::StrCat("error ", s.error_code(), ": ", s.error_message());
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+      resp.status());
 }
 
 namespace {

@@ -14,7 +14,8 @@ std::shared_ptr<grpc::Channel> Loopback(int port);
 
 // grpc.health.v1.Health/Check for `service` ("" = overall): "SERVING",
 // "NOT_SERVING", ... or the call's error.
-std::string HealthStatus(grpc::Channel* channel, const std::string& service = "");
+std::string HealthStatus(grpc::Channel* channel,
+                         const std::string& service = "");
 
 // The services listed by reflection (v1alpha, as Debian's gRPC serves).
 std::set<std::string> ReflectedServices(grpc::Channel* channel);

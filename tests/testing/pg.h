@@ -3,9 +3,8 @@
 // fresh, migrated database on the server scripts/test started, named after
 // the test, dropped when the test ends.
 
-#include <pqxx/pqxx>
-
 #include <memory>
+#include <pqxx/pqxx>
 #include <string>
 #include <vector>
 
