@@ -30,13 +30,17 @@
 // that exits, e.g. on an unknown flag, fails); the --listen port must refuse
 // plaintext when TLS is on; /metrics must answer on the annotated port; logs
 // must be JSON when the manifests ask for JSON; reflection must list the
-// health service (over mutual TLS with the outboxctl certificate); an order
-// created through the producer must reach the consumer's inbox through the
-// relay, and a load run by outboxctl must verify end to end; the identities
-// must be admitted and refused as the flags say (outboxctl may requeue,
-// another service's certificate may not read the relay or the consumer);
-// a renewed consumer certificate must be served without a restart; and
-// after SIGTERM each process must exit 0 within its grace period.
+// health service (over mutual TLS with the outboxctl certificate); for every
+// subscription (a relay Deployment's --subscription, delivered to the
+// consumer Deployment its --consumer reaches) an order created through the
+// producer must reach that consumer's inbox through the relay, and after a
+// load run by outboxctl every event must have arrived exactly once, in
+// order (billing: outboxctl verify; audit: audit_log holds every outbox
+// event once); the identities must be admitted and refused as the flags say
+// (outboxctl may read stats and requeue on each relay, another service's
+// certificate may not read a relay or a consumer); every consumer must
+// serve its renewed certificate without a restart; and after SIGTERM each
+// process must exit 0 within its grace period.
 
 import { spawn, spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync, appendFileSync, openSync, existsSync, mkdirSync, symlinkSync } from "node:fs";
@@ -68,7 +72,7 @@ for (const k of ["rendered", "bin", "pg", "root", "tmp"]) {
 const replicasOverride = opts.replicas ? Number(opts.replicas) : null;
 const only = opts.components ? new Set(opts.components.split(",").map((s) => `outbox-${s.replace(/^outbox-/, "")}`)) : null;
 const pidFile = path.join(opts.tmp, "pids");
-const buf = path.join(opts.root, "node_modules/.bin/buf");
+const buf = path.join(opts.root, "tests/deploy/node_modules/.bin/buf");
 
 let passed = 0;
 const failures = [];
@@ -547,37 +551,64 @@ async function main() {
     }
   }
 
-  // 6. End to end: an order created through the producer reaches the
-  // consumer's inbox (the relay follows --consumer as rendered).
+  // 6. End to end, per subscription: each relay Deployment delivers its
+  // --subscription to the consumer Deployment its --consumer reaches (as
+  // rendered); an order created through the producer must reach every
+  // subscription's consumer.
   const producer = up.find((i) => i.binName === "outbox-producer");
-  const haveAll = ["outbox-producer", "outbox-relay", "outbox-consumer"].every((b) => up.some((i) => i.binName === b));
-  const billing = [...dbNames.entries()].find(([k]) => k === "outbox_billing")?.[1];
-  const inboxRows = () => {
-    const q = psql(billing, "SELECT count(*) FROM inbox");
+  const subscriptions = [];
+  for (const d of [...new Set(instances.filter((i) => i.binName === "outbox-relay").map((i) => i.deployment))]) {
+    const first = instances.find((i) => i.deployment === d);
+    const name = effectiveFlag(first.manifestArgs, first.manifestEnv, "subscription", "billing").value;
+    const target = resolveServiceAddress(objs, ns, effectiveFlag(first.manifestArgs, first.manifestEnv, "consumer", "127.0.0.1:50053").value)?.workload ?? null;
+    const cInst = instances.find((i) => i.deployment === target && i.binName === "outbox-consumer");
+    const handler = cInst ? effectiveFlag(cInst.manifestArgs, cInst.manifestEnv, "handler", "billing").value : null;
+    const cDb = cInst ? effectiveFlag(cInst.manifestArgs, cInst.manifestEnv, "db", "").value : "";
+    let db = null;
+    try {
+      db = localDb(decodeURIComponent(new URL(cDb).pathname.slice(1)));
+    } catch {
+      db = null;
+    }
+    subscriptions.push({
+      name, handler, db, relayDeployment: d.metadata.name, consumerDeployment: target?.metadata?.name ?? "(none)",
+      relays: up.filter((i) => i.deployment === d), consumers: up.filter((i) => i.deployment === target && i.binName === "outbox-consumer"),
+    });
+  }
+  for (const s of subscriptions) console.log(`note subscription ${s.name}: ${s.relayDeployment} -> ${s.consumerDeployment} (--handler=${s.handler}, database ${s.db})`);
+  const haveAll = producer && subscriptions.length > 0 && subscriptions.every((s) => s.relays.length > 0 && s.consumers.length > 0 && s.db);
+  const orders = [...dbNames.entries()].find(([k]) => k === "outbox_orders")?.[1];
+  const count = (db, sql) => {
+    const q = psql(db, sql);
     return q.ok ? Number(q.out) : 0;
   };
-  const waitInbox = async (atLeast, ms) => {
+  const inboxRows = (s) => count(s.db, "SELECT count(*) FROM inbox");
+  const waitFor = async (f, ms) => {
     const deadline = Date.now() + ms;
-    let n = 0;
-    while (Date.now() < deadline) {
-      n = inboxRows();
-      if (n >= atLeast) break;
+    let v = f();
+    while (!v.done && Date.now() < deadline) {
       await sleep(500);
+      v = f();
     }
-    return n;
+    return v;
   };
+  const waitInbox = (s, atLeast, ms) => waitFor(() => {
+    const n = inboxRows(s);
+    return { done: n >= atLeast, n };
+  }, ms).then((v) => v.n);
   const createOrder = (tag) => {
     const order = { customerId: "c1", items: [{ sku: "book", quantity: 2, unitPriceCents: 1250 }], currency: "EUR", idempotencyKey: `${runId}-${tag}` };
     return bufCurl(["--data", JSON.stringify(order)], `${producer.apiPort}/outbox.v1.OrderService/CreateOrder`, producer.tls ? ctl : null);
   };
-  const relay = up.find((i) => i.binName === "outbox-relay");
-  const consumers = up.filter((i) => i.binName === "outbox-consumer");
-  if (producer && haveAll) {
+  const sub = (s) => `subscription ${s.name} (${s.relayDeployment} -> ${s.consumerDeployment})`;
+  if (haveAll) {
     const r = createOrder("1");
     const how = producer.tls ? " over mutual TLS (outboxctl certificate)" : "";
     if (check(r.ok, `CreateOrder through the producer${how} succeeds${r.ok ? "" : `: ${r.err.split("\n")[0]}`}`)) {
-      const n = await waitInbox(1, 30000);
-      check(n >= 1, `the order's event reached the consumer's inbox through the relay${relay.tls ? " (relay -> consumer over mutual TLS)" : ""} within 30 s (inbox rows: ${n})`);
+      for (const s of subscriptions) {
+        const n = await waitInbox(s, 1, 30000);
+        check(n >= 1, `${sub(s)}: the order's event reached the consumer's inbox through the relay${s.relays[0].tls ? " (relay -> consumer over mutual TLS)" : ""} within 30 s (inbox rows: ${n})`);
+      }
     }
 
     // Load and an end-to-end verification by outboxctl, with the
@@ -593,55 +624,84 @@ async function main() {
     if (existsSync(outboxctl)) {
       const load = run(outboxctl, ["load", ...tlsArgs, `--producer=localhost:${producer.apiPort}`, "--orders=40", "--concurrency=2", "--timeout=5s", `--seed=${process.pid}`]);
       if (check(load.ok, `outboxctl load: 40 orders through the producer${how}${load.ok ? "" : `: ${(load.err || load.out).split("\n").slice(-2).join(" ")}`}`)) {
-        const orders = [...dbNames.entries()].find(([k]) => k === "outbox_orders")?.[1];
-        const v = run(outboxctl, ["verify", `--orders_db=${dbUrl(orders)}`, `--billing_db=${dbUrl(billing)}`, "--wait=60s"], pgEnv, 90000);
-        check(v.ok, `outboxctl verify: every event delivered exactly once, in order${v.ok ? "" : `: ${(v.out + v.err).split("\n").slice(-3).join(" ")}`}`);
+        for (const s of subscriptions) {
+          if (s.handler === "billing") {
+            const v = run(outboxctl, ["verify", `--orders_db=${dbUrl(orders)}`, `--billing_db=${dbUrl(s.db)}`, "--wait=60s"], pgEnv, 90000);
+            check(v.ok, `${sub(s)}: outboxctl verify: every event delivered exactly once, in order${v.ok ? "" : `: ${(v.out + v.err).split("\n").slice(-3).join(" ")}`}`);
+          } else if (s.handler === "audit") {
+            // Every event of the outbox recorded once in audit_log (its
+            // primary key is the event id), each aggregate's events applied
+            // in their order (inbox.apply_id follows the applies).
+            const ids = (db, sql) => {
+              const q = psql(db, sql);
+              return q.ok ? q.out : `error: ${q.err}`;
+            };
+            const v = await waitFor(() => {
+              const want = count(orders, "SELECT count(*) FROM outbox");
+              const got = count(s.db, "SELECT count(*) FROM audit_log");
+              return { done: want > 0 && got >= want, want, got };
+            }, 60000);
+            const same = ids(orders, "SELECT string_agg(event_id::text, ',' ORDER BY event_id) FROM outbox") ===
+              ids(s.db, "SELECT string_agg(event_id::text, ',' ORDER BY event_id) FROM audit_log");
+            const disorder = count(s.db, "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION BY aggregate_id ORDER BY apply_id) AS prev FROM inbox) x WHERE seq <= prev");
+            check(v.done && same && disorder === 0,
+              `${sub(s)}: every outbox event recorded exactly once in audit_log, each aggregate's in order (outbox ${v.want}, audit_log ${v.got}, same event ids: ${same}, out of order: ${disorder})`);
+          } else {
+            console.log(`note ${sub(s)}: no end-to-end check for the handler ${s.handler}`);
+          }
+        }
       }
-      const stats = run(outboxctl, ["stats", ...tlsArgs, `--relay=localhost:${relay.apiPort}`, `--consumer=localhost:${consumers[0].apiPort}`]);
-      check(stats.ok && /partitions owned/.test(stats.out) && /applied/.test(stats.out),
-        `outboxctl stats reads the relay's admin API and the consumer's query API${ctl ? " as spiffe://outbox/outboxctl" : ""}${stats.ok ? "" : `: ${(stats.err || stats.out).split("\n").slice(-2).join(" ")}`}`);
-      const rq = run(outboxctl, ["requeue", ...tlsArgs, `--relay=localhost:${relay.apiPort}`, "--all-dead"]);
-      check(rq.ok && /requeued \d+ dead letters/.test(rq.out), `outboxctl requeue --all-dead is admitted (RelayAdmin.Requeue, --admin_clients)${rq.ok ? "" : `: ${(rq.err || rq.out).split("\n").slice(-2).join(" ")}`}`);
+      for (const s of subscriptions) {
+        const stats = run(outboxctl, ["stats", ...tlsArgs, `--relay=localhost:${s.relays[0].apiPort}`, `--consumer=localhost:${s.consumers[0].apiPort}`]);
+        check(stats.ok && /partitions owned/.test(stats.out) && /applied/.test(stats.out) && new RegExp(`subscription ${s.name}\\b`).test(stats.out),
+          `${sub(s)}: outboxctl stats reads the relay's admin API (subscription ${s.name}) and the consumer's query API${ctl ? " as spiffe://outbox/outboxctl" : ""}${stats.ok ? "" : `: ${(stats.err || stats.out).split("\n").slice(-2).join(" ")}`}`);
+        const rq = run(outboxctl, ["requeue", ...tlsArgs, `--relay=localhost:${s.relays[0].apiPort}`, "--all-dead"]);
+        check(rq.ok && /requeued \d+ dead letters/.test(rq.out), `${sub(s)}: outboxctl requeue --all-dead is admitted (RelayAdmin.Requeue, --admin_clients)${rq.ok ? "" : `: ${(rq.err || rq.out).split("\n").slice(-2).join(" ")}`}`);
+      }
     } else {
       console.log(`note ${outboxctl} not found: no load, verify, stats or requeue through outboxctl`);
     }
 
     // Identities the manifests do not admit: another service's
-    // certificate (same CA) on the relay's admin API and the consumer.
-    if (relay.tls) {
-      const other = identity("spiffe://outbox/producer");
-      if (other) {
-        const code = (r) => (r.ok ? "an answer" : /"code":\s*"(\w+)"/.exec(r.out + r.err)?.[1] ?? (r.out + r.err).split("\n")[0]);
-        const a = bufCurl(["-d", "{}"], `${relay.apiPort}/outbox.v1.RelayAdmin/GetStats`, other);
-        check(code(a) === "permission_denied", `the relay's admin API refuses spiffe://outbox/producer (RelayAdmin/GetStats: ${code(a)})`);
-        const b = bufCurl(["-d", "{}"], `${consumers[0].apiPort}/outbox.v1.BillingQuery/GetStats`, other);
-        check(code(b) === "permission_denied", `the consumer refuses spiffe://outbox/producer (BillingQuery/GetStats: ${code(b)})`);
+    // certificate (same CA) on each relay's admin API and each consumer.
+    const other = subscriptions.some((s) => s.relays[0].tls) ? identity("spiffe://outbox/producer") : null;
+    if (other) {
+      const code = (r) => (r.ok ? "an answer" : /"code":\s*"(\w+)"/.exec(r.out + r.err)?.[1] ?? (r.out + r.err).split("\n")[0]);
+      for (const s of subscriptions) {
+        const a = bufCurl(["-d", "{}"], `${s.relays[0].apiPort}/outbox.v1.RelayAdmin/GetStats`, other);
+        check(code(a) === "permission_denied", `${s.relayDeployment}: the relay's admin API refuses spiffe://outbox/producer (RelayAdmin/GetStats: ${code(a)})`);
+        const b = bufCurl(["-d", "{}"], `${s.consumers[0].apiPort}/outbox.v1.BillingQuery/GetStats`, other);
+        check(code(b) === "permission_denied", `${s.consumerDeployment}: the consumer refuses spiffe://outbox/producer (BillingQuery/GetStats: ${code(b)})`);
       }
     }
 
-    // Renewal: cert-manager issues a new consumer certificate (new key),
-    // the kubelet swaps the Secret volume's files; the consumer must serve
-    // it without a restart, and events must keep flowing.
-    const consumerCert = consumers[0] && servedCertificate(consumers[0]);
-    if (consumerCert && ctl) {
-      const before = consumers.map((c) => servedSerial(c.apiPort, ctl));
-      certManager.renew(consumerCert.spec.secretName);
+    // Renewal: cert-manager issues a new certificate (new key) for every
+    // consumer, the kubelet swaps the Secret volumes' files; each consumer
+    // must serve its new one without a restart, and events must keep
+    // flowing to every subscription.
+    const renewed = subscriptions.map((s) => ({ s, cert: servedCertificate(s.consumers[0]) })).filter((x) => x.cert);
+    if (renewed.length && ctl) {
+      const before = renewed.map(({ s }) => s.consumers.map((c) => servedSerial(c.apiPort, ctl)));
+      for (const secret of new Set(renewed.map(({ cert }) => cert.spec.secretName))) certManager.renew(secret);
       const deadline = Date.now() + 20000;
       let after = before;
+      const changed = (k) => after[k].every((x, i) => x && x !== before[k][i]);
       while (Date.now() < deadline) {
-        after = consumers.map((c) => servedSerial(c.apiPort, ctl));
-        if (after.every((x, i) => x && x !== before[i])) break;
+        after = renewed.map(({ s }) => s.consumers.map((c) => servedSerial(c.apiPort, ctl)));
+        if (renewed.every((_, k) => changed(k))) break;
         await sleep(1000);
       }
-      check(after.every((x, i) => x && x !== before[i]),
-        `a renewed consumer certificate (new key, Secret files swapped as the kubelet does) is served within 20 s without a restart (serial ${before.join(",")} -> ${after.join(",")})`);
-      const rows = inboxRows();
+      renewed.forEach(({ s, cert }, k) => check(changed(k),
+        `${s.consumerDeployment}: a renewed consumer certificate (Certificate ${cert.metadata.name}: new key, Secret files swapped as the kubelet does) is served within 20 s without a restart (serial ${before[k].join(",")} -> ${after[k].join(",")})`));
+      const rows = subscriptions.map((s) => inboxRows(s));
       const r2 = createOrder("renewed");
-      const n2 = r2.ok ? await waitInbox(rows + 1, 30000) : rows;
-      check(r2.ok && n2 > rows, `after the renewal an order still reaches the consumer's inbox (inbox rows ${rows} -> ${n2})`);
+      for (const [k, s] of subscriptions.entries()) {
+        const n2 = r2.ok ? await waitInbox(s, rows[k] + 1, 30000) : rows[k];
+        check(r2.ok && n2 > rows[k], `${sub(s)}: after the renewal an order still reaches the consumer's inbox (inbox rows ${rows[k]} -> ${n2})`);
+      }
     }
   } else if (!only) {
-    check(false, "all three services are up for the end-to-end check");
+    check(false, `the producer and every subscription's relay and consumer are up for the end-to-end check (${subscriptions.map((s) => `${s.name}: ${s.relays.length} relays, ${s.consumers.length} consumers up`).join("; ") || "no relay"})`);
   }
 
   // 7. SIGTERM: exit 0 within the grace period (minus the preStop sleep,

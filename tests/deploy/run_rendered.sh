@@ -7,9 +7,10 @@
 # cert-manager Certificates and mounted where the pods mount their Secrets.
 # Checks health SERVING on the probe (plaintext health) ports, that the API
 # ports refuse plaintext, /metrics on the annotated ports, JSON logs,
-# reflection, an order flowing from producer to consumer through the relay
-# over mutual TLS, an outboxctl load verified end to end, who is admitted
-# and refused, a renewed certificate served without a restart, and a clean
+# reflection, an order flowing from producer to the consumer of every
+# subscription (billing, audit) through its relay over mutual TLS, an
+# outboxctl load verified end to end for each subscription, who is admitted
+# and refused, renewed certificates served without a restart, and a clean
 # exit within the grace period after SIGTERM. A flag or OUTBOX_* variable in
 # the manifests that a binary does not know fails the test. See
 # tests/deploy/rendered.mjs for the rewrites (addresses -> 127.0.0.1 or
@@ -53,8 +54,8 @@ done
 for tool in kubectl node psql openssl; do
   command -v "$tool" >/dev/null || fail "$tool not found"
 done
-[[ -x "$root/node_modules/.bin/buf" && -d "$root/node_modules/yaml" ]] ||
-  fail "node_modules incomplete: run 'npm ci' in $root"
+[[ -x "$here/node_modules/.bin/buf" && -d "$here/node_modules/yaml" ]] ||
+  fail "node_modules incomplete: run 'npm ci' in $here"
 psql "$OUTBOX_TEST_PG_URL" -X -At -c 'SELECT 1' >/dev/null 2>&1 ||
   PGCONNECT_TIMEOUT=5 psql "$OUTBOX_TEST_PG_URL" -X -At -c 'SELECT 1' >/dev/null ||
   fail "cannot connect to OUTBOX_TEST_PG_URL=$OUTBOX_TEST_PG_URL"

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Validates rendered kustomize overlays offline.
 //
-//   node tests/deploy/validate.mjs [--root=DIR] [--bin=DIR] OVERLAY=RENDERED.yaml ...
+//   node tests/deploy/validate.mjs [--root=DIR] --bin=DIR OVERLAY=RENDERED.yaml ...
 //
 // (tests/deploy/validate.sh renders every overlay and calls this.)
 //
@@ -23,24 +23,32 @@
 //    key rotation, lifetimes, DNS names versus the Services and the relay's
 //    --consumer host, who each server admits (--allowed_clients,
 //    --admin_clients), and the issuer chain.
-// 4. The container build (deploy/docker/Dockerfile, .dockerignore) agrees
+// 4. Fan-out: every subscription of SUBSCRIPTIONS has a relay Deployment
+//    (--subscription) that delivers to a consumer Deployment running the
+//    subscription's handler (--handler) on a database of its own, each
+//    consumer fed by one relay, and the NetworkPolicies keep each relay to
+//    its own consumer (all relays share one identity).
+// 5. The container build (deploy/docker/Dockerfile, .dockerignore) agrees
 //    with the manifests (user id, binary paths, exec-form entrypoint).
 //
-// --bin=DIR: a directory holding the built binaries. Their --helpfull then
-// decides which flags exist (otherwise the list below, kept by hand).
+// --bin=DIR: the directory of the built binaries. Each one's --helpfull
+// decides which flags exist and the form of their values; a binary missing
+// or printing no flags is an error.
+//
+// The npm packages come from tests/deploy/node_modules (`npm ci` there).
 //
 // Exits 0 if everything holds, 1 otherwise (2 on bad usage).
 
-import { readFileSync, existsSync } from "node:fs";
+import { readFileSync, existsSync, accessSync, constants as fsConstants } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import {
   parseDocs, ident, find, podSpecOf, matchSelector, matchServiceSelector, resolveEnv, argvOf,
-  effectiveFlag, parseDuration, parseHostPort, WILDCARD_HOSTS, parseQuantity, resolveTargetPort,
+  effectiveFlag, flagInArgs, parseDuration, parseHostPort, WILDCARD_HOSTS, parseQuantity, resolveTargetPort,
   workloadsForService, resolveServiceAddress, WORKLOAD_KINDS,
 } from "./lib/k8s.mjs";
 import { makeSchemaValidator } from "./lib/schema.mjs";
-import { helpfullFlags, ABSL_FLAGS } from "./lib/flags.mjs";
+import { helpfull, ABSL_FLAGS } from "./lib/flags.mjs";
 import { allowed, ingressAllowed, isolated } from "./lib/netpol.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -54,27 +62,43 @@ for (const a of process.argv.slice(2)) {
     const i = a.indexOf("=");
     overlays.push({ name: a.slice(0, i), file: a.slice(i + 1) });
   } else {
-    console.error(`usage: validate.mjs [--root=DIR] [--bin=DIR] OVERLAY=RENDERED.yaml ...  (bad argument: ${a})`);
+    console.error(`usage: validate.mjs [--root=DIR] --bin=DIR OVERLAY=RENDERED.yaml ...  (bad argument: ${a})`);
     process.exit(2);
   }
 }
-if (overlays.length === 0) {
-  console.error("usage: validate.mjs [--root=DIR] [--bin=DIR] OVERLAY=RENDERED.yaml ...");
+if (overlays.length === 0 || !binDir) {
+  console.error("usage: validate.mjs [--root=DIR] --bin=DIR OVERLAY=RENDERED.yaml ...  (--bin: the built binaries, whose --helpfull lists their flags)");
   process.exit(2);
 }
 
-// What the binaries are (see README / DESIGN.md section 7).
+// What the binaries are (see README / DESIGN.md section 7). A binary may
+// run in several Deployments (a relay and a consumer per subscription); the
+// consumer's database follows its --handler (HANDLERS).
 const COMPONENTS = {
   "outbox-producer": { listen: "127.0.0.1:50051", database: "outbox_orders", needsService: true },
   "outbox-relay": { listen: "127.0.0.1:50052", database: "outbox_orders", needsService: false },
-  "outbox-consumer": { listen: "127.0.0.1:50053", database: "outbox_billing", needsService: true },
+  "outbox-consumer": { listen: "127.0.0.1:50053", database: null, needsService: true },
+};
+// The consumer's handlers (--handler, default billing) and the database
+// each one's Deployment uses: one database per consumer, since the inbox
+// there records what that consumer has applied.
+const HANDLERS = {
+  billing: { database: "outbox_billing" },
+  audit: { database: "outbox_audit" },
+};
+const DEFAULT_HANDLER = "billing";
+const DEFAULT_SUBSCRIPTION = "billing";
+// The subscriptions the manifests deliver (relay --subscription, default
+// billing) and the handler of the consumer each one must reach.
+const SUBSCRIPTIONS = {
+  billing: { handler: "billing" },
+  audit: { handler: "audit" },
 };
 // The flags of each binary and the form of their values, so that a typo in
-// a ConfigMap key (OUTBOX_*) or an argument fails here already. With
-// --bin=DIR the binaries' own --helpfull decides which flags exist (and the
-// form of the value follows the default it prints); without binaries this
-// list, kept by hand, is the fallback (a note names any drift from the
-// binaries when both are at hand).
+// a ConfigMap key (OUTBOX_*) or an argument fails here already. The
+// binaries' own --helpfull decides which flags exist; the form of a value
+// follows what it prints about the flag (its default, and how its
+// description starts).
 const DURATION = (v) => Number.isFinite(parseDuration(v)) && parseDuration(v) >= 0;
 const INT = (v) => /^\d+$/.test(v);
 const FLOAT = (v) => /^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/.test(v);
@@ -84,22 +108,7 @@ const ANY = () => true;
 const FILE = (v) => v === "" || path.isAbsolute(v);
 // Identities: URI SANs (spiffe://...), DNS names or CNs, comma-separated.
 const IDS = (v) => v.split(",").every((x) => /^\s*[\w.:/@-]+\s*$/.test(x));
-const COMMON_FLAGS = {
-  listen: HOSTPORT, db: (v) => /^postgres(ql)?:\/\//.test(v), metrics_listen: (v) => v === "" || HOSTPORT(v),
-  log_format: (v) => ["text", "json"].includes(v), log_level: (v) => ["trace", "debug", "info", "warn", "error"].includes(v),
-  shutdown_timeout: DURATION, db_pool_size: INT,
-  statement_timeout: DURATION, lock_timeout: DURATION, idle_in_transaction_session_timeout: DURATION, stall_timeout: DURATION,
-  health_listen: (v) => v === "" || HOSTPORT(v),
-  tls_cert: FILE, tls_key: FILE, tls_client_ca: FILE, allowed_clients: IDS, admin_clients: IDS,
-};
-const FALLBACK_FLAGS = {
-  "outbox-producer": { ...COMMON_FLAGS, notify: BOOL },
-  "outbox-relay": {
-    ...COMMON_FLAGS, consumer: HOSTPORT, max_attempts: INT, batch_size: INT, window: INT, poll_interval: DURATION, ack_timeout: DURATION,
-    consumer_ca: FILE, client_cert: FILE, client_key: FILE, reject_backoff: DURATION, retention: DURATION, retry_max: DURATION,
-  },
-  "outbox-consumer": { ...COMMON_FLAGS, max_held_per_aggregate: INT, query_db_pool_size: INT, delivery_clients: IDS },
-};
+const POSTGRES_URL = (v) => /^postgres(ql)?:\/\//.test(v);
 // The form of a flag's value from the default --helpfull prints.
 function validatorFromDefault(d) {
   if (/^".*"$/.test(d) || d === "") return ANY;
@@ -110,29 +119,45 @@ function validatorFromDefault(d) {
   if (Number.isFinite(parseDuration(d))) return DURATION;
   return ANY;
 }
-const flagSource = {};
-function flagsFor(comp) {
-  if (!binDir) return FALLBACK_FLAGS[comp];
-  const help = helpfullFlags(path.join(binDir, comp));
-  if (!help) return null;
-  const out = {};
-  for (const [name, dflt] of help) {
-    if (ABSL_FLAGS.has(name)) continue;
-    // The hand-kept forms are finer (host:port, enumerations); the binary
-    // decides whether the flag exists.
-    out[name] = FALLBACK_FLAGS[comp][name] ?? COMMON_FLAGS[name] ?? validatorFromDefault(dflt);
+// The form of a flag's value from what --helpfull prints about it: a
+// string default that is a PostgreSQL URL or a host:port; a description
+// that starts "host:port" (empty allowed), "PEM" (a file: an absolute path,
+// or empty) or "Comma-separated identities", or that ends with a choice
+// ("Log level: trace, debug, info, warn or error."); else the default's.
+function validatorFor({ dflt, help }) {
+  const str = /^"(.*)"$/.exec(dflt)?.[1];
+  if (str !== undefined && POSTGRES_URL(str)) return POSTGRES_URL;
+  if (str && HOSTPORT(str)) return HOSTPORT;
+  if (/^host:port\b/.test(help)) return (v) => v === "" || HOSTPORT(v);
+  if (/^PEM\b/.test(help)) return FILE;
+  if (/^Comma-separated identities\b/.test(help)) return IDS;
+  const choice = /:\s+((?:[a-z]+,\s+)*[a-z]+)\s+or\s+([a-z]+)\.?$/.exec(help);
+  if (choice) {
+    const values = [...choice[1].split(/,\s*/), choice[2]];
+    if (str === undefined || values.includes(str)) return (v) => values.includes(v);
   }
-  const missing = Object.keys(out).filter((f) => !(f in FALLBACK_FLAGS[comp]));
-  const gone = Object.keys(FALLBACK_FLAGS[comp]).filter((f) => !(f in out));
-  if (missing.length) flagNotes.push(`${comp} has flags the fallback list in validate.mjs lacks: ${missing.join(", ")}`);
-  if (gone.length) flagNotes.push(`the fallback list in validate.mjs has flags ${comp} no longer has: ${gone.join(", ")}`);
-  return out;
+  return validatorFromDefault(dflt);
 }
-const flagNotes = [];
+const flagSource = {};
 const FLAGS = {};
-for (const comp of Object.keys(FALLBACK_FLAGS)) {
-  FLAGS[comp] = flagsFor(comp);
-  flagSource[comp] = binDir ? `${path.join(binDir, comp)} --helpfull` : "the list in validate.mjs";
+for (const comp of Object.keys(COMPONENTS)) {
+  const bin = path.join(binDir, comp);
+  flagSource[comp] = `${bin} --helpfull`;
+  try {
+    accessSync(bin, fsConstants.X_OK);
+  } catch {
+    console.error(`validate: ${bin} is missing or not executable: build it (its --helpfull lists the flags the manifests may use)`);
+    process.exit(1);
+  }
+  const help = helpfull(bin);
+  if (!help) {
+    console.error(`validate: ${bin} --helpfull lists no flags: is it an outbox binary?`);
+    process.exit(1);
+  }
+  FLAGS[comp] = {};
+  for (const [name, f] of help) {
+    if (!ABSL_FLAGS.has(name)) FLAGS[comp][name] = validatorFor(f);
+  }
 }
 const SHUTDOWN_TIMEOUT_DEFAULT = "10s";
 const GRACE_MARGIN_SECONDS = 5; // time to exit after the drain deadline
@@ -202,8 +227,13 @@ function readDockerfile() {
   const ignoreFile = path.join(root, ".dockerignore");
   scope = ".dockerignore";
   if (check(existsSync(ignoreFile), "exists")) {
-    const entries = readFileSync(ignoreFile, "utf8").split(/\r?\n/).map((l) => l.trim().replace(/^\/|\/$/g, "").replace(/^\*\*\//, ""));
-    for (const e of ["build", ".local", "node_modules", ".git"]) check(entries.includes(e), `excludes ${e}/`);
+    const lines = readFileSync(ignoreFile, "utf8").split(/\r?\n/).map((l) => l.trim().replace(/^\/|\/$/g, ""));
+    const entries = lines.map((l) => l.replace(/^\*\*\//, ""));
+    for (const e of ["build", ".local", ".git"]) check(entries.includes(e), `excludes ${e}/`);
+    // The test tools' packages live in tests/deploy/node_modules; a bare
+    // "node_modules" would exclude only the top level.
+    check(lines.includes("**/node_modules") || lines.includes("tests/deploy/node_modules"),
+      "excludes tests/deploy/node_modules/ (**/node_modules or tests/deploy/node_modules)");
   }
   return { uid: um ? Number(um[1]) : null, gid: um?.[2] ? Number(um[2]) : null, entrypoint };
 }
@@ -430,15 +460,16 @@ function checkTls(name, ns, objs, found, services) {
     issuerSeen.set(issuerKey(src.cert.spec?.issuerRef), `${comp} --${flag}`);
     return src;
   };
-  for (const [comp, f] of Object.entries(found)) {
-    scope = `${name} ${comp} TLS`;
-    const cert = fromSecret(comp, f, "tls_cert", "cert");
-    const key = fromSecret(comp, f, "tls_key", "key");
-    const ca = fromSecret(comp, f, "tls_client_ca", "ca");
+  for (const [unitName, f] of Object.entries(found)) {
+    const comp = f.comp;
+    scope = `${name} ${unitName} TLS`;
+    const cert = fromSecret(unitName, f, "tls_cert", "cert");
+    const key = fromSecret(unitName, f, "tls_key", "key");
+    const ca = fromSecret(unitName, f, "tls_client_ca", "ca");
     if (cert && key) check(cert.secretName === key.secretName, `--tls_cert and --tls_key come from one Secret (${cert.secretName}, ${key.secretName})`);
     if (!cert) continue;
-    serverCert[comp] = cert.cert;
-    checkLeaf(cert.cert, { server: true, client: comp === "outbox-relay", id: SPIFFE[comp], who: comp });
+    serverCert[unitName] = cert.cert;
+    checkLeaf(cert.cert, { server: true, client: comp === "outbox-relay", id: SPIFFE[comp], who: unitName });
     // DNS names: every name the workload's Services are reached by, and
     // nothing but those names (and localhost, for kubectl port-forward).
     const dns = cert.cert.spec?.dnsNames ?? [];
@@ -450,7 +481,7 @@ function checkTls(name, ns, objs, found, services) {
     }
     for (const n of dns) {
       const sv = n === "localhost" ? null : serviceOfDnsName(services, ns, n);
-      check(n === "localhost" || (sv && mine.includes(sv)), `Certificate ${cert.cert.metadata.name}: DNS name ${n} names a Service of ${comp} in ${ns} (or localhost)`);
+      check(n === "localhost" || (sv && mine.includes(sv)), `Certificate ${cert.cert.metadata.name}: DNS name ${n} names a Service of ${unitName} in ${ns} (or localhost)`);
     }
     // Who is admitted.
     const allowed = effectiveFlag(f.args, f.env, "allowed_clients", "").value.split(",").map((x) => x.trim()).filter(Boolean);
@@ -480,19 +511,19 @@ function checkTls(name, ns, objs, found, services) {
     }
   }
 
-  // The relay's stream to the consumer: TLS, its own certificate, and the
+  // Each relay's stream to its consumer: TLS, its own certificate, and the
   // consumer's certificate names the host it dials.
-  const relay = found["outbox-relay"];
-  if (relay) {
-    scope = `${name} outbox-relay -> outbox-consumer TLS`;
-    const caSrc = fromSecret("outbox-relay", relay, "consumer_ca", "ca");
-    const cc = fromSecret("outbox-relay", relay, "client_cert", "cert");
-    const ck = fromSecret("outbox-relay", relay, "client_key", "key");
+  for (const [relayName, relay] of Object.entries(found).filter(([, f]) => f.comp === "outbox-relay")) {
+    scope = `${name} ${relayName} -> ${relay.target?.metadata?.name ?? "its consumer"} TLS`;
+    const caSrc = fromSecret(relayName, relay, "consumer_ca", "ca");
+    const cc = fromSecret(relayName, relay, "client_cert", "cert");
+    const ck = fromSecret(relayName, relay, "client_key", "key");
     if (cc && ck) check(cc.secretName === ck.secretName, `--client_cert and --client_key come from one Secret (${cc.secretName}, ${ck.secretName})`);
     if (cc) checkLeaf(cc.cert, { server: false, client: true, id: SPIFFE["outbox-relay"], who: "the relay's client certificate" });
     const target = effectiveFlag(relay.args, relay.env, "consumer", "127.0.0.1:50053").value;
     const host = parseHostPort(target)?.host;
-    const consumerCert = serverCert["outbox-consumer"];
+    const consumerName = Object.entries(found).find(([, f]) => f.comp === "outbox-consumer" && f.workload === relay.target)?.[0];
+    const consumerCert = consumerName && serverCert[consumerName];
     if (consumerCert) {
       check((consumerCert.spec?.dnsNames ?? []).includes(host),
         `the relay's --consumer host "${host}" is among the dnsNames of Certificate ${consumerCert.metadata.name} (the relay checks the name; found ${(consumerCert.spec?.dnsNames ?? []).join(", ")})`);
@@ -596,9 +627,20 @@ async function validateOverlay(name, file, validator, docker) {
         continue;
       }
       // ---- an outbox service container
-      check(!found[comp], `${comp} runs in one workload only`);
-      found[comp] = { workload: w, container: c, env, args: argvOf(c, env).args };
+      check(!found[w.metadata.name], `${ident(w)} runs one outbox container`);
+      const unit = { comp, workload: w, container: c, env, args: argvOf(c, env).args };
+      found[w.metadata.name] = unit;
       check(w.kind === "Deployment", `${comp} is a Deployment`);
+      // Which subscription a relay delivers, which handler a consumer runs.
+      if (comp === "outbox-relay") unit.subscription = effectiveFlag(unit.args, env, "subscription", DEFAULT_SUBSCRIPTION).value;
+      if (comp === "outbox-consumer") {
+        unit.handler = effectiveFlag(unit.args, env, "handler", DEFAULT_HANDLER).value;
+        check(HANDLERS[unit.handler], `container ${c.name}: --handler "${unit.handler}" is one of ${Object.keys(HANDLERS).join(", ")}`);
+      }
+      // Where its database URL comes from (a Secret key, or a literal), to
+      // tell consumers' databases apart where the Secret is not rendered.
+      const dbRef = (c.env ?? []).find((e) => e.name === "OUTBOX_DB")?.valueFrom?.secretKeyRef;
+      unit.dbSource = flagInArgs(unit.args, "db") ?? (dbRef ? `secret ${dbRef.name} key ${dbRef.key}` : env.OUTBOX_DB ?? "");
       if (docker) {
         check(docker.uid === null || uid === docker.uid, `container ${c.name}: runAsUser ${uid} equals the image's USER ${docker.uid}`);
       }
@@ -682,7 +724,8 @@ async function validateOverlay(name, file, validator, docker) {
           u = null;
         }
         if (check(u && /^postgres(ql)?:$/.test(u.protocol), `container ${c.name}: --db "${db.value}" is a postgresql:// URL`)) {
-          check(decodeURIComponent(u.pathname.slice(1)) === COMPONENTS[comp].database, `container ${c.name}: --db names the database ${COMPONENTS[comp].database}`);
+          const wantDb = comp === "outbox-consumer" ? HANDLERS[found[w.metadata.name].handler]?.database : COMPONENTS[comp].database;
+          if (wantDb) check(decodeURIComponent(u.pathname.slice(1)) === wantDb, `container ${c.name}: --db names the database ${wantDb}`);
           check(u.password === "", `container ${c.name}: --db URL carries no password (PGPASSWORD does)`);
           check(env.PGPASSWORD !== undefined, `container ${c.name}: PGPASSWORD is set`);
           const r = resolveServiceAddress(objs, ns, `${u.hostname}:${u.port || 5432}`);
@@ -702,6 +745,7 @@ async function validateOverlay(name, file, validator, docker) {
         const target = effectiveFlag(args, env, "consumer", "127.0.0.1:50053");
         const r = resolveServiceAddress(objs, ns, target.value);
         check(r?.workload, `--consumer "${target.value}" is a rendered Service with a backing pod`);
+        found[w.metadata.name].target = r?.workload ?? null;
         if (r?.workload) {
           const cc = r.workload.spec.template.spec.containers.find((x) => componentOf(x) === "outbox-consumer");
           const cEnv = cc ? resolveEnv(cc, objs).env : {};
@@ -723,17 +767,23 @@ async function validateOverlay(name, file, validator, docker) {
     const cm = vol?.configMap && find(objs, "ConfigMap", vol.configMap.name);
     if (check(cm, "mounts a rendered ConfigMap at /docker-entrypoint-initdb.d")) {
       const sql = Object.values(cm.data ?? {}).join("\n");
-      for (const dbName of ["outbox_orders", "outbox_billing"]) {
+      const wanted = new Set([COMPONENTS["outbox-producer"].database, ...Object.values(SUBSCRIPTIONS).map((x) => HANDLERS[x.handler].database)]);
+      for (const dbName of wanted) {
         check(new RegExp(`CREATE\\s+DATABASE\\s+"?${dbName}\\b`, "i").test(sql), `the init script creates the database ${dbName}`);
       }
     }
   }
 
-  // 3. The three components, replicas, spread, budgets, Services.
+  // 3. The three components (each in one Deployment or more), replicas,
+  // spread, budgets, Services.
   for (const comp of Object.keys(COMPONENTS)) {
     scope = `${name} ${comp}`;
-    if (!check(found[comp], `a Deployment runs ${comp}`)) continue;
-    const w = found[comp].workload;
+    check(Object.values(found).some((f) => f.comp === comp), `a Deployment runs ${comp}`);
+  }
+  for (const [unitName, f] of Object.entries(found)) {
+    const comp = f.comp;
+    scope = `${name} ${unitName}`;
+    const w = f.workload;
     const labels = w.spec.template.metadata.labels ?? {};
     const replicas = w.spec.replicas ?? 1;
     if (name === "prod") check(replicas >= PROD_MIN_REPLICAS, `prod runs >= ${PROD_MIN_REPLICAS} replicas (found ${replicas})`);
@@ -759,8 +809,39 @@ async function validateOverlay(name, file, validator, docker) {
     }
     const svc = services.filter((s) => matchServiceSelector(s.spec?.selector, labels));
     if (COMPONENTS[comp].needsService) {
-      const lp = parseHostPort(effectiveFlag(argvOf(found[comp].container, found[comp].env).args, found[comp].env, "listen", COMPONENTS[comp].listen).value)?.port;
-      check(svc.some((s) => s.metadata.name === comp && (s.spec.ports ?? []).some((p) => p.port === lp)), `a Service ${comp} exposes port ${lp}`);
+      const lp = parseHostPort(effectiveFlag(f.args, f.env, "listen", COMPONENTS[comp].listen).value)?.port;
+      check(svc.some((s) => s.metadata.name === unitName && (s.spec.ports ?? []).some((p) => p.port === lp)), `a Service ${unitName} exposes port ${lp}`);
+    }
+  }
+
+  // Fan-out: one relay Deployment per subscription, each delivering to a
+  // consumer Deployment of the subscription's handler, each consumer fed by
+  // exactly one relay and on a database of its own.
+  scope = `${name} subscriptions`;
+  const relays = Object.entries(found).filter(([, f]) => f.comp === "outbox-relay");
+  const consumers = Object.entries(found).filter(([, f]) => f.comp === "outbox-consumer");
+  const unitOf = (workload) => Object.entries(found).find(([, f]) => f.workload === workload) ?? [];
+  for (const [sub, want] of Object.entries(SUBSCRIPTIONS)) {
+    const mine = relays.filter(([, f]) => f.subscription === sub);
+    if (!check(mine.length === 1, `exactly one relay Deployment delivers the subscription ${sub} (found ${mine.map(([n]) => n).join(", ") || "none"})`)) continue;
+    const [rName, rel] = mine[0];
+    const [cName, con] = unitOf(rel.target);
+    if (check(con?.comp === "outbox-consumer", `${rName} (subscription ${sub}) delivers to a consumer Deployment (--consumer reaches ${cName ?? "nothing"})`)) {
+      check(con.handler === want.handler, `${rName} (subscription ${sub}) delivers to a consumer with --handler=${want.handler} (${cName} runs ${con.handler})`);
+    }
+  }
+  for (const [rName, rel] of relays) {
+    check(SUBSCRIPTIONS[rel.subscription], `${rName}: --subscription "${rel.subscription}" is one of ${Object.keys(SUBSCRIPTIONS).join(", ")}`);
+  }
+  for (const [cName, con] of consumers) {
+    const feeders = relays.filter(([, f]) => f.target === con.workload).map(([n]) => n);
+    check(feeders.length === 1, `${cName} is fed by exactly one relay Deployment (found ${feeders.join(", ") || "none"}): a consumer fed two subscriptions would take the second's events for duplicates`);
+  }
+  for (let i = 0; i < consumers.length; i++) {
+    for (let j = i + 1; j < consumers.length; j++) {
+      const [a, fa] = consumers[i];
+      const [b, fb] = consumers[j];
+      check(fa.dbSource !== fb.dbSource, `${a} and ${b} take their database from different places (both: ${fa.dbSource}): each consumer's inbox must be its own`);
     }
   }
 
@@ -812,8 +893,8 @@ async function validateOverlay(name, file, validator, docker) {
     check(isolated(policies, podEp(w), "Egress"), `${ident(w)} pods are isolated for egress`);
   }
   const eps = {};
-  for (const [comp, f] of Object.entries(found)) eps[comp] = { ...podEp(f.workload), comp };
-  const portOf = (comp, pname) => (eps[comp]?.ports ?? []).find((p) => p.name === pname)?.containerPort;
+  for (const [unitName, f] of Object.entries(found)) eps[unitName] = { ...podEp(f.workload), unit: unitName, comp: f.comp, workload: f.workload, target: f.target };
+  const portOf = (ep, pname) => (ep?.ports ?? []).find((p) => p.name === pname)?.containerPort;
   const strangerPod = { pod: true, name: "another pod of the namespace", namespace: ns, nsLabels, labels: { app: "something-else" }, ports: [] };
   const foreignPod = { pod: true, name: "a pod of another namespace", namespace: "elsewhere", nsLabels: { "kubernetes.io/metadata.name": "elsewhere" }, labels: { "app.kubernetes.io/name": "outbox-relay" }, ports: [] };
   const prometheus = { pod: true, name: "prometheus (namespace monitoring)", namespace: MONITORING_NAMESPACE, nsLabels: { "kubernetes.io/metadata.name": MONITORING_NAMESPACE }, labels: { "app.kubernetes.io/name": "prometheus" }, ports: [] };
@@ -829,21 +910,34 @@ async function validateOverlay(name, file, validator, docker) {
     const got = ours(src) ? allowed(policies, src, dst, port, proto) : ingressAllowed(policies, src, dst, port, proto);
     check(got === want, `${src.name} -> ${dst.name}:${port}/${proto} is ${want ? "allowed" : "denied"} (policies ${got ? "allow" : "deny"} it)`);
   };
-  const P = eps["outbox-producer"], R = eps["outbox-relay"], C = eps["outbox-consumer"];
-  if (P && R && C) {
-    const pg = portOf("outbox-producer", "grpc"), rg = portOf("outbox-relay", "grpc"), cg = portOf("outbox-consumer", "grpc");
-    // Producer: open to clients.
-    for (const src of [outsider, strangerPod, foreignPod]) expect(src, P, pg, "TCP", true);
-    // ... but the other two components have no reason to call it.
-    for (const src of [R, C]) expect(src, P, pg, "TCP", false);
-    // Consumer: the relay only.
-    expect(R, C, cg, "TCP", true);
-    for (const src of [P, strangerPod, foreignPod, outsider, prometheus]) expect(src, C, cg, "TCP", false);
+  const Ps = Object.values(eps).filter((e) => e.comp === "outbox-producer");
+  const Rs = Object.values(eps).filter((e) => e.comp === "outbox-relay");
+  const Cs = Object.values(eps).filter((e) => e.comp === "outbox-consumer");
+  const all = [...Ps, ...Rs, ...Cs];
+  if (Ps.length && Rs.length && Cs.length) {
+    // Producer: open to clients ...
+    for (const P of Ps) {
+      const pg = portOf(P, "grpc");
+      for (const src of [outsider, strangerPod, foreignPod]) expect(src, P, pg, "TCP", true);
+      // ... but the other components have no reason to call it.
+      for (const src of [...Rs, ...Cs]) expect(src, P, pg, "TCP", false);
+    }
+    // Each consumer: its own subscription's relay only. Every relay
+    // presents the same identity, so these rules alone keep a relay from
+    // delivering into another subscription's consumer.
+    for (const C of Cs) {
+      const cg = portOf(C, "grpc");
+      for (const R of Rs) expect(R, C, cg, "TCP", R.target === C.workload);
+      for (const src of [...Ps, ...Cs.filter((x) => x !== C), strangerPod, foreignPod, outsider, prometheus]) expect(src, C, cg, "TCP", false);
+    }
     // Relay admin: no in-cluster client.
-    for (const src of [P, C, strangerPod, outsider]) expect(src, R, rg, "TCP", false);
+    for (const R of Rs) {
+      const rg = portOf(R, "grpc");
+      for (const src of [...Ps, ...Cs, ...Rs.filter((x) => x !== R), strangerPod, outsider]) expect(src, R, rg, "TCP", false);
+    }
     // Metrics: this namespace and the monitoring namespace.
-    for (const dst of [P, R, C]) {
-      const mp = portOf(dst.comp, "metrics");
+    for (const dst of all) {
+      const mp = portOf(dst, "metrics");
       expect(prometheus, dst, mp, "TCP", true);
       expect(strangerPod, dst, mp, "TCP", true);
       expect(foreignPod, dst, mp, "TCP", false);
@@ -851,30 +945,28 @@ async function validateOverlay(name, file, validator, docker) {
     }
     // Health: plaintext and unauthenticated, for the kubelet only (its
     // probes come from the node, which NetworkPolicy always admits).
-    for (const dst of [P, R, C]) {
-      const hp = portOf(dst.comp, "health");
+    for (const dst of all) {
+      const hp = portOf(dst, "health");
       if (hp === undefined) continue;
-      for (const src of [outsider, strangerPod, foreignPod, prometheus, ...[P, R, C].filter((x) => x !== dst)]) expect(src, dst, hp, "TCP", false);
+      for (const src of [outsider, strangerPod, foreignPod, prometheus, ...all.filter((x) => x !== dst)]) expect(src, dst, hp, "TCP", false);
     }
     // Egress.
-    for (const src of [P, R, C]) {
+    for (const src of all) {
       expect(src, kubeDns, 53, "UDP", true);
       expect(src, kubeDns, 53, "TCP", true);
       expect(src, internet, 443, "TCP", false);
       expect(src, strangerPod, 8080, "TCP", false);
     }
-    expect(P, C, cg, "TCP", false);
-    expect(C, R, rg, "TCP", false);
     const pgWorkload = workloads.find((w) => w.kind === "StatefulSet");
     if (name === "prod") {
       check(!pgWorkload, "runs no PostgreSQL of its own (external database)");
-      for (const src of [P, R, C]) expect(src, externalDb, 5432, "TCP", true);
+      for (const src of all) expect(src, externalDb, 5432, "TCP", true);
     } else if (check(pgWorkload, "runs a PostgreSQL StatefulSet")) {
       const PG = podEp(pgWorkload);
-      for (const src of [P, R, C]) expect(src, PG, 5432, "TCP", true);
+      for (const src of all) expect(src, PG, 5432, "TCP", true);
       for (const src of [strangerPod, foreignPod, outsider]) expect(src, PG, 5432, "TCP", false);
       expect(PG, internet, 443, "TCP", false);
-      for (const src of [P, R, C]) expect(src, externalDb, 5432, "TCP", false);
+      for (const src of all) expect(src, externalDb, 5432, "TCP", false);
     }
   }
   return { objects: objs.length, schemaOk, deployments: deployments.length, policies: policies.length, certificates: objs.filter((o) => o.kind === "Certificate").length };
@@ -882,7 +974,7 @@ async function validateOverlay(name, file, validator, docker) {
 
 const expectedProdSecretKeys = [];
 const notes = [];
-const schema = makeSchemaValidator(path.join(root, "node_modules"));
+const schema = makeSchemaValidator(path.join(here, "node_modules"));
 const docker = readDockerfile();
 const summaries = [];
 for (const o of overlays) {
@@ -897,9 +989,9 @@ for (const o of overlays) {
   }
 }
 for (const f of failures) console.log(`FAIL ${f}`);
-for (const n of [...flagNotes, ...notes]) console.log(`note ${n}`);
+for (const n of notes) console.log(`note ${n}`);
 console.log("deploy validation:");
-console.log(`  flags checked against ${binDir ? `the binaries' --helpfull (${binDir})` : "the list in validate.mjs (pass a bin dir to check against the binaries)"}`);
+console.log(`  flags checked against the binaries' --helpfull (${binDir})`);
 for (const s of summaries) console.log(s);
 if (expectedProdSecretKeys.length) console.log(`  prod expects a pre-created Secret with: ${[...new Set(expectedProdSecretKeys)].sort().join(", ")}`);
 console.log(`validate: ${passed} passed, ${failures.length} failed`);

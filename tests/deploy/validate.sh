@@ -6,16 +6,16 @@
 # CRD schemas (npm @kubernetes-models/cert-manager), strictly, and checks
 # the deployment policy (probes, resources, security, grace periods,
 # metrics, spread, budgets, mutual TLS and its certificates, flags, network
-# policies, Dockerfile). No cluster is needed.
+# policies, the subscriptions' relays and consumers, Dockerfile). No cluster
+# is needed.
 #
 # Usage: tests/deploy/validate.sh [BIN_DIR]   (from any directory; exit 0 or 1)
-#   BIN_DIR  optional: the built binaries (e.g. build/bin); their --helpfull
-#            then decides which flags and OUTBOX_* variables exist. Without
-#            it (or with OUTBOX_DEPLOY_BIN unset) validate.mjs uses its own
-#            list of the flags.
-# Needs: kubectl (for its built-in kustomize), node, and `npm ci` run at
-# the repository root (kubernetes-models, @kubernetes-models/cert-manager,
-# yaml).
+#   BIN_DIR  the built binaries (default: $OUTBOX_DEPLOY_BIN, else build/bin
+#            of the repository). Each one's --helpfull decides which flags
+#            and OUTBOX_* variables exist, and the form of their values; a
+#            missing binary is an error.
+# Needs: kubectl (for its built-in kustomize), node, and `npm ci` run in
+# tests/deploy (kubernetes-models, @kubernetes-models/cert-manager, yaml).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,20 +24,21 @@ k8s="$root/deploy/k8s"
 
 fail() { echo "validate: $*" >&2; exit 1; }
 
-bin_dir=${1:-${OUTBOX_DEPLOY_BIN:-}}
-if [[ -n "$bin_dir" ]]; then
-  [[ -d "$bin_dir" ]] || fail "BIN_DIR $bin_dir is not a directory"
-  bin_dir=$(cd "$bin_dir" && pwd)
-  for b in outbox-producer outbox-relay outbox-consumer; do
-    [[ -x "$bin_dir/$b" ]] || fail "$bin_dir/$b missing (build it, or run without BIN_DIR)"
-  done
-fi
+# The flags come from the binaries themselves: no binaries, no check.
+bin_dir=${1:-${OUTBOX_DEPLOY_BIN:-$root/build/bin}}
+[[ -d "$bin_dir" ]] ||
+  fail "BIN_DIR $bin_dir is not a directory: build the binaries or pass their directory (each one's --helpfull lists its flags)"
+bin_dir=$(cd "$bin_dir" && pwd)
+for b in outbox-producer outbox-relay outbox-consumer; do
+  [[ -x "$bin_dir/$b" ]] ||
+    fail "$bin_dir/$b is missing: build it or pass the directory of the built binaries (its --helpfull lists its flags)"
+done
 
 command -v kubectl >/dev/null || fail "kubectl not found (its built-in kustomize renders the overlays)"
 command -v node >/dev/null || fail "node not found"
-[[ -d "$root/node_modules/kubernetes-models" && -d "$root/node_modules/yaml" &&
-  -d "$root/node_modules/@kubernetes-models/cert-manager" ]] ||
-  fail "node_modules incomplete: run 'npm ci' in $root"
+[[ -d "$here/node_modules/kubernetes-models" && -d "$here/node_modules/yaml" &&
+  -d "$here/node_modules/@kubernetes-models/cert-manager" ]] ||
+  fail "node_modules incomplete: run 'npm ci' in $here"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -4,27 +4,33 @@
 # one thing at a time and expects validate.sh to fail naming the problem.
 #
 # Usage: tests/deploy/validate_selftest.sh [BIN_DIR]   (from any directory; exit 0/1)
-#   BIN_DIR  optional: passed on to validate.sh (flags from the binaries'
-#            --helpfull). Either way one case runs validate.sh with fake
-#            binaries, to prove that their --helpfull is what decides.
+#   BIN_DIR  the built binaries, passed on to validate.sh, whose flags come
+#            from their --helpfull (default: build/bin of the repository).
+#            Besides, cases run validate.sh with fake binaries, to prove
+#            that their --helpfull is what decides, and without binaries, to
+#            prove that it then fails rather than guesses.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-bin_args=()
-if [[ $# -ge 1 && -n "$1" ]]; then
-  bin_args=("$(cd "$1" && pwd)")
-fi
+bin_dir=${1:-$root/build/bin}
+for b in outbox-producer outbox-relay outbox-consumer; do
+  [[ -x "$bin_dir/$b" ]] || { echo "validate_selftest: $bin_dir/$b is missing (build it, or pass BIN_DIR)" >&2; exit 1; }
+done
+bin_dir=$(cd "$bin_dir" && pwd)
+[[ -d "$here/node_modules" ]] || { echo "validate_selftest: run 'npm ci' in $here" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# A scratch copy of what validate.sh reads; the npm packages are linked,
+# not copied.
 fresh() {
   rm -rf "$tmp/t"
-  mkdir -p "$tmp/t/tests"
+  mkdir -p "$tmp/t/tests/deploy"
   cp -r "$root/deploy" "$tmp/t/deploy"
-  cp -r "$root/tests/deploy" "$tmp/t/tests/deploy"
+  (cd "$root/tests/deploy" && tar -cf - --exclude=./node_modules .) | tar -xf - -C "$tmp/t/tests/deploy"
+  ln -s "$root/tests/deploy/node_modules" "$tmp/t/tests/deploy/node_modules"
   cp "$root/.dockerignore" "$tmp/t/.dockerignore"
-  ln -s "$root/node_modules" "$tmp/t/node_modules"
 }
 
 passed=0
@@ -43,7 +49,7 @@ if new == s:
 open(path, "w").write(new)
 PY
   local out rc=0
-  out=$("$tmp/t/tests/deploy/validate.sh" ${bin_args[@]+"${bin_args[@]}"} 2>&1) || rc=$?
+  out=$("$tmp/t/tests/deploy/validate.sh" "$bin_dir" 2>&1) || rc=$?
   if [[ $rc -ne 0 ]] && grep -Eq -- "$expect" <<<"$out"; then
     passed=$((passed + 1))
     echo "ok   $name"
@@ -56,7 +62,7 @@ PY
 
 # The unmodified tree passes.
 fresh
-if "$tmp/t/tests/deploy/validate.sh" ${bin_args[@]+"${bin_args[@]}"} >/dev/null 2>&1; then
+if "$tmp/t/tests/deploy/validate.sh" "$bin_dir" >/dev/null 2>&1; then
   passed=$((passed + 1)); echo "ok   unmodified tree passes"
 else
   failed=$((failed + 1)); echo "FAIL unmodified tree does not pass"
@@ -120,7 +126,9 @@ mutate "no default deny" "default-deny ingress policy" $B/networkpolicy.yaml \
 mutate "relay cannot reach the consumer" "outbox-relay -> outbox-consumer:50053/TCP is allowed" $B/networkpolicy.yaml \
   's.replace("        - port: 50053\n", "        - port: 50054\n", 1)'
 mutate "no DNS egress" "outbox-producer -> kube-dns:53/UDP is allowed" $B/networkpolicy.yaml \
-  's.replace("values: [outbox-producer, outbox-relay, outbox-consumer]\n  policyTypes:\n    - Egress", "values: [outbox-relay, outbox-consumer]\n  policyTypes:\n    - Egress", 1)'
+  's.replace("values: [outbox-producer, outbox-relay, outbox-consumer, outbox-relay-audit, outbox-consumer-audit]\n  policyTypes:\n    - Egress", "values: [outbox-relay, outbox-consumer, outbox-relay-audit, outbox-consumer-audit]\n  policyTypes:\n    - Egress", 1)'
+mutate "no DNS egress for the audit consumer" "outbox-consumer-audit -> kube-dns:53/UDP is allowed" $B/networkpolicy.yaml \
+  's.replace("values: [outbox-producer, outbox-relay, outbox-consumer, outbox-relay-audit, outbox-consumer-audit]\n  policyTypes:\n    - Egress", "values: [outbox-producer, outbox-relay, outbox-consumer, outbox-relay-audit]\n  policyTypes:\n    - Egress", 1)'
 mutate "postgres open to the namespace" "another pod of the namespace -> postgres:5432/TCP is denied" deploy/k8s/overlays/dev/networkpolicy-postgres.yaml \
   's.replace("    - from:\n        - podSelector:\n            matchExpressions:", "    - from:\n        - podSelector: {}\n        - podSelector:\n            matchExpressions:", 1)'
 mutate "password in a plain env value" "OUTBOX_DB comes from a Secret" $B/consumer.yaml \
@@ -137,14 +145,20 @@ mutate "shell-form entrypoint" "ENTRYPOINT is in exec" deploy/docker/Dockerfile 
   's.replace("ENTRYPOINT [\"/usr/local/bin/outbox-producer\"]", "ENTRYPOINT /usr/local/bin/outbox-producer", 1)'
 mutate "image runs as root" "numeric non-root USER" deploy/docker/Dockerfile \
   's.replace("USER 10001:10001", "USER root", 1)'
-mutate "dockerignore lets node_modules in" "excludes node_modules" .dockerignore \
-  's.replace("node_modules\n", "", 1)'
+mutate "dockerignore lets node_modules in" "excludes tests/deploy/node_modules/" .dockerignore \
+  's.replace("**/node_modules\n", "", 1)'
+mutate "dockerignore excludes only the top node_modules" "excludes tests/deploy/node_modules/" .dockerignore \
+  's.replace("**/node_modules\n", "node_modules\n", 1)'
 mutate "misspelt setting in the ConfigMap" "OUTBOX_POLL_INTERVALL \(configmap:outbox-relay-[a-z0-9]+\) is a flag of outbox-relay" $B/kustomization.yaml \
   's.replace("OUTBOX_POLL_INTERVAL=500ms", "OUTBOX_POLL_INTERVALL=500ms", 1)'
 mutate "bad duration" "OUTBOX_ACK_TIMEOUT=\"15 seconds\" is a valid --ack_timeout value" $B/kustomization.yaml \
   's.replace("OUTBOX_ACK_TIMEOUT=15s", "OUTBOX_ACK_TIMEOUT=15 seconds", 1)'
-mutate "unknown argument" "argument --metrics_port is a flag of outbox-consumer" $B/consumer.yaml \
+mutate "unknown argument" "argument --metrics_port is a flag of outbox-consumer \(per .*/outbox-consumer --helpfull\)" $B/consumer.yaml \
   's.replace("- --metrics_listen=0.0.0.0:9090", "- --metrics_listen=0.0.0.0:9090\n            - --metrics_port=9090", 1)'
+mutate "log level not among the choices" "OUTBOX_LOG_LEVEL=\"verbose\" is a valid --log_level value" $B/kustomization.yaml \
+  's.replace("OUTBOX_LOG_LEVEL=info", "OUTBOX_LOG_LEVEL=verbose", 1)'
+mutate "relay dialling no port" "--consumer=\"outbox-consumer\" is a valid value" $B/relay.yaml \
+  's.replace("--consumer=outbox-consumer:50053", "--consumer=outbox-consumer", 1)'
 mutate "unknown kind" "not a known upstream Kubernetes kind" $B/serviceaccount.yaml \
   's.replace("kind: ServiceAccount", "kind: ServiceAcount", 1)'
 mutate "kustomize error" "kubectl kustomize deploy/k8s/overlays/dev failed" deploy/k8s/overlays/dev/kustomization.yaml \
@@ -195,6 +209,42 @@ mutate "outboxctl from another issuer" "every service and outboxctl certificate 
 mutate "CA issuer backed by a non-CA certificate" "Issuer outbox-ca: its Secret outbox-ca comes from Certificate outbox-ca with isCA: true" $C/ca.yaml \
   's.replace("  isCA: true\n", "", 1)'
 
+# Fan-out: the second subscription, audit (relay-audit.yaml,
+# consumer-audit.yaml). Each subscription needs its own relay, delivering to
+# a consumer of its handler, on a database of its own, and only there.
+mutate "audit relay pointed at the billing consumer" "outbox-relay-audit \(subscription audit\) delivers to a consumer with --handler=audit \(outbox-consumer runs billing\)" $B/relay-audit.yaml \
+  's.replace("--consumer=outbox-consumer-audit:50053", "--consumer=outbox-consumer:50053", 1)'
+mutate "audit relay delivering billing" "exactly one relay Deployment delivers the subscription audit \(found none\)" $B/relay-audit.yaml \
+  's.replace("            - --subscription=audit\n", "", 1)'
+mutate "unknown subscription" "outbox-relay-audit: --subscription \"audits\" is one of billing, audit" $B/relay-audit.yaml \
+  's.replace("            - --subscription=audit\n", "            - --subscription=audits\n", 1)'
+mutate "audit consumer running the billing handler" "delivers to a consumer with --handler=audit \(outbox-consumer-audit runs billing\)" $B/consumer-audit.yaml \
+  's.replace("            - --handler=audit\n", "", 1)'
+mutate "audit consumer on the billing database" "--db names the database outbox_audit" deploy/k8s/overlays/dev/outbox-db.dev.env \
+  's.replace("5432/outbox_audit", "5432/outbox_billing", 1)'
+mutate "audit consumer reads the billing Secret key" "outbox-consumer and outbox-consumer-audit take their database from different places \(both: secret outbox-db key billing-url\)" $B/consumer-audit.yaml \
+  's.replace("key: audit-url", "key: billing-url", 1)'
+mutate "audit database not created" "creates the database outbox_audit" deploy/k8s/overlays/dev/postgres-init/01-create-databases.sql \
+  's.replace("CREATE DATABASE outbox_audit;", "", 1)'
+mutate "audit relay cannot reach its consumer" "outbox-relay-audit -> outbox-consumer-audit:50053/TCP is allowed" $B/networkpolicy.yaml \
+  's.replace("              app.kubernetes.io/name: outbox-consumer-audit\n      ports:\n        - port: 50053\n", "              app.kubernetes.io/name: outbox-consumer\n      ports:\n        - port: 50053\n", 1)'
+mutate "billing relay may deliver into the audit consumer" "outbox-relay -> outbox-consumer-audit:50053/TCP is denied" $B/networkpolicy.yaml \
+  's.replace("            matchLabels:\n              app.kubernetes.io/name: outbox-relay-audit\n      ports:\n        - port: grpc\n", "            matchLabels:\n              app.kubernetes.io/component: relay\n      ports:\n        - port: grpc\n", 1).replace("  name: outbox-relay-egress\nspec:\n  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: outbox-relay\n  policyTypes:\n    - Egress\n  egress:\n    - to:\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/name: outbox-consumer\n", "  name: outbox-relay-egress\nspec:\n  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: outbox-relay\n  policyTypes:\n    - Egress\n  egress:\n    - to:\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/component: consumer\n", 1)'
+mutate "audit consumer left out of the PostgreSQL policy" "outbox-consumer-audit -> postgres:5432/TCP is allowed" deploy/k8s/overlays/dev/networkpolicy-postgres.yaml \
+  's.replace(", outbox-consumer-audit]", "]", 1)'
+mutate "audit consumer without a budget" "outbox-consumer-audit: exactly one PodDisruptionBudget selects its pods \(found 0\)" $B/pdb.yaml \
+  's.replace("      app.kubernetes.io/name: outbox-consumer-audit\n", "      app.kubernetes.io/name: outbox-consumer-audti\n", 1)'
+mutate "prod audit relay single replica" "outbox-relay-audit: prod runs >= 2 replicas" deploy/k8s/overlays/prod/kustomization.yaml \
+  's.replace("name: outbox-relay-audit\n    count: 2", "name: outbox-relay-audit\n    count: 1", 1)'
+mutate "audit relay with an identity the consumers do not admit" "URI SAN is exactly spiffe://outbox/relay \(found spiffe://outbox/relay-audit\)" $B/tls.yaml \
+  's.replace("  commonName: outbox-relay-audit\n  uris:\n    - spiffe://outbox/relay\n", "  commonName: outbox-relay-audit\n  uris:\n    - spiffe://outbox/relay-audit\n", 1)'
+mutate "audit consumer certificate lacks the name the relay dials" "the relay.s --consumer host \"outbox-consumer-audit\" is among the dnsNames of Certificate outbox-consumer-audit" $B/tls.yaml \
+  's.replace("    - outbox-consumer-audit\n", "", 1)'
+mutate "audit consumer serves the billing consumer's certificate" "Certificate outbox-consumer: DNS name outbox-consumer names a Service of outbox-consumer-audit" $B/consumer-audit.yaml \
+  's.replace("secretName: outbox-consumer-audit-tls", "secretName: outbox-consumer-tls", 1)'
+mutate "audit namespace left out of the DNS names" "dnsNames include outbox-consumer-audit.outbox.svc " deploy/k8s/overlays/prod/kustomization.yaml \
+  's.replace("      - select:\n          kind: Certificate\n          name: outbox-consumer-audit\n        fieldPaths: *dns\n        options: *second-label\n", "", 1)'
+
 # The binaries' --helpfull decides which flags exist: fake binaries that
 # know only --listen must make every other flag in the manifests fail.
 fresh
@@ -212,9 +262,29 @@ done
 out=$("$tmp/t/tests/deploy/validate.sh" "$tmp/fakebin" 2>&1) && rc=0 || rc=$?
 if [[ $rc -ne 0 ]] && grep -qF -- "argument --health_listen is a flag of outbox-producer (per $tmp/fakebin/outbox-producer --helpfull)" <<<"$out" &&
   ! grep -qF -- "argument --listen is a flag" <<<"$out"; then
-  passed=$((passed + 1)); echo "ok   flags come from the binaries' --helpfull when given BIN_DIR"
+  passed=$((passed + 1)); echo "ok   flags come from the binaries' --helpfull"
 else
   failed=$((failed + 1)); echo "FAIL flags from --helpfull: validate.sh exited $rc; output:"
+  tail -n 15 <<<"$out" | sed 's/^/     /'
+fi
+
+# Without the binaries validate.sh fails, naming what is missing, rather
+# than checking the flags against anything else.
+fresh
+mkdir -p "$tmp/nobin"
+cp "$tmp/fakebin/outbox-producer" "$tmp/fakebin/outbox-relay" "$tmp/nobin/"
+out=$("$tmp/t/tests/deploy/validate.sh" "$tmp/nobin" 2>&1) && rc=0 || rc=$?
+if [[ $rc -ne 0 ]] && grep -qF -- "$tmp/nobin/outbox-consumer is missing" <<<"$out"; then
+  passed=$((passed + 1)); echo "ok   a missing binary is an error"
+else
+  failed=$((failed + 1)); echo "FAIL a missing binary: validate.sh exited $rc; output:"
+  tail -n 15 <<<"$out" | sed 's/^/     /'
+fi
+out=$(env -u OUTBOX_DEPLOY_BIN "$tmp/t/tests/deploy/validate.sh" 2>&1) && rc=0 || rc=$?
+if [[ $rc -ne 0 ]] && grep -qF -- "BIN_DIR $tmp/t/build/bin is not a directory" <<<"$out"; then
+  passed=$((passed + 1)); echo "ok   no BIN_DIR and no build/bin is an error"
+else
+  failed=$((failed + 1)); echo "FAIL no binaries: validate.sh exited $rc; output:"
   tail -n 15 <<<"$out" | sed 's/^/     /'
 fi
 

@@ -1,14 +1,15 @@
 // The flags an outbox binary accepts, read from its own `--helpfull`
 // (abseil), so that the manifests are checked against the binary they will
-// run rather than against a list kept by hand. Used by validate.mjs (when
-// given --bin=DIR) and rendered.mjs.
+// run rather than against a list kept by hand. Used by validate.mjs and
+// rendered.mjs.
 
 import { spawnSync } from "node:child_process";
 
 // Runs `BIN --helpfull` (abseil exits 1 after printing) and returns
-// Map(flag name -> default as printed, e.g. '"127.0.0.1:50051"', '10s',
-// 'true', '8', ''), or null when the binary printed no flags.
-export function helpfullFlags(bin) {
+// Map(flag name -> { dflt, help }): the default as printed (e.g.
+// '"127.0.0.1:50051"', '10s', 'true', '8', '') and the description, on one
+// line; or null when the binary printed no flags (or does not run).
+export function helpfull(bin) {
   const r = spawnSync(bin, ["--helpfull"], { encoding: "utf8", timeout: 10000, env: { PATH: process.env.PATH ?? "/usr/bin:/bin" } });
   const text = `${r.stdout ?? ""}${r.stderr ?? ""}`;
   const flags = new Map();
@@ -18,11 +19,17 @@ export function helpfullFlags(bin) {
   for (const e of entries) {
     const m = /(?:^|\n) {4}--([A-Za-z0-9_]+) \(/.exec(e);
     if (!m) continue;
-    const body = e.slice(m.index).split(/\n(?=\S| {0,3}\S)/)[0].replace(/\s*\n\s*/g, " ");
-    const d = /; default: (.*?);\s*$/.exec(body);
-    flags.set(m[1], d ? d[1] : "");
+    const body = e.slice(m.index).split(/\n(?=\S| {0,3}\S)/)[0].replace(/\s*\n\s*/g, " ").trim();
+    const d = /^--[A-Za-z0-9_]+ \((.*)\); default: (.*?);$/.exec(body);
+    flags.set(m[1], d ? { dflt: d[2], help: d[1] } : { dflt: "", help: "" });
   }
   return flags.size > 0 ? flags : null;
+}
+
+// Map(flag name -> default as printed), or null (see helpfull).
+export function helpfullFlags(bin) {
+  const h = helpfull(bin);
+  return h ? new Map([...h].map(([name, f]) => [name, f.dflt])) : null;
 }
 
 // abseil's own flags, present in every binary and of no use in manifests.

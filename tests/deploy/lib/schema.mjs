@@ -16,8 +16,8 @@ import { createRequire } from "node:module";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 
-// The CRD model packages besides kubernetes-models (package.json lists
-// them; `npm ci` installs them).
+// The CRD model packages besides kubernetes-models (tests/deploy/package.json
+// lists them; `npm ci` there installs them).
 export const CRD_PACKAGES = ["@kubernetes-models/cert-manager"];
 
 export function makeSchemaValidator(nodeModules) {

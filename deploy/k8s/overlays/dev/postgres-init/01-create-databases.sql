@@ -3,3 +3,5 @@
 -- own tables (migrations at start-up); the databases must exist.
 CREATE DATABASE outbox_orders;
 CREATE DATABASE outbox_billing;
+-- The audit consumer's (subscription audit).
+CREATE DATABASE outbox_audit;
