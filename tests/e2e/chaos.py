@@ -237,7 +237,9 @@ def main():
             r = run.execute()
             results.append(r)
             print(f"[{scn.name}] {r['result']} in {r['wall_seconds']:.0f}s "
-                  f"(replay: {r['replay']})", flush=True)
+                  f"(replay: {r['replay']})"
+                  + (f"; {r['figures']}" if r.get("figures") else ""),
+                  flush=True)
     except KeyboardInterrupt:
         print("chaos: interrupted", flush=True)
         return 130

@@ -60,20 +60,22 @@ class Postgres:
         return f"{self.url}/{db}"
 
     def psql(self, db, sql, timeout=15, check=True, options=HARNESS_OPTIONS,
-             app="chaos-harness"):
+             app="chaos-harness", input=None):
         """Runs `sql` (a statement, or a list of them: each its own `-c`,
         for statements that cannot share a transaction, such as ALTER
         SYSTEM) and returns its unaligned, tuples-only output. `options`
         become the session's PGOPTIONS (by default writable even while the
-        scenario makes the server read-only)."""
+        scenario makes the server read-only). `input` is psql's standard
+        input (the data of a `COPY ... FROM STDIN`)."""
         stmts = [sql] if isinstance(sql, str) else list(sql)
         argv = ["psql", self.db_url(db), "-XAtq", "-v", "ON_ERROR_STOP=1"]
         for s in stmts:
             argv += ["-c", s]
         try:
             r = subprocess.run(
-                argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                timeout=timeout,
+                argv, input=input,
+                stdin=subprocess.DEVNULL if input is None else None,
+                capture_output=True, text=True, timeout=timeout,
                 env=dict(os.environ, PGCONNECT_TIMEOUT="3", PGOPTIONS=options,
                          PGAPPNAME=app))
         except subprocess.TimeoutExpired as e:
@@ -82,6 +84,14 @@ class Postgres:
         if check and r.returncode != 0:
             raise SqlError(r.stderr.strip() or f"psql exited {r.returncode}")
         return r.stdout
+
+    def copy(self, src_db, select, dst_db, table, timeout=120):
+        """Copies the rows of `select` in `src_db` into `table` of `dst_db`
+        (COPY out, COPY in); returns the number of rows."""
+        data = self.psql(src_db, f"COPY ({select}) TO STDOUT", timeout=timeout)
+        self.psql(dst_db, f"COPY {table} FROM STDIN", timeout=timeout,
+                  input=data)
+        return data.count("\n")
 
     def create_db(self, name):
         self.psql("postgres", f"CREATE DATABASE {name}")

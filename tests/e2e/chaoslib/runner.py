@@ -16,6 +16,7 @@ import time
 import traceback
 
 from . import procs as P
+from .fanout import AuditSubscription
 from .gray import GrayFaults
 from .observe import Sampler
 from .pg import SqlError
@@ -79,6 +80,11 @@ class Run:
         safe = self.name.replace("-", "_")
         self.orders_db = f"chaos{index}_{safe}_orders"
         self.billing_db = f"chaos{index}_{safe}_billing"
+        # fan-out: a second subscription, "audit", with relays, a consumer
+        # (--handler=audit) and a database of its own (chaoslib/fanout.py)
+        self.audit = (AuditSubscription(self, f"chaos{index}_{safe}_audit")
+                      if scenario.audit_relays else None)
+        self.verify_started = None  # monotonic, when the checker started
         # Restarts are bounded too: plenty for the crash points' rate.
         self.sup = P.Supervisor(self, delay=0.5,
                                 max_restarts=int(2000 + 20 * seconds))
@@ -139,9 +145,15 @@ class Run:
         that much; the heal follows right after)."""
         time.sleep(max(0.0, seconds))
 
+    def samplers(self):
+        return [s for s in (self.sampler,
+                            self.audit.sampler if self.audit else None)
+                if s is not None]
+
     def kill(self, proc, sig=signal.SIGKILL, down=0.0):
-        if self.sampler is not None and proc.kind == "consumer":
-            self.sampler.scrape_consumer(proc)  # its last counts
+        for s in self.samplers():
+            if proc in s.consumers:
+                s.scrape_consumer(proc)  # its last counts
         pid = self.sup.kill(proc, sig, down)
         if pid is None:
             self.log(f"{proc.name} is down already; no {signal.Signals(sig).name}",
@@ -314,10 +326,11 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         self.db_proxies.append(proxy)
         return f"postgresql://postgres@127.0.0.1:{proxy.port}/{db}"
 
-    def _proc(self, kind, i, extra_args):
-        name = f"{kind}-{i}"
+    def _proc(self, kind, i, extra_args, name=None, db=None):
+        name = name or f"{kind}-{i}"
         port, mport = self.suite.ports.take(), self.suite.ports.take()
-        db = self.billing_db if kind == "consumer" else self.orders_db
+        if db is None:
+            db = self.billing_db if kind == "consumer" else self.orders_db
         binary = os.path.join(self.suite.bin, f"outbox-{kind}")
         tls = self.certs.server_flags(kind) if self.certs else []
         argv = [binary, f"--listen=127.0.0.1:{port}",
@@ -330,6 +343,28 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         p = P.Proc(self, name, kind, argv, port, mport, env)
         self.sup.add(p)
         return p
+
+    def relay_proc(self, i, target, name=None, extra_args=()):
+        """Relay `name` (default relay-i) delivering to consumer `target`
+        (through a fault proxy in the scenarios that have them)."""
+        name = name or f"relay-{i}"
+        port = target.listen_port
+        if self.scn.proxy_relay_consumer:
+            proxy = FaultProxy(self.suite.ploop, f"{name}->{target.name}",
+                               port, seed=self.rng.random())
+            self.rc_proxies.append(proxy)
+            port = proxy.port
+        flags = {"ack_timeout": f"{ACK_TIMEOUT:g}s",
+                 "poll_interval": "200ms", "retry_max": "1s"}
+        flags.update(self.scn.relay_flags)
+        # Under TLS the relay checks that the consumer's certificate
+        # names the host it dials: 127.0.0.1 is its IP SAN (through the
+        # TCP-level proxy too, which passes the TLS session on).
+        tls = self.certs.relay_client_flags() if self.certs else []
+        return self._proc(
+            "relay", i, [f"--consumer=127.0.0.1:{port}"] + tls +
+            [f"--{k}={v}" for k, v in flags.items()] + list(extra_args),
+            name=name)
 
     def setup(self):
         pg = self.suite.pg
@@ -350,29 +385,17 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         for i in range(1, scn.relays + 1):
             target = self.consumers[(i - 1) % len(self.consumers)
                                     if scn.pairs else 0]
-            port = target.listen_port
-            if scn.proxy_relay_consumer:
-                proxy = FaultProxy(self.suite.ploop,
-                                   f"relay-{i}->{target.name}", port,
-                                   seed=self.rng.random())
-                self.rc_proxies.append(proxy)
-                port = proxy.port
-            flags = {"ack_timeout": f"{ACK_TIMEOUT:g}s",
-                     "poll_interval": "200ms", "retry_max": "1s"}
-            flags.update(scn.relay_flags)
-            # Under TLS the relay checks that the consumer's certificate
-            # names the host it dials: 127.0.0.1 is its IP SAN (through the
-            # TCP-level proxy too, which passes the TLS session on).
-            tls = self.certs.relay_client_flags() if self.certs else []
-            self.relays.append(self._proc(
-                "relay", i, [f"--consumer=127.0.0.1:{port}"] + tls +
-                [f"--{k}={v}" for k, v in flags.items()]))
+            self.relays.append(self.relay_proc(i, target))
+        if self.audit is not None:
+            self.audit.setup()
         for i in range(1, scn.producers + 1):
             self.producers.append(self._proc("producer", i, []))
         topo = (f"{len(self.producers)} producer(s), {len(self.relays)} "
                 f"relay(s), {len(self.consumers)} consumer(s)")
         if scn.pairs and len(self.consumers) > 1:
             topo += " (relay i -> consumer i)"
+        if self.audit is not None:
+            topo = "billing: " + topo + "; " + self.audit.describe()
         if self.rc_proxies:
             topo += ", a proxy per relay->consumer link"
         if self.db_proxies:
@@ -589,17 +612,21 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
 
     def verify(self):
         pg = self.suite.pg
+        pending = 0  # every subscription's (fan-out: audit's too)
         try:
-            self.backlog = int(self.sql_orders(
-                "SELECT count(*) FROM outbox_delivery WHERE status = "
-                "'pending'").strip())
-        except SqlError:
+            out = self.sql_orders(
+                "SELECT count(*) FILTER (WHERE subscription = 'billing'), "
+                "count(*) FROM outbox_delivery WHERE status = "
+                "'pending'").strip().split("|")
+            self.backlog, pending = int(out[0]), int(out[1])
+        except (SqlError, ValueError, IndexError):
             self.backlog = None
+        self.verify_started = time.monotonic()
         # The I5 bound. The client is not rate limited, so a long run can end
         # with a long backlog: 120 s, plus 1 s per 1000 events pending.
         wait = self.suite.verify_wait
         if wait is None:
-            wait = 120 + (self.backlog or 0) // 1000
+            wait = 120 + pending // 1000
         self.wait = wait
         argv = [os.path.join(self.suite.bin, "outboxctl"), "verify",
                 f"--orders_db={pg.db_url(self.orders_db)}",
@@ -710,9 +737,13 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
               "SELECT event_id, order_id, kind, amount_cents, created_at FROM "
               f"charges WHERE order_id IN ({lst}) OR event_id::text IN "
               f"({lst}) ORDER BY order_id, created_at")
+        if self.audit is not None:
+            parts += self.audit.evidence()
         outboxctl = os.path.join(self.suite.bin, "outboxctl")
-        for r in self.relays:
-            c = self.consumers[0]
+        pairs = [(r, self.consumers[0]) for r in self.relays]
+        if self.audit is not None:
+            pairs += [(r, self.audit.consumer) for r in self.audit.relays]
+        for r, c in pairs:
             try:
                 tls = self.certs.ctl_flags(HARNESS) if self.certs else []
                 out = subprocess.run(
@@ -789,6 +820,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             self.sampler = Sampler(self, self.consumers, self.suite.pg,
                                    self.billing_db)
             self.sampler.start()
+            if self.audit is not None:
+                self.audit.start_sampler()
             self.start_load()
             self.deadline = time.monotonic() + self.seconds
             self.log(f"load and faults for {self.seconds:g}s")
@@ -833,9 +866,9 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             self.log(f"HARNESS ERROR: could not undo the gray faults: {e}")
         failed = bool(self.violations or self.errors)
         evidence = ""
-        if self.sampler is not None:
-            self.sampler.sample_once()
-            self.sampler.stop()
+        for s in self.samplers():
+            s.sample_once()
+            s.stop()
         if failed and self.orders_db:
             try:
                 evidence = self.collect_evidence()
@@ -878,6 +911,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         if not self.suite.keep_dbs:
             self.suite.pg.drop_db(self.orders_db)
             self.suite.pg.drop_db(self.billing_db)
+            if self.audit is not None:
+                self.suite.pg.drop_db(self.audit.db)
         if not failed and not self.suite.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -947,4 +982,6 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                       f"{self.seed} --scenario {self.name}"
                       + ("" if self.suite.tls else " --plaintext"),
             "tls": self.suite.tls,
+            "figures": self.audit.figures() if self.audit else None,
+            "fan_out": self.audit.result() if self.audit else None,
         }

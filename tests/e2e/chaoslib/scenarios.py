@@ -4,6 +4,7 @@ comes from run.rng (random.Random seeded with "<scenario>/<seed>"), so
 `--seed N --scenario NAME` replays the same schedule of faults."""
 
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -27,6 +28,7 @@ ACK_TIMEOUT = 2.0  # the relay's --ack_timeout in every scenario
 ROGUE_LOCK_FLAGS = {"lock_timeout": "500ms", "stall_timeout": "2s"}
 ROGUE_LOCK_OVERRUN = 6.0  # s the last rogue lock may end after the window
 AFTER_HEAL = 20.0  # how long a binary may stay NOT_SERVING after the heal
+FAN_OUT_OVERRUN = 5.0  # s fan-out's last audit outage may end after the window
 
 
 @dataclass
@@ -52,6 +54,10 @@ class Scenario:
     # the client load runs this much longer than the fault window (for an
     # injector whose last fault may outlast the window)
     load_extra: float = 0.0
+    # fan-out: this many relays of a second subscription, "audit", with a
+    # consumer (--handler=audit) and a database of its own
+    # (chaoslib/fanout.py; run.audit)
+    audit_relays: int = 0
 
 
 # -- injectors ---------------------------------------------------------------
@@ -210,6 +216,39 @@ def refuse_billing_connections(run):
         run.gray.refuse_connections(run.billing_db, "billing", seconds)
 
 
+def fan_out_faults(run):
+    """Two subscriptions; only audit's consumer is hit. A quiet lead-in
+    first (a quarter of the window, 1-5 s: billing's latency with nothing
+    wrong), then the audit consumer is SIGKILLed (kept down 0.5-1.5 s) or
+    SIGSTOPped (0.3-1.5 s longer than the relays' --ack_timeout), 0.3-1 s
+    apart, by the rng; at least one of each however short the window (so
+    the last may end up to FAN_OUT_OVERRUN s after it; the client load runs
+    that much longer, so billing has work during every outage). Each outage
+    lasts until the consumer serves again (SIGCONT, or the restarted one
+    says SERVING)."""
+    audit = run.audit
+    lead = min(5.0, max(1.0, 0.25 * run.seconds))
+    run.log(f"quiet lead-in of {lead:.1f}s (no fault: billing's latency "
+            "with both subscriptions healthy)")
+    run.sleep(lead)
+    owed = run.rng.sample(["kill", "pause"], 2)  # one of each, at least
+    while owed or run.remaining() > 0:
+        how = owed.pop(0) if owed else run.rng.choice(["kill", "pause"])
+        if how == "kill":
+            audit.outage_kill(run.rng.uniform(0.5, 1.5))
+        else:
+            audit.outage_pause(ACK_TIMEOUT + run.rng.uniform(0.3, 1.5))
+        gap = run.rng.uniform(0.3, 1.0)
+        if not run.sleep(gap) and owed:
+            time.sleep(gap)
+
+
+def check_fan_out(run, report):
+    """The audit subscription complete, exactly once and in order (by
+    SQL); billing not held back while audit was down (see fanout.py)."""
+    return run.audit.check(report)
+
+
 def check_gray(run, report):
     """In a gray failure every process stays up (the harness kills none),
     and each says SERVING again by itself after the heal."""
@@ -351,6 +390,13 @@ SCENARIOS = [
              "(ALLOW_CONNECTIONS false, its sessions terminated)",
              refuse_billing_connections, relays=2, health_after_heal=True,
              check=check_gray),
+    Scenario("fan-out",
+             "two subscriptions: billing (2 relays, its consumer) and audit "
+             "(2 relays --subscription=audit, a consumer --handler=audit on "
+             "its own database); the audit consumer is SIGKILLed and "
+             "SIGSTOPped; billing's latency must not suffer",
+             fan_out_faults, relays=2, audit_relays=2, check=check_fan_out,
+             load_extra=FAN_OUT_OVERRUN),
 ]
 
 BY_NAME = {s.name: s for s in SCENARIOS}
