@@ -207,6 +207,15 @@ CREATE UNIQUE INDEX IF NOT EXISTS held_events_link_idx
 CREATE UNIQUE INDEX IF NOT EXISTS held_events_position_idx
   ON held_events (aggregate_id, seq);
 )sql"},
+      {2, "inbox retention", R"sql(
+-- How far inbox retention deleted each aggregate's inbox rows: a passed
+-- position at or below it is a redelivery, answered DUPLICATE.
+ALTER TABLE aggregate_cursors
+  ADD COLUMN IF NOT EXISTS pruned_through bigint NOT NULL DEFAULT 0;
+-- Finds the old rows without a full scan; a block-range index costs
+-- applying next to nothing, unlike a btree.
+CREATE INDEX IF NOT EXISTS inbox_applied_at_brin ON inbox USING brin (applied_at);
+)sql"},
   };
   return kMigrations;
 }

@@ -17,6 +17,7 @@
 #include "consumer/billing.h"
 #include "consumer/query_service.h"
 #include "inbox/engine.h"
+#include "inbox/retention.h"
 #include "inbox/sink_service.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/pg.h"
@@ -174,6 +175,43 @@ TEST_F(ConsumerTest, DuplicatesAreAnsweredAndHaveNoSecondEffect) {
             (V{v1::APPLIED, v1::DUPLICATE, v1::APPLIED, v1::DUPLICATE}));
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 5);
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 3);
+}
+
+// Inbox retention deletes old rows in batches; a redelivery of a pruned
+// event is still a DUPLICATE without a second effect, while a different
+// event at a passed position the inbox still covers is still REJECTED.
+TEST_F(ConsumerTest, InboxRetentionKeepsDedup) {
+  auto old_chain = OrderChain(1);
+  auto new_chain = OrderChain(10);
+  Deliver({old_chain});
+  // The first two events of the chain were applied two hours ago.
+  tdb_.Exec(absl::StrCat(
+      "UPDATE inbox SET applied_at = now() - interval '2 hours' WHERE "
+      "event_id IN ('",
+      old_chain[0].event_id(), "', '", old_chain[1].event_id(), "')"));
+  Deliver({new_chain});
+  int64_t deleted = 0;
+  ASSERT_TRUE(db_.Run([&](pqxx::connection& c) {
+                   deleted = inbox::PruneInboxOnce(c, absl::Hours(1), 1);  // batches
+                   deleted += inbox::PruneInboxOnce(c, absl::Hours(1), 1000);
+                   deleted += inbox::PruneInboxOnce(c, absl::Hours(1), 1000);
+                   return absl::OkStatus();
+                 }).ok());
+  EXPECT_EQ(deleted, 2);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 4);
+  EXPECT_EQ(tdb_.Scalar(absl::StrCat(
+                "SELECT pruned_through FROM aggregate_cursors WHERE "
+                "aggregate_id = '",
+                old_chain[0].aggregate_id(), "'")),
+            2);
+  EXPECT_EQ(Outcomes(Deliver({old_chain, new_chain})),
+            (V{v1::DUPLICATE, v1::DUPLICATE, v1::DUPLICATE, v1::DUPLICATE,
+               v1::DUPLICATE, v1::DUPLICATE}));
+  v1::Event reused = old_chain[2];  // seq 3: above the pruned rows
+  reused.set_event_id(NewUuid());
+  EXPECT_EQ(Outcomes(Deliver({{reused}})), (V{v1::REJECTED}));
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 4);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 4);
 }
 
 TEST_F(ConsumerTest, EarlyEventIsHeldThenDrainedWhenTheGapCloses) {

@@ -15,6 +15,7 @@
 #include "consumer/billing.h"
 #include "consumer/query_service.h"
 #include "inbox/engine.h"
+#include "inbox/retention.h"
 #include "inbox/sink_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50053", "gRPC listen address.");
@@ -30,6 +31,11 @@ ABSL_FLAG(std::string, delivery_clients, "",
           "--tls_client_ca.");
 ABSL_FLAG(int, query_db_pool_size, 2,
           "Database connections of BillingQuery, apart from delivery's.");
+ABSL_FLAG(absl::Duration, inbox_retention, absl::ZeroDuration(),
+          "Delete inbox rows applied longer ago than this, in small batches "
+          "(0: keep them). Redeliveries of their events are still answered "
+          "DUPLICATE: each aggregate's cursor records how far rows were "
+          "deleted.");
 ABSL_FLAG(int64_t, max_held_per_aggregate, 1000,
           "Events one aggregate may hold while it waits for a predecessor; "
           "more are REJECTED.");
@@ -88,6 +94,15 @@ int main(int argc, char** argv) {
   outbox::inbox::Engine engine(&db, handler.get(), &metrics, options,
                                &watchdog);
   outbox::inbox::EventSinkImpl sink(&engine, &check);
+  // Its own connection, so that pruning never takes one delivery needs.
+  std::unique_ptr<outbox::Database> retention_db;
+  std::unique_ptr<outbox::inbox::InboxRetention> retention;
+  if (absl::GetFlag(FLAGS_inbox_retention) > absl::ZeroDuration()) {
+    retention_db = std::make_unique<outbox::Database>(
+        url, 1, "outbox-consumer-retention", session);
+    retention = std::make_unique<outbox::inbox::InboxRetention>(
+        retention_db.get(), absl::GetFlag(FLAGS_inbox_retention), &metrics);
+  }
   // Queries have connections of their own: a flood of them never takes the
   // connections delivery needs.
   outbox::Database query_db(url, absl::GetFlag(FLAGS_query_db_pool_size),

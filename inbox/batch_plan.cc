@@ -139,6 +139,12 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
           snapshot.in_inbox.count(e.event_id())) {
         plan.results[i] = Result(e, v1::DUPLICATE);
         ++plan.duplicates;
+      } else if (e.seq() <= st.pruned_through) {
+        // Its inbox row is gone, so its identity cannot be checked: the
+        // position was applied, and a redelivery is what arrives there.
+        plan.results[i] = Result(e, v1::DUPLICATE);
+        ++plan.duplicates;
+        ++plan.pruned_duplicates;
       } else {
         ++plan.position_reused;
         reject(i, absl::StrCat(

@@ -46,9 +46,14 @@ namespace outbox::inbox {
 struct AggregateState {
   int64_t cursor = 0;      // seq of the last applied event; 0 for none
   int64_t held_count = 0;  // its rows in held_events
+  // Inbox retention deleted the inbox rows of its events up to this seq
+  // (all at or below the cursor): an event at or below it is a redelivery
+  // of an applied event, as no other event can be there (see PlanBatch).
+  int64_t pruned_through = 0;
 
   bool operator==(const AggregateState& o) const {
-    return cursor == o.cursor && held_count == o.held_count;
+    return cursor == o.cursor && held_count == o.held_count &&
+           pruned_through == o.pruned_through;
   }
 };
 
@@ -85,6 +90,7 @@ struct Plan {
   // What happened, for metrics and logs.
   int64_t applied = 0;          // batch events answered APPLIED
   int64_t duplicates = 0;       // DUPLICATE answers
+  int64_t pruned_duplicates = 0;  // of which below the retained inbox
   int64_t held = 0;             // HELD answers
   int64_t deferred = 0;         // DEFERRED answers
   int64_t rejected = 0;         // REJECTED answers, all reasons

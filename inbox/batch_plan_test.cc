@@ -24,8 +24,9 @@ v1::Event Ev(const std::string& agg, int64_t seq, int64_t prev,
 
 class Planner {
  public:
-  Planner& Cursor(const std::string& agg, int64_t cursor, int64_t held = 0) {
-    snap_.aggregates[agg] = {cursor, held};
+  Planner& Cursor(const std::string& agg, int64_t cursor, int64_t held = 0,
+                  int64_t pruned_through = 0) {
+    snap_.aggregates[agg] = {cursor, held, pruned_through};
     return *this;
   }
   Planner& Applied(const v1::Event& e) {
@@ -121,6 +122,20 @@ TEST(PlanBatch, ADifferentEventAtAPassedPositionIsRejectedAsReuse) {
   EXPECT_NE(p.Reason(0).find("position reused"), std::string::npos)
       << p.Reason(0);
   EXPECT_EQ(p.plan().position_reused, 1);
+  EXPECT_TRUE(p.plan().changed.empty());
+}
+
+// Inbox retention deleted the rows up to seq 5: what arrives there is a
+// redelivery; above, identity is still checked.
+TEST(PlanBatch, BelowTheRetainedInboxAPassedPositionIsADuplicate) {
+  Planner p;
+  p.Cursor("a", 9, 0, 5)
+      .Applied(Ev("a", 7, 5))
+      .Run({Ev("a", 3, 0), Ev("a", 5, 3), Ev("a", 7, 5), Ev("a", 7, 5, "-x"),
+            Ev("a", 9, 7)});
+  EXPECT_EQ(p.Outcomes(), (V{D, D, D, R, R}));
+  EXPECT_EQ(p.plan().pruned_duplicates, 2);
+  EXPECT_EQ(p.plan().position_reused, 2);
   EXPECT_TRUE(p.plan().changed.empty());
 }
 

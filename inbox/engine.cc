@@ -32,20 +32,18 @@ constexpr int kAggregateLockClass = 0x0b10;
 void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
                  Snapshot* snap) {
   const std::string ids = ArrayLiteral(aggregates).str();
-  ExecPrepared(tx, "lock_aggregates",
-               "SELECT pg_advisory_xact_lock($2, hashtext(a)) "
-               "FROM unnest($1::text[]) AS a",
-               ids, kAggregateLockClass);
+  LockAggregates(tx, aggregates);
   for (const std::string& a : aggregates) snap->aggregates[a] = {0, 0};
   for (const auto& row :
        ExecPrepared(tx, "read_cursors",
-                    "SELECT c.aggregate_id, c.last_seq, c.held_count "
+                    "SELECT c.aggregate_id, c.last_seq, c.held_count, "
+                    "c.pruned_through "
                     "FROM unnest($1::text[]) AS a "
                     "JOIN LATERAL (SELECT * FROM aggregate_cursors c "
                     "WHERE c.aggregate_id = a) c ON true",
                     ids)) {
-    snap->aggregates[row[0].as<std::string>()] = {row[1].as<int64_t>(),
-                                                  row[2].as<int64_t>()};
+    snap->aggregates[row[0].as<std::string>()] = {
+        row[1].as<int64_t>(), row[2].as<int64_t>(), row[3].as<int64_t>()};
   }
 }
 
@@ -186,6 +184,14 @@ void UpdateCursors(pqxx::work& tx,
 }
 
 }  // namespace
+
+void LockAggregates(pqxx::transaction_base& tx,
+                    const std::set<std::string>& aggregates) {
+  ExecPrepared(tx, "lock_aggregates",
+               "SELECT pg_advisory_xact_lock($2, hashtext(a)) "
+               "FROM unnest($1::text[]) AS a",
+               ArrayLiteral(aggregates).str(), kAggregateLockClass);
+}
 
 Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
                EngineOptions options, Watchdog* watchdog)

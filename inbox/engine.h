@@ -29,6 +29,11 @@
 
 namespace outbox::inbox {
 
+// Takes the apply locks of `aggregates` for the rest of `tx`, in sorted
+// order, as every batch does before it reads or writes their state.
+void LockAggregates(pqxx::transaction_base& tx,
+                    const std::set<std::string>& aggregates);
+
 struct EngineOptions {
   PlanOptions plan;
   // Immediate retries of a batch that hit a transaction conflict

@@ -661,14 +661,19 @@ bool Relay::PruneDelivered() {
     // back and claims never wait behind a long delete.
     // Only events every subscription has passed (no delivery row left:
     // below the lowest undelivered seq of any subscription) and older
-    // than --retention, oldest first.
+    // than --retention, oldest first, and only a prefix of the outbox: it
+    // stops at the first row too young, so that what is gone is exactly
+    // what lies below the oldest retained seq (outboxctl verify relies on
+    // it).
     const auto deleted =
         tx.exec_params(
-              "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE "
-              "seq < coalesce((SELECT min((SELECT min(d.seq) FROM "
-              "outbox_delivery d WHERE d.subscription = s.name)) FROM "
-              "subscriptions s), 9223372036854775807) AND created_at < now() - "
-              "make_interval(secs => $1::float8) ORDER BY seq LIMIT $2)",
+              "WITH c AS (SELECT seq, created_at FROM outbox WHERE seq < "
+              "coalesce((SELECT min((SELECT min(d.seq) FROM outbox_delivery d "
+              "WHERE d.subscription = s.name)) FROM subscriptions s), "
+              "9223372036854775807) ORDER BY seq LIMIT $2) "
+              "DELETE FROM outbox WHERE seq IN (SELECT seq FROM c WHERE seq < "
+              "coalesce((SELECT min(seq) FROM c WHERE created_at >= now() - "
+              "make_interval(secs => $1::float8)), 9223372036854775807))",
               absl::ToDoubleSeconds(options_.retention), kBatch)
             .affected_rows();
     pruned_->Add(deleted);

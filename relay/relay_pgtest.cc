@@ -20,7 +20,9 @@
 #include "producer/order_schema.h"
 #include "producer/order_store.h"
 #include "relay/admin_service.h"
+#include "inbox/retention.h"
 #include "relay/relay.h"
+#include "tools/checker.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/pg.h"
 
@@ -346,6 +348,29 @@ TEST_F(RelayTest, RetentionDeletesOnlyOldDeliveredRows) {
                            "now() - interval '1 day'"),
             0);
   EXPECT_EQ(Events(), Applied() - delivered);
+
+  // The invariant checker counts what retention deleted, on both sides,
+  // as pruned, never as lost or phantom.
+  auto report = tools::Check(orders_.url(), billing_.url(), absl::Seconds(10));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->Summary();
+  EXPECT_EQ(report->pruned_from_outbox, delivered);
+  billing_.Exec("UPDATE inbox SET applied_at = now() - interval '2 days'");
+  Database billing_db(billing_.url(), 1, "test-retention");
+  ASSERT_TRUE(billing_db
+                  .Run([&](pqxx::connection& c) {
+                    while (inbox::PruneInboxOnce(c, absl::Hours(24), 7) > 0) {
+                    }
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM inbox"), 0);
+  report = tools::Check(orders_.url(), billing_.url(), absl::Seconds(10));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->Summary();
+  EXPECT_EQ(report->pruned_from_outbox, 0);
+  EXPECT_EQ(report->pruned_from_inbox, Events());
+  EXPECT_EQ(report->phantoms, 0);
 }
 
 TEST_F(RelayTest,

@@ -63,11 +63,13 @@ std::string CheckReport::Summary() const {
       "I2 duplicate effect %d\n"
       "I3 order violations %d\n"
       "I4 phantoms        %d\n"
-      "view mismatches    %d\n",
+      "view mismatches    %d\n"
+      "pruned by retention %d from the outbox, %d from the inbox\n",
       events, applied, dead_letters, behind_dead, pending, held,
       drained ? "yes" : "NO", absl::FormatDuration(drain_time), latency_p50_ms,
       latency_p99_ms, lost, missing_effects, duplicate_effects,
-      order_violations, phantoms, view_mismatches);
+      order_violations, phantoms, view_mismatches, pruned_from_outbox,
+      pruned_from_inbox);
   for (const std::string& e : examples) absl::StrAppend(&s, "  ! ", e, "\n");
   absl::StrAppend(
       &s, ok() ? "RESULT: OK, every invariant holds\n" : "RESULT: VIOLATION\n");
@@ -86,12 +88,14 @@ std::string CheckReport::Json() const {
       "\"drain_seconds\":%.3f,\"lost\":%d,\"missing_effects\":%d,"
       "\"duplicate_effects\":%d,\"order_violations\":%d,\"phantoms\":%d,"
       "\"view_mismatches\":%d,\"latency_p50_ms\":%.2f,"
-      "\"latency_p99_ms\":%.2f,\"examples\":%s}\n",
+      "\"latency_p99_ms\":%.2f,\"pruned_from_outbox\":%d,"
+      "\"pruned_from_inbox\":%d,\"examples\":%s}\n",
       ok() ? "true" : "false", events, applied, dead_letters, behind_dead,
       pending, held, drained ? "true" : "false",
       absl::ToDoubleSeconds(drain_time), lost, missing_effects,
       duplicate_effects, order_violations, phantoms, view_mismatches,
-      latency_p50_ms, latency_p99_ms, ex);
+      latency_p50_ms, latency_p99_ms, pruned_from_outbox, pruned_from_inbox,
+      ex);
 }
 
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
@@ -162,6 +166,14 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       if (c.status == kDeliveryDead) dead_aggregates.insert(c.aggregate_id);
       committed.emplace(row[0].as<std::string>(), std::move(c));
     }
+    // Events below the oldest retained row were deleted by --retention
+    // (it deletes a prefix); with nothing retained, all that were written.
+    const int64_t retained_from =
+        o.exec(
+             "SELECT coalesce((SELECT min(seq) FROM outbox), "
+             "coalesce(pg_sequence_last_value(pg_get_serial_sequence("
+             "'outbox', 'seq')::regclass), 0) + 1)")[0][0]
+            .as<int64_t>();
     std::map<std::string, std::string> order_status;
     for (const auto& row :
          o.exec("SELECT order_id::text, status FROM orders")) {
@@ -187,16 +199,38 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       view_status[row[0].as<std::string>()] = row[1].as<std::string>();
     }
     r.held = b.exec("SELECT count(*) FROM held_events")[0][0].as<int64_t>();
+    // How far --inbox_retention deleted each aggregate's inbox rows.
+    std::map<std::string, int64_t> pruned_through;
+    if (b.exec("SELECT 1 FROM information_schema.columns WHERE table_name = "
+               "'aggregate_cursors' AND column_name = 'pruned_through'")
+            .size() > 0) {
+      for (const auto& row :
+           b.exec("SELECT aggregate_id, pruned_through FROM aggregate_cursors "
+                  "WHERE pruned_through > 0")) {
+        pruned_through[row[0].as<std::string>()] = row[1].as<int64_t>();
+      }
+    }
     b.commit();
+    auto pruned_at = [&](const std::string& agg, int64_t seq) {
+      auto it = pruned_through.find(agg);
+      return it != pruned_through.end() && seq <= it->second;
+    };
 
     r.events = static_cast<int64_t>(committed.size());
     r.applied = static_cast<int64_t>(applied.size());
     std::set<std::string> applied_ids;
+    std::set<std::string> pruned_from_outbox_ids;
     std::map<std::string, int64_t> last_applied;  // aggregate -> seq
     std::vector<double> latencies;
     for (const Applied& a : applied) {
       applied_ids.insert(a.event_id);
       auto c = committed.find(a.event_id);
+      if (c == committed.end() && a.seq < retained_from) {
+        ++r.pruned_from_outbox;
+        pruned_from_outbox_ids.insert(a.event_id);
+        last_applied[a.aggregate_id] = a.seq;
+        continue;
+      }
       if (c == committed.end()) {
         ++r.phantoms;
         Example(&r, absl::StrCat("I4 phantom: event ", a.event_id, " of ",
@@ -204,7 +238,9 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
         continue;
       }
       int64_t& last = last_applied[a.aggregate_id];
-      if (c->second.prev_seq != last) {
+      // Its predecessor's inbox row may be gone to retention.
+      if (c->second.prev_seq != last &&
+          !(last == 0 && pruned_at(a.aggregate_id, c->second.prev_seq))) {
         ++r.order_violations;
         Example(&r, absl::StrCat("I3 order: aggregate ", a.aggregate_id,
                                  " applied seq ", a.seq, " (prev_seq ",
@@ -237,8 +273,10 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
         }
         continue;
       }
-      if (c.status == kDeliveryPending &&
-          dead_aggregates.count(c.aggregate_id)) {
+      if (pruned_at(c.aggregate_id, c.seq)) {
+        ++r.pruned_from_inbox;  // applied; its inbox row is gone
+      } else if (c.status == kDeliveryPending &&
+                 dead_aggregates.count(c.aggregate_id)) {
         ++r.behind_dead;
       } else if (!r.drained) {
         ++r.pending;  // not delivered yet, or held: not lost (yet)
@@ -250,7 +288,13 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       }
     }
     for (const auto& [event_id, n] : charges_by_event) {
-      if (!committed.count(event_id)) {
+      // A charge of an event no database holds any more (both retentions
+      // deleted it) is not a phantom.
+      if (!committed.count(event_id) && !applied_ids.count(event_id) &&
+          retained_from > 1 && !pruned_through.empty()) {
+        continue;
+      }
+      if (!committed.count(event_id) && !pruned_from_outbox_ids.count(event_id)) {
         ++r.phantoms;
         Example(&r, absl::StrCat("I4 phantom charge for event ", event_id));
       }

@@ -26,6 +26,12 @@ struct CheckReport {
   int64_t order_violations = 0;   // I3: applied out of the prev_seq chain
   int64_t phantoms = 0;           // I4: applied but never committed
   int64_t view_mismatches = 0;    // consumer's order view != producer's order
+  // Retention, reported and not counted against anything: applied events
+  // whose outbox row the relay's --retention deleted, and committed events
+  // whose inbox row the consumer's --inbox_retention deleted (its
+  // aggregate's cursor passed them).
+  int64_t pruned_from_outbox = 0;
+  int64_t pruned_from_inbox = 0;
   absl::Duration drain_time;      // I5: time until drained (or the wait)
   bool drained = false;
   double latency_p50_ms = 0, latency_p99_ms = 0;  // created -> applied

@@ -29,7 +29,8 @@ start relay outbox-relay --listen="127.0.0.1:$R" --db="$orders_db" $(server rela
   --client_cert="$CERTS/relay.crt" --client_key="$CERTS/relay.key" \
   --poll_interval=200ms --retry_max=500ms
 for port in "$P" "$R" "$C"; do
-  deadline=$((SECONDS + 30))
+  # Generous: a loaded CI machine runs other tests beside this one.
+  deadline=$((SECONDS + 90))
   until rpc_as reader "$port" grpc.health.v1.Health/Check | grep -q '"SERVING"'; do
     [ $SECONDS -lt $deadline ] || fail "port $port not SERVING over mutual TLS"
     sleep 0.2

@@ -1,0 +1,51 @@
+#pragma once
+// Inbox retention: the inbox keeps a row per applied event only as long as
+// dedup needs its identity. Rows applied longer than `keep` ago are
+// deleted in small batches; each aggregate's cursor remembers how far its
+// rows were deleted (aggregate_cursors.pruned_through), so a redelivery of
+// such an event is still answered DUPLICATE (see inbox/batch_plan.h).
+
+#include <pqxx/pqxx>
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/db.h"
+#include "common/metrics.h"
+
+namespace outbox::inbox {
+
+// Deletes at most `batch` inbox rows applied before now - `keep`, under the
+// same aggregate locks as applying, and moves their aggregates'
+// pruned_through. Returns how many rows it deleted.
+int64_t PruneInboxOnce(pqxx::connection& conn, absl::Duration keep, int batch);
+
+// Runs PruneInboxOnce in the background: at once again while batches come
+// back full, else every `interval`. Errors are logged and retried later;
+// they never touch delivery.
+class InboxRetention {
+ public:
+  InboxRetention(Database* db, absl::Duration keep, Metrics* metrics,
+                 absl::Duration interval = absl::Minutes(1), int batch = 1000);
+  ~InboxRetention();  // stops and joins
+  InboxRetention(const InboxRetention&) = delete;
+  InboxRetention& operator=(const InboxRetention&) = delete;
+
+ private:
+  void Loop();
+
+  Database* const db_;
+  const absl::Duration keep_, interval_;
+  const int batch_;
+  Counter* const pruned_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace outbox::inbox
