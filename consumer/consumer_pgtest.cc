@@ -192,11 +192,13 @@ TEST_F(ConsumerTest, InboxRetentionKeepsDedup) {
   Deliver({new_chain});
   int64_t deleted = 0;
   ASSERT_TRUE(db_.Run([&](pqxx::connection& c) {
-                   deleted = inbox::PruneInboxOnce(c, absl::Hours(1), 1);  // batches
+                   deleted =
+                       inbox::PruneInboxOnce(c, absl::Hours(1), 1);  // batches
                    deleted += inbox::PruneInboxOnce(c, absl::Hours(1), 1000);
                    deleted += inbox::PruneInboxOnce(c, absl::Hours(1), 1000);
                    return absl::OkStatus();
-                 }).ok());
+                 })
+                  .ok());
   EXPECT_EQ(deleted, 2);
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 4);
   EXPECT_EQ(tdb_.Scalar(absl::StrCat(

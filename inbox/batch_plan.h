@@ -88,16 +88,16 @@ struct Plan {
   std::map<std::string, AggregateState> changed;
 
   // What happened, for metrics and logs.
-  int64_t applied = 0;          // batch events answered APPLIED
-  int64_t duplicates = 0;       // DUPLICATE answers
+  int64_t applied = 0;            // batch events answered APPLIED
+  int64_t duplicates = 0;         // DUPLICATE answers
   int64_t pruned_duplicates = 0;  // of which below the retained inbox
-  int64_t held = 0;             // HELD answers
-  int64_t deferred = 0;         // DEFERRED answers
-  int64_t rejected = 0;         // REJECTED answers, all reasons
-  int64_t drained = 0;          // held events applied (from earlier batches)
-  int64_t position_reused = 0;  // REJECTED: a new event at a passed position
-  int64_t forks = 0;            // REJECTED: a second event for a held link
-  int64_t over_cap = 0;         // REJECTED: the aggregate holds too many
+  int64_t held = 0;               // HELD answers
+  int64_t deferred = 0;           // DEFERRED answers
+  int64_t rejected = 0;           // REJECTED answers, all reasons
+  int64_t drained = 0;            // held events applied (from earlier batches)
+  int64_t position_reused = 0;    // REJECTED: a new event at a passed position
+  int64_t forks = 0;              // REJECTED: a second event for a held link
+  int64_t over_cap = 0;           // REJECTED: the aggregate holds too many
   int64_t discarded = 0;  // held events dropped: their id was applied elsewhere
 };
 

@@ -10,8 +10,7 @@
 
 namespace outbox::inbox {
 
-int64_t PruneInboxOnce(pqxx::connection& conn, absl::Duration keep,
-                       int batch) {
+int64_t PruneInboxOnce(pqxx::connection& conn, absl::Duration keep, int batch) {
   pqxx::work tx(conn);
   // A BRIN index on applied_at finds the old pages; no order is needed, so
   // the scan stops after `batch` rows.

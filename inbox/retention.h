@@ -5,11 +5,10 @@
 // rows were deleted (aggregate_cursors.pruned_through), so a redelivery of
 // such an event is still answered DUPLICATE (see inbox/batch_plan.h).
 
-#include <pqxx/pqxx>
-
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <pqxx/pqxx>
 #include <thread>
 
 #include "absl/status/statusor.h"

@@ -15,16 +15,17 @@
 #include "consumer/audit.h"
 #include "consumer/billing.h"
 #include "inbox/engine.h"
+#include "inbox/retention.h"
 #include "inbox/sink_service.h"
 #include "producer/order_logic.h"
 #include "producer/order_schema.h"
 #include "producer/order_store.h"
 #include "relay/admin_service.h"
-#include "inbox/retention.h"
 #include "relay/relay.h"
-#include "tools/checker.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/pg.h"
+#include "tools/checker.h"
+#include "tools/reconcile.h"
 
 namespace outbox::relay {
 namespace {
@@ -371,6 +372,96 @@ TEST_F(RelayTest, RetentionDeletesOnlyOldDeliveredRows) {
   EXPECT_EQ(report->pruned_from_outbox, 0);
   EXPECT_EQ(report->pruned_from_inbox, Events());
   EXPECT_EQ(report->phantoms, 0);
+}
+
+// outboxctl reconcile: every event committed in the window and not applied
+// is listed with why; nothing when everything arrived.
+TEST_F(RelayTest, ReconcileNamesEveryUnappliedEventAndWhy) {
+  const std::vector<std::string> orders = MakeOrders(6);
+  tools::ReconcileOptions window;
+  window.grace = absl::ZeroDuration();
+  // No relay yet: all pending. Within the grace period: not looked at.
+  auto r = tools::Reconcile(orders_.url(), billing_.url(), window);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->events, Events());
+  EXPECT_EQ(r->pending, Events());
+  EXPECT_FALSE(r->ok());
+  tools::ReconcileOptions graced = window;
+  graced.grace = absl::Minutes(1);
+  r = tools::Reconcile(orders_.url(), billing_.url(), graced);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->events, 0);
+  EXPECT_TRUE(r->ok());
+
+  Consumer consumer(billing_.url(), 0);
+  {
+    Relay relay(Options(consumer.port()), &metrics_);
+    relay.Start();
+    ASSERT_TRUE(
+        WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  }
+  r = tools::Reconcile(orders_.url(), billing_.url(), window);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok()) << r->Summary();
+  EXPECT_EQ(r->applied, Events());
+
+  // Order 0 has three events: the first vanished from the inbox although
+  // delivered (lost), the second is a dead letter, the third waits behind
+  // it. Order 2's second event is held at the consumer.
+  auto seqs = [&](const std::string& order) {
+    std::vector<int64_t> out;
+    pqxx::connection c(orders_.url());
+    pqxx::nontransaction tx(c);
+    for (const auto& row : tx.exec_params(
+             "SELECT seq FROM outbox WHERE aggregate_id = $1 ORDER BY seq",
+             order)) {
+      out.push_back(row[0].as<int64_t>());
+    }
+    return out;
+  };
+  const std::vector<int64_t> a = seqs(orders[0]), b = seqs(orders[2]);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 2u);
+  billing_.Exec(absl::StrCat("DELETE FROM inbox WHERE aggregate_id IN ('",
+                             orders[0], "', '", orders[2], "') AND seq IN (",
+                             a[0], ", ", a[1], ", ", a[2], ", ", b[1], ")"));
+  orders_.Exec(absl::StrCat(
+      "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
+      "partition, status, attempts, last_error, dead_at) SELECT 'billing', "
+      "seq, aggregate_id, partition, CASE WHEN seq = ",
+      a[1],
+      " THEN 'dead' ELSE 'pending' END, 5, 'boom', now() FROM outbox "
+      "WHERE seq IN (",
+      a[1], ", ", a[2], ")"));
+  std::string held_id;
+  {
+    pqxx::connection c(orders_.url());
+    pqxx::nontransaction tx(c);
+    held_id = tx.exec_params("SELECT event_id::text FROM outbox WHERE seq = $1",
+                             b[1])[0][0]
+                  .as<std::string>();
+  }
+  billing_.Exec(absl::StrCat(
+      "INSERT INTO held_events (event_id, aggregate_id, seq, prev_seq, "
+      "payload) VALUES ('",
+      held_id, "', '", orders[2], "', ", b[1], ", ", b[0], ", '\\x00')"));
+  r = tools::Reconcile(orders_.url(), billing_.url(), window);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->ok());
+  EXPECT_EQ(r->lost, 1) << r->Summary();
+  EXPECT_EQ(r->dead, 1) << r->Summary();
+  EXPECT_EQ(r->behind_dead, 1) << r->Summary();
+  EXPECT_EQ(r->held, 1) << r->Summary();
+  EXPECT_EQ(r->pending, 0) << r->Summary();
+  ASSERT_EQ(r->findings.size(), 4u);
+  EXPECT_EQ(r->findings[0].seq, std::min(a[0], b[1]));
+  EXPECT_NE(r->Summary().find("boom"), std::string::npos) << r->Summary();
+
+  tools::ReconcileOptions other = window;
+  other.subscription = "nobody";
+  EXPECT_EQ(
+      tools::Reconcile(orders_.url(), billing_.url(), other).status().code(),
+      absl::StatusCode::kNotFound);
 }
 
 TEST_F(RelayTest,

@@ -294,7 +294,8 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
           retained_from > 1 && !pruned_through.empty()) {
         continue;
       }
-      if (!committed.count(event_id) && !pruned_from_outbox_ids.count(event_id)) {
+      if (!committed.count(event_id) &&
+          !pruned_from_outbox_ids.count(event_id)) {
         ++r.phantoms;
         Example(&r, absl::StrCat("I4 phantom charge for event ", event_id));
       }

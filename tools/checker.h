@@ -32,7 +32,7 @@ struct CheckReport {
   // aggregate's cursor passed them).
   int64_t pruned_from_outbox = 0;
   int64_t pruned_from_inbox = 0;
-  absl::Duration drain_time;      // I5: time until drained (or the wait)
+  absl::Duration drain_time;  // I5: time until drained (or the wait)
   bool drained = false;
   double latency_p50_ms = 0, latency_p99_ms = 0;  // created -> applied
   std::vector<std::string> examples;  // the first violations, readable

@@ -9,6 +9,8 @@
 //                  [--rate CALLS_PER_S] [--duration D] [--format json]
 //   outboxctl verify --orders_db URL --billing_db URL [--wait 60s]
 //   outboxctl demo --orders N ...        load, then verify, with a summary
+//   outboxctl reconcile --orders_db URL --billing_db URL [--window 1h]
+//                     [--grace 5m]         events committed, not applied: why
 //
 // stats, dead-letters, requeue and show act on the relay's subscription, or
 // on another one with --subscription NAME.
@@ -31,6 +33,7 @@
 #include "outbox/v1/relay.grpc.pb.h"
 #include "tools/checker.h"
 #include "tools/load.h"
+#include "tools/reconcile.h"
 
 ABSL_FLAG(std::string, producer, "127.0.0.1:50051", "Producer address.");
 ABSL_FLAG(std::string, relay, "127.0.0.1:50052", "Relay admin address.");
@@ -56,7 +59,13 @@ ABSL_FLAG(absl::Duration, wait, absl::Seconds(120),
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Per-call deadline.");
 ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(),
           "load: start no new order after this long (0: run to --orders).");
-ABSL_FLAG(std::string, format, "text", "verify, load: text or json.");
+ABSL_FLAG(std::string, format, "text",
+          "verify, load, reconcile: text or json.");
+ABSL_FLAG(absl::Duration, window, absl::Hours(1),
+          "reconcile: events committed within this long.");
+ABSL_FLAG(absl::Duration, grace, absl::Minutes(5),
+          "reconcile: ... except the last this long, which may still be on "
+          "their way.");
 ABSL_FLAG(std::string, only, "",
           "load: one call alone: create (CreateOrder only), pay or cancel "
           "(first creates --orders orders, not counted, then pays or cancels "
@@ -246,11 +255,44 @@ outbox::tools::LoadOptions LoadOptionsFromFlags() {
 int Verify() {
   auto report = outbox::tools::Check(
       absl::GetFlag(FLAGS_orders_db), absl::GetFlag(FLAGS_billing_db),
-      absl::GetFlag(FLAGS_wait), outbox::DbSessionFromFlags());
+      absl::GetFlag(FLAGS_wait), outbox::DbSessionFromFlags(),
+      absl::GetFlag(FLAGS_subscription).empty()
+          ? "billing"
+          : absl::GetFlag(FLAGS_subscription));
   if (!report.ok()) {
     std::fprintf(stderr, "outboxctl: verify: %s\n",
                  report.status().ToString().c_str());
     return 1;
+  }
+  std::printf("%s", absl::GetFlag(FLAGS_format) == "json"
+                        ? report->Json().c_str()
+                        : report->Summary().c_str());
+  return report->ok() ? 0 : 1;
+}
+
+// Exit 0: every event of the window is applied; 1: some are not (listed
+// with why); 3: a database could not be read. A CronJob alarms on non-zero.
+int ReconcileCommand() {
+  outbox::tools::ReconcileOptions o;
+  if (!absl::GetFlag(FLAGS_subscription).empty()) {
+    o.subscription = absl::GetFlag(FLAGS_subscription);
+  }
+  o.window = absl::GetFlag(FLAGS_window);
+  o.grace = absl::GetFlag(FLAGS_grace);
+  o.max_listed = std::max(0, absl::GetFlag(FLAGS_limit));
+  if (o.window <= o.grace || o.grace < absl::ZeroDuration()) {
+    std::fprintf(stderr,
+                 "outboxctl: reconcile: --window must be longer than --grace "
+                 "(and --grace not negative)\n");
+    return 2;
+  }
+  auto report = outbox::tools::Reconcile(absl::GetFlag(FLAGS_orders_db),
+                                         absl::GetFlag(FLAGS_billing_db), o,
+                                         outbox::DbSessionFromFlags());
+  if (!report.ok()) {
+    std::fprintf(stderr, "outboxctl: reconcile: %s\n",
+                 report.status().ToString().c_str());
+    return 3;
   }
   std::printf("%s", absl::GetFlag(FLAGS_format) == "json"
                         ? report->Json().c_str()
@@ -333,7 +375,8 @@ int main(int argc, char** argv) {
       "--all-dead [--since D] [--error TEXT], "
       "show EVENT_ID,\n  load --orders N --concurrency C [--only "
       "create|pay|cancel] "
-      "[--rate R], verify, demo --orders N");
+      "[--rate R], verify, demo --orders N,\n  reconcile [--window 1h] "
+      "[--grace 5m] [--subscription S]");
   const std::string cmd = args.size() > 1 ? args[1] : "";
   if (absl::Status s =
           outbox::CheckClientTls(TlsFromFlags(), {"--ca", "--cert", "--key"});
@@ -348,6 +391,7 @@ int main(int argc, char** argv) {
   if (cmd == "load") return Load();
   if (cmd == "verify") return Verify();
   if (cmd == "demo") return Demo();
+  if (cmd == "reconcile") return ReconcileCommand();
   std::fprintf(stderr,
                "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
                "requeue --aggregate ID | requeue --all-dead [--since D] "

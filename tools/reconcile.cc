@@ -1,0 +1,240 @@
+#include "tools/reconcile.h"
+
+#include <map>
+#include <pqxx/pqxx>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+#include "common/schema.h"
+
+namespace outbox::tools {
+namespace {
+
+// Ids per inbox query: one statement each, bounded.
+constexpr size_t kChunk = 5000;
+
+struct Committed {
+  Finding f;
+  int64_t prev_seq = 0;
+  std::string status;
+  int64_t attempts = 0;
+  std::string last_error;
+  double next_try_s = 0;  // from now; <= 0: due
+};
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%.0fs", absl::ToDoubleSeconds(d));
+}
+
+}  // namespace
+
+std::string ReconcileReport::Summary() const {
+  std::string s = absl::StrFormat(
+      "reconcile: subscription %s, events committed between %s and %s ago\n"
+      "events %d, applied %d (of which pruned from the inbox %d), not "
+      "applied %d\n"
+      "  pending %d, behind a dead letter %d, dead letters %d, held at the "
+      "consumer %d, lost %d\n",
+      subscription, Seconds(window), Seconds(grace), events, applied, pruned,
+      not_applied(), pending, behind_dead, dead, held, lost);
+  for (const Finding& f : findings) {
+    absl::StrAppend(
+        &s, absl::StrFormat("  seq %d %s %s of %s, %s ago: %s%s%s\n", f.seq,
+                            f.event_type, f.event_id, f.aggregate_id,
+                            Seconds(f.age), f.reason,
+                            f.detail.empty() ? "" : ": ", f.detail));
+  }
+  if (static_cast<int64_t>(findings.size()) < not_applied()) {
+    absl::StrAppend(&s, "  ... and ", not_applied() - findings.size(),
+                    " more\n");
+  }
+  absl::StrAppend(&s, ok()
+                          ? "RESULT: OK, every event of the window is applied\n"
+                          : "RESULT: NOT APPLIED, see above\n");
+  return s;
+}
+
+std::string ReconcileReport::Json() const {
+  std::string list = "[";
+  for (size_t i = 0; i < findings.size(); ++i) {
+    const Finding& f = findings[i];
+    absl::StrAppend(
+        &list, i ? "," : "",
+        absl::StrFormat("{\"seq\":%d,\"event_id\":\"%s\",\"aggregate_id\":"
+                        "\"%s\",\"event_type\":\"%s\",\"age_s\":%.1f,"
+                        "\"reason\":\"%s\",\"detail\":\"%s\"}",
+                        f.seq, f.event_id, JsonEscape(f.aggregate_id),
+                        JsonEscape(f.event_type), absl::ToDoubleSeconds(f.age),
+                        f.reason, JsonEscape(f.detail)));
+  }
+  list += "]";
+  return absl::StrFormat(
+      "{\"ok\":%s,\"subscription\":\"%s\",\"window_s\":%.0f,\"grace_s\":%.0f,"
+      "\"events\":%d,\"applied\":%d,\"pruned\":%d,\"pending\":%d,"
+      "\"behind_dead\":%d,\"dead\":%d,\"held\":%d,\"lost\":%d,"
+      "\"findings\":%s}\n",
+      ok() ? "true" : "false", JsonEscape(subscription),
+      absl::ToDoubleSeconds(window), absl::ToDoubleSeconds(grace), events,
+      applied, pruned, pending, behind_dead, dead, held, lost, list);
+}
+
+absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
+                                          const std::string& inbox_url,
+                                          const ReconcileOptions& options,
+                                          const DbSession& session) {
+  ReconcileReport r;
+  r.subscription = options.subscription;
+  r.window = options.window;
+  r.grace = options.grace;
+  auto outbox_conn = Connect(outbox_url, "outboxctl-reconcile", session);
+  if (!outbox_conn.ok()) return outbox_conn.status();
+  auto inbox_conn = Connect(inbox_url, "outboxctl-reconcile", session);
+  if (!inbox_conn.ok()) return inbox_conn.status();
+  try {
+    // The outbox first: an event it shows delivered was applied before it
+    // was marked, so the inbox, read after, holds it.
+    std::vector<Committed> events;
+    std::map<std::string, int64_t> first_dead;  // aggregate -> lowest dead seq
+    {
+      pqxx::read_transaction o(**outbox_conn);
+      if (o.exec_params("SELECT 1 FROM subscriptions WHERE name = $1",
+                        options.subscription)
+              .empty()) {
+        return absl::NotFoundError(
+            absl::StrCat("no subscription ", options.subscription));
+      }
+      for (const auto& row : o.exec_params(
+               absl::StrCat(
+                   "SELECT o.seq, o.event_id::text, o.aggregate_id, "
+                   "o.event_type, o.prev_seq, "
+                   "extract(epoch FROM now() - o.created_at)::float8, ",
+                   kDeliveryStatusSql,
+                   ", coalesce(d.attempts, 0), coalesce(d.last_error, ''), "
+                   "coalesce(extract(epoch FROM d.available_at - now()), 0)"
+                   "::float8 FROM outbox o JOIN subscriptions s ON s.name = $1 "
+                   "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
+                   "d.seq = o.seq WHERE o.seq >= s.start_seq AND o.created_at "
+                   ">= now() - make_interval(secs => $2::float8) AND "
+                   "o.created_at < now() - make_interval(secs => $3::float8) "
+                   "ORDER BY o.seq"),
+               options.subscription, absl::ToDoubleSeconds(options.window),
+               absl::ToDoubleSeconds(options.grace))) {
+        Committed c;
+        c.f.seq = row[0].as<int64_t>();
+        c.f.event_id = row[1].as<std::string>();
+        c.f.aggregate_id = row[2].as<std::string>();
+        c.f.event_type = row[3].as<std::string>();
+        c.prev_seq = row[4].as<int64_t>();
+        c.f.age = absl::Seconds(row[5].as<double>());
+        c.status = row[6].as<std::string>();
+        c.attempts = row[7].as<int64_t>();
+        c.last_error = row[8].as<std::string>();
+        c.next_try_s = row[9].as<double>();
+        events.push_back(std::move(c));
+      }
+      for (const auto& row : o.exec_params(
+               "SELECT aggregate_id, min(seq) FROM outbox_delivery WHERE "
+               "subscription = $1 AND status = 'dead' GROUP BY aggregate_id",
+               options.subscription)) {
+        first_dead[row[0].as<std::string>()] = row[1].as<int64_t>();
+      }
+    }
+
+    std::set<std::string> applied;
+    std::map<std::string, int64_t> held_prev;  // event id -> its prev_seq
+    std::map<std::string, int64_t> pruned_through;
+    {
+      pqxx::read_transaction b(**inbox_conn);
+      const bool has_pruned =
+          !b.exec(
+                "SELECT 1 FROM information_schema.columns WHERE table_name "
+                "= 'aggregate_cursors' AND column_name = 'pruned_through'")
+               .empty();
+      for (size_t i = 0; i < events.size(); i += kChunk) {
+        ArrayLiteral ids, aggs;
+        for (size_t j = i; j < std::min(events.size(), i + kChunk); ++j) {
+          ids.Add(events[j].f.event_id);
+          aggs.Add(events[j].f.aggregate_id);
+        }
+        for (const auto& row :
+             b.exec_params("SELECT event_id::text FROM inbox WHERE event_id = "
+                           "ANY($1::uuid[])",
+                           ids.str())) {
+          applied.insert(row[0].as<std::string>());
+        }
+        for (const auto& row : b.exec_params(
+                 "SELECT event_id::text, prev_seq FROM held_events WHERE "
+                 "event_id = ANY($1::uuid[])",
+                 ids.str())) {
+          held_prev[row[0].as<std::string>()] = row[1].as<int64_t>();
+        }
+        if (has_pruned) {
+          for (const auto& row : b.exec_params(
+                   "SELECT aggregate_id, pruned_through FROM aggregate_cursors "
+                   "WHERE aggregate_id = ANY($1::text[]) AND pruned_through > "
+                   "0",
+                   aggs.str())) {
+            pruned_through[row[0].as<std::string>()] = row[1].as<int64_t>();
+          }
+        }
+      }
+    }
+
+    for (Committed& c : events) {
+      ++r.events;
+      if (applied.count(c.f.event_id)) {
+        ++r.applied;
+        continue;
+      }
+      auto p = pruned_through.find(c.f.aggregate_id);
+      if (p != pruned_through.end() && c.f.seq <= p->second) {
+        ++r.applied;
+        ++r.pruned;
+        continue;
+      }
+      auto dead = first_dead.find(c.f.aggregate_id);
+      if (c.status == kDeliveryDead) {
+        ++r.dead;
+        c.f.reason = "dead letter";
+        c.f.detail =
+            absl::StrCat(c.attempts, " attempts; last error: ", c.last_error);
+      } else if (held_prev.count(c.f.event_id)) {
+        ++r.held;
+        c.f.reason = "held at the consumer";
+        c.f.detail = absl::StrCat("waits for its predecessor, seq ",
+                                  held_prev[c.f.event_id]);
+      } else if (c.status == kDeliveryPending && dead != first_dead.end() &&
+                 dead->second < c.f.seq) {
+        ++r.behind_dead;
+        c.f.reason = "behind a dead letter";
+        c.f.detail = absl::StrCat("dead letter seq ", dead->second,
+                                  " of its aggregate comes first");
+      } else if (c.status == kDeliveryPending) {
+        ++r.pending;
+        c.f.reason = "pending";
+        c.f.detail = absl::StrCat(
+            c.attempts, " attempts",
+            c.next_try_s > 0
+                ? absl::StrFormat(", next try in %.0fs", c.next_try_s)
+                : std::string(", due now"),
+            c.last_error.empty() ? "" : "; last error: ", c.last_error);
+      } else {
+        ++r.lost;
+        c.f.reason = "lost";
+        c.f.detail = absl::StrCat(
+            "marked ", c.status,
+            " for the subscription, but the consumer has no trace of it");
+      }
+      if (r.findings.size() < options.max_listed) {
+        r.findings.push_back(std::move(c.f));
+      }
+    }
+    return r;
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+}
+
+}  // namespace outbox::tools
