@@ -1,6 +1,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -82,6 +83,57 @@ TEST(Ids, PartitionIsStableAndInRange) {
     ++seen[p];
   }
   for (int n : seen) EXPECT_GT(n, 150);  // roughly even: 312 expected
+}
+
+TEST(Log, TraceIdComesFromAW3CTraceparentOnly) {
+  EXPECT_EQ(
+      TraceIdOf("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+      "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_EQ(TraceIdOf(""), "");
+  EXPECT_EQ(
+      TraceIdOf("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"),
+      "");  // upper case is not W3C
+  EXPECT_EQ(
+      TraceIdOf("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+      "");  // the all-zero id is invalid
+  EXPECT_EQ(TraceIdOf("garbage that is long enough to pass the length check.."),
+            "");
+}
+
+// Every line logged while a scope lives carries the event's fields, as
+// JSON fields or as key=value in text; none after it ends.
+TEST(Log, LinesAboutAnEventCarryItsFields) {
+  v1::Event e;
+  e.set_event_id("6f1c2b1e-3c1a-4f7e-9a57-1d2a3b4c5d6e");
+  e.set_aggregate_id("order \"7\"");
+  e.set_seq(42);
+  e.set_trace_parent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  ASSERT_TRUE(InitLogging("json", "info").ok());
+  ::testing::internal::CaptureStderr();
+  {
+    LogEventScope scope(FieldsOf(e));
+    spdlog::warn("about the event");
+  }
+  spdlog::warn("about nothing");
+  std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(
+      out.find(
+          R"("msg":"about the event","event_id":"6f1c2b1e-3c1a-4f7e-9a57-1d2a3b4c5d6e","aggregate_id":"order \"7\"","seq":42,"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736"})"),
+      std::string::npos)
+      << out;
+  EXPECT_NE(out.find(R"("msg":"about nothing"})"), std::string::npos) << out;
+  ASSERT_TRUE(InitLogging("text", "info").ok());
+  ::testing::internal::CaptureStderr();
+  {
+    LogEventScope scope(FieldsOf(e));
+    spdlog::warn("in text");
+  }
+  out = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(out.find("in text [event_id=6f1c2b1e-3c1a-4f7e-9a57-1d2a3b4c5d6e "
+                     "aggregate_id=order \"7\" seq=42 "
+                     "trace_id=4bf92f3577b34da6a3ce929d0e0e4736]"),
+            std::string::npos)
+      << out;
 }
 
 TEST(Log, JsonEscape) {

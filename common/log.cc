@@ -47,6 +47,56 @@ std::string JsonEscape(const std::string& s) {
 
 namespace {
 
+thread_local const EventLogFields* current_event = nullptr;
+
+bool IsLowerHex(const std::string& s) {
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+void Append(spdlog::memory_buf_t& dest, const std::string& s) {
+  dest.append(s.data(), s.data() + s.size());
+}
+
+// %& in the JSON pattern: the fields of the event in scope, if any.
+class JsonEventFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg&, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const EventLogFields* f = current_event;
+    if (f == nullptr) return;
+    Append(dest,
+           absl::StrCat(",\"event_id\":\"", JsonEscape(f->event_id),
+                        "\",\"aggregate_id\":\"", JsonEscape(f->aggregate_id),
+                        "\",\"seq\":", f->seq));
+    if (!f->trace_id.empty()) {
+      Append(dest, absl::StrCat(",\"trace_id\":\"", f->trace_id, "\""));
+    }
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonEventFlag>();
+  }
+};
+
+// %& in the text pattern: the same as key=value pairs.
+class TextEventFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg&, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const EventLogFields* f = current_event;
+    if (f == nullptr) return;
+    Append(dest, absl::StrCat(" [event_id=", f->event_id, " aggregate_id=",
+                              f->aggregate_id, " seq=", f->seq));
+    if (!f->trace_id.empty()) Append(dest, " trace_id=" + f->trace_id);
+    Append(dest, "]");
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<TextEventFlag>();
+  }
+};
+
 // %* in the JSON pattern: the message, escaped for a JSON string.
 class JsonMessageFlag : public spdlog::custom_flag_formatter {
  public:
@@ -79,6 +129,28 @@ void GrpcLog(gpr_log_func_args* args) {
 
 }  // namespace
 
+std::string TraceIdOf(const std::string& traceparent) {
+  if (traceparent.size() < 55 || traceparent[2] != '-' ||
+      traceparent[35] != '-') {
+    return "";
+  }
+  std::string id = traceparent.substr(3, 32);
+  if (!IsLowerHex(id) || id == std::string(32, '0')) return "";
+  return id;
+}
+
+EventLogFields FieldsOf(const v1::Event& event) {
+  return {event.event_id(), event.aggregate_id(), event.seq(),
+          TraceIdOf(event.trace_parent())};
+}
+
+LogEventScope::LogEventScope(EventLogFields fields)
+    : previous_(current_event), fields_(std::move(fields)) {
+  current_event = &fields_;
+}
+
+LogEventScope::~LogEventScope() { current_event = previous_; }
+
 absl::Status InitLogging(const std::string& format, const std::string& level) {
   spdlog::level::level_enum lvl = spdlog::level::from_str(level);
   if (lvl == spdlog::level::off && level != "off") {
@@ -91,13 +163,18 @@ absl::Status InitLogging(const std::string& format, const std::string& level) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(lvl);
   if (format == "text") {
-    spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %^%-5l%$ %v",
-                        spdlog::pattern_time_type::utc);
+    auto formatter = std::make_unique<spdlog::pattern_formatter>(
+        spdlog::pattern_time_type::utc);
+    formatter->add_flag<TextEventFlag>('&').set_pattern(
+        "%Y-%m-%dT%H:%M:%S.%eZ %^%-5l%$ %v%&");
+    spdlog::set_formatter(std::move(formatter));
   } else if (format == "json") {
     auto formatter = std::make_unique<spdlog::pattern_formatter>(
         spdlog::pattern_time_type::utc);
-    formatter->add_flag<JsonMessageFlag>('*').set_pattern(
-        R"({"ts":"%Y-%m-%dT%H:%M:%S.%fZ","level":"%l","pid":%P,"msg":"%*"})");
+    formatter->add_flag<JsonMessageFlag>('*')
+        .add_flag<JsonEventFlag>('&')
+        .set_pattern(
+            R"({"ts":"%Y-%m-%dT%H:%M:%S.%fZ","level":"%l","pid":%P,"msg":"%*"%&})");
     spdlog::set_formatter(std::move(formatter));
   } else {
     return absl::InvalidArgumentError(absl::StrCat(

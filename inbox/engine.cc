@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fault.h"
 #include "common/ids.h"
+#include "common/log.h"
 #include "common/server.h"
 #include "common/sql_state.h"
 #include "inbox/envelope.h"
@@ -244,7 +245,8 @@ Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
           "Times the handler refused a held event as it drained; it stays "
           "held, and its aggregate waits behind it.")) {}
 
-void Engine::Count(const Attempt& attempt) {
+void Engine::Count(const Attempt& attempt,
+                   const std::vector<const v1::Event*>& events) {
   const Plan& plan = attempt.plan;
   applied_->Add(plan.applied);
   duplicates_->Add(plan.duplicates);
@@ -262,12 +264,11 @@ void Engine::Count(const Attempt& attempt) {
         "passed its position with another event (a fork)",
         id);
   }
-  if (plan.position_reused + plan.forks + plan.over_cap > 0) {
-    for (const v1::EventResult& r : plan.results) {
-      if (r.outcome() == v1::REJECTED) {
-        spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(),
-                     r.reason());
-      }
+  for (size_t i = 0; i < plan.results.size() && i < events.size(); ++i) {
+    const v1::EventResult& r = plan.results[i];
+    if (r.outcome() == v1::REJECTED) {
+      LogEventScope scope(FieldsOf(*events[i]));
+      spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(), r.reason());
     }
   }
 }
@@ -342,7 +343,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
         "inbox and aggregate cursors disagree; refusing the batch");
   }
   if (attempt.ok()) {
-    Count(*attempt);
+    Count(*attempt, events);
     return std::move(attempt->results);
   }
   const absl::Status& s = attempt.status();
@@ -384,6 +385,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
     r.set_outcome(v1::REJECTED);
     // The full error is logged under the id PublicMessage gives it.
     r.set_reason(absl::StrCat("cannot apply: ", PublicMessage(s)));
+    LogEventScope scope(FieldsOf(*events[0]));
     spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(), r.reason());
     return std::vector<v1::EventResult>{std::move(r)};
   }

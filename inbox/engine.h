@@ -74,7 +74,10 @@ class Engine {
                                     const std::vector<std::string>& invalid,
                                     const std::set<std::string>& keep_held,
                                     bool ask_inbox_about_all);
-  void Count(const Attempt& attempt);
+  // Counts and logs the outcome of `events` (attempt.plan.results holds
+  // one per event, in order).
+  void Count(const Attempt& attempt,
+             const std::vector<const v1::Event*>& events);
 
   Database* const db_;
   Handler* const handler_;

@@ -515,8 +515,8 @@ bool Relay::Claim(Lane& lane) {
         ++busy_aggregates_[agg];
         if (!bad.empty()) {
           // Its successors must not overtake it: they wait for its fate.
+          marks_.push_back({seq, agg, false, bad, FieldsOf(*event)});
           req.mutable_events()->RemoveLast();
-          marks_.push_back({seq, agg, false, bad});
           cut.insert(agg);
           continue;
         }
@@ -525,6 +525,7 @@ bool Relay::Claim(Lane& lane) {
         lane.sent_through = std::max(lane.sent_through, seq);
         batch.aggregates.push_back(agg);
         batch.partitions.push_back(row["partition"].as<int>());
+        batch.log_fields.push_back(FieldsOf(*event));
         lane.in_flight_seqs.insert(seq);
       }
       if (!batch.seqs.empty()) {
@@ -574,10 +575,16 @@ void Relay::HandleResponses(Lane& lane) {
         case v1::APPLIED:
         case v1::DUPLICATE:
         case v1::HELD:
-          marks_.push_back({seq, agg, true, ""});
+          marks_.push_back({seq, agg, true, "", {}});
           break;
         case v1::REJECTED:
-          marks_.push_back({seq, agg, false, r->second->reason()});
+          marks_.push_back(
+              {seq, agg, false, r->second->reason(), batch.log_fields[i]});
+          {
+            LogEventScope scope(batch.log_fields[i]);
+            spdlog::info("relay: row {} REJECTED by the consumer: {}", seq,
+                         r->second->reason());
+          }
           break;
         default:
           // Unanswered or DEFERRED (behind an event rejected in the same
@@ -632,6 +639,7 @@ bool Relay::FlushMarks() {
           absl::ToDoubleSeconds(options_.reject_backoff_max));
       if (!r.empty() && r[0][0].as<std::string>() == kDeliveryDead) {
         ++dead;
+        LogEventScope scope(m.log_fields);
         spdlog::warn("relay: row {} is a dead letter: {}", m.seq, m.reason);
       }
     }

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/db.h"
+#include "common/log.h"
 #include "common/metrics.h"
 #include "common/tls.h"
 #include "common/watchdog.h"
@@ -154,12 +155,14 @@ class Relay {
     std::vector<int64_t> seqs;
     std::vector<std::string> aggregates;  // of each seq
     std::vector<int> partitions;
+    std::vector<EventLogFields> log_fields;  // of each seq, for logs
   };
   struct Mark {
     int64_t seq;
     std::string aggregate_id;
     bool delivered;      // else rejected
     std::string reason;  // for rejected
+    EventLogFields log_fields;
   };
   // One delivery stream and what is in flight on it.
   struct Lane {
