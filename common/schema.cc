@@ -130,6 +130,12 @@ CREATE OR REPLACE VIEW outbox_deliveries AS
   static const std::vector<Migration> kMigrations = {
       {1, "events, chain heads, subscriptions and their deliveries",
        kOutboxV1.c_str()},
+      {2, "dead letters by index", R"sql(
+-- Dead letters are few; a partial index lists them (and their age) without
+-- reading the pending rows, and costs nothing for those.
+CREATE INDEX IF NOT EXISTS outbox_delivery_dead_idx
+  ON outbox_delivery (subscription, dead_at) WHERE status = 'dead';
+)sql"},
   };
   return kMigrations;
 }

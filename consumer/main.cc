@@ -15,6 +15,7 @@
 #include "consumer/billing.h"
 #include "consumer/query_service.h"
 #include "inbox/engine.h"
+#include "inbox/gauges.h"
 #include "inbox/retention.h"
 #include "inbox/sink_service.h"
 
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
   // connections delivery needs.
   outbox::Database query_db(url, absl::GetFlag(FLAGS_query_db_pool_size),
                             "outbox-consumer-query", session);
+  outbox::inbox::InboxGauges gauges(&query_db, &metrics);
   outbox::consumer::BillingQueryImpl query(&query_db, &metrics, handler->name(),
                                            &check);
   return outbox::ServeUntilSignal(

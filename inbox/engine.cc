@@ -200,6 +200,16 @@ Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
       handler_(handler),
       options_(options),
       watchdog_(watchdog),
+      apply_seconds_(metrics->AddHistogram(
+          "outbox_consumer_apply_seconds",
+          "One batch's transaction: locks, reads, the handler's writes, "
+          "commit.",
+          Histogram::LatencyBuckets())),
+      latency_seconds_(metrics->AddHistogram(
+          "outbox_consumer_event_latency_seconds",
+          "From an event's occurred_at (its commit in the outbox, give or "
+          "take the producer's clock) to its effect's commit here.",
+          Histogram::LatencyBuckets())),
       applied_(metrics->AddCounter(
           "outbox_consumer_events_total{outcome=\"applied\"}",
           "Events answered, by outcome.")),
@@ -264,8 +274,14 @@ void Engine::Count(const Attempt& attempt,
         "passed its position with another event (a fork)",
         id);
   }
+  const absl::Time now = absl::Now();
   for (size_t i = 0; i < plan.results.size() && i < events.size(); ++i) {
     const v1::EventResult& r = plan.results[i];
+    if (r.outcome() == v1::APPLIED && events[i]->has_occurred_at()) {
+      latency_seconds_->Observe(std::max(
+          0.0, absl::ToDoubleSeconds(now -
+                                     FromTimestamp(events[i]->occurred_at()))));
+    }
     if (r.outcome() == v1::REJECTED) {
       LogEventScope scope(FieldsOf(*events[i]));
       spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(), r.reason());
@@ -409,6 +425,7 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     out.results = out.plan.results;
     return out;
   }
+  const absl::Time t0 = absl::Now();
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     out = Attempt{};
     Snapshot snap;
@@ -463,6 +480,7 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
+  apply_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   return out;
 }
 

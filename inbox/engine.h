@@ -83,6 +83,8 @@ class Engine {
   Handler* const handler_;
   const EngineOptions options_;
   Watchdog* const watchdog_;
+  Histogram* const apply_seconds_;
+  Histogram* const latency_seconds_;
   Counter* const applied_;
   Counter* const duplicates_;
   Counter* const held_;

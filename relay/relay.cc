@@ -88,6 +88,22 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                                    "Delivery batches sent.")),
       pruned_(metrics->AddCounter("outbox_relay_pruned_total",
                                   "Delivered rows deleted by --retention.")),
+      claim_seconds_(metrics->AddHistogram(
+          "outbox_relay_claim_seconds",
+          "Time of one claim query (pending rows of a stream's partitions).",
+          Histogram::LatencyBuckets())),
+      answer_seconds_(metrics->AddHistogram(
+          "outbox_relay_answer_seconds",
+          "From sending a batch to the consumer's answer.",
+          Histogram::LatencyBuckets())),
+      mark_seconds_(metrics->AddHistogram(
+          "outbox_relay_mark_seconds",
+          "Time of one mark transaction (delivered rows deleted, rejected "
+          "rows rescheduled).",
+          Histogram::LatencyBuckets())),
+      batch_events_(metrics->AddHistogram("outbox_relay_batch_events",
+                                          "Events per delivery batch sent.",
+                                          Histogram::SizeBuckets())),
       member_key_(NewMemberKey()),
       db_backoff_(options_.retry_initial, options_.retry_max) {
   lanes_.resize(std::max(1, options_.lanes));
@@ -120,6 +136,44 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   metrics->AddGauge("outbox_relay_stream_connected",
                     "1 while a delivery stream is open.",
                     [this] { return State().stream_connected ? 1.0 : 0.0; });
+  metrics->AddGaugeFamily(
+      "outbox_relay_pending_events",
+      "Undelivered events of each partition this replica owns, as of the "
+      "last refresh (every 15 s; the scan stops at 100000 events).",
+      [this] {
+        std::vector<std::pair<Labels, double>> out;
+        std::lock_guard<std::mutex> lock(backlog_mu_);
+        for (const auto& [p, v] : backlog_.partitions) {
+          out.push_back({{{"partition", std::to_string(p)}},
+                         static_cast<double>(v.first)});
+        }
+        return out;
+      });
+  metrics->AddGaugeFamily(
+      "outbox_relay_oldest_pending_seconds",
+      "Age of the oldest undelivered event of each partition this replica "
+      "owns (0: none), as of the last refresh.",
+      [this] {
+        std::vector<std::pair<Labels, double>> out;
+        std::lock_guard<std::mutex> lock(backlog_mu_);
+        for (const auto& [p, v] : backlog_.partitions) {
+          out.push_back({{{"partition", std::to_string(p)}}, v.second});
+        }
+        return out;
+      });
+  metrics->AddGauge("outbox_relay_dead_letters",
+                    "Dead letters of the subscription now (not requeued).",
+                    [this] {
+                      std::lock_guard<std::mutex> lock(backlog_mu_);
+                      return static_cast<double>(backlog_.dead_letters);
+                    });
+  metrics->AddGauge("outbox_relay_oldest_dead_letter_seconds",
+                    "Since the oldest dead letter of the subscription died "
+                    "(0: none).",
+                    [this] {
+                      std::lock_guard<std::mutex> lock(backlog_mu_);
+                      return backlog_.oldest_dead_seconds;
+                    });
   state_.replica_id = replica_id_;
 }
 
@@ -458,6 +512,7 @@ bool Relay::Claim(Lane& lane) {
                                 ArrayLiteral(partitions).str(), excluded.str(),
                                 limit, fresh ? lane.sent_through : int64_t{0});
       }
+      claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
       if (spdlog::should_log(spdlog::level::debug)) {
         spdlog::debug("relay: claimed {} rows in {}", rows.size(),
                       absl::FormatDuration(absl::Now() - t0));
@@ -532,6 +587,7 @@ bool Relay::Claim(Lane& lane) {
         MaybeCrash("relay.after_claim_before_send");
         batch.sent_at = absl::Now();
         lane.in_flight[batch.batch_id] = std::move(batch);
+        batch_events_->Observe(static_cast<double>(req.events_size()));
         lane.stream->Send(std::move(req));
         batches_->Add();
       }
@@ -560,6 +616,8 @@ void Relay::HandleResponses(Lane& lane) {
       spdlog::warn("relay: answer for unknown batch {}", resp.batch_id());
       continue;
     }
+    answer_seconds_->Observe(
+        absl::ToDoubleSeconds(absl::Now() - it->second.sent_at));
     std::map<int64_t, const v1::EventResult*> by_seq;
     for (const auto& r : resp.results()) by_seq[r.seq()] = &r;
     const InFlight& batch = it->second;
@@ -611,6 +669,7 @@ bool Relay::FlushMarks() {
     if (m.delivered) delivered.push_back(m.seq);
   }
   int64_t dead = 0;
+  const absl::Time t0 = absl::Now();
   try {
     ++outbox_statements_;
     pqxx::work tx(*conn_);
@@ -646,6 +705,7 @@ bool Relay::FlushMarks() {
     MaybeCrash("relay.before_mark_commit");
     tx.commit();
     MaybeCrash("relay.after_mark_commit");
+    mark_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   } catch (const std::exception& e) {
     last_db_error_ = std::string(StatusFromException(e).message());
     spdlog::warn("relay: marking {} rows: {}", marks_.size(), last_db_error_);
@@ -657,6 +717,46 @@ bool Relay::FlushMarks() {
   dead_->Add(dead);
   for (const Mark& m : marks_) Untrack(m.aggregate_id);
   marks_.clear();
+  return true;
+}
+
+bool Relay::RefreshBacklog() {
+  constexpr int kBacklogScanCap = 100000;
+  Backlog b;
+  for (int p : owned_) b.partitions[p] = {0, 0.0};
+  try {
+    ++outbox_statements_;
+    pqxx::nontransaction tx(*conn_);
+    // Bounded: the first kBacklogScanCap pending rows in seq order (the
+    // primary key), then one outbox lookup per partition.
+    for (const auto& row : tx.exec_params(
+             "WITH x AS (SELECT partition, seq FROM outbox_delivery WHERE "
+             "subscription = $1 AND status = 'pending' AND partition = "
+             "ANY($2::int[]) ORDER BY seq LIMIT $3), "
+             "p AS (SELECT partition, count(*) AS n, min(seq) AS first FROM x "
+             "GROUP BY partition) "
+             "SELECT p.partition, p.n, coalesce(extract(epoch FROM now() - "
+             "o.created_at), 0)::float8 FROM p LEFT JOIN outbox o ON o.seq = "
+             "p.first",
+             options_.subscription, ArrayLiteral(owned_).str(),
+             kBacklogScanCap)) {
+      b.partitions[row[0].as<int>()] = {row[1].as<int64_t>(),
+                                        std::max(0.0, row[2].as<double>())};
+    }
+    const pqxx::row dead = tx.exec_params1(
+        "SELECT count(*), coalesce(extract(epoch FROM now() - min(dead_at)), "
+        "0)::float8 FROM outbox_delivery WHERE subscription = $1 AND status "
+        "= 'dead'",
+        options_.subscription);
+    b.dead_letters = dead[0].as<int64_t>();
+    b.oldest_dead_seconds = std::max(0.0, dead[1].as<double>());
+  } catch (const std::exception& e) {
+    last_db_error_ = std::string(StatusFromException(e).message());
+    spdlog::warn("relay: backlog figures: {}", last_db_error_);
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(backlog_mu_);
+  backlog_ = std::move(b);
   return true;
 }
 
@@ -795,6 +895,10 @@ void Relay::Run() {
       if (db_ok && deleted_since_vacuum_ >= 10000 &&
           absl::Now() >= next_vacuum_) {
         db_ok = VacuumDeliveries();
+      }
+      if (db_ok && absl::Now() >= next_backlog_refresh_) {
+        db_ok = RefreshBacklog();
+        next_backlog_refresh_ = absl::Now() + absl::Seconds(15);
       }
       if (db_ok && options_.retention > absl::ZeroDuration() &&
           owned_.count(0) && absl::Now() >= next_prune_) {

@@ -212,6 +212,24 @@ class Relay {
   Counter* const reconnects_;
   Counter* const batches_;
   Counter* const pruned_;
+  Histogram* const claim_seconds_;
+  Histogram* const answer_seconds_;
+  Histogram* const mark_seconds_;
+  Histogram* const batch_events_;
+
+  // The backlog as the database saw it at the last refresh (every
+  // kBacklogRefresh, from the relay's own loop, never on a scrape): per
+  // owned partition, pending events (the scan stops at kBacklogScanCap in
+  // all) and the age of the oldest; the subscription's dead letters.
+  bool RefreshBacklog();
+  struct Backlog {
+    std::map<int, std::pair<int64_t, double>> partitions;  // n, oldest age
+    int64_t dead_letters = 0;
+    double oldest_dead_seconds = 0;
+  };
+  mutable std::mutex backlog_mu_;
+  Backlog backlog_;  // guarded by backlog_mu_
+  absl::Time next_backlog_refresh_ = absl::InfinitePast();
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;

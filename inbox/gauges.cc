@@ -1,0 +1,61 @@
+#include "inbox/gauges.h"
+
+#include <spdlog/spdlog.h>
+
+#include <pqxx/pqxx>
+
+namespace outbox::inbox {
+
+InboxGauges::InboxGauges(Database* db, Metrics* metrics,
+                         absl::Duration interval)
+    : db_(db), interval_(interval) {
+  metrics->AddGauge("outbox_consumer_held_events",
+                    "Events held for their predecessor now.",
+                    [this] { return held_.load(); });
+  metrics->AddGauge("outbox_consumer_oldest_held_seconds",
+                    "Since the oldest held event arrived (0: none held).",
+                    [this] { return oldest_held_seconds_.load(); });
+  metrics->AddGauge("outbox_consumer_aggregates",
+                    "Aggregates with a cursor (the planner's estimate).",
+                    [this] { return aggregates_.load(); });
+  thread_ = std::thread([this] { Loop(); });
+}
+
+InboxGauges::~InboxGauges() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void InboxGauges::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+      pqxx::read_transaction tx(c);
+      // Held events are capped per aggregate and drain quickly: counting
+      // them is cheap; the age comes from held_events_age_idx.
+      const pqxx::row held = tx.exec1(
+          "SELECT count(*), coalesce(extract(epoch FROM now() - "
+          "min(received_at)), 0)::float8 FROM held_events");
+      const pqxx::row aggs = tx.exec1(
+          "SELECT greatest(reltuples, 0)::float8 FROM pg_class WHERE oid = "
+          "'aggregate_cursors'::regclass");
+      held_ = held[0].as<double>();
+      oldest_held_seconds_ = std::max(0.0, held[1].as<double>());
+      aggregates_ = aggs[0].as<double>();
+      return absl::OkStatus();
+    });
+    if (!s.ok()) {
+      spdlog::warn("consumer: inbox gauges: {}", std::string(s.message()));
+    }
+    lock.lock();
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(interval_),
+                 [this] { return stop_; });
+  }
+}
+
+}  // namespace outbox::inbox
