@@ -1,8 +1,8 @@
 #pragma once
 // What a consumer's database holds now, as gauges: held events and the age
 // of the oldest, and the aggregates it tracks. Read every `interval` on a
-// thread of its own with cheap queries (an index's minimum, the planner's
-// row estimate), never on a scrape.
+// thread of its own with cheap queries (an index's minimum, the statistics'
+// live row count), never on a scrape.
 
 #include <atomic>
 #include <condition_variable>
