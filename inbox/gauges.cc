@@ -8,7 +8,7 @@ namespace outbox::inbox {
 
 InboxGauges::InboxGauges(Database* db, Metrics* metrics,
                          absl::Duration interval)
-    : db_(db), interval_(interval) {
+    : db_(db), task_(interval, [this] { return Refresh(); }) {
   metrics->AddGauge("outbox_consumer_held_events",
                     "Events held for their predecessor now.",
                     [this] { return held_.load(); });
@@ -19,45 +19,29 @@ InboxGauges::InboxGauges(Database* db, Metrics* metrics,
       "outbox_consumer_aggregates",
       "Aggregates with a cursor (the statistics' live row count).",
       [this] { return aggregates_.load(); });
-  thread_ = std::thread([this] { Loop(); });
 }
 
-InboxGauges::~InboxGauges() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+bool InboxGauges::Refresh() {
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    // Held events are capped per aggregate and drain quickly: counting
+    // them is cheap; the age comes from held_events_age_idx. The
+    // aggregates come from the statistics, not a count.
+    const pqxx::row held = tx.exec1(
+        "SELECT count(*), coalesce(extract(epoch FROM now() - "
+        "min(received_at)), 0)::float8 FROM held_events");
+    const pqxx::row aggs = tx.exec1(
+        "SELECT coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE "
+        "relid = 'aggregate_cursors'::regclass), 0)::float8");
+    held_ = held[0].as<double>();
+    oldest_held_seconds_ = std::max(0.0, held[1].as<double>());
+    aggregates_ = aggs[0].as<double>();
+    return absl::OkStatus();
+  });
+  if (!s.ok()) {
+    spdlog::warn("consumer: inbox gauges: {}", std::string(s.message()));
   }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void InboxGauges::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    lock.unlock();
-    absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-      pqxx::read_transaction tx(c);
-      // Held events are capped per aggregate and drain quickly: counting
-      // them is cheap; the age comes from held_events_age_idx. The
-      // aggregates come from the statistics, not a count.
-      const pqxx::row held = tx.exec1(
-          "SELECT count(*), coalesce(extract(epoch FROM now() - "
-          "min(received_at)), 0)::float8 FROM held_events");
-      const pqxx::row aggs = tx.exec1(
-          "SELECT coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE "
-          "relid = 'aggregate_cursors'::regclass), 0)::float8");
-      held_ = held[0].as<double>();
-      oldest_held_seconds_ = std::max(0.0, held[1].as<double>());
-      aggregates_ = aggs[0].as<double>();
-      return absl::OkStatus();
-    });
-    if (!s.ok()) {
-      spdlog::warn("consumer: inbox gauges: {}", std::string(s.message()));
-    }
-    lock.lock();
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(interval_),
-                 [this] { return stop_; });
-  }
+  return false;
 }
 
 }  // namespace outbox::inbox

@@ -5,13 +5,11 @@
 // live row count), never on a scrape.
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
 
 #include "absl/time/time.h"
 #include "common/db.h"
 #include "common/metrics.h"
+#include "common/periodic.h"
 
 namespace outbox::inbox {
 
@@ -19,20 +17,16 @@ class InboxGauges {
  public:
   InboxGauges(Database* db, Metrics* metrics,
               absl::Duration interval = absl::Seconds(15));
-  ~InboxGauges();  // stops and joins
+  // Destruction stops it, waiting for a refresh in progress.
   InboxGauges(const InboxGauges&) = delete;
   InboxGauges& operator=(const InboxGauges&) = delete;
 
  private:
-  void Loop();
+  bool Refresh();
 
   Database* const db_;
-  const absl::Duration interval_;
   std::atomic<double> held_{0}, oldest_held_seconds_{0}, aggregates_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
+  PeriodicTask task_;  // last: starts after the members it uses
 };
 
 }  // namespace outbox::inbox

@@ -56,42 +56,27 @@ InboxRetention::InboxRetention(Database* db, absl::Duration keep,
                                int batch)
     : db_(db),
       keep_(keep),
-      interval_(interval),
       batch_(batch),
       pruned_(metrics->AddCounter(
           "outbox_consumer_inbox_pruned_total",
           "Inbox rows deleted by retention (--inbox_retention).")),
-      thread_([this] { Loop(); }) {}
+      task_(interval, [this] { return RunOnce(); }) {}
 
-InboxRetention::~InboxRetention() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+bool InboxRetention::RunOnce() {
+  int64_t deleted = 0;
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    deleted = PruneInboxOnce(c, keep_, batch_);
+    return absl::OkStatus();
+  });
+  if (!s.ok()) {
+    spdlog::warn("consumer: inbox retention: {}", std::string(s.message()));
+    return false;
   }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void InboxRetention::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    lock.unlock();
-    int64_t deleted = 0;
-    absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-      deleted = PruneInboxOnce(c, keep_, batch_);
-      return absl::OkStatus();
-    });
-    if (!s.ok()) {
-      spdlog::warn("consumer: inbox retention: {}", std::string(s.message()));
-    } else if (deleted > 0) {
-      pruned_->Add(deleted);
-      spdlog::debug("consumer: inbox retention deleted {} rows", deleted);
-    }
-    lock.lock();
-    if (s.ok() && deleted == batch_) continue;  // more to do: at once
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(interval_),
-                 [this] { return stop_; });
+  if (deleted > 0) {
+    pruned_->Add(deleted);
+    spdlog::debug("consumer: inbox retention deleted {} rows", deleted);
   }
+  return deleted == batch_;  // more to do: at once
 }
 
 }  // namespace outbox::inbox

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/db.h"
 #include "common/metrics.h"
+#include "common/periodic.h"
 
 namespace outbox::inbox {
 
@@ -30,21 +31,18 @@ class InboxRetention {
  public:
   InboxRetention(Database* db, absl::Duration keep, Metrics* metrics,
                  absl::Duration interval = absl::Minutes(1), int batch = 1000);
-  ~InboxRetention();  // stops and joins
+  // Destruction stops it, waiting for a batch in progress.
   InboxRetention(const InboxRetention&) = delete;
   InboxRetention& operator=(const InboxRetention&) = delete;
 
  private:
-  void Loop();
+  bool RunOnce();  // true when the batch came back full
 
   Database* const db_;
-  const absl::Duration keep_, interval_;
+  const absl::Duration keep_;
   const int batch_;
   Counter* const pruned_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
+  PeriodicTask task_;  // last: starts after the members it uses
 };
 
 }  // namespace outbox::inbox

@@ -1,0 +1,32 @@
+#pragma once
+// A background task on a thread of its own: runs `fn` at once, then again
+// `interval` after each run, or at once while `fn` says there is more to
+// do; the destructor stops it (waiting for a run in progress) and joins.
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "absl/time/time.h"
+
+namespace outbox {
+
+class PeriodicTask {
+ public:
+  // `fn` returns true to run again at once (e.g. a batch came back full).
+  PeriodicTask(absl::Duration interval, std::function<bool()> fn);
+  ~PeriodicTask();
+  PeriodicTask(const PeriodicTask&) = delete;
+  PeriodicTask& operator=(const PeriodicTask&) = delete;
+
+ private:
+  const absl::Duration interval_;
+  const std::function<bool()> fn_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace outbox
