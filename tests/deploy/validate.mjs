@@ -30,6 +30,12 @@
 //    its own consumer (all relays share one identity).
 // 5. The container build (deploy/docker/Dockerfile, .dockerignore) agrees
 //    with the manifests (user id, binary paths, exec-form entrypoint).
+// 6. Monitoring, where an overlay includes components/monitoring: the
+//    prometheus-operator objects validate against the CRD schemas of
+//    @kubernetes-models/prometheus-operator (as in 1); each PodMonitor
+//    scrapes every outbox Deployment's "metrics" port at /metrics, with
+//    job = the Deployment's name (the alerts group consumers by job); each
+//    Grafana dashboard ConfigMap holds dashboard JSON.
 //
 // --bin=DIR: the directory of the built binaries. Each one's --helpfull
 // decides which flags exist and the form of their values; a binary missing
@@ -969,6 +975,40 @@ async function validateOverlay(name, file, validator, docker) {
       for (const src of all) expect(src, externalDb, 5432, "TCP", false);
     }
   }
+  // 6. Monitoring (components/monitoring).
+  for (const pm of objs.filter((o) => o.kind === "PodMonitor")) {
+    scope = `${name} ${ident(pm)}`;
+    const nsSel = pm.spec?.namespaceSelector;
+    check(!nsSel || nsSel.any === true || (nsSel.matchNames ?? []).includes(ns), `selects pods of the namespace ${ns}`);
+    const eps = pm.spec?.podMetricsEndpoints ?? [];
+    check(eps.length > 0, "has podMetricsEndpoints");
+    for (const [unitName, f] of Object.entries(found)) {
+      const labels = f.workload.spec.template.metadata.labels ?? {};
+      if (!check(matchSelector(pm.spec?.selector, labels), `selects the pods of ${unitName}`)) continue;
+      for (const ep of eps) {
+        const port = (f.container.ports ?? []).find((p) => p.name === ep.port);
+        check(port && ep.port === "metrics", `podMetricsEndpoints port "${ep.port}" is ${unitName}'s port "metrics" (--metrics_listen)`);
+        check((ep.path ?? "/metrics") === "/metrics", `podMetricsEndpoints path ${ep.path} is /metrics`);
+      }
+      const jl = pm.spec?.jobLabel;
+      check(jl && labels[jl] === unitName, `jobLabel (${jl ?? "unset"}) gives ${unitName}'s series job="${unitName}" (found ${jl ? labels[jl] : "the default namespace/name"}): the alerts tell consumers apart by job`);
+    }
+  }
+  for (const cm of objs.filter((o) => o.kind === "ConfigMap" && o.metadata?.labels?.grafana_dashboard !== undefined)) {
+    scope = `${name} ${ident(cm)}`;
+    check(cm.metadata.labels.grafana_dashboard === "1", `label grafana_dashboard is "1" (found "${cm.metadata.labels.grafana_dashboard}")`);
+    for (const [key, text] of Object.entries(cm.data ?? {})) {
+      let d = null;
+      try {
+        d = JSON.parse(text);
+      } catch (e) {
+        check(false, `${key} is JSON (${e.message})`);
+        continue;
+      }
+      check(key.endsWith(".json") && d.uid && d.title && Array.isArray(d.panels), `${key} is a Grafana dashboard (a .json key; uid, title, panels)`);
+    }
+  }
+
   return { objects: objs.length, schemaOk, deployments: deployments.length, policies: policies.length, certificates: objs.filter((o) => o.kind === "Certificate").length };
 }
 

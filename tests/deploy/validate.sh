@@ -2,12 +2,13 @@
 # Offline checks of the Kubernetes manifests and the container build:
 # renders every kustomize overlay (and the base) with `kubectl kustomize`,
 # then tests/deploy/validate.mjs validates each rendered object against the
-# upstream Kubernetes schemas (npm kubernetes-models) and the cert-manager
-# CRD schemas (npm @kubernetes-models/cert-manager), strictly, and checks
+# upstream Kubernetes schemas (npm kubernetes-models), the cert-manager CRD
+# schemas (npm @kubernetes-models/cert-manager) and the prometheus-operator
+# ones (npm @kubernetes-models/prometheus-operator), strictly, and checks
 # the deployment policy (probes, resources, security, grace periods,
-# metrics, spread, budgets, mutual TLS and its certificates, flags, network
-# policies, the subscriptions' relays and consumers, Dockerfile). No cluster
-# is needed.
+# metrics and their PodMonitor, spread, budgets, mutual TLS and its
+# certificates, flags, network policies, the subscriptions' relays and
+# consumers, Dockerfile). No cluster is needed.
 #
 # Usage: tests/deploy/validate.sh [BIN_DIR]   (from any directory; exit 0 or 1)
 #   BIN_DIR  the built binaries (default: $OUTBOX_DEPLOY_BIN, else build/bin
@@ -15,7 +16,8 @@
 #            and OUTBOX_* variables exist, and the form of their values; a
 #            missing binary is an error.
 # Needs: kubectl (for its built-in kustomize), node, and `npm ci` run in
-# tests/deploy (kubernetes-models, @kubernetes-models/cert-manager, yaml).
+# tests/deploy (kubernetes-models, @kubernetes-models/cert-manager,
+# @kubernetes-models/prometheus-operator, yaml).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,7 +39,8 @@ done
 command -v kubectl >/dev/null || fail "kubectl not found (its built-in kustomize renders the overlays)"
 command -v node >/dev/null || fail "node not found"
 [[ -d "$here/node_modules/kubernetes-models" && -d "$here/node_modules/yaml" &&
-  -d "$here/node_modules/@kubernetes-models/cert-manager" ]] ||
+  -d "$here/node_modules/@kubernetes-models/cert-manager" &&
+  -d "$here/node_modules/@kubernetes-models/prometheus-operator" ]] ||
   fail "node_modules incomplete: run 'npm ci' in $here"
 
 tmp=$(mktemp -d)

@@ -245,6 +245,19 @@ mutate "audit consumer serves the billing consumer's certificate" "Certificate o
 mutate "audit namespace left out of the DNS names" "dnsNames include outbox-consumer-audit.outbox.svc " deploy/k8s/overlays/prod/kustomization.yaml \
   's.replace("      - select:\n          kind: Certificate\n          name: outbox-consumer-audit\n        fieldPaths: *dns\n        options: *second-label\n", "", 1)'
 
+# Monitoring (components/monitoring, in prod): the prometheus-operator
+# objects validate strictly, the PodMonitor scrapes every Deployment's
+# metrics port with job = its name, the dashboard ConfigMap holds JSON.
+M=deploy/k8s/components/monitoring
+mutate "misspelt PrometheusRule field" "spec.groups\[0\].rules\[0\].anotations: unknown field" deploy/monitoring/prometheus-rule.yaml \
+  's.replace("          annotations:", "          anotations:", 1)'
+mutate "PodMonitor on the gRPC port" "podMetricsEndpoints port \"grpc\" is outbox-relay.s port \"metrics\"" $M/podmonitor.yaml \
+  's.replace("- port: metrics", "- port: grpc", 1)'
+mutate "PodMonitor without the job label" "jobLabel \(unset\) gives outbox-consumer-audit.s series job=\"outbox-consumer-audit\"" $M/podmonitor.yaml \
+  's.replace("  jobLabel: app.kubernetes.io/name\n", "", 1)'
+mutate "dashboard that is not JSON" "outbox.json is JSON" deploy/monitoring/dashboard.json \
+  's.replace("{", "", 1)'
+
 # The binaries' --helpfull decides which flags exist: fake binaries that
 # know only --listen must make every other flag in the manifests fail.
 fresh

@@ -1,7 +1,9 @@
 // Offline validation of rendered objects against the upstream Kubernetes
-// OpenAPI schemas shipped by the npm package kubernetes-models, and the
+// OpenAPI schemas shipped by the npm package kubernetes-models, the
 // cert-manager CRD schemas of @kubernetes-models/cert-manager (Issuer,
-// Certificate, ... generated from cert-manager's CRDs):
+// Certificate, ... generated from cert-manager's CRDs) and the
+// prometheus-operator ones of @kubernetes-models/prometheus-operator
+// (PrometheusRule, PodMonitor, ...: components/monitoring):
 //  1. the package's JSON-schema validator (types, required fields, enums);
 //  2. a strict pass for unknown fields, which that validator lets through
 //     (its schemas allow additional properties): a misspelt
@@ -18,7 +20,7 @@ import { pathToFileURL } from "node:url";
 
 // The CRD model packages besides kubernetes-models (tests/deploy/package.json
 // lists them; `npm ci` there installs them).
-export const CRD_PACKAGES = ["@kubernetes-models/cert-manager"];
+export const CRD_PACKAGES = ["@kubernetes-models/cert-manager", "@kubernetes-models/prometheus-operator"];
 
 export function makeSchemaValidator(nodeModules) {
   const require = createRequire(path.join(nodeModules, "noop.js"));
