@@ -632,7 +632,7 @@ def cmd_report(a):
         blabel = "pgbench"
         if op == "create" and base is not None:
             blabel = "pgbench best (%s)" % g("p1.create.pgbench_best_form", "?")
-        ratio_row("P1 %s over gRPC, 16 clients (calls/s)" % label, [u],
+        ratio_row("P1 %s over gRPC, %s clients (calls/s)" % (label, g("p1.clients", "?")), [u],
                   g("p1.%s.grpc_rate" % op), "/s", base, "/s", blabel, 0.8)
     # P2
     ratio_row("P2 drain of a %s-event backlog (events/s)" % fmt_num(g("p2.events")),
@@ -651,8 +651,9 @@ def cmd_report(a):
                 "P3 sustained load: backlog bounded",
                 "max %s, last-half slope %+.0f/s" % (fmt_num(s.get("max_pending")),
                                                     s.get("pending_slope_last_half_per_s", 0)),
-                "commits %s/s (load %s calls/s)" % (fmt_num(s.get("commit_rate_per_s")),
-                                                    fmt_num(g("p3.load_rate"))),
+                "commits %s/s (load %s of target %s calls/s)" % (
+                    fmt_num(s.get("commit_rate_per_s")), fmt_num(g("p3.load_rate")),
+                    fmt_num(g("p3.target_rate"))),
                 "-", "bounded", "yes" if s.get("bounded") else "NO"])
         else:
             rows.append(["P3 sustained load: backlog bounded", e or "-", "-", "-", "bounded", e or "?"])
@@ -697,8 +698,9 @@ def cmd_report(a):
                      fmt_num(v / 1024.0, " MB") if v else "-", "-", "-", "< 64 MB",
                      ("yes" if v / 1024.0 < 64 else "NO") if v else "-"])
     # P7
-    ratio_row("P7 drain of a 5,000-event chain on one aggregate (events/s)", ["p7"],
-              g("p7.chain_rate"), "/s", g("p7.many_rate"), "/s", "5,000 aggregates", 0.5)
+    n7 = fmt_num(g("p7.chain_events"))
+    ratio_row("P7 drain of a %s-event chain on one aggregate (events/s)" % n7, ["p7"],
+              g("p7.chain_rate"), "/s", g("p7.many_rate"), "/s", "%s aggregates" % n7, 0.5)
 
     widths = [max(len(str(row[i])) for row in rows + [HEAD]) for i in range(6)]
     lines = []
