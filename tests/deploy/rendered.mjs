@@ -38,7 +38,9 @@
 // order (billing: outboxctl verify; audit: audit_log holds every outbox
 // event once); the identities must be admitted and refused as the flags say
 // (outboxctl may read stats and requeue on each relay, another service's
-// certificate may not read a relay or a consumer); every consumer must
+// certificate may not read a relay or a consumer); the reconcile CronJob's
+// outboxctl command, as rendered, must exit 0 after the load (and with
+// --grace=0s, which compares the events just loaded); every consumer must
 // serve its renewed certificate without a restart; and after SIGTERM each
 // process must exit 0 within its grace period.
 
@@ -324,6 +326,31 @@ for (const inst of instances) {
   inst.startupBudget = Math.min(120, (sp.initialDelaySeconds ?? 0) + (sp.periodSeconds ?? 10) * (sp.failureThreshold ?? 3));
   inst.grace = (inst.spec.terminationGracePeriodSeconds ?? 30) - (inst.container.lifecycle?.preStop?.sleep?.seconds ?? 0);
   inst.logFormat = effectiveFlag(args, env, "log_format", "text").value;
+}
+// The reconcile CronJob (outboxctl reconcile): its command, arguments and
+// environment, with the database URLs rewritten like the services' (the
+// same local databases), run once after the load.
+const reconcileJobs = [];
+for (const cj of objs.filter((o) => o.kind === "CronJob")) {
+  const c = cj.spec?.jobTemplate?.spec?.template?.spec?.containers?.[0];
+  if (!c || path.basename(c.command?.[0] ?? "") !== "outboxctl") continue;
+  const job = { name: cj.metadata.name, mounts: [], ports: new Map() };
+  const { env, missing } = resolveEnv(c, objs);
+  for (const m of missing) check(false, `${job.name}: ${m.kind} ${m.name}${m.key ? ` key ${m.key}` : ""} is rendered`);
+  const { command, args } = argvOf(c, env);
+  job.bin = path.join(opts.bin, path.basename(command[0]));
+  job.argv = [...command.slice(1), ...args].map((a) => {
+    const m = /^(--?[\w-]+=)(.*)$/s.exec(a);
+    return m ? m[1] + rewrite(job, m[2], m[1].replace(/=$/, "")) : a;
+  });
+  job.env = {};
+  for (const [k, v] of Object.entries(env)) job.env[k] = rewrite(job, v, k);
+  delete job.env.PGPASSWORD;
+  if (pgUrl.password) job.env.PGPASSWORD = decodeURIComponent(pgUrl.password);
+  job.env.PATH = "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin";
+  job.env.HOME = "/nonexistent";
+  job.deadline = cj.spec?.jobTemplate?.spec?.activeDeadlineSeconds ?? 120;
+  reconcileJobs.push(job);
 }
 for (const n of rewriteNotes) console.log(`note ${n}`);
 
@@ -628,6 +655,24 @@ async function main() {
           if (s.handler === "billing") {
             const v = run(outboxctl, ["verify", `--orders_db=${dbUrl(orders)}`, `--billing_db=${dbUrl(s.db)}`, "--wait=60s"], pgEnv, 90000);
             check(v.ok, `${sub(s)}: outboxctl verify: every event delivered exactly once, in order${v.ok ? "" : `: ${(v.out + v.err).split("\n").slice(-3).join(" ")}`}`);
+            // The CronJob's command as rendered (exit 0: nothing missing),
+            // and again with --grace=0s, so that the events just loaded
+            // (younger than the manifest's grace) are compared too.
+            for (const job of reconcileJobs) {
+              for (const extra of [[], ["--grace=0s"]]) {
+                const at = `${job.name}: ${path.basename(job.bin)} ${[...job.argv, ...extra].join(" ").replace(/postgres(ql)?:\/\/\S+/g, "URL")}`;
+                const r = run(job.bin, [...job.argv, ...extra], job.env, job.deadline * 1000);
+                let rep = null;
+                try {
+                  rep = JSON.parse(r.out.split("\n").filter((l) => l.startsWith("{")).at(-1) ?? "");
+                } catch {
+                  rep = null;
+                }
+                const counted = extra.length ? rep?.events >= 40 && rep?.applied === rep?.events : true;
+                check(r.ok && rep?.ok === true && counted,
+                  `${at}: exits 0, every event of the window applied${rep ? ` (events ${rep.events}, applied ${rep.applied}, pending ${rep.pending}, lost ${rep.lost})` : ""}${r.ok ? "" : `: ${(r.out + r.err).split("\n").slice(-3).join(" ")}`}`);
+              }
+            }
           } else if (s.handler === "audit") {
             // Every event of the outbox recorded once in audit_log (its
             // primary key is the event id), each aggregate's events applied

@@ -9,7 +9,8 @@
 # ports refuse plaintext, /metrics on the annotated ports, JSON logs,
 # reflection, an order flowing from producer to the consumer of every
 # subscription (billing, audit) through its relay over mutual TLS, an
-# outboxctl load verified end to end for each subscription, who is admitted
+# outboxctl load verified end to end for each subscription (and by the
+# reconcile CronJob's outboxctl command, which must exit 0), who is admitted
 # and refused, renewed certificates served without a restart, and a clean
 # exit within the grace period after SIGTERM. A flag or OUTBOX_* variable in
 # the manifests that a binary does not know fails the test. See

@@ -36,6 +36,12 @@
 //    scrapes every outbox Deployment's "metrics" port at /metrics, with
 //    job = the Deployment's name (the alerts group consumers by job); each
 //    Grafana dashboard ConfigMap holds dashboard JSON.
+// 7. The CronJob outbox-reconcile (outboxctl reconcile): suspended in the
+//    base (--base=RENDERED.yaml) and every overlay, one run at a time, no
+//    retry, bounded, hardened like the Deployments, its flags and OUTBOX_*
+//    variables those of outboxctl's --helpfull, its databases the relay's
+//    and the billing consumer's Secret keys, and NetworkPolicies that let
+//    it reach DNS and PostgreSQL only.
 //
 // --bin=DIR: the directory of the built binaries. Each one's --helpfull
 // decides which flags exist and the form of their values; a binary missing
@@ -60,10 +66,12 @@ import { allowed, ingressAllowed, isolated } from "./lib/netpol.mjs";
 const here = path.dirname(fileURLToPath(import.meta.url));
 let root = path.resolve(here, "../..");
 let binDir = null;
+let baseFile = null; // the base rendered alone: only its CronJobs are checked
 const overlays = [];
 for (const a of process.argv.slice(2)) {
   if (a.startsWith("--root=")) root = path.resolve(a.slice(7));
   else if (a.startsWith("--bin=")) binDir = a.slice(6) ? path.resolve(a.slice(6)) : null;
+  else if (a.startsWith("--base=")) baseFile = a.slice(7);
   else if (/^[\w.-]+=.+/.test(a)) {
     const i = a.indexOf("=");
     overlays.push({ name: a.slice(0, i), file: a.slice(i + 1) });
@@ -144,9 +152,12 @@ function validatorFor({ dflt, help }) {
   }
   return validatorFromDefault(dflt);
 }
+// Binaries that run as Jobs rather than services: outboxctl, in the CronJob
+// outbox-reconcile (RECONCILE).
+const TOOLS = { outboxctl: {} };
 const flagSource = {};
 const FLAGS = {};
-for (const comp of Object.keys(COMPONENTS)) {
+for (const comp of [...Object.keys(COMPONENTS), ...Object.keys(TOOLS)]) {
   const bin = path.join(binDir, comp);
   flagSource[comp] = `${bin} --helpfull`;
   try {
@@ -883,6 +894,15 @@ async function validateOverlay(name, file, validator, docker) {
     expectedProdSecretKeys.push(...refs);
   }
 
+  // The reconcile CronJob.
+  const cronJobs = objs.filter((o) => o.kind === "CronJob");
+  const reconcilers = checkCronJobs(name, objs, cronJobs, found, docker);
+  if (name === "prod") {
+    for (const r of reconcilers) {
+      for (const e of r.container.env ?? []) if (e.valueFrom?.secretKeyRef) expectedProdSecretKeys.push(`${e.valueFrom.secretKeyRef.name}/${e.valueFrom.secretKeyRef.key}`);
+    }
+  }
+
   // 5. NetworkPolicies, evaluated.
   scope = `${name} NetworkPolicy`;
   check(policies.some((p) => Object.keys(p.spec?.podSelector ?? {}).length === 0 && (p.spec.policyTypes ?? []).includes("Ingress") && !(p.spec.ingress ?? []).length),
@@ -894,9 +914,18 @@ async function validateOverlay(name, file, validator, docker) {
     labels: w.spec.template.metadata.labels ?? {},
     ports: w.spec.template.spec.containers.flatMap((c) => c.ports ?? []),
   });
+  const jobEp = (cj) => ({
+    pod: true, name: cj.metadata.name, namespace: ns, nsLabels,
+    labels: cronPodTemplate(cj)?.metadata?.labels ?? {},
+    ports: (cronPodTemplate(cj)?.spec?.containers ?? []).flatMap((c) => c.ports ?? []),
+  });
   for (const w of workloads) {
     check(isolated(policies, podEp(w), "Ingress"), `${ident(w)} pods are isolated for ingress`);
     check(isolated(policies, podEp(w), "Egress"), `${ident(w)} pods are isolated for egress`);
+  }
+  for (const cj of cronJobs) {
+    check(isolated(policies, jobEp(cj), "Ingress"), `${ident(cj)} pods are isolated for ingress`);
+    check(isolated(policies, jobEp(cj), "Egress"), `${ident(cj)} pods are isolated for egress`);
   }
   const eps = {};
   for (const [unitName, f] of Object.entries(found)) eps[unitName] = { ...podEp(f.workload), unit: unitName, comp: f.comp, workload: f.workload, target: f.target };
@@ -911,7 +940,7 @@ async function validateOverlay(name, file, validator, docker) {
   // For a source that is one of this overlay's workloads both its egress and
   // the destination's ingress must admit the connection; for any other
   // source only the destination's ingress is ours to judge.
-  const ours = (ep) => ep.pod && ep.namespace === ns && workloads.some((w) => w.metadata.name === ep.name);
+  const ours = (ep) => ep.pod && ep.namespace === ns && [...workloads, ...cronJobs].some((w) => w.metadata.name === ep.name);
   const expect = (src, dst, port, proto, want) => {
     const got = ours(src) ? allowed(policies, src, dst, port, proto) : ingressAllowed(policies, src, dst, port, proto);
     check(got === want, `${src.name} -> ${dst.name}:${port}/${proto} is ${want ? "allowed" : "denied"} (policies ${got ? "allow" : "deny"} it)`);
@@ -963,13 +992,31 @@ async function validateOverlay(name, file, validator, docker) {
       expect(src, internet, 443, "TCP", false);
       expect(src, strangerPod, 8080, "TCP", false);
     }
+    // The reconcile Jobs: DNS and PostgreSQL, nothing else, and no
+    // connection to them.
+    const Js = reconcilers.map((r) => jobEp(r.cronJob));
+    for (const J of Js) {
+      expect(J, kubeDns, 53, "UDP", true);
+      expect(J, kubeDns, 53, "TCP", true);
+      expect(J, internet, 443, "TCP", false);
+      expect(J, strangerPod, 8080, "TCP", false);
+      for (const dst of all) {
+        for (const pn of ["grpc", "metrics", "health"]) {
+          const port = portOf(dst, pn);
+          if (port !== undefined) expect(J, dst, port, "TCP", false);
+        }
+      }
+      for (const src of [strangerPod, foreignPod, outsider, prometheus, ...all]) expect(src, J, 8080, "TCP", false);
+    }
     const pgWorkload = workloads.find((w) => w.kind === "StatefulSet");
     if (name === "prod") {
       check(!pgWorkload, "runs no PostgreSQL of its own (external database)");
-      for (const src of all) expect(src, externalDb, 5432, "TCP", true);
+      for (const src of [...all, ...Js]) expect(src, externalDb, 5432, "TCP", true);
+      for (const J of Js) expect(J, externalDb, 443, "TCP", false);
     } else if (check(pgWorkload, "runs a PostgreSQL StatefulSet")) {
       const PG = podEp(pgWorkload);
-      for (const src of all) expect(src, PG, 5432, "TCP", true);
+      for (const src of [...all, ...Js]) expect(src, PG, 5432, "TCP", true);
+      for (const J of Js) expect(J, externalDb, 5432, "TCP", false);
       for (const src of [strangerPod, foreignPod, outsider]) expect(src, PG, 5432, "TCP", false);
       expect(PG, internet, 443, "TCP", false);
       for (const src of all) expect(src, externalDb, 5432, "TCP", false);
@@ -1009,7 +1056,144 @@ async function validateOverlay(name, file, validator, docker) {
     }
   }
 
-  return { objects: objs.length, schemaOk, deployments: deployments.length, policies: policies.length, certificates: objs.filter((o) => o.kind === "Certificate").length };
+  return { objects: objs.length, schemaOk, deployments: deployments.length, cronJobs: cronJobs.length, policies: policies.length, certificates: objs.filter((o) => o.kind === "Certificate").length };
+}
+
+// ---------------------------------------------------------------- CronJobs
+// What a reconcile CronJob must be: outboxctl reconcile, suspended unless
+// an operator enables it, one run at a time, never retried (a failure is a
+// finding, or an unreadable database; the next run checks again), bounded
+// in time, hardened like the services, and reading the databases from the
+// very Secret keys the relay (outbox) and the billing consumer (inbox) use.
+const RECONCILE = {
+  name: "outbox-reconcile",
+  bin: "outboxctl",
+  command: "reconcile",
+  // flag -> the service whose OUTBOX_DB it must share.
+  databases: { orders_db: { comp: "outbox-relay", subscription: "billing" }, billing_db: { comp: "outbox-consumer", handler: "billing" } },
+};
+const cronPodTemplate = (cj) => cj?.spec?.jobTemplate?.spec?.template;
+
+// Checks every CronJob of an overlay; returns [{ cronJob, container }] of
+// the reconcile ones.
+function checkCronJobs(name, objs, cronJobs, found, docker) {
+  scope = name;
+  check(cronJobs.some((cj) => cj.metadata?.name === RECONCILE.name), `renders the CronJob ${RECONCILE.name}`);
+  const out = [];
+  for (const cj of cronJobs) {
+    scope = `${name} ${ident(cj)}`;
+    const js = cj.spec?.jobTemplate?.spec ?? {};
+    const tpl = cronPodTemplate(cj) ?? {};
+    const spec = tpl.spec ?? {};
+    check(cj.spec?.suspend === true, `suspend is true (enabled by an operator, deploy/README.md; found ${cj.spec?.suspend})`);
+    check(cj.spec?.concurrencyPolicy === "Forbid", `concurrencyPolicy is Forbid (found ${cj.spec?.concurrencyPolicy ?? "Allow, the default"})`);
+    for (const k of ["successfulJobsHistoryLimit", "failedJobsHistoryLimit"]) {
+      check(Number.isInteger(cj.spec?.[k]) && cj.spec[k] >= 1, `${k} is set and >= 1 (found ${cj.spec?.[k]})`);
+    }
+    check(js.backoffLimit === 0, `jobTemplate backoffLimit is 0 (found ${js.backoffLimit ?? "6, the default"})`);
+    check(Number.isInteger(js.activeDeadlineSeconds) && js.activeDeadlineSeconds > 0, `jobTemplate activeDeadlineSeconds is set (found ${js.activeDeadlineSeconds})`);
+    check(spec.restartPolicy === "Never", `restartPolicy is Never (found ${spec.restartPolicy})`);
+    check(spec.automountServiceAccountToken === false, "automountServiceAccountToken is false");
+    check(spec.enableServiceLinks === false, "enableServiceLinks is false (service link variables would be read as OUTBOX_* flags)");
+    check(matchSelector({ matchLabels: { "app.kubernetes.io/name": cj.metadata.name } }, tpl.metadata?.labels ?? {}),
+      `its pods carry app.kubernetes.io/name: ${cj.metadata.name} (the NetworkPolicies select them by it)`);
+    if (!check((spec.containers ?? []).length === 1, `runs one container (found ${(spec.containers ?? []).length})`)) continue;
+    const c = spec.containers[0];
+    const uid = containerSecurity(spec, c);
+    if (docker) check(docker.uid === null || uid === docker.uid, `container ${c.name}: runAsUser ${uid} equals the image's USER ${docker.uid}`);
+    checkResources(c);
+    checkImage(c, name);
+    check(!c.ports?.length, `container ${c.name}: declares no ports`);
+    const { env, sources, missing } = resolveEnv(c, objs);
+    for (const m of missing) {
+      check(name === "prod" && m.kind === "secret" && !m.rendered, `container ${c.name}: reference to ${m.kind} ${m.name}${m.key ? ` key ${m.key}` : ""} resolves`);
+    }
+    for (const e of c.env ?? []) {
+      if (/PASSWORD|SECRET|TOKEN|^OUTBOX_\w*DB$/.test(e.name)) check(e.valueFrom?.secretKeyRef, `container ${c.name}: ${e.name} comes from a Secret`);
+    }
+    for (const [k, v] of Object.entries(env)) {
+      if (!String(sources[k]).startsWith("secret:")) check(!/:\/\/[^/@\s:]+:[^/@\s]+@/.test(v), `container ${c.name}: ${k} (${sources[k]}) holds no URL with a password`);
+    }
+    const bin = path.basename(c.command?.[0] ?? "");
+    if (cj.metadata.name !== RECONCILE.name) continue;
+    check(c.command?.[0] === `/usr/local/bin/${RECONCILE.bin}` && c.command.length === 1, `container ${c.name}: command is ["/usr/local/bin/${RECONCILE.bin}"] (found ${JSON.stringify(c.command)})`);
+    const argv = (c.args ?? []).map(String);
+    check(argv[0] === RECONCILE.command, `container ${c.name}: the first argument is the command "${RECONCILE.command}" (found ${argv[0]})`);
+    out.push({ cronJob: cj, container: c });
+    const known = FLAGS[bin];
+    if (!check(known, `container ${c.name}: ${bin} is an outbox binary whose --helpfull lists its flags`)) continue;
+    for (const [k, v] of Object.entries(env)) {
+      if (!k.startsWith("OUTBOX_")) continue;
+      const flag = k.slice(7).toLowerCase();
+      if (check(known[flag], `container ${c.name}: ${k} (${sources[k]}) is a flag of ${bin} (per ${flagSource[bin]})`)) {
+        check(known[flag](v), `container ${c.name}: ${k}="${v}" is a valid --${flag} value`);
+      }
+    }
+    const args = argvOf(c, env).args;
+    for (const a of args.slice(1)) {
+      const m = /^--?([A-Za-z0-9_]+)(?:=(.*))?$/s.exec(a);
+      if (!check(m, `container ${c.name}: argument "${a}" is a --flag=value (${RECONCILE.command} takes no other)`)) continue;
+      if (check(known[m[1]], `container ${c.name}: argument --${m[1]} is a flag of ${bin} (per ${flagSource[bin]})`) && m[2] !== undefined) {
+        check(known[m[1]](m[2]), `container ${c.name}: --${m[1]}="${m[2]}" is a valid value`);
+      }
+    }
+    const window = parseDuration(effectiveFlag(args, env, "window", "1h").value);
+    const grace = parseDuration(effectiveFlag(args, env, "grace", "5m").value);
+    check(window > grace && grace >= 0, `container ${c.name}: --window (${window} s) is longer than --grace (${grace} s) (outboxctl refuses it otherwise)`);
+    const sub = effectiveFlag(args, env, "subscription", DEFAULT_SUBSCRIPTION).value || DEFAULT_SUBSCRIPTION;
+    check(sub === "billing", `container ${c.name}: --subscription is billing, the subscription whose inbox --billing_db holds (found ${sub})`);
+    // The databases: from the Secret keys of the services that own them.
+    for (const [flag, owner] of Object.entries(RECONCILE.databases)) {
+      const envName = `OUTBOX_${flag.toUpperCase()}`;
+      check(flagInArgs(args, flag) === undefined || flagInArgs(args, flag) === null, `container ${c.name}: --${flag} is not a literal argument (it comes from the Secret)`);
+      const ref = (c.env ?? []).find((e) => e.name === envName)?.valueFrom?.secretKeyRef;
+      if (!check(ref, `container ${c.name}: ${envName} comes from a Secret key`)) continue;
+      const svc = Object.values(found).find((f) => f.comp === owner.comp &&
+        (owner.subscription === undefined || f.subscription === owner.subscription) && (owner.handler === undefined || f.handler === owner.handler));
+      const sref = (svc?.container.env ?? []).find((e) => e.name === "OUTBOX_DB")?.valueFrom?.secretKeyRef;
+      if (check(sref, `the ${owner.comp} (${owner.subscription ?? owner.handler}) takes OUTBOX_DB from a Secret key`)) {
+        check(sref.name === ref.name && sref.key === ref.key,
+          `container ${c.name}: ${envName} is Secret ${ref.name} key ${ref.key}, the one ${svc.workload.metadata.name} reads its database from (${sref.name}/${sref.key})`);
+        const spw = (svc.container.env ?? []).find((e) => e.name === "PGPASSWORD")?.valueFrom?.secretKeyRef;
+        const pw = (c.env ?? []).find((e) => e.name === "PGPASSWORD")?.valueFrom?.secretKeyRef;
+        if (flag === "orders_db") {
+          check(pw && spw && pw.name === spw.name && pw.key === spw.key, `container ${c.name}: PGPASSWORD is the Secret key ${spw?.name}/${spw?.key} that ${svc.workload.metadata.name} uses`);
+        } else if (name !== "prod" && env.PGPASSWORD !== undefined) {
+          // One PGPASSWORD serves both connections: where the Secret is
+          // rendered, the billing password must be the same.
+          const billingPw = spw && resolveEnv({ env: [{ name: "PW", valueFrom: { secretKeyRef: spw } }] }, objs).env.PW;
+          check(billingPw === env.PGPASSWORD, `container ${c.name}: PGPASSWORD (one for both connections) is also the password of ${svc.workload.metadata.name}'s database`);
+        }
+      }
+      if (name !== "prod") {
+        let u = null;
+        try {
+          u = new URL(env[envName]);
+        } catch {
+          u = null;
+        }
+        const wantDb = owner.handler ? HANDLERS[owner.handler].database : COMPONENTS[owner.comp].database;
+        if (check(u && /^postgres(ql)?:$/.test(u.protocol), `container ${c.name}: ${envName} "${env[envName]}" is a postgresql:// URL`)) {
+          check(decodeURIComponent(u.pathname.slice(1)) === wantDb, `container ${c.name}: ${envName} names the database ${wantDb}`);
+          check(u.password === "", `container ${c.name}: ${envName} carries no password (PGPASSWORD does)`);
+          const r = resolveServiceAddress(objs, cj.metadata.namespace ?? "default", `${u.hostname}:${u.port || 5432}`);
+          check(r?.workload, `container ${c.name}: ${envName} host ${u.hostname}:${u.port || 5432} is a rendered Service with a backing pod`);
+        }
+      }
+    }
+    check(env.PGPASSWORD !== undefined || (name === "prod" && (c.env ?? []).some((e) => e.name === "PGPASSWORD")), `container ${c.name}: PGPASSWORD is set`);
+  }
+  return out;
+}
+
+// The base rendered alone: its CronJobs are suspended (the overlays inherit
+// that unless they patch it).
+function checkBase(file) {
+  scope = "base";
+  const objs = parseDocs(readFileSync(file, "utf8"), file);
+  const cjs = objs.filter((o) => o.kind === "CronJob");
+  check(cjs.some((cj) => cj.metadata?.name === RECONCILE.name), `renders the CronJob ${RECONCILE.name}`);
+  for (const cj of cjs) check(cj.spec?.suspend === true, `${ident(cj)}: suspend is true (found ${cj.spec?.suspend})`);
 }
 
 const expectedProdSecretKeys = [];
@@ -1017,13 +1201,20 @@ const notes = [];
 const schema = makeSchemaValidator(path.join(here, "node_modules"));
 const docker = readDockerfile();
 const summaries = [];
+if (baseFile) {
+  try {
+    checkBase(baseFile);
+  } catch (e) {
+    failures.push(`base: ${e.stack ?? e}`);
+  }
+}
 for (const o of overlays) {
   const before = passed;
   const beforeFail = failures.length;
   try {
     const s = await validateOverlay(o.name, o.file, schema, docker);
     summaries.push(`  ${o.name}: ${s.objects} objects, ${s.schemaOk}/${s.objects} valid against the schemas (${schema.packages.map((p) => `${p.name} ${p.version}`).join(", ")}; strict), ` +
-      `${s.deployments} Deployments, ${s.certificates} Certificates, ${s.policies} NetworkPolicies; ${passed - before} checks passed, ${failures.length - beforeFail} failed`);
+      `${s.deployments} Deployments, ${s.cronJobs} CronJobs, ${s.certificates} Certificates, ${s.policies} NetworkPolicies; ${passed - before} checks passed, ${failures.length - beforeFail} failed`);
   } catch (e) {
     failures.push(`${o.name}: ${e.stack ?? e}`);
   }

@@ -31,7 +31,8 @@ bin_dir=${1:-${OUTBOX_DEPLOY_BIN:-$root/build/bin}}
 [[ -d "$bin_dir" ]] ||
   fail "BIN_DIR $bin_dir is not a directory: build the binaries or pass their directory (each one's --helpfull lists its flags)"
 bin_dir=$(cd "$bin_dir" && pwd)
-for b in outbox-producer outbox-relay outbox-consumer; do
+# outboxctl too: the CronJob outbox-reconcile runs it.
+for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
   [[ -x "$bin_dir/$b" ]] ||
     fail "$bin_dir/$b is missing: build it or pass the directory of the built binaries (its --helpfull lists its flags)"
 done
@@ -63,4 +64,4 @@ for want in dev prod; do
   [[ -s "$tmp/$want.yaml" ]] || fail "overlay $want missing"
 done
 
-node "$root/tests/deploy/validate.mjs" "--root=$root" "--bin=$bin_dir" "${pairs[@]}"
+node "$root/tests/deploy/validate.mjs" "--root=$root" "--bin=$bin_dir" "--base=$tmp/base.yaml" "${pairs[@]}"

@@ -14,7 +14,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 bin_dir=${1:-$root/build/bin}
-for b in outbox-producer outbox-relay outbox-consumer; do
+for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
   [[ -x "$bin_dir/$b" ]] || { echo "validate_selftest: $bin_dir/$b is missing (build it, or pass BIN_DIR)" >&2; exit 1; }
 done
 bin_dir=$(cd "$bin_dir" && pwd)
@@ -126,9 +126,9 @@ mutate "no default deny" "default-deny ingress policy" $B/networkpolicy.yaml \
 mutate "relay cannot reach the consumer" "outbox-relay -> outbox-consumer:50053/TCP is allowed" $B/networkpolicy.yaml \
   's.replace("        - port: 50053\n", "        - port: 50054\n", 1)'
 mutate "no DNS egress" "outbox-producer -> kube-dns:53/UDP is allowed" $B/networkpolicy.yaml \
-  's.replace("values: [outbox-producer, outbox-relay, outbox-consumer, outbox-relay-audit, outbox-consumer-audit]\n  policyTypes:\n    - Egress", "values: [outbox-relay, outbox-consumer, outbox-relay-audit, outbox-consumer-audit]\n  policyTypes:\n    - Egress", 1)'
+  's.replace("values: [outbox-producer, outbox-relay, outbox-consumer, outbox-relay-audit, outbox-consumer-audit, outbox-reconcile]\n  policyTypes:\n    - Egress", "values: [outbox-relay, outbox-consumer, outbox-relay-audit, outbox-consumer-audit, outbox-reconcile]\n  policyTypes:\n    - Egress", 1)'
 mutate "no DNS egress for the audit consumer" "outbox-consumer-audit -> kube-dns:53/UDP is allowed" $B/networkpolicy.yaml \
-  's.replace("values: [outbox-producer, outbox-relay, outbox-consumer, outbox-relay-audit, outbox-consumer-audit]\n  policyTypes:\n    - Egress", "values: [outbox-producer, outbox-relay, outbox-consumer, outbox-relay-audit]\n  policyTypes:\n    - Egress", 1)'
+  's.replace("values: [outbox-producer, outbox-relay, outbox-consumer, outbox-relay-audit, outbox-consumer-audit, outbox-reconcile]\n  policyTypes:\n    - Egress", "values: [outbox-producer, outbox-relay, outbox-consumer, outbox-relay-audit, outbox-reconcile]\n  policyTypes:\n    - Egress", 1)'
 mutate "postgres open to the namespace" "another pod of the namespace -> postgres:5432/TCP is denied" deploy/k8s/overlays/dev/networkpolicy-postgres.yaml \
   's.replace("    - from:\n        - podSelector:\n            matchExpressions:", "    - from:\n        - podSelector: {}\n        - podSelector:\n            matchExpressions:", 1)'
 mutate "password in a plain env value" "OUTBOX_DB comes from a Secret" $B/consumer.yaml \
@@ -231,7 +231,7 @@ mutate "audit relay cannot reach its consumer" "outbox-relay-audit -> outbox-con
 mutate "billing relay may deliver into the audit consumer" "outbox-relay -> outbox-consumer-audit:50053/TCP is denied" $B/networkpolicy.yaml \
   's.replace("            matchLabels:\n              app.kubernetes.io/name: outbox-relay-audit\n      ports:\n        - port: grpc\n", "            matchLabels:\n              app.kubernetes.io/component: relay\n      ports:\n        - port: grpc\n", 1).replace("  name: outbox-relay-egress\nspec:\n  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: outbox-relay\n  policyTypes:\n    - Egress\n  egress:\n    - to:\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/name: outbox-consumer\n", "  name: outbox-relay-egress\nspec:\n  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: outbox-relay\n  policyTypes:\n    - Egress\n  egress:\n    - to:\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/component: consumer\n", 1)'
 mutate "audit consumer left out of the PostgreSQL policy" "outbox-consumer-audit -> postgres:5432/TCP is allowed" deploy/k8s/overlays/dev/networkpolicy-postgres.yaml \
-  's.replace(", outbox-consumer-audit]", "]", 1)'
+  's.replace(", outbox-consumer-audit, outbox-reconcile]", ", outbox-reconcile]", 1)'
 mutate "audit consumer without a budget" "outbox-consumer-audit: exactly one PodDisruptionBudget selects its pods \(found 0\)" $B/pdb.yaml \
   's.replace("      app.kubernetes.io/name: outbox-consumer-audit\n", "      app.kubernetes.io/name: outbox-consumer-audti\n", 1)'
 mutate "prod audit relay single replica" "outbox-relay-audit: prod runs >= 2 replicas" deploy/k8s/overlays/prod/kustomization.yaml \
@@ -258,11 +258,40 @@ mutate "PodMonitor without the job label" "jobLabel \(unset\) gives outbox-consu
 mutate "dashboard that is not JSON" "outbox.json is JSON" deploy/monitoring/dashboard.json \
   's.replace("{", "", 1)'
 
+# The reconcile CronJob (reconcile.yaml): suspended until enabled, one run
+# at a time and no retry, hardened like the services, outboxctl's own
+# flags, the services' Secret keys, and admitted to PostgreSQL only.
+R=$B/reconcile.yaml
+mutate "reconcile enabled in the base" "base: CronJob/outbox-reconcile: suspend is true" $R \
+  's.replace("suspend: true", "suspend: false", 1)'
+mutate "reconcile enabled by the prod overlay" "prod CronJob/outbox-reconcile: suspend is true" deploy/k8s/overlays/prod/kustomization.yaml \
+  's + "\npatches:\n  - target:\n      kind: CronJob\n      name: outbox-reconcile\n    patch: |-\n      - op: replace\n        path: /spec/suspend\n        value: false\n" if "\npatches:" not in s else s.replace("\npatches:\n", "\npatches:\n  - target:\n      kind: CronJob\n      name: outbox-reconcile\n    patch: |-\n      - op: replace\n        path: /spec/suspend\n        value: false\n", 1)'
+mutate "reconcile with an unknown flag" "argument --windw is a flag of outboxctl \(per .*outboxctl --helpfull\)" $R \
+  's.replace("- --window=1h", "- --windw=1h", 1)'
+mutate "reconcile with a bad duration" "--grace=\"soon\" is a valid value" $R \
+  's.replace("- --grace=5m", "- --grace=soon", 1)'
+mutate "reconcile without runAsNonRoot" "CronJob/outbox-reconcile: pod securityContext.runAsNonRoot is true" $R \
+  's.replace("runAsNonRoot: true", "runAsNonRoot: false", 2)'
+mutate "reconcile with a writable root" "CronJob/outbox-reconcile: container reconcile: readOnlyRootFilesystem is true" $R \
+  's.replace("readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false", 1)'
+mutate "reconcile retried" "CronJob/outbox-reconcile: jobTemplate backoffLimit is 0" $R \
+  's.replace("backoffLimit: 0", "backoffLimit: 3", 1)'
+mutate "reconcile runs concurrently" "CronJob/outbox-reconcile: concurrencyPolicy is Forbid" $R \
+  's.replace("concurrencyPolicy: Forbid", "concurrencyPolicy: Allow", 1)'
+mutate "reconcile reads another database" "OUTBOX_BILLING_DB is Secret outbox-db key audit-url, the one outbox-consumer reads" $R \
+  's.replace("key: billing-url", "key: audit-url", 1)'
+mutate "reconcile not admitted by PostgreSQL" "dev NetworkPolicy: outbox-reconcile -> postgres:5432/TCP is allowed" deploy/k8s/overlays/dev/networkpolicy-postgres.yaml \
+  's.replace(", outbox-reconcile]", "]", 1)'
+mutate "reconcile without egress to the external PostgreSQL" "prod NetworkPolicy: outbox-reconcile -> an external PostgreSQL:5432/TCP is allowed" deploy/k8s/overlays/prod/networkpolicy-postgres.yaml \
+  's.replace(", outbox-reconcile]", "]", 1)'
+mutate "reconcile without DNS" "outbox-reconcile -> kube-dns:53/UDP is allowed" $B/networkpolicy.yaml \
+  's.replace(", outbox-reconcile]", "]", 1)'
+
 # The binaries' --helpfull decides which flags exist: fake binaries that
 # know only --listen must make every other flag in the manifests fail.
 fresh
 mkdir -p "$tmp/fakebin"
-for b in outbox-producer outbox-relay outbox-consumer; do
+for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
   cat >"$tmp/fakebin/$b" <<'EOF'
 #!/bin/sh
 echo "fake: a binary that knows one flag"
@@ -274,6 +303,7 @@ EOF
 done
 out=$("$tmp/t/tests/deploy/validate.sh" "$tmp/fakebin" 2>&1) && rc=0 || rc=$?
 if [[ $rc -ne 0 ]] && grep -qF -- "argument --health_listen is a flag of outbox-producer (per $tmp/fakebin/outbox-producer --helpfull)" <<<"$out" &&
+  grep -qF -- "argument --window is a flag of outboxctl (per $tmp/fakebin/outboxctl --helpfull)" <<<"$out" &&
   ! grep -qF -- "argument --listen is a flag" <<<"$out"; then
   passed=$((passed + 1)); echo "ok   flags come from the binaries' --helpfull"
 else
