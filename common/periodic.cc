@@ -2,16 +2,18 @@
 
 namespace outbox {
 
-PeriodicTask::PeriodicTask(absl::Duration interval, std::function<bool()> fn)
-    : interval_(interval), fn_(std::move(fn)) {
+PeriodicTask::PeriodicTask(absl::Duration interval, std::function<bool()> fn,
+                           absl::Duration busy_pause)
+    : interval_(interval), busy_pause_(busy_pause), fn_(std::move(fn)) {
   thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       lock.unlock();
       const bool again = fn_();
       lock.lock();
-      if (again) continue;
-      cv_.wait_for(lock, absl::ToChronoMilliseconds(interval_),
+      if (again && busy_pause_ <= absl::ZeroDuration()) continue;
+      cv_.wait_for(lock,
+                   absl::ToChronoMilliseconds(again ? busy_pause_ : interval_),
                    [this] { return stop_; });
     }
   });

@@ -1,7 +1,8 @@
 #pragma once
 // A background task on a thread of its own: runs `fn` at once, then again
-// `interval` after each run, or at once while `fn` says there is more to
-// do; the destructor stops it (waiting for a run in progress) and joins.
+// `interval` after each run, or after `busy_pause` while `fn` says there is
+// more to do; the destructor stops it (waiting for a run in progress) and
+// joins.
 
 #include <condition_variable>
 #include <functional>
@@ -14,14 +15,16 @@ namespace outbox {
 
 class PeriodicTask {
  public:
-  // `fn` returns true to run again at once (e.g. a batch came back full).
-  PeriodicTask(absl::Duration interval, std::function<bool()> fn);
+  // `fn` returns true to run again after `busy_pause` (e.g. a batch came
+  // back full): a pause leaves the database to the work that matters.
+  PeriodicTask(absl::Duration interval, std::function<bool()> fn,
+               absl::Duration busy_pause = absl::ZeroDuration());
   ~PeriodicTask();
   PeriodicTask(const PeriodicTask&) = delete;
   PeriodicTask& operator=(const PeriodicTask&) = delete;
 
  private:
-  const absl::Duration interval_;
+  const absl::Duration interval_, busy_pause_;
   const std::function<bool()> fn_;
   std::mutex mu_;
   std::condition_variable cv_;

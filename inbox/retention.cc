@@ -53,14 +53,15 @@ int64_t PruneInboxOnce(pqxx::connection& conn, absl::Duration keep, int batch) {
 
 InboxRetention::InboxRetention(Database* db, absl::Duration keep,
                                Metrics* metrics, absl::Duration interval,
-                               int batch)
+                               int batch, absl::Duration busy_pause)
     : db_(db),
       keep_(keep),
       batch_(batch),
       pruned_(metrics->AddCounter(
           "outbox_consumer_inbox_pruned_total",
           "Inbox rows deleted by retention (--inbox_retention).")),
-      task_(interval, [this] { return RunOnce(); }) {}
+      task_(
+          interval, [this] { return RunOnce(); }, busy_pause) {}
 
 bool InboxRetention::RunOnce() {
   int64_t deleted = 0;
@@ -76,7 +77,7 @@ bool InboxRetention::RunOnce() {
     pruned_->Add(deleted);
     spdlog::debug("consumer: inbox retention deleted {} rows", deleted);
   }
-  return deleted == batch_;  // more to do: at once
+  return deleted == batch_;  // more to do: soon
 }
 
 }  // namespace outbox::inbox

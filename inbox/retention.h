@@ -24,13 +24,15 @@ namespace outbox::inbox {
 // pruned_through. Returns how many rows it deleted.
 int64_t PruneInboxOnce(pqxx::connection& conn, absl::Duration keep, int batch);
 
-// Runs PruneInboxOnce in the background: at once again while batches come
-// back full, else every `interval`. Errors are logged and retried later;
-// they never touch delivery.
+// Runs PruneInboxOnce in the background: `busy_pause` after a full batch
+// (a backlog of old rows is worked off at a pace that leaves applying its
+// share of the database), else every `interval`. Errors are logged and
+// retried later; they never touch delivery.
 class InboxRetention {
  public:
   InboxRetention(Database* db, absl::Duration keep, Metrics* metrics,
-                 absl::Duration interval = absl::Minutes(1), int batch = 1000);
+                 absl::Duration interval = absl::Minutes(1), int batch = 500,
+                 absl::Duration busy_pause = absl::Milliseconds(250));
   // Destruction stops it, waiting for a batch in progress.
   InboxRetention(const InboxRetention&) = delete;
   InboxRetention& operator=(const InboxRetention&) = delete;
