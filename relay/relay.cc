@@ -320,12 +320,24 @@ bool Relay::SettleSubscription(pqxx::connection& conn, int64_t start) {
   // give those events to it as well (some again, maybe: the consumer
   // answers DUPLICATE).
   pqxx::nontransaction tx(conn);
-  const int64_t now_xid =
-      tx.exec("SELECT txid_current()::text::bigint")[0][0].as<int64_t>();
-  for (int i = 0;; ++i) {
-    if (tx.exec_params("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::"
-                       "bigint > $1",
-                       now_xid)[0][0]
+  // Only writers of this database matter: the transactions that hold an
+  // xid here now (a cluster-wide xmin would also wait for every other
+  // database's long transactions). One that has no xid yet has written
+  // nothing, and its next insert's trigger sees the subscription.
+  const std::string writers =
+      tx.exec(
+            "SELECT coalesce(string_agg(pid::text || ':' || backend_xid::text, "
+            "','), '') FROM pg_stat_activity WHERE datname = "
+            "current_database() AND backend_xid IS NOT NULL AND pid <> "
+            "pg_backend_pid()")[0][0]
+          .as<std::string>();
+  for (int i = 0; !writers.empty(); ++i) {
+    // Done when none of them still runs the same transaction.
+    if (tx.exec_params(
+              "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity a JOIN "
+              "unnest(string_to_array($1, ',')) AS w(x) ON a.pid::text || "
+              "':' || a.backend_xid::text = w.x)",
+              writers)[0][0]
             .as<bool>()) {
       break;
     }
