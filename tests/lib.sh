@@ -8,7 +8,18 @@ BIN="${OUTBOX_BIN:-$OUTBOX_ROOT/build/bin}"
 BUF="$OUTBOX_ROOT/tests/deploy/node_modules/.bin/buf"
 PIDS=()
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# fail MESSAGE: says why, then the end of every process's log, so that a
+# failure on a CI machine can be understood without its work folder.
+fail() {
+  echo "FAIL: $*" >&2
+  local f
+  for f in "${WORK:-/nonexistent}"/*.log; do
+    [ -f "$f" ] || continue
+    echo "--- last lines of $(basename "$f")" >&2
+    tail -n 15 "$f" >&2
+  done
+  exit 1
+}
 pass() { echo "ok: $*"; }
 
 use_workdir() {
