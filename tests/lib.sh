@@ -45,12 +45,20 @@ new_db() {
   echo "$OUTBOX_TEST_PG_URL/$name"
 }
 
-# A port on 127.0.0.1 that nothing listens on now.
+# A port on 127.0.0.1 that nothing listens on now, below the kernel's
+# ephemeral range (a port in it can be taken by any outgoing connection
+# before a server binds it) and not handed out before in this test.
 free_port() {
-  local p
+  local p low used="${WORK:+$WORK/.ports}"
+  low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  [ "$low" -gt 21000 ] 2>/dev/null || low=32768
   while :; do
-    p=$((20000 + RANDOM % 30000))
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+    p=$((20000 + RANDOM % (low - 20000)))
+    [ -n "$used" ] && grep -qx "$p" "$used" 2>/dev/null && continue
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
+    [ -n "$used" ] && echo "$p" >>"$used"
+    echo "$p"
+    return
   done
 }
 

@@ -107,7 +107,9 @@ build_in() {
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 30000))
+    # Below the kernel's ephemeral range: an outgoing connection cannot
+    # take it before the server binds it.
+    p=$((20000 + RANDOM % 12000))
     (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
   done
   die "no free port found"
