@@ -590,9 +590,8 @@ bool Relay::Claim(Lane& lane) {
         bytes += size + 8;  // the event, its tag and length
         batch.seqs.push_back(seq);
         lane.sent_through = std::max(lane.sent_through, seq);
-        batch.aggregates.push_back(agg);
         batch.partitions.push_back(row["partition"].as<int>());
-        batch.log_fields.push_back(FieldsOf(*event));
+        batch.events.push_back(FieldsOf(*event));
         lane.in_flight_seqs.insert(seq);
       }
       if (!batch.seqs.empty()) {
@@ -635,7 +634,7 @@ void Relay::HandleResponses(Lane& lane) {
     const InFlight& batch = it->second;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
       const int64_t seq = batch.seqs[i];
-      const std::string& agg = batch.aggregates[i];
+      const std::string& agg = batch.events[i].aggregate_id;
       lane.in_flight_seqs.erase(seq);
       auto r = by_seq.find(seq);
       const v1::DeliveryOutcome outcome = r == by_seq.end()
@@ -649,9 +648,9 @@ void Relay::HandleResponses(Lane& lane) {
           break;
         case v1::REJECTED:
           marks_.push_back(
-              {seq, agg, false, r->second->reason(), batch.log_fields[i]});
+              {seq, agg, false, r->second->reason(), batch.events[i]});
           {
-            LogEventScope scope(batch.log_fields[i]);
+            LogEventScope scope(batch.events[i]);
             spdlog::info("relay: row {} REJECTED by the consumer: {}", seq,
                          r->second->reason());
           }
@@ -844,7 +843,7 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   lane.stream->Cancel();
   lane.stream.reset();
   for (const auto& [id, batch] : lane.in_flight) {
-    for (const std::string& agg : batch.aggregates) Untrack(agg);
+    for (const EventLogFields& e : batch.events) Untrack(e.aggregate_id);
   }
   lane.in_flight.clear();
   lane.in_flight_seqs.clear();

@@ -153,9 +153,9 @@ class Relay {
     uint64_t batch_id;
     absl::Time sent_at;
     std::vector<int64_t> seqs;
-    std::vector<std::string> aggregates;  // of each seq
     std::vector<int> partitions;
-    std::vector<EventLogFields> log_fields;  // of each seq, for logs
+    // Of each seq: its event (aggregate, id, trace) for tracking and logs.
+    std::vector<EventLogFields> events;
   };
   struct Mark {
     int64_t seq;
