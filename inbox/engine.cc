@@ -26,6 +26,13 @@ constexpr int kAggregateLockClass = 0x0b10;
 // advisory lock needs no row, so a new aggregate's cursor is written once,
 // at the end, instead of inserted, locked and updated.
 //
+// The lookups by key here and in InInbox are LATERAL subqueries with LIMIT
+// 1, which the planner cannot flatten into a join: a prepared statement's
+// generic plan, made while a table is still empty, would otherwise be a
+// hash join over a sequential scan, kept as the table grows (one scan of
+// every aggregate's cursor per batch). With the LIMIT it is a lookup per
+// key, which the index wins even on an empty table's estimates.
+//
 // The cursors are read by a statement of their own, after the locks are
 // held: a statement sees the data as of its start, so one that first
 // waited for a lock would miss what the lock's holder just committed (a
@@ -41,7 +48,7 @@ void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
                     "c.pruned_through "
                     "FROM unnest($1::text[]) AS a "
                     "JOIN LATERAL (SELECT * FROM aggregate_cursors c "
-                    "WHERE c.aggregate_id = a) c ON true",
+                    "WHERE c.aggregate_id = a LIMIT 1) c ON true",
                     ids)) {
     snap->aggregates[row[0].as<std::string>()] = {
         row[1].as<int64_t>(), row[2].as<int64_t>(), row[3].as<int64_t>()};
@@ -96,7 +103,7 @@ std::set<std::string> InInbox(pqxx::work& tx,
   for (const auto& row : ExecPrepared(
            tx, "in_inbox",
            "SELECT i.event_id::text FROM unnest($1::uuid[]) AS e JOIN LATERAL "
-           "(SELECT event_id FROM inbox WHERE event_id = e) i ON true",
+           "(SELECT event_id FROM inbox WHERE event_id = e LIMIT 1) i ON true",
            ArrayLiteral(ids).str())) {
     found.insert(row[0].as<std::string>());
   }
