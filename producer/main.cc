@@ -18,9 +18,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_orders",
           "PostgreSQL URL of the orders database (password from PGPASSWORD).");
 ABSL_FLAG(int, commit_writers, 1,
-          "CreateOrder calls in flight are written in groups, one statement "
-          "and one transaction each; at most this many groups at once (1 to "
-          "--db_pool_size - 1). Fewer make larger groups.");
+          "Calls in flight are written in groups, one transaction each: "
+          "CreateOrder calls, and PayOrder/CancelOrder calls apart; at most "
+          "this many groups of each at once (1 to (--db_pool_size - 1) / 2). "
+          "Fewer make larger groups.");
 ABSL_FLAG(bool, notify, true,
           "NOTIFY relays after commits (one per burst), so delivery does "
           "not wait for their poll.");
@@ -33,11 +34,11 @@ int main(int argc, char** argv) {
   const std::string url = absl::GetFlag(FLAGS_db);
   const outbox::DbSession session = outbox::DbSessionFromFlags();
   if (absl::GetFlag(FLAGS_commit_writers) < 1 ||
-      absl::GetFlag(FLAGS_commit_writers) >=
+      2 * absl::GetFlag(FLAGS_commit_writers) >=
           absl::GetFlag(FLAGS_db_pool_size)) {
     spdlog::critical(
         "outbox-producer: --commit_writers must be 1 to "
-        "--db_pool_size - 1");
+        "(--db_pool_size - 1) / 2");
     return 2;
   }
   auto security = outbox::ServerSecurityFromFlags();
@@ -60,12 +61,13 @@ int main(int argc, char** argv) {
                             absl::GetFlag(FLAGS_stall_timeout));
   outbox::producer::OrderStoreOptions store_options;
   store_options.create_groups.writers = absl::GetFlag(FLAGS_commit_writers);
+  store_options.change_groups.writers = absl::GetFlag(FLAGS_commit_writers);
   outbox::producer::OrderStore store(&db, &writer, store_options, &metrics);
-  // PayOrder, CancelOrder and GetOrder wait on the database here, on the
-  // connections the group commit leaves.
-  outbox::WorkerPool workers(
-      absl::GetFlag(FLAGS_db_pool_size) - absl::GetFlag(FLAGS_commit_writers),
-      1024);
+  // GetOrder waits on the database here, on the connections the group
+  // commits leave.
+  outbox::WorkerPool workers(absl::GetFlag(FLAGS_db_pool_size) -
+                                 2 * absl::GetFlag(FLAGS_commit_writers),
+                             1024);
   outbox::producer::OrderServiceImpl service(&store, &metrics, &workers,
                                              &watchdog, &check);
   return outbox::ServeUntilSignal(

@@ -134,10 +134,14 @@ grpc::ServerUnaryReactor* OrderServiceImpl::PayOrder(
   } else if (absl::Status s = ValidatePay(*req); !s.ok()) {
     Finish(reactor, "PayOrder", start, s);
   } else {
-    OnWorker(reactor, "PayOrder", start, resp->mutable_order(),
-             [this, req, trace = TraceParentFrom(*ctx)] {
-               return store_->Pay(*req, trace);
-             });
+    if (watchdog_ != nullptr) watchdog_->Working();
+    store_->PayAsync(*req, TraceParentFrom(*ctx),
+                     [=](absl::StatusOr<v1::Order> order) {
+                       Watch(order.status());
+                       if (order.ok())
+                         *resp->mutable_order() = std::move(*order);
+                       Finish(reactor, "PayOrder", start, order.status());
+                     });
   }
   return reactor;
 }
@@ -152,10 +156,14 @@ grpc::ServerUnaryReactor* OrderServiceImpl::CancelOrder(
   } else if (absl::Status s = ValidateCancel(*req); !s.ok()) {
     Finish(reactor, "CancelOrder", start, s);
   } else {
-    OnWorker(reactor, "CancelOrder", start, resp->mutable_order(),
-             [this, req, trace = TraceParentFrom(*ctx)] {
-               return store_->Cancel(*req, trace);
-             });
+    if (watchdog_ != nullptr) watchdog_->Working();
+    store_->CancelAsync(*req, TraceParentFrom(*ctx),
+                        [=](absl::StatusOr<v1::Order> order) {
+                          Watch(order.status());
+                          if (order.ok())
+                            *resp->mutable_order() = std::move(*order);
+                          Finish(reactor, "CancelOrder", start, order.status());
+                        });
   }
   return reactor;
 }

@@ -2,6 +2,7 @@
 
 #include <future>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -21,9 +22,13 @@ namespace {
   "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us"
 constexpr char kReadOrderSql[] =
     "SELECT " OUTBOX_ORDER_COLUMNS " FROM orders WHERE order_id = $1::uuid";
-constexpr char kLockOrderSql[] = "SELECT " OUTBOX_ORDER_COLUMNS
-                                 " FROM orders WHERE order_id = $1::uuid "
-                                 "FOR UPDATE";
+// Locks the orders $1 (uuid[]) in the order given (sorted by the caller,
+// so that two groups never deadlock) and reads them. LIMIT 1 keeps each a
+// lookup by primary key whatever plan the prepared statement settles on.
+constexpr char kLockOrdersSql[] =
+    "SELECT o.* FROM unnest($1::uuid[]) AS k JOIN LATERAL "
+    "(SELECT " OUTBOX_ORDER_COLUMNS
+    " FROM orders WHERE order_id = k LIMIT 1 FOR UPDATE) o ON true";
 constexpr char kOrderByKeySql[] = "SELECT " OUTBOX_ORDER_COLUMNS
                                   ", request_hash FROM orders WHERE "
                                   "idempotency_key = $1";
@@ -46,12 +51,14 @@ constexpr char kCreateSql[] =
     "RETURNING order_id::text, "
     "(extract(epoch from created_at) * 1000000)::bigint AS created_us";
 
-// A change of an order locked by kLockOrderSql. $1 order_id, $2 status.
-constexpr char kChangeSql[] =
-    "UPDATE orders SET status = $2, version = version + 1, "
-    "updated_at = now() WHERE order_id = $1::uuid "
-    "RETURNING version, "
-    "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us";
+// The changes of a group's orders, locked by kLockOrdersSql: each order
+// once, with its new status and version. Planned per call (exec_params):
+// a generic plan made while the table was small could join by a scan.
+constexpr char kChangeOrdersSql[] =
+    "UPDATE orders o SET status = t.status, version = t.version, "
+    "updated_at = now() FROM unnest($1::uuid[], $2::text[], $3::bigint[]) "
+    "AS t(order_id, status, version) WHERE o.order_id = t.order_id "
+    "RETURNING (extract(epoch from o.updated_at) * 1000000)::bigint";
 
 // Row (selected with kOrderColumns) -> Order.
 absl::StatusOr<v1::Order> OrderFromRow(const pqxx::row& row) {
@@ -91,6 +98,10 @@ OrderStore::OrderStore(Database* db, Writer* writer, OrderStoreOptions options,
       create_commit_(options.create_groups,
                      [this](const std::vector<const NewOrder*>& group) {
                        return InsertOrders(group);
+                     }),
+      change_commit_(options.change_groups,
+                     [this](const std::vector<const OrderChange*>& group) {
+                       return WriteChanges(group);
                      }) {
   if (metrics != nullptr) {
     Histogram* sizes = metrics->AddHistogram(
@@ -98,6 +109,11 @@ OrderStore::OrderStore(Database* db, Writer* writer, OrderStoreOptions options,
         "CreateOrder calls written together in one statement and commit.",
         Histogram::SizeBuckets());
     create_commit_.set_on_group([sizes](size_t n) { sizes->Observe(n); });
+    Histogram* changes = metrics->AddHistogram(
+        "outbox_producer_change_group_size",
+        "PayOrder and CancelOrder calls written together in one transaction.",
+        Histogram::SizeBuckets());
+    change_commit_.set_on_group([changes](size_t n) { changes->Observe(n); });
   }
 }
 
@@ -233,82 +249,153 @@ absl::StatusOr<v1::Order> OrderStore::OrderForKey(
   return result;
 }
 
-absl::StatusOr<v1::Order> OrderStore::Change(
-    const std::string& order_id, int64_t expected_version, v1::OrderStatus to,
-    const std::string& trace_parent,
-    const std::function<absl::StatusOr<NewEvent>(const v1::Order&)>& event) {
-  absl::StatusOr<v1::Order> result;
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::work tx(c);
-    pqxx::result read = ExecPrepared(tx, "lock_order", kLockOrderSql, order_id);
-    if (read.empty()) {
-      return absl::NotFoundError(
-          absl::StrCat("order ", order_id, " does not exist"));
+std::vector<absl::StatusOr<v1::Order>> OrderStore::WriteChanges(
+    const std::vector<const OrderChange*>& group) {
+  std::vector<absl::StatusOr<v1::Order>> results;
+  std::set<std::string> ids;
+  for (const OrderChange* c : group) ids.insert(c->order_id);
+  bool wrote = false;
+  absl::Status s = db_->Run([&](pqxx::connection& conn) -> absl::Status {
+    results.assign(group.size(), absl::InternalError("order change unwritten"));
+    wrote = false;
+    pqxx::work tx(conn);
+    std::map<std::string, absl::StatusOr<v1::Order>> orders;
+    for (const auto& row : ExecPrepared(tx, "lock_orders", kLockOrdersSql,
+                                        ArrayLiteral(ids).str())) {
+      orders.emplace(row["order_id"].as<std::string>(), OrderFromRow(row));
     }
-    absl::StatusOr<v1::Order> current = OrderFromRow(read[0]);
-    if (!current.ok()) return current.status();
-    if (absl::Status v = CheckVersion(expected_version, current->version());
-        !v.ok()) {
-      return v;
+    // In arrival order, each against the order as the changes before it
+    // in the group left it; a refused change writes nothing.
+    std::vector<NewEvent> events;
+    std::vector<size_t> changed;
+    std::set<std::string> dirty;
+    for (size_t i = 0; i < group.size(); ++i) {
+      const OrderChange& c = *group[i];
+      auto it = orders.find(c.order_id);
+      if (it == orders.end()) {
+        results[i] = absl::NotFoundError(
+            absl::StrCat("order ", c.order_id, " does not exist"));
+        continue;
+      }
+      if (!it->second.ok()) {
+        results[i] = it->second.status();
+        continue;
+      }
+      v1::Order& current = *it->second;
+      absl::Status check = CheckVersion(c.expected_version, current.version());
+      if (check.ok()) check = CheckTransition(current.status(), c.to);
+      absl::StatusOr<NewEvent> e =
+          check.ok() ? c.event(current) : absl::StatusOr<NewEvent>(check);
+      if (!e.ok()) {
+        results[i] = e.status();
+        continue;
+      }
+      e->trace_parent = c.trace_parent;
+      events.push_back(*std::move(e));
+      current.set_status(c.to);
+      current.set_version(current.version() + 1);
+      results[i] = current;
+      changed.push_back(i);
+      dirty.insert(c.order_id);
     }
-    if (absl::Status t = CheckTransition(current->status(), to); !t.ok()) {
-      return t;
+    if (changed.empty()) return absl::OkStatus();  // nothing to commit
+    ArrayLiteral id, status, version;
+    for (const std::string& order_id : dirty) {
+      const v1::Order& order = *orders.at(order_id);
+      id.Add(order_id);
+      status.Add(StatusName(order.status()));
+      version.Add(order.version());
     }
-    absl::StatusOr<NewEvent> e = event(*current);
-    if (!e.ok()) return e.status();
-    e->trace_parent = trace_parent;
     pqxx::result written =
-        ExecPrepared(tx, "change_order", kChangeSql, order_id, StatusName(to));
-    if (auto appended = writer_->Append(tx, *e); !appended.ok()) {
+        tx.exec_params(kChangeOrdersSql, id.str(), status.str(), version.str());
+    if (auto appended = writer_->AppendMany(tx, events); !appended.ok()) {
       return appended.status();
     }
     MaybeCrash("producer.before_commit");
     tx.commit();
-    current->set_status(to);
-    current->set_version(written[0]["version"].as<int64_t>());
-    ToTimestamp(absl::FromUnixMicros(written[0]["updated_us"].as<int64_t>()),
-                current->mutable_updated_at());
-    result = std::move(*current);
+    wrote = true;
+    const absl::Time at = absl::FromUnixMicros(written[0][0].as<int64_t>());
+    for (size_t i : changed) ToTimestamp(at, results[i]->mutable_updated_at());
     return absl::OkStatus();
   });
-  if (!s.ok()) return s;
-  writer_->Committed();
-  MaybeCrash("producer.after_commit_before_answer");
-  return result;
+  if (s.ok()) {
+    if (wrote) {
+      writer_->Committed();
+      MaybeCrash("producer.after_commit_before_answer");
+    }
+    return results;
+  }
+  if (OriginOf(s) == ErrorOrigin::kData && group.size() > 1) {
+    // The database refused the data of one change: each alone, so that
+    // only that one fails.
+    for (size_t i = 0; i < group.size(); ++i) {
+      results[i] = std::move(WriteChanges({group[i]})[0]);
+    }
+    return results;
+  }
+  results.assign(group.size(), s);
+  return results;
+}
+
+void OrderStore::PayAsync(const v1::PayOrderRequest& req,
+                          const std::string& trace_parent, Done done) {
+  OrderChange c;
+  c.order_id = req.order_id();
+  c.expected_version = req.expected_version();
+  c.to = v1::ORDER_STATUS_PAID;
+  c.trace_parent = trace_parent;
+  c.event = [order_id = req.order_id(), amount = req.amount_cents()](
+                const v1::Order& current) -> absl::StatusOr<NewEvent> {
+    if (amount != current.total_cents()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "amount_cents: ", amount, " does not equal the order total ",
+          current.total_cents()));
+    }
+    v1::OrderPaid paid;
+    paid.set_order_id(order_id);
+    paid.set_amount_cents(amount);
+    paid.set_currency(current.currency());
+    return OrderEvent(order_id, paid, "");
+  };
+  change_commit_.SubmitAsync(std::move(c), std::move(done));
+}
+
+void OrderStore::CancelAsync(const v1::CancelOrderRequest& req,
+                             const std::string& trace_parent, Done done) {
+  OrderChange c;
+  c.order_id = req.order_id();
+  c.expected_version = req.expected_version();
+  c.to = v1::ORDER_STATUS_CANCELLED;
+  c.trace_parent = trace_parent;
+  c.event = [order_id = req.order_id(), reason = req.reason()](
+                const v1::Order& current) -> absl::StatusOr<NewEvent> {
+    v1::OrderCancelled cancelled;
+    cancelled.set_order_id(order_id);
+    cancelled.set_reason(reason);
+    cancelled.set_currency(current.currency());
+    cancelled.set_refund_cents(
+        current.status() == v1::ORDER_STATUS_PAID ? current.total_cents() : 0);
+    return OrderEvent(order_id, cancelled, "");
+  };
+  change_commit_.SubmitAsync(std::move(c), std::move(done));
 }
 
 absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,
                                           const std::string& trace_parent) {
-  return Change(
-      req.order_id(), req.expected_version(), v1::ORDER_STATUS_PAID,
-      trace_parent, [&](const v1::Order& current) -> absl::StatusOr<NewEvent> {
-        if (req.amount_cents() != current.total_cents()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "amount_cents: ", req.amount_cents(),
-              " does not equal the order total ", current.total_cents()));
-        }
-        v1::OrderPaid paid;
-        paid.set_order_id(req.order_id());
-        paid.set_amount_cents(req.amount_cents());
-        paid.set_currency(current.currency());
-        return OrderEvent(req.order_id(), paid, "");
-      });
+  std::promise<absl::StatusOr<v1::Order>> promise;
+  PayAsync(req, trace_parent, [&promise](absl::StatusOr<v1::Order> order) {
+    promise.set_value(std::move(order));
+  });
+  return promise.get_future().get();
 }
 
 absl::StatusOr<v1::Order> OrderStore::Cancel(const v1::CancelOrderRequest& req,
                                              const std::string& trace_parent) {
-  return Change(
-      req.order_id(), req.expected_version(), v1::ORDER_STATUS_CANCELLED,
-      trace_parent, [&](const v1::Order& current) -> absl::StatusOr<NewEvent> {
-        v1::OrderCancelled cancelled;
-        cancelled.set_order_id(req.order_id());
-        cancelled.set_reason(req.reason());
-        cancelled.set_currency(current.currency());
-        cancelled.set_refund_cents(current.status() == v1::ORDER_STATUS_PAID
-                                       ? current.total_cents()
-                                       : 0);
-        return OrderEvent(req.order_id(), cancelled, "");
-      });
+  std::promise<absl::StatusOr<v1::Order>> promise;
+  CancelAsync(req, trace_parent, [&promise](absl::StatusOr<v1::Order> order) {
+    promise.set_value(std::move(order));
+  });
+  return promise.get_future().get();
 }
 
 absl::StatusOr<v1::Order> OrderStore::Get(const std::string& order_id) {

@@ -21,6 +21,10 @@ struct OrderStoreOptions {
   // Concurrent CreateOrder calls share one statement and one commit (group
   // commit); this many groups are written at once, at most.
   GroupCommitOptions create_groups;
+  // Concurrent PayOrder and CancelOrder calls share one transaction: their
+  // orders locked by one statement, changed by one, their events appended
+  // by one.
+  GroupCommitOptions change_groups;
 };
 
 class OrderStore {
@@ -47,20 +51,40 @@ class OrderStore {
                    std::function<void(absl::StatusOr<v1::Order>)> done);
   // NotFound, Aborted (stale expected_version), FailedPrecondition
   // (illegal transition) or InvalidArgument (amount differs from the total).
+  // Each is decided against the order as committed changes and those before
+  // it in its group left it; a refused change writes nothing and fails
+  // nothing else.
   absl::StatusOr<v1::Order> Pay(const v1::PayOrderRequest& req,
                                 const std::string& trace_parent);
   absl::StatusOr<v1::Order> Cancel(const v1::CancelOrderRequest& req,
                                    const std::string& trace_parent);
+  // Pay and Cancel without waiting: queued for the next group commit;
+  // `done` gets the result on the store's writer thread. Never blocks on
+  // the database.
+  using Done = std::function<void(absl::StatusOr<v1::Order>)>;
+  void PayAsync(const v1::PayOrderRequest& req, const std::string& trace_parent,
+                Done done);
+  void CancelAsync(const v1::CancelOrderRequest& req,
+                   const std::string& trace_parent, Done done);
   absl::StatusOr<v1::Order> Get(const std::string& order_id);
 
  private:
-  // One change of an existing order: lock, check version and transition,
-  // let `event` check the request against the order and make the event,
-  // then update the order and append the event in one commit.
-  absl::StatusOr<v1::Order> Change(
-      const std::string& order_id, int64_t expected_version, v1::OrderStatus to,
-      const std::string& trace_parent,
-      const std::function<absl::StatusOr<NewEvent>(const v1::Order&)>& event);
+  // One change of an existing order: its version and transition are
+  // checked, then `event` checks the request against the order and makes
+  // the event.
+  struct OrderChange {
+    std::string order_id;
+    int64_t expected_version = 0;
+    v1::OrderStatus to = v1::ORDER_STATUS_UNSPECIFIED;
+    std::string trace_parent;
+    std::function<absl::StatusOr<NewEvent>(const v1::Order&)> event;
+  };
+  // Writes the changes of a group in one transaction: locks their orders
+  // (sorted), decides each in arrival order, updates each order once and
+  // appends the events in order. One result per change. A data error of
+  // the group is retried change by change, so that only the culprit fails.
+  std::vector<absl::StatusOr<v1::Order>> WriteChanges(
+      const std::vector<const OrderChange*>& group);
 
   // The order of a Create whose idempotency key was taken: the first one if
   // it came from the same request.
@@ -84,6 +108,7 @@ class OrderStore {
   Database* const db_;
   Writer* const writer_;
   GroupCommit<NewOrder, std::optional<int64_t>> create_commit_;
+  GroupCommit<OrderChange, v1::Order> change_commit_;
 };
 
 }  // namespace outbox::producer

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -225,6 +226,109 @@ TEST_F(OrderStoreTest, GroupCommitFailsOnlyTheRequestTheDatabaseRefuses) {
                         "e.seq = h.last_seq AND e.aggregate_id = "
                         "o.order_id::text"),
             kThreads - 1);
+}
+
+TEST_F(OrderStoreTest, ChangeGroupsFailOnlyTheRefusedRequests) {
+  // Concurrent pays share transactions. Among them: a wrong amount, a stale
+  // version, a missing order, and one the database refuses (a data
+  // error, which retries its group change by change). Each of those fails
+  // alone, with its own status; every other order is paid once, with its
+  // event chained after its OrderCreated.
+  tdb_.Exec(
+      "ALTER TABLE orders ADD CONSTRAINT no_paid_blocked CHECK "
+      "(NOT (status = 'PAID' AND customer_id = 'blocked'))");
+  constexpr int kOrders = 32;
+  std::vector<v1::Order> orders;
+  for (int i = 0; i < kOrders; ++i) {
+    auto req = Request(absl::StrCat("change-", i));
+    if (i == 11) req.set_customer_id("blocked");
+    auto o = store_.Create(req, 2500, NewTraceParent());
+    ASSERT_TRUE(o.ok()) << o.status();
+    orders.push_back(*o);
+  }
+  const int64_t created = Events();
+  std::vector<absl::StatusOr<v1::Order>> results(kOrders);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::thread> threads;
+    for (int i = round; i < kOrders; i += 3) {
+      threads.emplace_back([&, i] {
+        v1::Order o = orders[i];
+        int64_t version = 1, amount = 2500;
+        if (i == 3) amount = 2499;
+        if (i == 7) version = 2;
+        if (i == 19) o.set_order_id(NewUuid());
+        results[i] = Pay(o, version, amount);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int i = 0; i < kOrders; ++i) {
+    const absl::StatusCode want = i == 3    ? absl::StatusCode::kInvalidArgument
+                                  : i == 7  ? absl::StatusCode::kAborted
+                                  : i == 19 ? absl::StatusCode::kNotFound
+                                  : i == 11
+                                      ? absl::StatusCode::kFailedPrecondition
+                                      : absl::StatusCode::kOk;
+    EXPECT_EQ(results[i].status().code(), want)
+        << i << ": " << results[i].status();
+    if (want != absl::StatusCode::kOk) continue;
+    EXPECT_EQ(results[i]->status(), v1::ORDER_STATUS_PAID);
+    EXPECT_EQ(results[i]->version(), 2);
+    EXPECT_EQ(results[i]->order_id(), orders[i].order_id());
+  }
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders WHERE status = 'PAID' "
+                        "AND version = 2"),
+            kOrders - 4);
+  EXPECT_EQ(
+      tdb_.Scalar("SELECT count(*) FROM orders WHERE status = "
+                  "'CREATED' AND version = 1"),
+      4);  // 3, 7, 11, and 19 (its pay named an order that does not exist)
+  EXPECT_EQ(Events(), created + kOrders - 4);
+  // Each paid order's head is its OrderPaid, chained to its OrderCreated.
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders o JOIN outbox_heads h ON "
+                        "h.aggregate_id = o.order_id::text JOIN outbox e ON "
+                        "e.seq = h.last_seq AND e.event_type = 'OrderPaid' "
+                        "JOIN outbox c ON c.seq = e.prev_seq AND c.event_type "
+                        "= 'OrderCreated' AND c.aggregate_id = e.aggregate_id "
+                        "WHERE o.status = 'PAID'"),
+            kOrders - 4);
+}
+
+TEST_F(OrderStoreTest, ChangesOfOneOrderInOneGroupApplyInTurn) {
+  // Many changes of one order at once land in few groups: each is decided
+  // against the order as the ones before it left it, so exactly one pay
+  // and one cancel win, versions count up, and the events form one chain.
+  v1::Order o = Create();
+  std::vector<absl::StatusOr<v1::Order>> results(16);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = i % 2 ? Pay(o, 0, 2500) : Cancel(o, 0); });
+  }
+  for (auto& t : threads) t.join();
+  std::set<int64_t> versions;
+  for (const auto& r : results) {
+    if (r.ok()) {
+      versions.insert(r->version());
+    } else {
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+          << r.status();
+    }
+  }
+  EXPECT_GE(versions.size(), 1u);
+  EXPECT_LE(versions.size(), 2u);
+  EXPECT_EQ(*versions.begin(), 2);
+  EXPECT_EQ(tdb_.Scalar("SELECT version FROM orders"),
+            1 + static_cast<int64_t>(versions.size()));
+  pqxx::result rows =
+      tdb_.Query("SELECT seq, prev_seq FROM outbox ORDER BY seq");
+  ASSERT_EQ(rows.size(), 1 + versions.size());
+  for (size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i][1].as<int64_t>(), rows[i - 1][0].as<int64_t>());
+  }
+  EXPECT_EQ(tdb_.Scalar(absl::StrCat("SELECT count(*) FROM outbox WHERE seq = ",
+                                     Head(o.order_id()))),
+            1);
 }
 
 TEST_F(OrderStoreTest, ConcurrentRetriesWithOneKeyMakeOneOrder) {

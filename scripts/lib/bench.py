@@ -28,7 +28,7 @@ import time
 
 # ---------------------------------------------------------------------------
 # The producer's SQL, copied verbatim from producer/order_store.cc
-# (kCreateSql, kLockOrderSql, kChangeSql) and from the outbox writer it
+# (kCreateSql, kLockOrdersSql, kChangeOrdersSql) and from the outbox writer it
 # appends events with, writer/writer.cc (kAppendSql). KEEP IN SYNC with
 # those files: `check-sql` (run by scripts/bench) looks for each of these
 # strings in the producer binary being measured and warns when one is
@@ -51,14 +51,16 @@ _ORDER_COLUMNS = (
     "total_cents, status, version, "
     "(extract(epoch from created_at) * 1000000)::bigint AS created_us, "
     "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us")
-LOCK_ORDER_SQL = ("SELECT " + _ORDER_COLUMNS +
-                  " FROM orders WHERE order_id = $1::uuid FOR UPDATE")
+LOCK_ORDERS_SQL = (
+    "SELECT o.* FROM unnest($1::uuid[]) AS k JOIN LATERAL (SELECT " +
+    _ORDER_COLUMNS +
+    " FROM orders WHERE order_id = k LIMIT 1 FOR UPDATE) o ON true")
 
-CHANGE_SQL = (
-    "UPDATE orders SET status = $2, version = version + 1, "
-    "updated_at = now() WHERE order_id = $1::uuid "
-    "RETURNING version, "
-    "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us")
+CHANGE_ORDERS_SQL = (
+    "UPDATE orders o SET status = t.status, version = t.version, "
+    "updated_at = now() FROM unnest($1::uuid[], $2::text[], $3::bigint[]) "
+    "AS t(order_id, status, version) WHERE o.order_id = t.order_id "
+    "RETURNING (extract(epoch from o.updated_at) * 1000000)::bigint")
 
 APPEND_SQL = (
     "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], "
@@ -182,23 +184,25 @@ def cmd_pgbench_scripts(a):
         f.write(setup + "BEGIN;\n" + scalar_order + " \\gset\n" +
                 scalar_event + ";\nCOMMIT;\n")
     # PayOrder / CancelOrder: lock the order, update it, append the event,
-    # as OrderStore::Change does. Client c's i-th transaction takes order
-    # number c * per_client + i (needs -D per_client=N), made beforehand by
+    # as OrderStore::WriteChanges does for a group of one. Client c's i-th
+    # transaction takes order number c * per_client + i (needs
+    # -D per_client=N), made beforehand by
     # orders_setup.sql, so each order is changed once, from CREATED like
     # the load's; a client past its share fails loudly (\gset of no row)
     # instead of measuring no-ops.
-    lock = substitute(LOCK_ORDER_SQL, {
-        1: "md5('pgb-order-' || (:n)::text)"})
+    lock = substitute(LOCK_ORDERS_SQL, {
+        1: "ARRAY[md5('pgb-order-' || (:n)::text)::uuid]"})
     for name, status, etype, kind in (
             ("pay", "PAID", "OrderPaid", "paid"),
             ("cancel", "CANCELLED", "OrderCancelled", "cancelled")):
-        change = substitute(CHANGE_SQL, {
-            1: "(:order_id)::text",
-            2: q(status),
+        change = substitute(CHANGE_ORDERS_SQL, {
+            1: "ARRAY[(:order_id)::uuid]",
+            2: "ARRAY[" + q(status) + "]",
+            3: "ARRAY[2::bigint]",
         })
         with open(os.path.join(a.out, name + ".sql"), "w") as f:
-            f.write(head % "producer/order_store.cc's kLockOrderSql and "
-                    "kChangeSql and writer/writer.cc's kAppendSql")
+            f.write(head % "producer/order_store.cc's kLockOrdersSql and "
+                    "kChangeOrdersSql and writer/writer.cc's kAppendSql")
             f.write("\\set i :i + 1\n\\set n :client_id * :per_client + :i\n"
                     "\\set p random(0, 31)\n")
             f.write("BEGIN;\n" + lock + " \\gset\n" + change + ";\n" +
@@ -233,8 +237,8 @@ def cmd_check_sql(a):
     with open(a.binary, "rb") as f:
         data = f.read()
     missing = [n for n, s in (("kCreateSql", CREATE_SQL),
-                              ("kLockOrderSql", LOCK_ORDER_SQL),
-                              ("kChangeSql", CHANGE_SQL),
+                              ("kLockOrdersSql", LOCK_ORDERS_SQL),
+                              ("kChangeOrdersSql", CHANGE_ORDERS_SQL),
                               ("kAppendSql", APPEND_SQL))
                if s.encode() not in data]
     print("ok" if not missing else "missing: " + ",".join(missing))
