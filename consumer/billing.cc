@@ -233,17 +233,19 @@ std::vector<inbox::Rejection> BillingHandler::Apply(
     cur.Add(o.currency);
     last.Add(o.last_seq);
   }
-  ExecPrepared(
-      tx, "upsert_views",
-      "INSERT INTO order_view (order_id, customer_id, status, total_cents, "
-      "currency, last_seq) SELECT * FROM unnest($1::text[], $2::text[], "
-      "$3::text[], $4::bigint[], $5::text[], $6::bigint[]) "
-      "ON CONFLICT (order_id) DO UPDATE SET customer_id = "
-      "EXCLUDED.customer_id, status = EXCLUDED.status, total_cents = "
-      "EXCLUDED.total_cents, currency = EXCLUDED.currency, last_seq = "
-      "EXCLUDED.last_seq, updated_at = now()",
-      oid.str(), cust.str(), status.str(), total.str(), cur.str(), last.str());
-  if (charges.empty()) return {};
+  // The views and the charges in one statement (one round trip).
+#define OUTBOX_UPSERT_VIEWS                                                   \
+  "INSERT INTO order_view (order_id, customer_id, status, total_cents, "      \
+  "currency, last_seq) SELECT * FROM unnest($1::text[], $2::text[], "         \
+  "$3::text[], $4::bigint[], $5::text[], $6::bigint[]) "                      \
+  "ON CONFLICT (order_id) DO UPDATE SET customer_id = EXCLUDED.customer_id, " \
+  "status = EXCLUDED.status, total_cents = EXCLUDED.total_cents, currency = " \
+  "EXCLUDED.currency, last_seq = EXCLUDED.last_seq, updated_at = now()"
+  if (charges.empty()) {
+    ExecPrepared(tx, "upsert_views", OUTBOX_UPSERT_VIEWS, oid.str(), cust.str(),
+                 status.str(), total.str(), cur.str(), last.str());
+    return {};
+  }
   ArrayLiteral cev, cord, kind, amount, ccur;
   for (const ChargeRow& ch : charges) {
     cev.Add(ch.event_id);
@@ -253,11 +255,14 @@ std::vector<inbox::Rejection> BillingHandler::Apply(
     ccur.Add(ch.currency);
   }
   ExecPrepared(
-      tx, "insert_charges",
-      "INSERT INTO charges (event_id, order_id, kind, amount_cents, currency) "
-      "SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], "
-      "$5::text[]) ON CONFLICT DO NOTHING",
+      tx, "upsert_views_charges",
+      "WITH v AS (" OUTBOX_UPSERT_VIEWS
+      ") INSERT INTO charges (event_id, order_id, kind, amount_cents, "
+      "currency) SELECT * FROM unnest($7::uuid[], $8::text[], $9::text[], "
+      "$10::bigint[], $11::text[]) ON CONFLICT DO NOTHING",
+      oid.str(), cust.str(), status.str(), total.str(), cur.str(), last.str(),
       cev.str(), cord.str(), kind.str(), amount.str(), ccur.str());
+#undef OUTBOX_UPSERT_VIEWS
   return {};
 }
 

@@ -110,24 +110,70 @@ std::set<std::string> InInbox(pqxx::work& tx,
   return found;
 }
 
+// The inbox rows of a batch: $1-$5 event_id, aggregate_id, seq,
+// event_type, occurred_at.
+#define OUTBOX_INSERT_INBOX                                                  \
+  "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "             \
+  "occurred_at) SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], " \
+  "$4::text[], $5::timestamptz[]) ON CONFLICT DO NOTHING"
+// The new cursors and held counts of aggregates: $N aggregate_id, $N+1
+// last_seq, $N+2 held_count.
+#define OUTBOX_UPSERT_CURSORS(a, b, c)                                      \
+  "INSERT INTO aggregate_cursors (aggregate_id, last_seq, held_count) "     \
+  "SELECT * FROM unnest(" a "::text[], " b "::bigint[], " c                 \
+  "::int[]) "                                                               \
+  "ON CONFLICT (aggregate_id) DO UPDATE SET last_seq = EXCLUDED.last_seq, " \
+  "held_count = EXCLUDED.held_count, updated_at = now()"
+
+struct InboxRows {
+  ArrayLiteral ev, agg, seq, type, at;
+  explicit InboxRows(const std::vector<const v1::Event*>& events) {
+    for (const v1::Event* e : events) {
+      ev.Add(e->event_id());
+      agg.Add(e->aggregate_id());
+      seq.Add(e->seq());
+      type.Add(e->event_type());
+      at.Add(SqlTimestamp(e->occurred_at()));
+    }
+  }
+};
+
+struct CursorRows {
+  ArrayLiteral agg, last, held;
+  explicit CursorRows(const std::map<std::string, AggregateState>& changed) {
+    for (const auto& [a, st] : changed) {
+      agg.Add(a);
+      last.Add(st.cursor);
+      held.Add(st.held_count);
+    }
+  }
+};
+
 // Inserts the inbox rows of `events`; false if some event id or position
 // was there already (nothing of the batch may then commit).
 bool InsertInbox(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
-  ArrayLiteral ev, agg, seq, type, at;
-  for (const v1::Event* e : events) {
-    ev.Add(e->event_id());
-    agg.Add(e->aggregate_id());
-    seq.Add(e->seq());
-    type.Add(e->event_type());
-    at.Add(SqlTimestamp(e->occurred_at()));
-  }
-  pqxx::result inserted = ExecPrepared(
-      tx, "insert_inbox",
-      "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "
-      "occurred_at) SELECT * FROM unnest($1::uuid[], $2::text[], "
-      "$3::bigint[], $4::text[], $5::timestamptz[]) ON CONFLICT DO NOTHING",
-      ev.str(), agg.str(), seq.str(), type.str(), at.str());
+  const InboxRows r(events);
+  pqxx::result inserted =
+      ExecPrepared(tx, "insert_inbox", OUTBOX_INSERT_INBOX, r.ev.str(),
+                   r.agg.str(), r.seq.str(), r.type.str(), r.at.str());
   return inserted.affected_rows() == events.size();
+}
+
+// InsertInbox and UpdateCursors in one statement (one round trip), for a
+// batch that holds, drains and passes no held event.
+bool InsertInboxAndCursors(
+    pqxx::work& tx, const std::vector<const v1::Event*>& events,
+    const std::map<std::string, AggregateState>& changed) {
+  const InboxRows r(events);
+  const CursorRows c(changed);
+  pqxx::result inserted =
+      ExecPrepared(tx, "insert_inbox_cursors",
+                   "WITH i AS (" OUTBOX_INSERT_INBOX
+                   " RETURNING 1), c AS (" OUTBOX_UPSERT_CURSORS(
+                       "$6", "$7", "$8") ") SELECT count(*) FROM i",
+                   r.ev.str(), r.agg.str(), r.seq.str(), r.type.str(),
+                   r.at.str(), c.agg.str(), c.last.str(), c.held.str());
+  return inserted[0][0].as<size_t>() == events.size();
 }
 
 void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
@@ -176,20 +222,13 @@ std::vector<std::string> DeletePassedHeld(
 
 void UpdateCursors(pqxx::work& tx,
                    const std::map<std::string, AggregateState>& changed) {
-  ArrayLiteral agg, last, held;
-  for (const auto& [a, st] : changed) {
-    agg.Add(a);
-    last.Add(st.cursor);
-    held.Add(st.held_count);
-  }
-  ExecPrepared(
-      tx, "upsert_cursors",
-      "INSERT INTO aggregate_cursors (aggregate_id, last_seq, held_count) "
-      "SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[]) "
-      "ON CONFLICT (aggregate_id) DO UPDATE SET last_seq = EXCLUDED.last_seq, "
-      "held_count = EXCLUDED.held_count, updated_at = now()",
-      agg.str(), last.str(), held.str());
+  const CursorRows c(changed);
+  ExecPrepared(tx, "upsert_cursors", OUTBOX_UPSERT_CURSORS("$1", "$2", "$3"),
+               c.agg.str(), c.last.str(), c.held.str());
 }
+
+#undef OUTBOX_INSERT_INBOX
+#undef OUTBOX_UPSERT_CURSORS
 
 }  // namespace
 
@@ -452,8 +491,15 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     snap.in_inbox =
         InInbox(tx, InboxQuestions(events, invalid, snap, ask_inbox_about_all));
     Plan plan = PlanBatch(events, invalid, snap, options_.plan);
+    // The common batch (it applies events and touches no held one): its
+    // cursors are written with its inbox rows, a round trip fewer.
+    bool holding = !plan.hold.empty() || !plan.unhold.empty();
+    for (const auto& [a, st] : snap.aggregates) holding |= st.held_count > 0;
+    const bool cursors_with_inbox = !plan.apply.empty() && !holding;
     if (!plan.apply.empty()) {
-      if (!InsertInbox(tx, plan.apply)) {
+      if (!(cursors_with_inbox
+                ? InsertInboxAndCursors(tx, plan.apply, plan.changed)
+                : InsertInbox(tx, plan.apply))) {
         out.inbox_collision = true;
         return absl::OkStatus();  // rolled back
       }
@@ -476,8 +522,10 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
                    "DELETE FROM held_events WHERE event_id = ANY($1::uuid[])",
                    ArrayLiteral(plan.unhold).str());
     }
-    out.passed_held = DeletePassedHeld(tx, snap.aggregates, &plan.changed);
-    if (!plan.changed.empty()) UpdateCursors(tx, plan.changed);
+    if (!cursors_with_inbox) {
+      out.passed_held = DeletePassedHeld(tx, snap.aggregates, &plan.changed);
+      if (!plan.changed.empty()) UpdateCursors(tx, plan.changed);
+    }
     MaybeCrash("consumer.before_commit");
     tx.commit();
     out.results = plan.results;
