@@ -491,8 +491,10 @@ bool Relay::Rebalance() {
 
 void Relay::Untrack(const std::string& aggregate_id) {
   auto it = busy_aggregates_.find(aggregate_id);
-  if (it != busy_aggregates_.end() && --it->second <= 0)
+  if (it != busy_aggregates_.end() && --it->second <= 0) {
     busy_aggregates_.erase(it);
+    ++freed_;
+  }
 }
 
 bool Relay::Claim(Lane& lane) {
@@ -504,7 +506,8 @@ bool Relay::Claim(Lane& lane) {
     // dead): not asked for again in this round.
     std::set<std::string> blocked;
     // First above what was sent, then all (and all at least once per poll).
-    bool fresh = lane.sent_through > 0 && absl::Now() < lane.next_full_claim;
+    bool fresh = lane.sent_through > 0 && absl::Now() < lane.next_full_claim &&
+                 !(lane.passed_over && lane.freed_at_claim != freed_);
     if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
     for (;;) {
       const int limit = ClaimLimit(options_.batch_size, options_.window,
@@ -514,6 +517,12 @@ bool Relay::Claim(Lane& lane) {
       if (limit == 0) break;
       ArrayLiteral excluded;
       for (const auto& [agg, n] : busy_aggregates_) excluded.Add(agg);
+      if (fresh) {
+        lane.passed_over |= !busy_aggregates_.empty();
+        lane.freed_at_claim = freed_;
+      } else {
+        lane.passed_over = false;  // this claim sees every ready row
+      }
       for (const std::string& agg : blocked) excluded.Add(agg);
       pqxx::result rows;
       const absl::Time t0 = absl::Now();

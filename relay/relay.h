@@ -176,6 +176,14 @@ class Relay {
     // A claim from the start at least this often, so that rows passed
     // over never wait long behind a steady stream of new ones.
     absl::Time next_full_claim = absl::InfinitePast();
+    // A claim above sent_through skips the rows of busy aggregates (the
+    // next event of an order whose previous one is in flight). Set when one
+    // ran while an aggregate was busy: once an aggregate has been freed
+    // since (freed_ moved past freed_at_claim), the next claim starts from
+    // the start, so that such a row waits for its predecessor's mark, not
+    // for poll_interval.
+    bool passed_over = false;
+    uint64_t freed_at_claim = 0;
     bool connected() const { return stream != nullptr && !stream->broken(); }
   };
 
@@ -260,6 +268,7 @@ class Relay {
   // Aggregates with events in flight or answered and not yet marked: not
   // claimed again until marked (event count each).
   std::map<std::string, int> busy_aggregates_;
+  uint64_t freed_ = 0;       // times an aggregate stopped being busy
   std::vector<Mark> marks_;  // answered, not yet written
   std::set<int> releasing_;  // partitions being given up: no new claims
 
