@@ -8,9 +8,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/db.h"
 #include "common/group_commit.h"
@@ -58,6 +60,24 @@ TEST(Ids, UuidsAreV4AndValidated) {
   EXPECT_FALSE(IsUuid(""));
   EXPECT_FALSE(IsUuid("123e4567e89b12d3a456426614174000"));
   EXPECT_FALSE(IsUuid("123e4567-e89b-12d3-a456-42661417400g"));
+}
+
+TEST(Ids, TimeOrderedUuidsAreV7AndSortByTime) {
+  const int64_t before = absl::ToUnixMillis(absl::Now());
+  std::string a = NewTimeOrderedUuid();
+  EXPECT_TRUE(IsUuid(a)) << a;
+  EXPECT_EQ(a[14], '7') << a;
+  EXPECT_NE(std::string("89ab").find(a[19]), std::string::npos) << a;
+  // The first 48 bits are the Unix time in milliseconds.
+  const int64_t ms = std::stoll(a.substr(0, 8) + a.substr(9, 4), nullptr, 16);
+  EXPECT_GE(ms, before);
+  EXPECT_LE(ms, absl::ToUnixMillis(absl::Now()));
+  absl::SleepFor(absl::Milliseconds(2));
+  std::string b = NewTimeOrderedUuid();
+  EXPECT_LT(a, b);  // a later millisecond sorts after (text and uuid order)
+  std::set<std::string> many;
+  for (int i = 0; i < 10000; ++i) many.insert(NewTimeOrderedUuid());
+  EXPECT_EQ(many.size(), 10000u);  // 74 random bits within a millisecond
 }
 
 TEST(Ids, TraceParent) {

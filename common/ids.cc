@@ -4,6 +4,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/time/clock.h"
 
 namespace outbox {
 namespace {
@@ -38,11 +39,9 @@ bool AllZero(absl::string_view s) {
 
 }  // namespace
 
-std::string NewUuid() {
-  uint64_t hi = absl::Uniform<uint64_t>(Gen());
-  uint64_t lo = absl::Uniform<uint64_t>(Gen());
-  hi = (hi & ~0xf000ULL) | 0x4000ULL;        // version 4
-  lo = (lo & ~(3ULL << 62)) | (2ULL << 62);  // RFC 4122 variant
+namespace {
+
+std::string FormatUuid(uint64_t hi, uint64_t lo) {
   char buf[37];
   std::snprintf(buf, sizeof(buf), "%08x-%04x-%04x-%04x-%012llx",
                 static_cast<unsigned>(hi >> 32),
@@ -51,6 +50,26 @@ std::string NewUuid() {
                 static_cast<unsigned>(lo >> 48),
                 static_cast<unsigned long long>(lo & 0xffffffffffffULL));
   return buf;
+}
+
+}  // namespace
+
+std::string NewUuid() {
+  uint64_t hi = absl::Uniform<uint64_t>(Gen());
+  uint64_t lo = absl::Uniform<uint64_t>(Gen());
+  hi = (hi & ~0xf000ULL) | 0x4000ULL;        // version 4
+  lo = (lo & ~(3ULL << 62)) | (2ULL << 62);  // RFC 4122 variant
+  return FormatUuid(hi, lo);
+}
+
+std::string NewTimeOrderedUuid() {
+  const uint64_t ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) &
+                      0xffffffffffffULL;
+  uint64_t hi = (ms << 16) | 0x7000ULL |  // version 7
+                (absl::Uniform<uint64_t>(Gen()) & 0xfffULL);
+  uint64_t lo = absl::Uniform<uint64_t>(Gen());
+  lo = (lo & ~(3ULL << 62)) | (2ULL << 62);  // RFC 4122 variant
+  return FormatUuid(hi, lo);
 }
 
 bool IsUuid(absl::string_view s) {

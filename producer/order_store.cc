@@ -190,7 +190,7 @@ void OrderStore::CreateAsync(
   NewOrder o;
   o.req = &req;
   o.total_cents = total_cents;
-  o.order_id = NewUuid();
+  o.order_id = NewTimeOrderedUuid();
   o.fingerprint = RequestFingerprint(req);
   o.items_json = ItemsJson(req.items());
   v1::OrderCreated created;

@@ -130,7 +130,8 @@ absl::StatusOr<std::vector<Appended>> Writer::AppendMany(
     for (size_t i : round) {
       const NewEvent& e = events[i];
       v1::Event stored;
-      stored.set_event_id(e.event_id.empty() ? NewUuid() : e.event_id);
+      stored.set_event_id(e.event_id.empty() ? NewTimeOrderedUuid()
+                                             : e.event_id);
       stored.set_aggregate_type(e.aggregate_type);
       stored.set_aggregate_id(e.aggregate_id);
       stored.set_event_type(e.event_type);
