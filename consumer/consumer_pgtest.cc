@@ -336,6 +336,47 @@ TEST_F(ConsumerTest, OversizedBatchEndsTheStreamWithInvalidArgument) {
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 0);
 }
 
+TEST(ConsumerPlans, KeyLookupsStayIndexProbesInGenericPlans) {
+  // A prepared statement's generic plan is made once, often while the
+  // tables are still empty, and kept as they grow: a lookup by key planned
+  // as a join over a table scan would read every cursor, view or inbox row
+  // in every batch. Forced generic plans on near-empty tables must still
+  // probe the index.
+  testing::TestDatabase tdb("consumer_plans", BillingSchemas());
+  Database db(tdb.url(), 1, "consumer-plans", DbSession{},
+              [](pqxx::connection& c) {
+                pqxx::nontransaction(c).exec(
+                    "SET plan_cache_mode = force_generic_plan");
+              });
+  Metrics metrics;
+  Engine engine(&db, Billing(), &metrics);
+  std::vector<v1::Event> chain = OrderChain(1);
+  // The first event, then the rest with the first again (a duplicate, which
+  // asks the inbox): every lookup statement runs.
+  ASSERT_TRUE(engine.ApplyBatch({&chain[0]}).ok());
+  auto again = engine.ApplyBatch({&chain[0], &chain[1], &chain[2]});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Outcomes(*again), (std::vector<v1::DeliveryOutcome>{
+                                  v1::DUPLICATE, v1::APPLIED, v1::APPLIED}));
+  const std::string id = "'{" + NewUuid() + "}'";
+  absl::Status s = db.Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::nontransaction tx(c);
+    const std::vector<std::string> calls = {
+        "read_cursors('{x}')", "read_views('{x}')", "in_inbox(" + id + ")"};
+    for (const std::string& call : calls) {
+      std::string plan;
+      for (const auto& row : tx.exec("EXPLAIN EXECUTE " + call)) {
+        plan += row[0].as<std::string>() + "\n";
+      }
+      EXPECT_EQ(plan.find("Seq Scan on"), std::string::npos) << call << ":\n"
+                                                             << plan;
+      EXPECT_NE(plan.find("Index"), std::string::npos) << call << ":\n" << plan;
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(ConsumerDown, UnreachableDatabaseEndsTheStreamUnavailable) {
   Database db("postgresql://127.0.0.1:1/outbox_billing", 1, "t");
   Metrics metrics;
