@@ -308,6 +308,12 @@ std::vector<absl::StatusOr<v1::Order>> OrderStore::WriteChanges(
     }
     pqxx::result written =
         tx.exec_params(kChangeOrdersSql, id.str(), status.str(), version.str());
+    if (written.size() != dirty.size()) {
+      // Locked above, so never; but never commit half a group either.
+      return absl::InternalError(absl::StrCat("order change: ", written.size(),
+                                              " of ", dirty.size(),
+                                              " locked orders updated"));
+    }
     if (auto appended = writer_->AppendMany(tx, events); !appended.ok()) {
       return appended.status();
     }
