@@ -502,13 +502,15 @@ bool Relay::Claim(Lane& lane) {
       owned_, releasing_, lane.index, static_cast<int>(lanes_.size()));
   if (partitions.empty()) return true;
   try {
-    // Aggregates whose first undelivered event cannot go now (backing off,
-    // dead): not asked for again in this round.
-    std::set<std::string> blocked;
     // First above what was sent, then all (and all at least once per poll).
     bool fresh = lane.sent_through > 0 && absl::Now() < lane.next_full_claim &&
                  !(lane.passed_over && lane.freed_at_claim != freed_);
     if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
+    // Each claim of this round continues after the last row the one before
+    // returned: a row that could not go (its predecessor backing off or
+    // dead) is passed, not excluded by id, so a round costs the same with
+    // thousands of such aggregates as with none.
+    int64_t after = fresh ? lane.sent_through : 0;
     for (;;) {
       const int limit = ClaimLimit(options_.batch_size, options_.window,
                                    options_.pipeline_depth,
@@ -523,7 +525,6 @@ bool Relay::Claim(Lane& lane) {
       } else {
         lane.passed_over = false;  // this claim sees every ready row
       }
-      for (const std::string& agg : blocked) excluded.Add(agg);
       pqxx::result rows;
       const absl::Time t0 = absl::Now();
       {
@@ -531,7 +532,7 @@ bool Relay::Claim(Lane& lane) {
         pqxx::nontransaction tx(*conn_);
         rows = tx.exec_prepared("claim", options_.subscription,
                                 ArrayLiteral(partitions).str(), excluded.str(),
-                                limit, fresh ? lane.sent_through : int64_t{0});
+                                limit, after);
       }
       claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
       if (spdlog::should_log(spdlog::level::debug)) {
@@ -541,9 +542,11 @@ bool Relay::Claim(Lane& lane) {
       if (rows.empty()) {
         if (!fresh) break;
         fresh = false;
+        after = 0;
         lane.next_full_claim = absl::Now() + options_.poll_interval;
         continue;
       }
+      after = std::max(after, rows[rows.size() - 1][0].as<int64_t>());
       // An aggregate goes when its first row here is its first undelivered
       // event; then all its rows here go, in chain order.
       std::map<std::string, bool> goes;
@@ -559,10 +562,7 @@ bool Relay::Claim(Lane& lane) {
       size_t bytes = 0;  // of req, kept as events are added
       for (const auto& row : rows) {
         const std::string agg = row[4].as<std::string>();
-        if (!goes.at(agg)) {
-          blocked.insert(agg);
-          continue;
-        }
+        if (!goes.at(agg)) continue;  // waits for its predecessor
         if (cut.count(agg)) continue;
         // Below the consumer's message limit, whatever --batch_size says;
         // the rest is claimed again once this batch is answered.
@@ -615,6 +615,7 @@ bool Relay::Claim(Lane& lane) {
       if (static_cast<int>(rows.size()) < limit) {
         if (!fresh) break;
         fresh = false;  // the new rows are claimed: now the passed-over ones
+        after = 0;
         lane.next_full_claim = absl::Now() + options_.poll_interval;
       }
     }

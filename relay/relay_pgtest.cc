@@ -280,6 +280,37 @@ TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
             grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(RelayTest, ManyAggregatesBehindABackoffDelayNoOtherAndKeepOrder) {
+  // The first event of every order with more than one event backs off for
+  // an hour: its successors are pending and ready but must wait. Claims
+  // page past them (many batches' worth) instead of excluding each
+  // aggregate by id, and deliver every other order's event.
+  MakeOrders(240);
+  orders_.Exec(
+      "UPDATE outbox_delivery d SET available_at = now() + interval '1 "
+      "hour', attempts = 1 FROM outbox o WHERE o.seq = d.seq AND "
+      "o.prev_seq = 0 AND o.aggregate_id IN (SELECT aggregate_id FROM "
+      "outbox GROUP BY aggregate_id HAVING count(*) > 1)");
+  const int64_t single = orders_.Scalar(
+      "SELECT count(*) FROM (SELECT aggregate_id FROM outbox GROUP BY "
+      "aggregate_id HAVING count(*) = 1) x");
+  ASSERT_EQ(single, 80);  // orders neither paid nor cancelled
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return Applied() == single; }));
+  // Several full claims later, still none of the waiting ones.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(Applied(), single);
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM held_events"), 0);
+  EXPECT_EQ(billing_.Scalar("SELECT count(DISTINCT aggregate_id) FROM inbox"),
+            single);
+  // The backoff ends: everything arrives once, in chain order.
+  orders_.Exec("UPDATE outbox_delivery SET available_at = now()");
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events(); }));
+  ExpectExactlyOnceInOrder();
+}
+
 TEST_F(RelayTest, RestartLosesNothing) {
   MakeOrders(40);
   Consumer consumer(billing_.url(), 0);
