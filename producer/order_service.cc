@@ -83,16 +83,24 @@ void OrderServiceImpl::Watch(const absl::Status& s) {
   }
 }
 
-void OrderServiceImpl::OnWorker(
-    grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start,
-    v1::Order* order, std::function<absl::StatusOr<v1::Order>()> call) {
+OrderStore::Done OrderServiceImpl::Answer(grpc::ServerUnaryReactor* reactor,
+                                          const char* method, absl::Time start,
+                                          v1::Order* order) {
   if (watchdog_ != nullptr) watchdog_->Working();
-  const bool queued = workers_->Post([=, call = std::move(call)] {
-    absl::StatusOr<v1::Order> result = call();
+  return [=](absl::StatusOr<v1::Order> result) {
     Watch(result.status());
     if (result.ok()) *order = std::move(*result);
     Finish(reactor, method, start, result.status());
-  });
+  };
+}
+
+void OrderServiceImpl::OnWorker(
+    grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start,
+    v1::Order* order, std::function<absl::StatusOr<v1::Order>()> call) {
+  const bool queued = workers_->Post(
+      [call = std::move(call), done = Answer(reactor, method, start, order)] {
+        done(call());
+      });
   if (!queued) {
     Finish(reactor, method, start,
            absl::ResourceExhaustedError("too many calls in progress; retry"));
@@ -113,14 +121,9 @@ grpc::ServerUnaryReactor* OrderServiceImpl::CreateOrder(
     Finish(reactor, "CreateOrder", start, total.status());
     return reactor;
   }
-  if (watchdog_ != nullptr) watchdog_->Working();
-  store_->CreateAsync(*req, *total, TraceParentFrom(*ctx),
-                      [=](absl::StatusOr<v1::Order> order) {
-                        Watch(order.status());
-                        if (order.ok())
-                          *resp->mutable_order() = std::move(*order);
-                        Finish(reactor, "CreateOrder", start, order.status());
-                      });
+  store_->CreateAsync(
+      *req, *total, TraceParentFrom(*ctx),
+      Answer(reactor, "CreateOrder", start, resp->mutable_order()));
   return reactor;
 }
 
@@ -134,14 +137,8 @@ grpc::ServerUnaryReactor* OrderServiceImpl::PayOrder(
   } else if (absl::Status s = ValidatePay(*req); !s.ok()) {
     Finish(reactor, "PayOrder", start, s);
   } else {
-    if (watchdog_ != nullptr) watchdog_->Working();
     store_->PayAsync(*req, TraceParentFrom(*ctx),
-                     [=](absl::StatusOr<v1::Order> order) {
-                       Watch(order.status());
-                       if (order.ok())
-                         *resp->mutable_order() = std::move(*order);
-                       Finish(reactor, "PayOrder", start, order.status());
-                     });
+                     Answer(reactor, "PayOrder", start, resp->mutable_order()));
   }
   return reactor;
 }
@@ -156,14 +153,9 @@ grpc::ServerUnaryReactor* OrderServiceImpl::CancelOrder(
   } else if (absl::Status s = ValidateCancel(*req); !s.ok()) {
     Finish(reactor, "CancelOrder", start, s);
   } else {
-    if (watchdog_ != nullptr) watchdog_->Working();
-    store_->CancelAsync(*req, TraceParentFrom(*ctx),
-                        [=](absl::StatusOr<v1::Order> order) {
-                          Watch(order.status());
-                          if (order.ok())
-                            *resp->mutable_order() = std::move(*order);
-                          Finish(reactor, "CancelOrder", start, order.status());
-                        });
+    store_->CancelAsync(
+        *req, TraceParentFrom(*ctx),
+        Answer(reactor, "CancelOrder", start, resp->mutable_order()));
   }
   return reactor;
 }

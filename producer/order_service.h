@@ -46,8 +46,13 @@ class OrderServiceImpl final : public v1::OrderService::CallbackService {
   grpc::Status Refused(grpc::CallbackServerContext* ctx, const char* method);
   // Tells the watchdog how a call that reached the database ended.
   void Watch(const absl::Status& s);
-  // Runs `call` (which returns the order or why not) on a worker, then
+  // The end of a call that reached the store: tells the watchdog the call
+  // is working now; the callback it returns tells it how the call ended,
   // fills `order` and finishes.
+  OrderStore::Done Answer(grpc::ServerUnaryReactor* reactor, const char* method,
+                          absl::Time start, v1::Order* order);
+  // Runs `call` (which returns the order or why not) on a worker, then
+  // answers as Answer does.
   void OnWorker(grpc::ServerUnaryReactor* reactor, const char* method,
                 absl::Time start, v1::Order* order,
                 std::function<absl::StatusOr<v1::Order>()> call);

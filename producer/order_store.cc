@@ -80,6 +80,17 @@ absl::StatusOr<v1::Order> OrderFromRow(const pqxx::row& row) {
   return order;
 }
 
+// Starts an asynchronous store call with a Done of its own and waits for
+// its result.
+absl::StatusOr<v1::Order> Await(
+    const std::function<void(OrderStore::Done)>& start) {
+  std::promise<absl::StatusOr<v1::Order>> promise;
+  start([&promise](absl::StatusOr<v1::Order> order) {
+    promise.set_value(std::move(order));
+  });
+  return promise.get_future().get();
+}
+
 // The event of an order change: `payload`, typed by its message name.
 NewEvent OrderEvent(const std::string& order_id,
                     const google::protobuf::Message& payload,
@@ -174,19 +185,14 @@ std::vector<absl::StatusOr<std::optional<int64_t>>> OrderStore::InsertOrders(
 absl::StatusOr<v1::Order> OrderStore::Create(const v1::CreateOrderRequest& req,
                                              int64_t total_cents,
                                              const std::string& trace_parent) {
-  std::promise<absl::StatusOr<v1::Order>> promise;
-  std::future<absl::StatusOr<v1::Order>> future = promise.get_future();
-  CreateAsync(req, total_cents, trace_parent,
-              [&promise](absl::StatusOr<v1::Order> order) {
-                promise.set_value(std::move(order));
-              });
-  return future.get();
+  return Await([&](Done done) {
+    CreateAsync(req, total_cents, trace_parent, std::move(done));
+  });
 }
 
-void OrderStore::CreateAsync(
-    const v1::CreateOrderRequest& req, int64_t total_cents,
-    const std::string& trace_parent,
-    std::function<void(absl::StatusOr<v1::Order>)> done) {
+void OrderStore::CreateAsync(const v1::CreateOrderRequest& req,
+                             int64_t total_cents,
+                             const std::string& trace_parent, Done done) {
   NewOrder o;
   o.req = &req;
   o.total_cents = total_cents;
@@ -388,20 +394,14 @@ void OrderStore::CancelAsync(const v1::CancelOrderRequest& req,
 
 absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,
                                           const std::string& trace_parent) {
-  std::promise<absl::StatusOr<v1::Order>> promise;
-  PayAsync(req, trace_parent, [&promise](absl::StatusOr<v1::Order> order) {
-    promise.set_value(std::move(order));
-  });
-  return promise.get_future().get();
+  return Await(
+      [&](Done done) { PayAsync(req, trace_parent, std::move(done)); });
 }
 
 absl::StatusOr<v1::Order> OrderStore::Cancel(const v1::CancelOrderRequest& req,
                                              const std::string& trace_parent) {
-  std::promise<absl::StatusOr<v1::Order>> promise;
-  CancelAsync(req, trace_parent, [&promise](absl::StatusOr<v1::Order> order) {
-    promise.set_value(std::move(order));
-  });
-  return promise.get_future().get();
+  return Await(
+      [&](Done done) { CancelAsync(req, trace_parent, std::move(done)); });
 }
 
 absl::StatusOr<v1::Order> OrderStore::Get(const std::string& order_id) {

@@ -43,12 +43,13 @@ class OrderStore {
   absl::StatusOr<v1::Order> Create(const v1::CreateOrderRequest& req,
                                    int64_t total_cents,
                                    const std::string& trace_parent);
+  // Gets the result of an asynchronous call.
+  using Done = std::function<void(absl::StatusOr<v1::Order>)>;
   // Create without waiting: queues the order for the next group commit;
   // `done` gets the result on the store's writer thread. `req` must stay
   // valid until then. Never blocks on the database.
   void CreateAsync(const v1::CreateOrderRequest& req, int64_t total_cents,
-                   const std::string& trace_parent,
-                   std::function<void(absl::StatusOr<v1::Order>)> done);
+                   const std::string& trace_parent, Done done);
   // NotFound, Aborted (stale expected_version), FailedPrecondition
   // (illegal transition) or InvalidArgument (amount differs from the total).
   // Each is decided against the order as committed changes and those before
@@ -61,7 +62,6 @@ class OrderStore {
   // Pay and Cancel without waiting: queued for the next group commit;
   // `done` gets the result on the store's writer thread. Never blocks on
   // the database.
-  using Done = std::function<void(absl::StatusOr<v1::Order>)>;
   void PayAsync(const v1::PayOrderRequest& req, const std::string& trace_parent,
                 Done done);
   void CancelAsync(const v1::CancelOrderRequest& req,
