@@ -56,9 +56,13 @@ namespace outbox::relay {
 //
 // $5: the relay first claims above the highest seq it has sent, which
 // skips the rows in flight at the front of the table instead of reading
-// and rejecting each; when that runs dry, and at least once per poll, it
-// claims from the start ($5 = 0), finding rows passed over (their aggregate
-// was busy then, or they were backing off).
+// and rejecting each; when that runs dry, at least once per poll, and once
+// an aggregate that was busy during such a claim is freed, it claims from
+// the start ($5 = 0), finding rows passed over (their aggregate was busy
+// then, or they were backing off). Each further claim of the same round
+// continues after the last row the one before returned, so rows that must
+// wait (their predecessor backs off or is dead) are passed, not excluded
+// by id.
 //
 // The claimed delivery rows are materialized first, so that the outbox is
 // read by primary key for them alone: a merge join with the outbox would
