@@ -14,32 +14,18 @@
 namespace outbox {
 namespace {
 
-// Appends events of distinct aggregates in one statement. Each aggregate's
-// head row is inserted or locked and moved; its seq is drawn only once the
-// lock is held (in the DO UPDATE), so it is larger than the seq of the
-// event before, whose transaction has committed by then. Heads are taken
-// in sorted order, so two multi-event appends never deadlock.
-// Arrays, one element per event: $1 aggregate_type, $2 aggregate_id,
-// $3 event_id, $4 event_type, $5 schema_version, $6 payload (hex),
-// $7 trace_parent ('' for none), $8 partition.
+// Appends events of distinct aggregates in one statement: the input from
+// arrays, then the writer's CTEs (see OUTBOX_WRITER_APPEND_CTES in
+// writer.h). Arrays, one element per event: $1 aggregate_type,
+// $2 aggregate_id, $3 event_id, $4 event_type, $5 schema_version,
+// $6 payload (hex), $7 trace_parent ('' for none), $8 partition.
 constexpr char kAppendSql[] =
     "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], "
     "$4::text[], $5::int[], $6::text[], $7::text[], $8::int[]) WITH "
     "ORDINALITY AS t(aggregate_type, aggregate_id, event_id, event_type, "
-    "schema_version, payload, trace_parent, partition, n)), "
-    "h AS (INSERT INTO outbox_heads AS h (aggregate_type, aggregate_id, "
-    "last_seq) SELECT aggregate_type, aggregate_id, "
-    "nextval('outbox_seq_seq') FROM input ORDER BY aggregate_type, "
-    "aggregate_id ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET "
-    "prev_seq = h.last_seq, last_seq = nextval('outbox_seq_seq') "
-    "RETURNING h.aggregate_type, h.aggregate_id, h.last_seq, h.prev_seq), "
-    "e AS (INSERT INTO outbox (seq, event_id, aggregate_type, aggregate_id, "
-    "prev_seq, event_type, schema_version, payload, trace_parent, partition) "
-    "SELECT h.last_seq, i.event_id, i.aggregate_type, i.aggregate_id, "
-    "h.prev_seq, i.event_type, i.schema_version, decode(i.payload, 'hex'), "
-    "NULLIF(i.trace_parent, ''), i.partition "
-    "FROM input i JOIN h USING (aggregate_type, aggregate_id)) "
-    "SELECT i.n, h.last_seq, h.prev_seq "
+    "schema_version, payload, trace_parent, partition, "
+    "n)), " OUTBOX_WRITER_APPEND_CTES
+    " SELECT i.n, h.last_seq, h.prev_seq "
     "FROM input i JOIN h USING (aggregate_type, aggregate_id)";
 
 absl::Status Bad(absl::string_view field, absl::string_view why) {
@@ -103,6 +89,63 @@ absl::StatusOr<Appended> Writer::Append(pqxx::transaction_base& tx,
   return std::move((*all)[0]);
 }
 
+absl::StatusOr<EventRows> Writer::Rows(const std::vector<NewEvent>& events) {
+  std::vector<const NewEvent*> all;
+  all.reserve(events.size());
+  for (const NewEvent& e : events) all.push_back(&e);
+  return RowsOf(all);
+}
+
+absl::StatusOr<EventRows> Writer::RowsOf(
+    const std::vector<const NewEvent*>& events) {
+  EventRows rows;
+  ArrayLiteral type, id, event_id, event_type, version, payload, trace,
+      partition;
+  std::set<std::pair<std::string, std::string>> aggregates;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < events.size(); ++i) {
+    const NewEvent& e = *events[i];
+    if (absl::Status s = Validate(e); !s.ok()) {
+      if (events.size() == 1) return s;
+      return absl::InvalidArgumentError(
+          absl::StrCat("events[", i, "].", s.message()));
+    }
+    if (!aggregates.emplace(e.aggregate_type, e.aggregate_id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "events[", i, "].aggregate_id: \"", e.aggregate_id.substr(0, 128),
+          "\" comes twice in one statement's events"));
+    }
+    v1::Event stored;
+    stored.set_event_id(e.event_id.empty() ? NewTimeOrderedUuid() : e.event_id);
+    stored.set_aggregate_type(e.aggregate_type);
+    stored.set_aggregate_id(e.aggregate_id);
+    stored.set_event_type(e.event_type);
+    stored.set_schema_version(e.schema_version);
+    ToTimestamp(e.occurred_at == absl::InfinitePast() ? now : e.occurred_at,
+                stored.mutable_occurred_at());
+    stored.set_trace_parent(e.trace_parent);
+    *stored.mutable_payload() = e.payload;
+    rows.event_ids.push_back(stored.event_id());
+    type.Add(e.aggregate_type);
+    id.Add(e.aggregate_id);
+    event_id.Add(stored.event_id());
+    event_type.Add(e.event_type);
+    version.Add(e.schema_version);
+    payload.AddHex(stored.SerializeAsString());
+    trace.Add(e.trace_parent);
+    partition.Add(PartitionOf(e.aggregate_id));
+  }
+  rows.aggregate_type = type.str();
+  rows.aggregate_id = id.str();
+  rows.event_id = event_id.str();
+  rows.event_type = event_type.str();
+  rows.schema_version = version.str();
+  rows.payload = payload.str();
+  rows.trace_parent = trace.str();
+  rows.partition = partition.str();
+  return rows;
+}
+
 absl::StatusOr<std::vector<Appended>> Writer::AppendMany(
     pqxx::transaction_base& tx, const std::vector<NewEvent>& events) {
   for (size_t i = 0; i < events.size(); ++i) {
@@ -123,37 +166,20 @@ absl::StatusOr<std::vector<Appended>> Writer::AppendMany(
     if (static_cast<size_t>(round) == rounds.size()) rounds.emplace_back();
     rounds[round].push_back(i);
   }
-  const absl::Time now = absl::Now();
   for (const std::vector<size_t>& round : rounds) {
-    ArrayLiteral type, id, event_id, event_type, version, payload, trace,
-        partition;
-    for (size_t i : round) {
-      const NewEvent& e = events[i];
-      v1::Event stored;
-      stored.set_event_id(e.event_id.empty() ? NewTimeOrderedUuid()
-                                             : e.event_id);
-      stored.set_aggregate_type(e.aggregate_type);
-      stored.set_aggregate_id(e.aggregate_id);
-      stored.set_event_type(e.event_type);
-      stored.set_schema_version(e.schema_version);
-      ToTimestamp(e.occurred_at == absl::InfinitePast() ? now : e.occurred_at,
-                  stored.mutable_occurred_at());
-      stored.set_trace_parent(e.trace_parent);
-      *stored.mutable_payload() = e.payload;
-      out[i].event_id = stored.event_id();
-      type.Add(e.aggregate_type);
-      id.Add(e.aggregate_id);
-      event_id.Add(stored.event_id());
-      event_type.Add(e.event_type);
-      version.Add(e.schema_version);
-      payload.AddHex(stored.SerializeAsString());
-      trace.Add(e.trace_parent);
-      partition.Add(PartitionOf(e.aggregate_id));
+    std::vector<const NewEvent*> of_round;
+    of_round.reserve(round.size());
+    for (size_t i : round) of_round.push_back(&events[i]);
+    absl::StatusOr<EventRows> rows = RowsOf(of_round);
+    if (!rows.ok()) return rows.status();  // checked above: never
+    for (size_t k = 0; k < round.size(); ++k) {
+      out[round[k]].event_id = rows->event_ids[k];
     }
     pqxx::result r =
-        ExecPrepared(tx, "outbox_writer_append", kAppendSql, type.str(),
-                     id.str(), event_id.str(), event_type.str(), version.str(),
-                     payload.str(), trace.str(), partition.str());
+        ExecPrepared(tx, "outbox_writer_append", kAppendSql,
+                     rows->aggregate_type, rows->aggregate_id, rows->event_id,
+                     rows->event_type, rows->schema_version, rows->payload,
+                     rows->trace_parent, rows->partition);
     for (const auto& row : r) {
       const size_t i = round[row[0].as<size_t>() - 1];
       out[i].seq = row[1].as<int64_t>();

@@ -59,6 +59,44 @@ struct Appended {
   int64_t prev_seq = 0;  // its aggregate's previous event; 0 for the first
 };
 
+// The events of one statement as its parameters: one array literal per
+// column of OUTBOX_WRITER_APPEND_CTES's input, in that order.
+struct EventRows {
+  std::string aggregate_type;          // text[]
+  std::string aggregate_id;            // text[]
+  std::string event_id;                // uuid[]
+  std::string event_type;              // text[]
+  std::string schema_version;          // int[]
+  std::string payload;                 // text[]: the stored event, hex
+  std::string trace_parent;            // text[], '' for none
+  std::string partition;               // int[]
+  std::vector<std::string> event_ids;  // as given, or new, in input order
+};
+
+// The writer's part of a statement that also writes the caller's rows, so
+// that both take one round trip (in autocommit, not even BEGIN and COMMIT
+// besides). It reads the events from `input`, which the caller's WITH
+// defines before it, with the columns (aggregate_type text, aggregate_id
+// text, event_id uuid, event_type text, schema_version int, payload text,
+// trace_parent text, partition int), each aggregate at most once; filled
+// from Writer::Rows, and filtered as the caller needs (say, to the rows its
+// insert returned). Its CTEs are named h and e; the caller's final SELECT
+// may read h (aggregate_type, aggregate_id, last_seq = the event's seq,
+// prev_seq). See producer/order_store.cc.
+#define OUTBOX_WRITER_APPEND_CTES                                            \
+  "h AS (INSERT INTO outbox_heads AS h (aggregate_type, aggregate_id, "      \
+  "last_seq) SELECT aggregate_type, aggregate_id, "                          \
+  "nextval('outbox_seq_seq') FROM input ORDER BY aggregate_type, "           \
+  "aggregate_id ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET "   \
+  "prev_seq = h.last_seq, last_seq = nextval('outbox_seq_seq') "             \
+  "RETURNING h.aggregate_type, h.aggregate_id, h.last_seq, h.prev_seq), "    \
+  "e AS (INSERT INTO outbox (seq, event_id, aggregate_type, aggregate_id, "  \
+  "prev_seq, event_type, schema_version, payload, trace_parent, partition) " \
+  "SELECT h.last_seq, i.event_id, i.aggregate_type, i.aggregate_id, "        \
+  "h.prev_seq, i.event_type, i.schema_version, decode(i.payload, 'hex'), "   \
+  "NULLIF(i.trace_parent, ''), i.partition "                                 \
+  "FROM input i JOIN h USING (aggregate_type, aggregate_id))"
+
 struct WriterOptions {
   // Where Committed() sends NOTIFY (on a connection of its own); empty:
   // never, the relays then find events by polling only.
@@ -92,7 +130,15 @@ class Writer {
   // The checks Append makes, without a database.
   static absl::Status Validate(const NewEvent& event);
 
+  // `events` as the parameters of OUTBOX_WRITER_APPEND_CTES's input; the
+  // checks of Append, and each aggregate at most once (InvalidArgument
+  // naming the event otherwise). Call Committed() after the commit.
+  static absl::StatusOr<EventRows> Rows(const std::vector<NewEvent>& events);
+
  private:
+  static absl::StatusOr<EventRows> RowsOf(
+      const std::vector<const NewEvent*>& events);
+
   std::unique_ptr<Notifier> notifier_;
 };
 

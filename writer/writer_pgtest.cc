@@ -184,6 +184,56 @@ TEST_F(WriterTest, RefusesBadEventsNamingTheFieldAndWritesNothing) {
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM outbox_heads"), 0);
 }
 
+TEST_F(WriterTest, RowsFeedAStatementOfTheCallersOwn) {
+  // A caller's statement that writes its rows and, through the writer's
+  // CTEs, their events: one round trip, one chain per aggregate.
+  tdb_.Exec("CREATE TABLE notes (id text PRIMARY KEY)");
+  constexpr char kSql[] =
+      "WITH n AS (INSERT INTO notes SELECT * FROM unnest($1::text[]) "
+      "ON CONFLICT DO NOTHING RETURNING id), "
+      "input AS (SELECT * FROM unnest($2::text[], $3::text[], $4::uuid[], "
+      "$5::text[], $6::int[], $7::text[], $8::text[], $9::int[]) AS "
+      "t(aggregate_type, aggregate_id, event_id, event_type, schema_version, "
+      "payload, trace_parent, partition) "
+      "WHERE aggregate_id IN (SELECT id FROM n)), " OUTBOX_WRITER_APPEND_CTES
+      " SELECT aggregate_id, last_seq, prev_seq FROM h ORDER BY 1";
+  auto write = [&](const std::vector<std::string>& ids) {
+    std::vector<NewEvent> events;
+    for (const std::string& id : ids) events.push_back(Note("note", id, id));
+    absl::StatusOr<EventRows> rows = Writer::Rows(events);
+    EXPECT_TRUE(rows.ok()) << rows.status();
+    EXPECT_EQ(rows->event_ids.size(), ids.size());
+    pqxx::connection c(tdb_.url());
+    pqxx::nontransaction tx(c);
+    return ExecPrepared(tx, "notes", kSql, ArrayLiteral(ids).str(),
+                        rows->aggregate_type, rows->aggregate_id,
+                        rows->event_id, rows->event_type, rows->schema_version,
+                        rows->payload, rows->trace_parent, rows->partition);
+  };
+  pqxx::result first = write({"a", "b"});
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first[0][2].as<int64_t>(), 0);
+  // "a" exists: only "c" is written, with its event.
+  pqxx::result second = write({"a", "c"});
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0][0].as<std::string>(), "c");
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM outbox"), 3);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM outbox WHERE aggregate_id = "
+                        "'c' AND prev_seq = 0"),
+            1);
+
+  // Rows refuses an aggregate twice (its head moves once per statement)
+  // and bad events, naming the event.
+  auto twice = Writer::Rows({Note("note", "d", "1"), Note("note", "d", "2")});
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      absl::StrContains(twice.status().message(), "events[1].aggregate_id"))
+      << twice.status();
+  auto bad = Writer::Rows({Note("note", "e", "1"), Note("note", "", "2")});
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "events[1]."))
+      << bad.status();
+}
+
 TEST_F(WriterTest, FansOutToEverySubscription) {
   tdb_.Exec("INSERT INTO subscriptions (name) VALUES ('billing'), ('audit')");
   Writer writer;
