@@ -222,6 +222,29 @@ ALTER TABLE aggregate_cursors
 -- applying next to nothing, unlike a btree.
 CREATE INDEX IF NOT EXISTS inbox_applied_at_brin ON inbox USING brin (applied_at);
 )sql"},
+      {3, "lock and read cursors in one call", R"sql(
+-- Locks the aggregates of a batch (transaction-scoped advisory locks of
+-- class lock_class, in the order given), then reads their cursors. One
+-- round trip for both: being VOLATILE, the function runs the read with a
+-- snapshot taken after the locks are held, so it sees what the locks'
+-- last holders committed (a statement that waited for a lock would not).
+-- LIMIT 1 keeps each lookup an index probe in any cached plan.
+CREATE OR REPLACE FUNCTION outbox_inbox_lock_cursors(aggregates text[],
+                                                     lock_class int)
+RETURNS TABLE (aggregate_id text, last_seq bigint, held_count int,
+               pruned_through bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM pg_advisory_xact_lock(lock_class, hashtext(a))
+     FROM unnest(aggregates) AS a;
+  RETURN QUERY
+    SELECT c.aggregate_id::text, c.last_seq, c.held_count, c.pruned_through
+      FROM unnest(aggregates) AS a
+      JOIN LATERAL (SELECT * FROM aggregate_cursors x
+                     WHERE x.aggregate_id = a LIMIT 1) c ON true;
+END $$;
+)sql"},
   };
   return kMigrations;
 }

@@ -26,30 +26,25 @@ constexpr int kAggregateLockClass = 0x0b10;
 // advisory lock needs no row, so a new aggregate's cursor is written once,
 // at the end, instead of inserted, locked and updated.
 //
-// The lookups by key here and in InInbox are LATERAL subqueries with LIMIT
-// 1, which the planner cannot flatten into a join: a prepared statement's
-// generic plan, made while a table is still empty, would otherwise be a
-// hash join over a sequential scan, kept as the table grows (one scan of
-// every aggregate's cursor per batch). With the LIMIT it is a lookup per
-// key, which the index wins even on an empty table's estimates.
+// Both in one round trip, by a function of the inbox schema
+// (outbox_inbox_lock_cursors, common/schema.cc) that reads the cursors with
+// a snapshot taken once the locks are held: a statement that first waited
+// for a lock would see the data as of its start, miss what the lock's
+// holder just committed (a held event, say), and strand it.
 //
-// The cursors are read by a statement of their own, after the locks are
-// held: a statement sees the data as of its start, so one that first
-// waited for a lock would miss what the lock's holder just committed (a
-// held event, say), and strand it.
+// The lookups by key, there and in InInbox, are LATERAL subqueries with
+// LIMIT 1, which the planner cannot flatten into a join: a cached generic
+// plan, made while a table is still empty, would otherwise be a hash join
+// over a sequential scan, kept as the table grows (one scan of every
+// aggregate's cursor per batch). With the LIMIT it is a lookup per key,
+// which the index wins even on an empty table's estimates.
 void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
                  Snapshot* snap) {
-  const std::string ids = ArrayLiteral(aggregates).str();
-  LockAggregates(tx, aggregates);
   for (const std::string& a : aggregates) snap->aggregates[a] = {0, 0};
   for (const auto& row :
-       ExecPrepared(tx, "read_cursors",
-                    "SELECT c.aggregate_id, c.last_seq, c.held_count, "
-                    "c.pruned_through "
-                    "FROM unnest($1::text[]) AS a "
-                    "JOIN LATERAL (SELECT * FROM aggregate_cursors c "
-                    "WHERE c.aggregate_id = a LIMIT 1) c ON true",
-                    ids)) {
+       ExecPrepared(tx, "lock_read_cursors",
+                    "SELECT * FROM outbox_inbox_lock_cursors($1::text[], $2)",
+                    ArrayLiteral(aggregates).str(), kAggregateLockClass)) {
     snap->aggregates[row[0].as<std::string>()] = {
         row[1].as<int64_t>(), row[2].as<int64_t>(), row[3].as<int64_t>()};
   }
