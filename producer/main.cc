@@ -7,6 +7,7 @@
 #include "common/config.h"
 #include "common/db.h"
 #include "common/db_flags.h"
+#include "common/schema.h"
 #include "common/service.h"
 #include "common/worker_pool.h"
 #include "producer/order_schema.h"
@@ -18,13 +19,14 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address.");
 ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_orders",
           "PostgreSQL URL of the orders database (password from PGPASSWORD).");
 ABSL_FLAG(int, commit_writers, 1,
-          "Calls in flight are written in groups, one transaction each: "
-          "CreateOrder calls, and PayOrder/CancelOrder calls apart; at most "
+          "Calls in flight are written in groups: CreateOrder calls in one "
+          "statement each, PayOrder/CancelOrder calls apart in a read and "
+          "a write each; at most "
           "this many groups of each at once (1 to (--db_pool_size - 1) / 2). "
           "Fewer make larger groups.");
 ABSL_FLAG(bool, notify, true,
-          "NOTIFY relays after commits (one per burst), so delivery does "
-          "not wait for their poll.");
+          "NOTIFY relays from each commit that writes events, so delivery "
+          "does not wait for their poll.");
 
 int main(int argc, char** argv) {
   outbox::InitProcess(
@@ -55,13 +57,16 @@ int main(int argc, char** argv) {
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size), "outbox-producer",
                       session);
   outbox::Metrics metrics;
-  outbox::Writer writer({.notify_url = absl::GetFlag(FLAGS_notify) ? url : "",
-                         .session = session});
+  // The store's statements NOTIFY the relays themselves, at their commits.
+  outbox::Writer writer({.session = session});
   outbox::Watchdog watchdog("producer database writes",
                             absl::GetFlag(FLAGS_stall_timeout));
   outbox::producer::OrderStoreOptions store_options;
   store_options.create_groups.writers = absl::GetFlag(FLAGS_commit_writers);
   store_options.change_groups.writers = absl::GetFlag(FLAGS_commit_writers);
+  if (absl::GetFlag(FLAGS_notify)) {
+    store_options.notify_channel = outbox::kNotifyChannel;
+  }
   outbox::producer::OrderStore store(&db, &writer, store_options, &metrics);
   // GetOrder waits on the database here, on the connections the group
   // commits leave.

@@ -1,5 +1,6 @@
 #include "producer/order_store.h"
 
+#include <algorithm>
 #include <future>
 #include <map>
 #include <set>
@@ -22,25 +23,27 @@ namespace {
   "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us"
 constexpr char kReadOrderSql[] =
     "SELECT " OUTBOX_ORDER_COLUMNS " FROM orders WHERE order_id = $1::uuid";
-// Locks the orders $1 (uuid[]) in the order given (sorted by the caller,
-// so that two groups never deadlock) and reads them. LIMIT 1 keeps each a
-// lookup by primary key whatever plan the prepared statement settles on.
-constexpr char kLockOrdersSql[] =
+// Reads the orders $1 (uuid[]). LIMIT 1 keeps each a lookup by primary
+// key whatever plan the prepared statement settles on.
+constexpr char kReadOrdersSql[] =
     "SELECT o.* FROM unnest($1::uuid[]) AS k JOIN LATERAL "
     "(SELECT " OUTBOX_ORDER_COLUMNS
-    " FROM orders WHERE order_id = k LIMIT 1 FOR UPDATE) o ON true";
+    " FROM orders WHERE order_id = k LIMIT 1) o ON true";
 constexpr char kOrderByKeySql[] = "SELECT " OUTBOX_ORDER_COLUMNS
                                   ", request_hash FROM orders WHERE "
                                   "idempotency_key = $1";
 #undef OUTBOX_ORDER_COLUMNS
 
-// The new orders of a group of CreateOrder calls, in one statement. An
-// order whose idempotency key was seen before is not inserted and not
-// returned. Arrays, one element per order: $1 order_id, $2 customer,
-// $3 items (json), $4 currency, $5 total, $6 idempotency key ('' for none),
-// $7 fingerprint.
+// A group of CreateOrder calls in one statement, run in autocommit (one
+// round trip): the new orders, and the OrderCreated event of each order
+// inserted. An order whose idempotency key was seen before is neither
+// inserted nor returned, and gets no event. Arrays, one element per order:
+// $1 order_id, $2 customer, $3 items (json), $4 currency, $5 total,
+// $6 idempotency key ('' for none), $7 fingerprint; then the events, one
+// per order: $8-$15 (outbox::EventRows); $16 the channel to NOTIFY at the
+// commit if it wrote an order ('' for none).
 constexpr char kCreateSql[] =
-    "INSERT INTO orders (order_id, customer_id, items, currency, "
+    "WITH o AS (INSERT INTO orders (order_id, customer_id, items, currency, "
     "total_cents, status, version, idempotency_key, request_hash) "
     "SELECT order_id, customer_id, items::jsonb, currency, total, "
     "'CREATED', 1, NULLIF(key, ''), fingerprint FROM unnest($1::uuid[], "
@@ -48,17 +51,47 @@ constexpr char kCreateSql[] =
     "$7::text[]) AS t(order_id, customer_id, items, currency, total, key, "
     "fingerprint) "
     "ON CONFLICT (idempotency_key) DO NOTHING "
-    "RETURNING order_id::text, "
-    "(extract(epoch from created_at) * 1000000)::bigint AS created_us";
+    "RETURNING order_id::text AS order_id, "
+    "(extract(epoch from created_at) * 1000000)::bigint AS created_us), "
+    "input AS (SELECT * FROM unnest($8::text[], $9::text[], $10::uuid[], "
+    "$11::text[], $12::int[], $13::text[], $14::text[], $15::int[]) AS "
+    "t(aggregate_type, aggregate_id, event_id, event_type, schema_version, "
+    "payload, trace_parent, partition) "
+    "WHERE aggregate_id IN (SELECT order_id FROM "
+    "o)), " OUTBOX_WRITER_APPEND_CTES
+    ", n AS (SELECT pg_notify($16::text, '') FROM (SELECT 1 FROM o LIMIT 1) "
+    "AS w WHERE $16::text <> '') "
+    "SELECT order_id, created_us FROM o LEFT JOIN n ON true";
 
-// The changes of a group's orders, locked by kLockOrdersSql: each order
-// once, with its new status and version. Planned per call (exec_params):
-// a generic plan made while the table was small could join by a scan.
+// A round of a group's changes in one statement, run in autocommit (one
+// round trip): each order at most once, moved to its new status and
+// version only if no one changed it since it was read (its version is
+// still the new one less 1), and the event of each order it moved. Arrays:
+// $1 order_id, $2 status, $3 version (new); then the events, one per
+// order: $4-$11 (outbox::EventRows); $12 the channel to NOTIFY at the
+// commit if it moved an order ('' for none). Returns the orders moved. Planned
+// per call (exec_params): a generic plan made while the table was small could
+// join by a scan.
 constexpr char kChangeOrdersSql[] =
-    "UPDATE orders o SET status = t.status, version = t.version, "
+    "WITH u AS (UPDATE orders o SET status = t.status, version = t.version, "
     "updated_at = now() FROM unnest($1::uuid[], $2::text[], $3::bigint[]) "
     "AS t(order_id, status, version) WHERE o.order_id = t.order_id "
-    "RETURNING (extract(epoch from o.updated_at) * 1000000)::bigint";
+    "AND o.version = t.version - 1 "
+    "RETURNING o.order_id::text AS order_id, "
+    "(extract(epoch from o.updated_at) * 1000000)::bigint AS updated_us), "
+    "input AS (SELECT * FROM unnest($4::text[], $5::text[], $6::uuid[], "
+    "$7::text[], $8::int[], $9::text[], $10::text[], $11::int[]) AS "
+    "t(aggregate_type, aggregate_id, event_id, event_type, schema_version, "
+    "payload, trace_parent, partition) "
+    "WHERE aggregate_id IN (SELECT order_id FROM "
+    "u)), " OUTBOX_WRITER_APPEND_CTES
+    ", n AS (SELECT pg_notify($12::text, '') FROM (SELECT 1 FROM u LIMIT 1) "
+    "AS w WHERE $12::text <> '') "
+    "SELECT order_id, updated_us FROM u LEFT JOIN n ON true";
+
+// Rounds of a group that may find orders moved under them (by another
+// producer) before the changes left fail as Aborted.
+constexpr int kChangeConflicts = 16;
 
 // Row (selected with kOrderColumns) -> Order.
 absl::StatusOr<v1::Order> OrderFromRow(const pqxx::row& row) {
@@ -113,7 +146,9 @@ OrderStore::OrderStore(Database* db, Writer* writer, OrderStoreOptions options,
       change_commit_(options.change_groups,
                      [this](const std::vector<const OrderChange*>& group) {
                        return WriteChanges(group);
-                     }) {
+                     }),
+      notify_channel_(std::move(options.notify_channel)),
+      between_read_and_write_(std::move(options.between_read_and_write)) {
   if (metrics != nullptr) {
     Histogram* sizes = metrics->AddHistogram(
         "outbox_producer_commit_group_size",
@@ -145,28 +180,29 @@ std::vector<absl::StatusOr<std::optional<int64_t>>> OrderStore::InsertOrders(
     fingerprint.Add(o->fingerprint);
     index[o->order_id] = i;
   }
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::work tx(c);
-    pqxx::result r = ExecPrepared(tx, "create_orders", kCreateSql, id.str(),
-                                  customer.str(), items.str(), currency.str(),
-                                  total.str(), key.str(), fingerprint.str());
-    std::vector<NewEvent> events;
-    std::vector<std::pair<size_t, int64_t>> created;
-    events.reserve(r.size());
-    for (const auto& row : r) {
-      const size_t i = index.at(row[0].as<std::string>());
-      created.emplace_back(i, row[1].as<int64_t>());
-      events.push_back(group[i]->event);
-    }
-    if (!events.empty()) {
-      auto appended = writer_->AppendMany(tx, events);
-      if (!appended.ok()) return appended.status();
-    }
-    MaybeCrash("producer.before_commit");
-    tx.commit();
-    for (const auto& [i, at] : created) results[i] = std::optional<int64_t>(at);
-    return absl::OkStatus();
-  });
+  std::vector<NewEvent> events;
+  events.reserve(group.size());
+  for (const NewOrder* o : group) events.push_back(o->event);
+  absl::StatusOr<EventRows> rows = Writer::Rows(events);
+  absl::Status s = rows.status();
+  if (s.ok()) {
+    s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+      // Autocommit: a crash here leaves nothing written, as before a COMMIT.
+      MaybeCrash("producer.before_commit");
+      pqxx::nontransaction tx(c);
+      pqxx::result r = ExecPrepared(
+          tx, "create_orders", kCreateSql, id.str(), customer.str(),
+          items.str(), currency.str(), total.str(), key.str(),
+          fingerprint.str(), rows->aggregate_type, rows->aggregate_id,
+          rows->event_id, rows->event_type, rows->schema_version, rows->payload,
+          rows->trace_parent, rows->partition, notify_channel_);
+      for (const auto& row : r) {
+        results[index.at(row[0].as<std::string>())] =
+            std::optional<int64_t>(row[1].as<int64_t>());
+      }
+      return absl::OkStatus();
+    });
+  }
   if (s.ok()) {
     writer_->Committed();
     MaybeCrash("producer.after_commit_before_answer");
@@ -257,96 +293,127 @@ absl::StatusOr<v1::Order> OrderStore::OrderForKey(
 
 std::vector<absl::StatusOr<v1::Order>> OrderStore::WriteChanges(
     const std::vector<const OrderChange*>& group) {
-  std::vector<absl::StatusOr<v1::Order>> results;
-  std::set<std::string> ids;
-  for (const OrderChange* c : group) ids.insert(c->order_id);
+  std::vector<absl::StatusOr<v1::Order>> results(
+      group.size(), absl::InternalError("order change unwritten"));
+  std::vector<size_t> pending(group.size());
+  for (size_t i = 0; i < group.size(); ++i) pending[i] = i;
   bool wrote = false;
-  absl::Status s = db_->Run([&](pqxx::connection& conn) -> absl::Status {
-    results.assign(group.size(), absl::InternalError("order change unwritten"));
-    wrote = false;
-    pqxx::work tx(conn);
+  absl::Status s;
+  for (int conflicts = 0; !pending.empty();) {
+    if (conflicts == kChangeConflicts) {
+      s = absl::AbortedError(
+          "order changed concurrently too often; retry with its new version");
+      break;
+    }
+    // The first pending change of each order goes in this round; the others
+    // wait for the next, to be decided against the order it leaves.
+    std::vector<size_t> now, later;
+    std::set<std::string> taken;
+    for (size_t i : pending) {
+      (taken.insert(group[i]->order_id).second ? now : later).push_back(i);
+    }
+    std::vector<size_t> moved;  // read, then changed by another: again
+    s = WriteRound(group, now, &results, &moved, &wrote);
+    if (!s.ok()) {
+      if (OriginOf(s) != ErrorOrigin::kConflict) break;
+      ++conflicts;  // a deadlock with another writer, say: again
+      continue;
+    }
+    if (!moved.empty()) ++conflicts;
+    pending = std::move(later);
+    pending.insert(pending.end(), moved.begin(), moved.end());
+    std::sort(pending.begin(), pending.end());  // arrival order
+  }
+  if (wrote) {
+    writer_->Committed();
+    MaybeCrash("producer.after_commit_before_answer");
+  }
+  if (s.ok()) return results;
+  if (OriginOf(s) == ErrorOrigin::kData && pending.size() > 1) {
+    // The database refused the data of one change: the rest each alone,
+    // so that only that one fails.
+    for (size_t i : pending)
+      results[i] = std::move(WriteChanges({group[i]})[0]);
+    return results;
+  }
+  for (size_t i : pending) results[i] = s;
+  return results;
+}
+
+absl::Status OrderStore::WriteRound(
+    const std::vector<const OrderChange*>& group,
+    const std::vector<size_t>& round,
+    std::vector<absl::StatusOr<v1::Order>>* results, std::vector<size_t>* moved,
+    bool* wrote) {
+  std::set<std::string> ids;
+  for (size_t i : round) ids.insert(group[i]->order_id);
+  return db_->Run([&](pqxx::connection& conn) -> absl::Status {
+    pqxx::nontransaction tx(conn);
     std::map<std::string, absl::StatusOr<v1::Order>> orders;
-    for (const auto& row : ExecPrepared(tx, "lock_orders", kLockOrdersSql,
+    for (const auto& row : ExecPrepared(tx, "read_orders", kReadOrdersSql,
                                         ArrayLiteral(ids).str())) {
       orders.emplace(row["order_id"].as<std::string>(), OrderFromRow(row));
     }
-    // In arrival order, each against the order as the changes before it
-    // in the group left it; a refused change writes nothing.
     std::vector<NewEvent> events;
     std::vector<size_t> changed;
-    std::set<std::string> dirty;
-    for (size_t i = 0; i < group.size(); ++i) {
+    ArrayLiteral id, status, version;
+    for (size_t i : round) {
       const OrderChange& c = *group[i];
       auto it = orders.find(c.order_id);
       if (it == orders.end()) {
-        results[i] = absl::NotFoundError(
+        (*results)[i] = absl::NotFoundError(
             absl::StrCat("order ", c.order_id, " does not exist"));
         continue;
       }
       if (!it->second.ok()) {
-        results[i] = it->second.status();
+        (*results)[i] = it->second.status();
         continue;
       }
-      v1::Order& current = *it->second;
-      absl::Status check = CheckVersion(c.expected_version, current.version());
-      if (check.ok()) check = CheckTransition(current.status(), c.to);
+      v1::Order order = *it->second;
+      absl::Status check = CheckVersion(c.expected_version, order.version());
+      if (check.ok()) check = CheckTransition(order.status(), c.to);
       absl::StatusOr<NewEvent> e =
-          check.ok() ? c.event(current) : absl::StatusOr<NewEvent>(check);
+          check.ok() ? c.event(order) : absl::StatusOr<NewEvent>(check);
       if (!e.ok()) {
-        results[i] = e.status();
+        (*results)[i] = e.status();
         continue;
       }
       e->trace_parent = c.trace_parent;
       events.push_back(*std::move(e));
-      current.set_status(c.to);
-      current.set_version(current.version() + 1);
-      results[i] = current;
-      changed.push_back(i);
-      dirty.insert(c.order_id);
-    }
-    if (changed.empty()) return absl::OkStatus();  // nothing to commit
-    ArrayLiteral id, status, version;
-    for (const std::string& order_id : dirty) {
-      const v1::Order& order = *orders.at(order_id);
-      id.Add(order_id);
+      order.set_status(c.to);
+      order.set_version(order.version() + 1);
+      id.Add(c.order_id);
       status.Add(StatusName(order.status()));
       version.Add(order.version());
+      (*results)[i] = std::move(order);
+      changed.push_back(i);
     }
-    pqxx::result written =
-        tx.exec_params(kChangeOrdersSql, id.str(), status.str(), version.str());
-    if (written.size() != dirty.size()) {
-      // Locked above, so never; but never commit half a group either.
-      return absl::InternalError(absl::StrCat("order change: ", written.size(),
-                                              " of ", dirty.size(),
-                                              " locked orders updated"));
-    }
-    if (auto appended = writer_->AppendMany(tx, events); !appended.ok()) {
-      return appended.status();
-    }
+    if (changed.empty()) return absl::OkStatus();  // nothing to write
+    if (between_read_and_write_) between_read_and_write_();
+    absl::StatusOr<EventRows> rows = Writer::Rows(events);
+    if (!rows.ok()) return rows.status();
+    // Autocommit: a crash here leaves nothing written, as before a COMMIT.
     MaybeCrash("producer.before_commit");
-    tx.commit();
-    wrote = true;
-    const absl::Time at = absl::FromUnixMicros(written[0][0].as<int64_t>());
-    for (size_t i : changed) ToTimestamp(at, results[i]->mutable_updated_at());
+    std::map<std::string, int64_t> updated;
+    for (const auto& row : tx.exec_params(
+             kChangeOrdersSql, id.str(), status.str(), version.str(),
+             rows->aggregate_type, rows->aggregate_id, rows->event_id,
+             rows->event_type, rows->schema_version, rows->payload,
+             rows->trace_parent, rows->partition, notify_channel_)) {
+      updated[row[0].as<std::string>()] = row[1].as<int64_t>();
+    }
+    *wrote |= !updated.empty();
+    for (size_t i : changed) {
+      auto it = updated.find(group[i]->order_id);
+      if (it == updated.end()) {
+        moved->push_back(i);  // changed since it was read: decide again
+        continue;
+      }
+      ToTimestamp(absl::FromUnixMicros(it->second),
+                  (*results)[i]->mutable_updated_at());
+    }
     return absl::OkStatus();
   });
-  if (s.ok()) {
-    if (wrote) {
-      writer_->Committed();
-      MaybeCrash("producer.after_commit_before_answer");
-    }
-    return results;
-  }
-  if (OriginOf(s) == ErrorOrigin::kData && group.size() > 1) {
-    // The database refused the data of one change: each alone, so that
-    // only that one fails.
-    for (size_t i = 0; i < group.size(); ++i) {
-      results[i] = std::move(WriteChanges({group[i]})[0]);
-    }
-    return results;
-  }
-  results.assign(group.size(), s);
-  return results;
 }
 
 void OrderStore::PayAsync(const v1::PayOrderRequest& req,

@@ -21,10 +21,18 @@ struct OrderStoreOptions {
   // Concurrent CreateOrder calls share one statement and one commit (group
   // commit); this many groups are written at once, at most.
   GroupCommitOptions create_groups;
-  // Concurrent PayOrder and CancelOrder calls share one transaction: their
-  // orders locked by one statement, changed by one, their events appended
-  // by one.
+  // Concurrent PayOrder and CancelOrder calls share their statements: one
+  // reads their orders, one changes them and appends their events.
   GroupCommitOptions change_groups;
+  // NOTIFY this channel from each statement that writes events, at its
+  // commit (relays LISTEN on common/schema.h's kNotifyChannel): no
+  // transaction of its own, no thread hop. PostgreSQL serializes the
+  // commits of notifying transactions; a few group writers lose nothing by
+  // it. Empty: none (the relays poll, or the writer notifies).
+  std::string notify_channel;
+  // Tests only: runs between a change round's read and its write, where
+  // another writer may move the orders.
+  std::function<void()> between_read_and_write;
 };
 
 class OrderStore {
@@ -79,12 +87,23 @@ class OrderStore {
     std::string trace_parent;
     std::function<absl::StatusOr<NewEvent>(const v1::Order&)> event;
   };
-  // Writes the changes of a group in one transaction: locks their orders
-  // (sorted), decides each in arrival order, updates each order once and
-  // appends the events in order. One result per change. A data error of
-  // the group is retried change by change, so that only the culprit fails.
+  // Writes the changes of a group in rounds of two round trips each: read
+  // the orders, decide each change in arrival order, then one statement
+  // moves each order whose version is still the one read and appends its
+  // event. A round takes each order's first pending change; its next ones,
+  // and a change whose order another writer moved in between, go in the
+  // next round, decided against the order as it now is. One result per
+  // change. A data error is retried change by change, so that only the
+  // culprit fails.
   std::vector<absl::StatusOr<v1::Order>> WriteChanges(
       const std::vector<const OrderChange*>& group);
+  // One round of WriteChanges: the changes `round` of `group` (at most one
+  // per order). Fills their results; adds to `moved` those whose order
+  // changed after it was read; sets `wrote` if anything was written.
+  absl::Status WriteRound(const std::vector<const OrderChange*>& group,
+                          const std::vector<size_t>& round,
+                          std::vector<absl::StatusOr<v1::Order>>* results,
+                          std::vector<size_t>* moved, bool* wrote);
 
   // The order of a Create whose idempotency key was taken: the first one if
   // it came from the same request.
@@ -98,10 +117,10 @@ class OrderStore {
     std::string order_id, fingerprint, items_json;
     NewEvent event;
   };
-  // Inserts the orders of a group and their events in one transaction; one
-  // result per order: its created_at in microseconds, or nothing when its
-  // idempotency key was taken. A data error of the group is retried order
-  // by order, so that only the culprit fails.
+  // Inserts the orders of a group and their events in one statement, in
+  // autocommit (one round trip); one result per order: its created_at in
+  // microseconds, or nothing when its idempotency key was taken. A data error
+  // of the group is retried order by order, so that only the culprit fails.
   std::vector<absl::StatusOr<std::optional<int64_t>>> InsertOrders(
       const std::vector<const NewOrder*>& group);
 
@@ -109,6 +128,8 @@ class OrderStore {
   Writer* const writer_;
   GroupCommit<NewOrder, std::optional<int64_t>> create_commit_;
   GroupCommit<OrderChange, v1::Order> change_commit_;
+  const std::string notify_channel_;
+  std::function<void()> between_read_and_write_;
 };
 
 }  // namespace outbox::producer

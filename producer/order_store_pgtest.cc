@@ -1,5 +1,5 @@
-// OrderStore against a real PostgreSQL: one transaction per change, the
-// prev_seq chain, concurrency and recovery.
+// OrderStore against a real PostgreSQL: group writes, the prev_seq chain,
+// concurrency and recovery.
 
 #include <gtest/gtest.h>
 
@@ -329,6 +329,121 @@ TEST_F(OrderStoreTest, ChangesOfOneOrderInOneGroupApplyInTurn) {
   EXPECT_EQ(tdb_.Scalar(absl::StrCat("SELECT count(*) FROM outbox WHERE seq = ",
                                      Head(o.order_id()))),
             1);
+}
+
+TEST_F(OrderStoreTest, AChangeWhoseOrderMovedAfterItsReadIsDecidedAgain) {
+  // Another producer pays each order between this store's read and its
+  // write: the write misses (the version moved) and writes nothing; the
+  // change is decided again against the order as it now is.
+  Database other_db(tdb_.url(), 2, "other-producer");
+  Writer other_writer;
+  OrderStore other(&other_db, &other_writer);
+  const v1::Order any_version = Create();
+  const v1::Order stale_version = Create();
+  std::string paying;  // the order the other producer pays next
+  int rounds = 0;
+  OrderStoreOptions options;
+  options.between_read_and_write = [&] {
+    ++rounds;
+    if (paying.empty()) return;
+    v1::PayOrderRequest req;
+    req.set_order_id(paying);
+    req.set_amount_cents(2500);
+    EXPECT_TRUE(other.Pay(req, NewTraceParent()).ok());
+    paying.clear();
+  };
+  OrderStore racing(&db_, &writer_, options);
+  v1::CancelOrderRequest req;
+  req.set_reason("changed my mind");
+
+  // Any version: cancelled after the pay, refunding it.
+  paying = any_version.order_id();
+  req.set_order_id(any_version.order_id());
+  auto cancelled = racing.Cancel(req, NewTraceParent());
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(rounds, 2);
+  EXPECT_EQ(cancelled->version(), 3);
+  EXPECT_EQ(cancelled->status(), v1::ORDER_STATUS_CANCELLED);
+  pqxx::result rows = tdb_.Query(absl::StrCat(
+      "SELECT event_type, seq, prev_seq, payload FROM outbox WHERE "
+      "aggregate_id = '",
+      any_version.order_id(), "' ORDER BY seq"));
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[1][0].as<std::string>(), "OrderPaid");
+  EXPECT_EQ(rows[2][0].as<std::string>(), "OrderCancelled");
+  for (size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i][2].as<int64_t>(), rows[i - 1][1].as<int64_t>());
+  }
+  v1::Event event;
+  v1::OrderCancelled payload;
+  ASSERT_TRUE(event.ParseFromString(pqxx::binarystring(rows[2][3]).str()));
+  ASSERT_TRUE(event.payload().UnpackTo(&payload));
+  EXPECT_EQ(payload.refund_cents(), 2500);
+
+  // Version 1 expected: by the time of the write it is 2, so it fails, and
+  // only the pay is written.
+  rounds = 0;
+  paying = stale_version.order_id();
+  req.set_order_id(stale_version.order_id());
+  req.set_expected_version(1);
+  auto stale = racing.Cancel(req, NewTraceParent());
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted)
+      << stale.status();
+  EXPECT_EQ(rounds, 1);  // the second round refuses before any write
+  EXPECT_EQ(tdb_.Scalar(absl::StrCat(
+                "SELECT version * 10 + (SELECT count(*) FROM outbox WHERE "
+                "aggregate_id = o.order_id::text) FROM orders o WHERE "
+                "order_id = '",
+                stale_version.order_id(), "'")),
+            22);  // version 2; its OrderCreated and OrderPaid
+}
+
+// Counts the notifications of the relays' channel on its connection.
+class Heard : public pqxx::notification_receiver {
+ public:
+  explicit Heard(pqxx::connection_base& c)
+      : pqxx::notification_receiver(c, kNotifyChannel) {}
+  void operator()(const std::string&, int) override { ++count; }
+  int count = 0;
+};
+
+TEST_F(OrderStoreTest, StatementsThatWriteEventsNotifyAtTheirCommit) {
+  OrderStoreOptions options;
+  options.notify_channel = kNotifyChannel;
+  OrderStore notifying(&db_, &writer_, options);
+  pqxx::connection listener(tdb_.url());
+  Heard heard(listener);
+  // Waits up to `seconds` for a notification, then a little for more.
+  auto heard_after = [&](int seconds) {
+    heard.count = 0;
+    listener.await_notification(seconds, 0);
+    listener.await_notification(0, 100000);
+    return heard.count;
+  };
+
+  // Without a channel (store_): nothing.
+  Create();
+  EXPECT_EQ(heard_after(0), 0);
+
+  auto req = Request("notify-key");
+  auto created = notifying.Create(req, *ValidateCreate(req), "");
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(heard_after(5), 1);
+
+  v1::PayOrderRequest pay;
+  pay.set_order_id(created->order_id());
+  pay.set_amount_cents(1);  // refused: writes nothing, says nothing
+  EXPECT_EQ(notifying.Pay(pay, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(heard_after(0), 0);
+  pay.set_amount_cents(2500);
+  ASSERT_TRUE(notifying.Pay(pay, "").ok());
+  EXPECT_EQ(heard_after(5), 1);
+
+  // An idempotent repeat writes no order and no event: no notification.
+  auto again = notifying.Create(req, *ValidateCreate(req), "");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(heard_after(0), 0);
 }
 
 TEST_F(OrderStoreTest, ConcurrentRetriesWithOneKeyMakeOneOrder) {

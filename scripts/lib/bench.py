@@ -28,45 +28,15 @@ import time
 
 # ---------------------------------------------------------------------------
 # The producer's SQL, copied verbatim from producer/order_store.cc
-# (kCreateSql, kLockOrdersSql, kChangeOrdersSql) and from the outbox writer it
-# appends events with, writer/writer.cc (kAppendSql). KEEP IN SYNC with
-# those files: `check-sql` (run by scripts/bench) looks for each of these
+# (kCreateSql, kReadOrdersSql, kChangeOrdersSql) and from the outbox writer
+# it appends events with, writer/writer.h and writer.cc (kAppendSql). KEEP IN
+# SYNC with those files: `check-sql` (run by scripts/bench) looks for each of these
 # strings in the producer binary being measured and warns when one is
 # missing.
 # ---------------------------------------------------------------------------
-CREATE_SQL = (
-    "INSERT INTO orders (order_id, customer_id, items, currency, "
-    "total_cents, status, version, idempotency_key, request_hash) "
-    "SELECT order_id, customer_id, items::jsonb, currency, total, "
-    "'CREATED', 1, NULLIF(key, ''), fingerprint FROM unnest($1::uuid[], "
-    "$2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], "
-    "$7::text[]) AS t(order_id, customer_id, items, currency, total, key, "
-    "fingerprint) "
-    "ON CONFLICT (idempotency_key) DO NOTHING "
-    "RETURNING order_id::text, "
-    "(extract(epoch from created_at) * 1000000)::bigint AS created_us")
-
-_ORDER_COLUMNS = (
-    "order_id::text AS order_id, customer_id, items::text AS items, currency, "
-    "total_cents, status, version, "
-    "(extract(epoch from created_at) * 1000000)::bigint AS created_us, "
-    "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us")
-LOCK_ORDERS_SQL = (
-    "SELECT o.* FROM unnest($1::uuid[]) AS k JOIN LATERAL (SELECT " +
-    _ORDER_COLUMNS +
-    " FROM orders WHERE order_id = k LIMIT 1 FOR UPDATE) o ON true")
-
-CHANGE_ORDERS_SQL = (
-    "UPDATE orders o SET status = t.status, version = t.version, "
-    "updated_at = now() FROM unnest($1::uuid[], $2::text[], $3::bigint[]) "
-    "AS t(order_id, status, version) WHERE o.order_id = t.order_id "
-    "RETURNING (extract(epoch from o.updated_at) * 1000000)::bigint")
-
-APPEND_SQL = (
-    "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], "
-    "$4::text[], $5::int[], $6::text[], $7::text[], $8::int[]) WITH "
-    "ORDINALITY AS t(aggregate_type, aggregate_id, event_id, event_type, "
-    "schema_version, payload, trace_parent, partition, n)), "
+# writer/writer.h's OUTBOX_WRITER_APPEND_CTES: the writer's part of a
+# statement, after an `input` relation of the events.
+APPEND_CTES = (
     "h AS (INSERT INTO outbox_heads AS h (aggregate_type, aggregate_id, "
     "last_seq) SELECT aggregate_type, aggregate_id, "
     "nextval('outbox_seq_seq') FROM input ORDER BY aggregate_type, "
@@ -78,8 +48,64 @@ APPEND_SQL = (
     "SELECT h.last_seq, i.event_id, i.aggregate_type, i.aggregate_id, "
     "h.prev_seq, i.event_type, i.schema_version, decode(i.payload, 'hex'), "
     "NULLIF(i.trace_parent, ''), i.partition "
-    "FROM input i JOIN h USING (aggregate_type, aggregate_id)) "
-    "SELECT i.n, h.last_seq, h.prev_seq "
+    "FROM input i JOIN h USING (aggregate_type, aggregate_id))")
+
+# CreateOrder's one statement (autocommit): the orders, then their events.
+CREATE_SQL = (
+    "WITH o AS (INSERT INTO orders (order_id, customer_id, items, currency, "
+    "total_cents, status, version, idempotency_key, request_hash) "
+    "SELECT order_id, customer_id, items::jsonb, currency, total, "
+    "'CREATED', 1, NULLIF(key, ''), fingerprint FROM unnest($1::uuid[], "
+    "$2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], "
+    "$7::text[]) AS t(order_id, customer_id, items, currency, total, key, "
+    "fingerprint) "
+    "ON CONFLICT (idempotency_key) DO NOTHING "
+    "RETURNING order_id::text AS order_id, "
+    "(extract(epoch from created_at) * 1000000)::bigint AS created_us), "
+    "input AS (SELECT * FROM unnest($8::text[], $9::text[], $10::uuid[], "
+    "$11::text[], $12::int[], $13::text[], $14::text[], $15::int[]) AS "
+    "t(aggregate_type, aggregate_id, event_id, event_type, schema_version, "
+    "payload, trace_parent, partition) "
+    "WHERE aggregate_id IN (SELECT order_id FROM o)), " + APPEND_CTES +
+    ", n AS (SELECT pg_notify($16::text, '') FROM (SELECT 1 FROM o LIMIT 1) "
+    "AS w WHERE $16::text <> '') "
+    "SELECT order_id, created_us FROM o LEFT JOIN n ON true")
+
+_ORDER_COLUMNS = (
+    "order_id::text AS order_id, customer_id, items::text AS items, currency, "
+    "total_cents, status, version, "
+    "(extract(epoch from created_at) * 1000000)::bigint AS created_us, "
+    "(extract(epoch from updated_at) * 1000000)::bigint AS updated_us")
+
+READ_ORDERS_SQL = (
+    "SELECT o.* FROM unnest($1::uuid[]) AS k JOIN LATERAL (SELECT " +
+    _ORDER_COLUMNS +
+    " FROM orders WHERE order_id = k LIMIT 1) o ON true")
+
+# PayOrder's and CancelOrder's write (autocommit, after READ_ORDERS_SQL):
+# the orders still at the version read, then their events.
+CHANGE_ORDERS_SQL = (
+    "WITH u AS (UPDATE orders o SET status = t.status, version = t.version, "
+    "updated_at = now() FROM unnest($1::uuid[], $2::text[], $3::bigint[]) "
+    "AS t(order_id, status, version) WHERE o.order_id = t.order_id "
+    "AND o.version = t.version - 1 "
+    "RETURNING o.order_id::text AS order_id, "
+    "(extract(epoch from o.updated_at) * 1000000)::bigint AS updated_us), "
+    "input AS (SELECT * FROM unnest($4::text[], $5::text[], $6::uuid[], "
+    "$7::text[], $8::int[], $9::text[], $10::text[], $11::int[]) AS "
+    "t(aggregate_type, aggregate_id, event_id, event_type, schema_version, "
+    "payload, trace_parent, partition) "
+    "WHERE aggregate_id IN (SELECT order_id FROM u)), " + APPEND_CTES +
+    ", n AS (SELECT pg_notify($12::text, '') FROM (SELECT 1 FROM u LIMIT 1) "
+    "AS w WHERE $12::text <> '') "
+    "SELECT order_id, updated_us FROM u LEFT JOIN n ON true")
+
+APPEND_SQL = (
+    "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], "
+    "$4::text[], $5::int[], $6::text[], $7::text[], $8::int[]) WITH "
+    "ORDINALITY AS t(aggregate_type, aggregate_id, event_id, event_type, "
+    "schema_version, payload, trace_parent, partition, n)), " + APPEND_CTES +
+    " SELECT i.n, h.last_seq, h.prev_seq "
     "FROM input i JOIN h USING (aggregate_type, aggregate_id)")
 
 # Values like the load's (tools/load.cc): two items, a 16-hex fingerprint,
@@ -107,20 +133,6 @@ def q(s):
     return "'" + s.replace("'", "''") + "'"
 
 
-def append_one(event_type, payload_hex):
-    """APPEND_SQL for one event of the order in pgbench variable :order_id."""
-    return substitute(APPEND_SQL, {
-        1: "ARRAY['order']",
-        2: "ARRAY[(:order_id)::text]",
-        3: "ARRAY[gen_random_uuid()]",
-        4: "ARRAY[" + q(event_type) + "]",
-        5: "ARRAY[1]",
-        6: "ARRAY[" + q(payload_hex) + "]",
-        7: "ARRAY[" + q(TRACE) + "]",
-        8: "ARRAY[(:p)::int]",
-    })
-
-
 def cmd_pgbench_scripts(a):
     tpl = {}
     for kind in ("created", "paid", "cancelled"):
@@ -131,66 +143,71 @@ def cmd_pgbench_scripts(a):
     # its statements too): variables become parameters, so they stand
     # outside quotes, each with a cast. Needs -D i=0 -D run=N.
     #
-    # CreateOrder: the producer's statements themselves, one order per
-    # transaction (arrays of one element), the order id from \gset as the
-    # producer would pass it to the append. Ids and event ids come from
-    # gen_random_uuid(); the idempotency key is unique per run, client and
-    # transaction.
+    # CreateOrder: the producer's statement itself, one order per
+    # statement (arrays of one element), in autocommit as the producer runs
+    # it. The idempotency key is unique per run, client and transaction;
+    # the order id is its md5 (the event names its order, so both need the
+    # same id); event ids come from gen_random_uuid().
     key = "'pgb' || (:run)::text || '-' || (:client_id)::text || '-' || (:i)::text"
+    order_id = "md5(" + key + ")::uuid"
     create = substitute(CREATE_SQL, {
-        1: "ARRAY[gen_random_uuid()]",
+        1: "ARRAY[" + order_id + "]",
         2: "ARRAY['customer-7']",
         3: "ARRAY[" + q(ITEMS_JSON) + "]",
         4: "ARRAY['EUR']",
         5: "ARRAY[(:total)::bigint]",
         6: "ARRAY[" + key + "]",
         7: "ARRAY[" + q(FINGERPRINT) + "]",
+        8: "ARRAY['order']",
+        9: "ARRAY[" + order_id + "::text]",
+        10: "ARRAY[gen_random_uuid()]",
+        11: "ARRAY['OrderCreated']",
+        12: "ARRAY[1]",
+        13: "ARRAY[" + q(tpl["created"]) + "]",
+        14: "ARRAY[" + q(TRACE) + "]",
+        15: "ARRAY[(:p)::int]",
+        16: "'outbox_events'",
     })
     head = ("-- generated by scripts/lib/bench.py from its copy of\n"
             "-- %s (keep in sync)\n")
     setup = "\\set p random(0, 31)\n\\set total random(100, 50000)\n\\set i :i + 1\n"
     with open(os.path.join(a.out, "create_unnest.sql"), "w") as f:
-        f.write(head % "producer/order_store.cc's kCreateSql and "
-                "writer/writer.cc's kAppendSql")
-        f.write(setup + "BEGIN;\n" + create + " \\gset\n" +
-                append_one("OrderCreated", tpl["created"]) + ";\nCOMMIT;\n")
-    # The same work without the arrays: rows of scalars (the form
-    # hand-written single-order statements would take).
-    scalar_order = (
-        "INSERT INTO orders (order_id, customer_id, items, currency, "
-        "total_cents, status, version, idempotency_key, request_hash) "
-        "VALUES (gen_random_uuid(), 'customer-7', " + q(ITEMS_JSON) +
-        "::jsonb, 'EUR', (:total)::bigint, 'CREATED', 1, " + key + ", " +
-        q(FINGERPRINT) + ") "
+        f.write(head % "producer/order_store.cc's kCreateSql")
+        f.write(setup + create + ";\n")
+    # The same work without the arrays: one statement of scalars (the form
+    # a hand-written single-order statement would take).
+    scalar = (
+        "WITH o AS (INSERT INTO orders (order_id, customer_id, items, "
+        "currency, total_cents, status, version, idempotency_key, "
+        "request_hash) VALUES (" + order_id + ", 'customer-7', " +
+        q(ITEMS_JSON) + "::jsonb, 'EUR', (:total)::bigint, 'CREATED', 1, " +
+        key + ", " + q(FINGERPRINT) + ") "
         "ON CONFLICT (idempotency_key) DO NOTHING "
-        "RETURNING order_id::text, "
-        "(extract(epoch from created_at) * 1000000)::bigint AS created_us")
-    scalar_event = (
-        "WITH h AS (INSERT INTO outbox_heads AS h (aggregate_type, "
-        "aggregate_id, last_seq) VALUES ('order', (:order_id)::text, "
-        "nextval('outbox_seq_seq')) "
+        "RETURNING order_id::text AS order_id, "
+        "(extract(epoch from created_at) * 1000000)::bigint AS created_us), "
+        "h AS (INSERT INTO outbox_heads AS h (aggregate_type, "
+        "aggregate_id, last_seq) SELECT 'order', order_id, "
+        "nextval('outbox_seq_seq') FROM o "
         "ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET "
         "prev_seq = h.last_seq, last_seq = nextval('outbox_seq_seq') "
-        "RETURNING h.last_seq, h.prev_seq) "
-        "INSERT INTO outbox (seq, event_id, aggregate_type, aggregate_id, "
-        "prev_seq, event_type, schema_version, payload, trace_parent, "
-        "partition) SELECT h.last_seq, gen_random_uuid(), 'order', "
-        "(:order_id)::text, h.prev_seq, 'OrderCreated', 1, decode(" +
-        q(tpl["created"]) + ", 'hex'), " + q(TRACE) + ", (:p)::int FROM h "
-        "RETURNING seq, prev_seq")
+        "RETURNING h.aggregate_id, h.last_seq, h.prev_seq), "
+        "e AS (INSERT INTO outbox (seq, event_id, aggregate_type, "
+        "aggregate_id, prev_seq, event_type, schema_version, payload, "
+        "trace_parent, partition) SELECT h.last_seq, gen_random_uuid(), "
+        "'order', h.aggregate_id, h.prev_seq, 'OrderCreated', 1, decode(" +
+        q(tpl["created"]) + ", 'hex'), " + q(TRACE) + ", (:p)::int FROM h) "
+        "SELECT order_id, created_us FROM o")
     with open(os.path.join(a.out, "create_scalar.sql"), "w") as f:
-        f.write(head % "producer/order_store.cc's kCreateSql and "
-                "writer/writer.cc's kAppendSql, as scalars")
-        f.write(setup + "BEGIN;\n" + scalar_order + " \\gset\n" +
-                scalar_event + ";\nCOMMIT;\n")
-    # PayOrder / CancelOrder: lock the order, update it, append the event,
-    # as OrderStore::WriteChanges does for a group of one. Client c's i-th
-    # transaction takes order number c * per_client + i (needs
-    # -D per_client=N), made beforehand by
+        f.write(head % "producer/order_store.cc's kCreateSql, as scalars")
+        f.write(setup + scalar + ";\n")
+    # PayOrder / CancelOrder: read the order, then move it and append the
+    # event in one statement, both in autocommit, as OrderStore::WriteRound
+    # does for a group of one. Client c's i-th transaction takes order
+    # number c * per_client + i (needs -D per_client=N), made beforehand by
     # orders_setup.sql, so each order is changed once, from CREATED like
     # the load's; a client past its share fails loudly (\gset of no row)
     # instead of measuring no-ops.
-    lock = substitute(LOCK_ORDERS_SQL, {
+    read = substitute(READ_ORDERS_SQL, {
         1: "ARRAY[md5('pgb-order-' || (:n)::text)::uuid]"})
     for name, status, etype, kind in (
             ("pay", "PAID", "OrderPaid", "paid"),
@@ -199,14 +216,22 @@ def cmd_pgbench_scripts(a):
             1: "ARRAY[(:order_id)::uuid]",
             2: "ARRAY[" + q(status) + "]",
             3: "ARRAY[2::bigint]",
+            4: "ARRAY['order']",
+            5: "ARRAY[(:order_id)::text]",
+            6: "ARRAY[gen_random_uuid()]",
+            7: "ARRAY[" + q(etype) + "]",
+            8: "ARRAY[1]",
+            9: "ARRAY[" + q(tpl[kind]) + "]",
+            10: "ARRAY[" + q(TRACE) + "]",
+            11: "ARRAY[(:p)::int]",
+            12: "'outbox_events'",
         })
         with open(os.path.join(a.out, name + ".sql"), "w") as f:
-            f.write(head % "producer/order_store.cc's kLockOrdersSql and "
-                    "kChangeOrdersSql and writer/writer.cc's kAppendSql")
+            f.write(head % "producer/order_store.cc's kReadOrdersSql and "
+                    "kChangeOrdersSql")
             f.write("\\set i :i + 1\n\\set n :client_id * :per_client + :i\n"
                     "\\set p random(0, 31)\n")
-            f.write("BEGIN;\n" + lock + " \\gset\n" + change + ";\n" +
-                    append_one(etype, tpl[kind]) + ";\nCOMMIT;\n")
+            f.write(read + " \\gset\n" + change + ";\n")
     # The orders pay.sql and cancel.sql change, numbered 1 to psql variable
     # :orders, as CreateOrder leaves them: the order, its chain head and
     # its OrderCreated event (owed to the subscriptions by the outbox's
@@ -237,7 +262,7 @@ def cmd_check_sql(a):
     with open(a.binary, "rb") as f:
         data = f.read()
     missing = [n for n, s in (("kCreateSql", CREATE_SQL),
-                              ("kLockOrdersSql", LOCK_ORDERS_SQL),
+                              ("kReadOrdersSql", READ_ORDERS_SQL),
                               ("kChangeOrdersSql", CHANGE_ORDERS_SQL),
                               ("kAppendSql", APPEND_SQL))
                if s.encode() not in data]
