@@ -34,6 +34,21 @@ constexpr char kOrderByKeySql[] = "SELECT " OUTBOX_ORDER_COLUMNS
                                   "idempotency_key = $1";
 #undef OUTBOX_ORDER_COLUMNS
 
+// The tail of a statement that wrote orders: the events of the orders
+// that CTE `written` returned (order_id text), from the array parameters
+// a-h (outbox::EventRows), appended by the writer's CTEs; then, if it
+// returned any, NOTIFY the channel in parameter `channel` ('' for none)
+// at the commit. The caller's final SELECT joins n (LEFT JOIN n ON true).
+#define OUTBOX_ORDER_EVENTS(written, a, b, c, d, e, f, g, h, channel)        \
+  "input AS (SELECT * FROM unnest(" a "::text[], " b "::text[], " c          \
+  "::uuid[], " d "::text[], " e "::int[], " f "::text[], " g "::text[], " h  \
+  "::int[]) AS t(aggregate_type, aggregate_id, event_id, event_type, "       \
+  "schema_version, payload, trace_parent, partition) "                       \
+  "WHERE aggregate_id IN (SELECT order_id FROM " written                     \
+  ")), " OUTBOX_WRITER_APPEND_CTES ", n AS (SELECT pg_notify(" channel       \
+  "::text, '') FROM (SELECT 1 FROM " written " LIMIT 1) AS w WHERE " channel \
+  "::text <> '') "
+
 // A group of CreateOrder calls in one statement, run in autocommit (one
 // round trip): the new orders, and the OrderCreated event of each order
 // inserted. An order whose idempotency key was seen before is neither
@@ -52,16 +67,10 @@ constexpr char kCreateSql[] =
     "fingerprint) "
     "ON CONFLICT (idempotency_key) DO NOTHING "
     "RETURNING order_id::text AS order_id, "
-    "(extract(epoch from created_at) * 1000000)::bigint AS created_us), "
-    "input AS (SELECT * FROM unnest($8::text[], $9::text[], $10::uuid[], "
-    "$11::text[], $12::int[], $13::text[], $14::text[], $15::int[]) AS "
-    "t(aggregate_type, aggregate_id, event_id, event_type, schema_version, "
-    "payload, trace_parent, partition) "
-    "WHERE aggregate_id IN (SELECT order_id FROM "
-    "o)), " OUTBOX_WRITER_APPEND_CTES
-    ", n AS (SELECT pg_notify($16::text, '') FROM (SELECT 1 FROM o LIMIT 1) "
-    "AS w WHERE $16::text <> '') "
-    "SELECT order_id, created_us FROM o LEFT JOIN n ON true";
+    "(extract(epoch from created_at) * 1000000)::bigint AS "
+    "created_us), " OUTBOX_ORDER_EVENTS(
+        "o", "$8", "$9", "$10", "$11", "$12", "$13", "$14", "$15",
+        "$16") "SELECT order_id, created_us FROM o LEFT JOIN n ON true";
 
 // A round of a group's changes in one statement, run in autocommit (one
 // round trip): each order at most once, moved to its new status and
@@ -78,16 +87,12 @@ constexpr char kChangeOrdersSql[] =
     "AS t(order_id, status, version) WHERE o.order_id = t.order_id "
     "AND o.version = t.version - 1 "
     "RETURNING o.order_id::text AS order_id, "
-    "(extract(epoch from o.updated_at) * 1000000)::bigint AS updated_us), "
-    "input AS (SELECT * FROM unnest($4::text[], $5::text[], $6::uuid[], "
-    "$7::text[], $8::int[], $9::text[], $10::text[], $11::int[]) AS "
-    "t(aggregate_type, aggregate_id, event_id, event_type, schema_version, "
-    "payload, trace_parent, partition) "
-    "WHERE aggregate_id IN (SELECT order_id FROM "
-    "u)), " OUTBOX_WRITER_APPEND_CTES
-    ", n AS (SELECT pg_notify($12::text, '') FROM (SELECT 1 FROM u LIMIT 1) "
-    "AS w WHERE $12::text <> '') "
-    "SELECT order_id, updated_us FROM u LEFT JOIN n ON true";
+    "(extract(epoch from o.updated_at) * 1000000)::bigint AS "
+    "updated_us), " OUTBOX_ORDER_EVENTS(
+        "u", "$4", "$5", "$6", "$7", "$8", "$9", "$10", "$11",
+        "$12") "SELECT order_id, updated_us FROM u LEFT JOIN n ON true";
+
+#undef OUTBOX_ORDER_EVENTS
 
 // Rounds of a group that may find orders moved under them (by another
 // producer) before the changes left fail as Aborted.
@@ -157,7 +162,8 @@ OrderStore::OrderStore(Database* db, Writer* writer, OrderStoreOptions options,
     create_commit_.set_on_group([sizes](size_t n) { sizes->Observe(n); });
     Histogram* changes = metrics->AddHistogram(
         "outbox_producer_change_group_size",
-        "PayOrder and CancelOrder calls written together in one transaction.",
+        "PayOrder and CancelOrder calls written together (a read, then one "
+        "statement).",
         Histogram::SizeBuckets());
     change_commit_.set_on_group([changes](size_t n) { changes->Observe(n); });
   }
@@ -180,9 +186,9 @@ std::vector<absl::StatusOr<std::optional<int64_t>>> OrderStore::InsertOrders(
     fingerprint.Add(o->fingerprint);
     index[o->order_id] = i;
   }
-  std::vector<NewEvent> events;
+  std::vector<const NewEvent*> events;
   events.reserve(group.size());
-  for (const NewOrder* o : group) events.push_back(o->event);
+  for (const NewOrder* o : group) events.push_back(&o->event);
   absl::StatusOr<EventRows> rows = Writer::Rows(events);
   absl::Status s = rows.status();
   if (s.ok()) {

@@ -93,28 +93,42 @@ absl::StatusOr<EventRows> Writer::Rows(const std::vector<NewEvent>& events) {
   std::vector<const NewEvent*> all;
   all.reserve(events.size());
   for (const NewEvent& e : events) all.push_back(&e);
-  return RowsOf(all);
+  return Rows(all);
 }
 
-absl::StatusOr<EventRows> Writer::RowsOf(
+absl::StatusOr<EventRows> Writer::Rows(
     const std::vector<const NewEvent*>& events) {
-  EventRows rows;
-  ArrayLiteral type, id, event_id, event_type, version, payload, trace,
-      partition;
+  if (absl::Status s = ValidateEach(events); !s.ok()) return s;
   std::set<std::pair<std::string, std::string>> aggregates;
-  const absl::Time now = absl::Now();
   for (size_t i = 0; i < events.size(); ++i) {
     const NewEvent& e = *events[i];
-    if (absl::Status s = Validate(e); !s.ok()) {
-      if (events.size() == 1) return s;
-      return absl::InvalidArgumentError(
-          absl::StrCat("events[", i, "].", s.message()));
-    }
     if (!aggregates.emplace(e.aggregate_type, e.aggregate_id).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "events[", i, "].aggregate_id: \"", e.aggregate_id.substr(0, 128),
           "\" comes twice in one statement's events"));
     }
+  }
+  return RowsOf(events);
+}
+
+absl::Status Writer::ValidateEach(const std::vector<const NewEvent*>& events) {
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (absl::Status s = Validate(*events[i]); !s.ok()) {
+      if (events.size() == 1) return s;
+      return absl::InvalidArgumentError(
+          absl::StrCat("events[", i, "].", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+EventRows Writer::RowsOf(const std::vector<const NewEvent*>& events) {
+  EventRows rows;
+  ArrayLiteral type, id, event_id, event_type, version, payload, trace,
+      partition;
+  const absl::Time now = absl::Now();
+  for (const NewEvent* ev : events) {
+    const NewEvent& e = *ev;
     v1::Event stored;
     stored.set_event_id(e.event_id.empty() ? NewTimeOrderedUuid() : e.event_id);
     stored.set_aggregate_type(e.aggregate_type);
@@ -148,13 +162,10 @@ absl::StatusOr<EventRows> Writer::RowsOf(
 
 absl::StatusOr<std::vector<Appended>> Writer::AppendMany(
     pqxx::transaction_base& tx, const std::vector<NewEvent>& events) {
-  for (size_t i = 0; i < events.size(); ++i) {
-    if (absl::Status s = Validate(events[i]); !s.ok()) {
-      if (events.size() == 1) return s;
-      return absl::InvalidArgumentError(
-          absl::StrCat("events[", i, "].", s.message()));
-    }
-  }
+  std::vector<const NewEvent*> all;
+  all.reserve(events.size());
+  for (const NewEvent& e : events) all.push_back(&e);
+  if (absl::Status s = ValidateEach(all); !s.ok()) return s;
   std::vector<Appended> out(events.size());
   // Rounds: an aggregate at most once per statement (a head row can move
   // once per statement), its events in input order across rounds.
@@ -169,17 +180,15 @@ absl::StatusOr<std::vector<Appended>> Writer::AppendMany(
   for (const std::vector<size_t>& round : rounds) {
     std::vector<const NewEvent*> of_round;
     of_round.reserve(round.size());
-    for (size_t i : round) of_round.push_back(&events[i]);
-    absl::StatusOr<EventRows> rows = RowsOf(of_round);
-    if (!rows.ok()) return rows.status();  // checked above: never
+    for (size_t i : round) of_round.push_back(all[i]);
+    const EventRows rows = RowsOf(of_round);
     for (size_t k = 0; k < round.size(); ++k) {
-      out[round[k]].event_id = rows->event_ids[k];
+      out[round[k]].event_id = rows.event_ids[k];
     }
-    pqxx::result r =
-        ExecPrepared(tx, "outbox_writer_append", kAppendSql,
-                     rows->aggregate_type, rows->aggregate_id, rows->event_id,
-                     rows->event_type, rows->schema_version, rows->payload,
-                     rows->trace_parent, rows->partition);
+    pqxx::result r = ExecPrepared(
+        tx, "outbox_writer_append", kAppendSql, rows.aggregate_type,
+        rows.aggregate_id, rows.event_id, rows.event_type, rows.schema_version,
+        rows.payload, rows.trace_parent, rows.partition);
     for (const auto& row : r) {
       const size_t i = round[row[0].as<size_t>() - 1];
       out[i].seq = row[1].as<int64_t>();

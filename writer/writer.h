@@ -83,6 +83,12 @@ struct EventRows {
 // insert returned). Its CTEs are named h and e; the caller's final SELECT
 // may read h (aggregate_type, aggregate_id, last_seq = the event's seq,
 // prev_seq). See producer/order_store.cc.
+//
+// Each aggregate's head row is inserted, or locked and moved; its seq is
+// drawn only once the lock is held (in the DO UPDATE), so it is larger
+// than the seq of the event before, whose transaction has committed by
+// then. Heads are taken in sorted order, so two multi-event appends never
+// deadlock.
 #define OUTBOX_WRITER_APPEND_CTES                                            \
   "h AS (INSERT INTO outbox_heads AS h (aggregate_type, aggregate_id, "      \
   "last_seq) SELECT aggregate_type, aggregate_id, "                          \
@@ -134,10 +140,16 @@ class Writer {
   // checks of Append, and each aggregate at most once (InvalidArgument
   // naming the event otherwise). Call Committed() after the commit.
   static absl::StatusOr<EventRows> Rows(const std::vector<NewEvent>& events);
+  // The same, without copying the events.
+  static absl::StatusOr<EventRows> Rows(
+      const std::vector<const NewEvent*>& events);
 
  private:
-  static absl::StatusOr<EventRows> RowsOf(
-      const std::vector<const NewEvent*>& events);
+  // Validate for each event; an error names the event when there are
+  // several.
+  static absl::Status ValidateEach(const std::vector<const NewEvent*>& events);
+  // The rows of events already checked.
+  static EventRows RowsOf(const std::vector<const NewEvent*>& events);
 
   std::unique_ptr<Notifier> notifier_;
 };

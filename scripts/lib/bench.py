@@ -50,6 +50,24 @@ APPEND_CTES = (
     "NULLIF(i.trace_parent, ''), i.partition "
     "FROM input i JOIN h USING (aggregate_type, aggregate_id))")
 
+
+def order_events(written, params, channel):
+    """producer/order_store.cc's OUTBOX_ORDER_EVENTS: the events of the
+    orders CTE `written` returned, from the array parameters `params` (8),
+    then NOTIFY the channel in parameter `channel` if it returned any."""
+    a, b, c, d, e, f, g, h = params
+    return (
+        "input AS (SELECT * FROM unnest(" + a + "::text[], " + b +
+        "::text[], " + c + "::uuid[], " + d + "::text[], " + e + "::int[], " +
+        f + "::text[], " + g + "::text[], " + h + "::int[]) AS "
+        "t(aggregate_type, aggregate_id, event_id, event_type, "
+        "schema_version, payload, trace_parent, partition) "
+        "WHERE aggregate_id IN (SELECT order_id FROM " + written + ")), " +
+        APPEND_CTES + ", n AS (SELECT pg_notify(" + channel + "::text, '') "
+        "FROM (SELECT 1 FROM " + written + " LIMIT 1) AS w WHERE " + channel +
+        "::text <> '') ")
+
+
 # CreateOrder's one statement (autocommit): the orders, then their events.
 CREATE_SQL = (
     "WITH o AS (INSERT INTO orders (order_id, customer_id, items, currency, "
@@ -61,14 +79,8 @@ CREATE_SQL = (
     "fingerprint) "
     "ON CONFLICT (idempotency_key) DO NOTHING "
     "RETURNING order_id::text AS order_id, "
-    "(extract(epoch from created_at) * 1000000)::bigint AS created_us), "
-    "input AS (SELECT * FROM unnest($8::text[], $9::text[], $10::uuid[], "
-    "$11::text[], $12::int[], $13::text[], $14::text[], $15::int[]) AS "
-    "t(aggregate_type, aggregate_id, event_id, event_type, schema_version, "
-    "payload, trace_parent, partition) "
-    "WHERE aggregate_id IN (SELECT order_id FROM o)), " + APPEND_CTES +
-    ", n AS (SELECT pg_notify($16::text, '') FROM (SELECT 1 FROM o LIMIT 1) "
-    "AS w WHERE $16::text <> '') "
+    "(extract(epoch from created_at) * 1000000)::bigint AS created_us), " +
+    order_events("o", ["$%d" % n for n in range(8, 16)], "$16") +
     "SELECT order_id, created_us FROM o LEFT JOIN n ON true")
 
 _ORDER_COLUMNS = (
@@ -90,14 +102,8 @@ CHANGE_ORDERS_SQL = (
     "AS t(order_id, status, version) WHERE o.order_id = t.order_id "
     "AND o.version = t.version - 1 "
     "RETURNING o.order_id::text AS order_id, "
-    "(extract(epoch from o.updated_at) * 1000000)::bigint AS updated_us), "
-    "input AS (SELECT * FROM unnest($4::text[], $5::text[], $6::uuid[], "
-    "$7::text[], $8::int[], $9::text[], $10::text[], $11::int[]) AS "
-    "t(aggregate_type, aggregate_id, event_id, event_type, schema_version, "
-    "payload, trace_parent, partition) "
-    "WHERE aggregate_id IN (SELECT order_id FROM u)), " + APPEND_CTES +
-    ", n AS (SELECT pg_notify($12::text, '') FROM (SELECT 1 FROM u LIMIT 1) "
-    "AS w WHERE $12::text <> '') "
+    "(extract(epoch from o.updated_at) * 1000000)::bigint AS updated_us), " +
+    order_events("u", ["$%d" % n for n in range(4, 12)], "$12") +
     "SELECT order_id, updated_us FROM u LEFT JOIN n ON true")
 
 APPEND_SQL = (
