@@ -78,13 +78,20 @@ constexpr char kCreateSql[] =
 // still the new one less 1), and the event of each order it moved. Arrays:
 // $1 order_id, $2 status, $3 version (new); then the events, one per
 // order: $4-$11 (outbox::EventRows); $12 the channel to NOTIFY at the
-// commit if it moved an order ('' for none). Returns the orders moved. Planned
-// per call (exec_params): a generic plan made while the table was small could
-// join by a scan.
+// commit if it moved an order ('' for none). Returns the orders moved.
+// Prepared: each order is found by a primary-key probe (LATERAL ... LIMIT
+// 1, as kReadOrdersSql) and updated through the row it found (a TID scan),
+// so that the generic plan, often made while the table is small, never
+// joins the orders by a scan. The version test is what decides: an order
+// moved by another writer in between is updated in its newest version
+// only if that version is still the one read (never, as every change
+// bumps it), and is then left out of the result.
 constexpr char kChangeOrdersSql[] =
-    "WITH u AS (UPDATE orders o SET status = t.status, version = t.version, "
-    "updated_at = now() FROM unnest($1::uuid[], $2::text[], $3::bigint[]) "
-    "AS t(order_id, status, version) WHERE o.order_id = t.order_id "
+    "WITH t AS (SELECT t.*, k.tid FROM unnest($1::uuid[], $2::text[], "
+    "$3::bigint[]) AS t(order_id, status, version) JOIN LATERAL (SELECT "
+    "ctid AS tid FROM orders WHERE order_id = t.order_id LIMIT 1) k ON true), "
+    "u AS (UPDATE orders o SET status = t.status, version = t.version, "
+    "updated_at = now() FROM t WHERE o.ctid = t.tid "
     "AND o.version = t.version - 1 "
     "RETURNING o.order_id::text AS order_id, "
     "(extract(epoch from o.updated_at) * 1000000)::bigint AS "
@@ -401,11 +408,12 @@ absl::Status OrderStore::WriteRound(
     // Autocommit: a crash here leaves nothing written, as before a COMMIT.
     MaybeCrash("producer.before_commit");
     std::map<std::string, int64_t> updated;
-    for (const auto& row : tx.exec_params(
-             kChangeOrdersSql, id.str(), status.str(), version.str(),
-             rows->aggregate_type, rows->aggregate_id, rows->event_id,
-             rows->event_type, rows->schema_version, rows->payload,
-             rows->trace_parent, rows->partition, notify_channel_)) {
+    for (const auto& row :
+         ExecPrepared(tx, "change_orders", kChangeOrdersSql, id.str(),
+                      status.str(), version.str(), rows->aggregate_type,
+                      rows->aggregate_id, rows->event_id, rows->event_type,
+                      rows->schema_version, rows->payload, rows->trace_parent,
+                      rows->partition, notify_channel_)) {
       updated[row[0].as<std::string>()] = row[1].as<int64_t>();
     }
     *wrote |= !updated.empty();

@@ -514,6 +514,66 @@ TEST_F(OrderStoreTest, RecoversWhenConnectionsAreKilled) {
   EXPECT_LE(unavailable, 1);  // only the connection in the pool was dead
 }
 
+TEST(OrderStorePlans, KeyLookupsStayIndexProbesInGenericPlans) {
+  // A prepared statement's generic plan is made once, often while orders
+  // is still empty, and kept as it grows: a change planned as a join over
+  // a scan of orders would read every order in every write. Forced
+  // generic plans on a new table must still find each order by its key.
+  TestDatabase tdb("order_plans", OrdersSchemas());
+  tdb.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  Database db(tdb.url(), 1, "order-plans", DbSession{},
+              [](pqxx::connection& c) {
+                pqxx::nontransaction(c).exec(
+                    "SET plan_cache_mode = force_generic_plan");
+              });
+  Writer writer;
+  OrderStore store(&db, &writer);
+  // Every statement runs, each under its generic plan, and still works.
+  v1::CreateOrderRequest create;
+  create.set_customer_id("c-1");
+  create.set_currency("EUR");
+  auto* item = create.add_items();
+  item->set_sku("book");
+  item->set_quantity(1);
+  item->set_unit_price_cents(500);
+  auto order = store.Create(create, *ValidateCreate(create), NewTraceParent());
+  ASSERT_TRUE(order.ok()) << order.status();
+  v1::PayOrderRequest pay;
+  pay.set_order_id(order->order_id());
+  pay.set_expected_version(1);
+  pay.set_amount_cents(500);
+  auto paid = store.Pay(pay, NewTraceParent());
+  ASSERT_TRUE(paid.ok()) << paid.status();
+  EXPECT_EQ(paid->version(), 2);
+  v1::CancelOrderRequest stale;  // the version the pay moved past
+  stale.set_order_id(order->order_id());
+  stale.set_expected_version(1);
+  EXPECT_EQ(store.Cancel(stale, NewTraceParent()).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM outbox"), 2);
+  absl::Status s = db.Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::nontransaction tx(c);
+    const std::string arrays = "'{}', '{}', '{}', ";
+    const std::vector<std::string> calls = {
+        "read_orders('{}')",
+        "change_orders(" + arrays + arrays + arrays + "'{}', '{}', '')"};
+    for (const std::string& call : calls) {
+      std::string plan;
+      for (const auto& row : tx.exec("EXPLAIN EXECUTE " + call)) {
+        plan += row[0].as<std::string>() + "\n";
+      }
+      EXPECT_EQ(plan.find("Seq Scan on orders"), std::string::npos)
+          << call << ":\n"
+          << plan;
+      EXPECT_NE(plan.find("Index Scan using orders_pkey"), std::string::npos)
+          << call << ":\n"
+          << plan;
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 }  // namespace
 }  // namespace outbox::producer
 

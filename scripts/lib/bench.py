@@ -97,9 +97,11 @@ READ_ORDERS_SQL = (
 # PayOrder's and CancelOrder's write (autocommit, after READ_ORDERS_SQL):
 # the orders still at the version read, then their events.
 CHANGE_ORDERS_SQL = (
-    "WITH u AS (UPDATE orders o SET status = t.status, version = t.version, "
-    "updated_at = now() FROM unnest($1::uuid[], $2::text[], $3::bigint[]) "
-    "AS t(order_id, status, version) WHERE o.order_id = t.order_id "
+    "WITH t AS (SELECT t.*, k.tid FROM unnest($1::uuid[], $2::text[], "
+    "$3::bigint[]) AS t(order_id, status, version) JOIN LATERAL (SELECT "
+    "ctid AS tid FROM orders WHERE order_id = t.order_id LIMIT 1) k ON true), "
+    "u AS (UPDATE orders o SET status = t.status, version = t.version, "
+    "updated_at = now() FROM t WHERE o.ctid = t.tid "
     "AND o.version = t.version - 1 "
     "RETURNING o.order_id::text AS order_id, "
     "(extract(epoch from o.updated_at) * 1000000)::bigint AS updated_us), " +
