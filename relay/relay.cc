@@ -503,7 +503,15 @@ bool Relay::Claim(Lane& lane) {
   if (partitions.empty()) return true;
   try {
     // First above what was sent, then all (and all at least once per poll).
-    bool fresh = lane.sent_through > 0 && absl::Now() < lane.next_full_claim &&
+    // With fewer rows in flight than a batch, a claim from the start reads
+    // past them at little cost, and it also finds the rows that committed
+    // after a larger seq was sent, which a claim above sent_through misses:
+    // then it is the only claim of the round, one statement instead of two.
+    const bool few_ahead =
+        InFlightEvents() + static_cast<int64_t>(marks_.size()) <
+        options_.batch_size;
+    bool fresh = !few_ahead && lane.sent_through > 0 &&
+                 absl::Now() < lane.next_full_claim &&
                  !(lane.passed_over && lane.freed_at_claim != freed_);
     if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
     // Each claim of this round continues after the last row the one before
