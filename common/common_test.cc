@@ -362,6 +362,11 @@ TEST(DbSession, SettingsNameEveryTimeoutInMilliseconds) {
   EXPECT_EQ(SessionSettingsSql(s),
             "SET statement_timeout = 3000; SET lock_timeout = 250; "
             "SET idle_in_transaction_session_timeout = 0");
+  s.generic_plans = true;
+  EXPECT_EQ(SessionSettingsSql(s),
+            "SET statement_timeout = 3000; SET lock_timeout = 250; "
+            "SET idle_in_transaction_session_timeout = 0; "
+            "SET plan_cache_mode = force_generic_plan");
 }
 
 TEST(Watchdog, StallsOnlyWhileItHasWorkWithoutProgress) {

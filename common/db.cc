@@ -94,7 +94,10 @@ std::string SessionSettingsSql(const DbSession& session) {
   return absl::StrCat("SET statement_timeout = ", ms(session.statement_timeout),
                       "; SET lock_timeout = ", ms(session.lock_timeout),
                       "; SET idle_in_transaction_session_timeout = ",
-                      ms(session.idle_in_transaction_timeout));
+                      ms(session.idle_in_transaction_timeout),
+                      session.generic_plans
+                          ? "; SET plan_cache_mode = force_generic_plan"
+                          : "");
 }
 
 absl::Status StatusFromException(const std::exception& e) {

@@ -84,8 +84,11 @@ int main(int argc, char** argv) {
           session)) {
     return *exit_code;
   }
+  // Delivery's statements (the inbox's and the handler's) are lookups by key.
+  outbox::DbSession delivery_session = session;
+  delivery_session.generic_plans = true;
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size), "outbox-consumer",
-                      session);
+                      delivery_session);
   outbox::Metrics metrics;
   outbox::Watchdog watchdog("consumer apply path",
                             absl::GetFlag(FLAGS_stall_timeout));

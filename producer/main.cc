@@ -54,8 +54,10 @@ int main(int argc, char** argv) {
           "outbox-producer", url, outbox::producer::OrdersSchemas(), session)) {
     return *exit_code;
   }
+  outbox::DbSession store_session = session;
+  store_session.generic_plans = true;  // each statement a lookup by key
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size), "outbox-producer",
-                      session);
+                      store_session);
   outbox::Metrics metrics;
   // The store's statements NOTIFY the relays themselves, at their commits.
   outbox::Writer writer({.session = session});

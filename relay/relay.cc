@@ -409,6 +409,9 @@ bool Relay::EnsureConnection() {
   }
   try {
     (*conn)->prepare("claim", kClaimSql);
+    (*conn)->prepare("mark_delivered",
+                     "DELETE FROM outbox_delivery WHERE subscription = $1 AND "
+                     "seq = ANY($2::bigint[]) AND status = 'pending'");
   } catch (const std::exception& e) {
     last_db_error_ = std::string(StatusFromException(e).message());
     return false;
@@ -716,10 +719,8 @@ bool Relay::FlushMarks() {
     if (!delivered.empty()) {
       // Delivered: the row's work is done; deleting it writes no new row
       // version and leaves the claims a smaller table.
-      tx.exec_params(
-          "DELETE FROM outbox_delivery WHERE subscription = $1 AND "
-          "seq = ANY($2::bigint[]) AND status = 'pending'",
-          options_.subscription, ArrayLiteral(delivered).str());
+      tx.exec_prepared("mark_delivered", options_.subscription,
+                       ArrayLiteral(delivered).str());
     }
     for (const Mark& m : marks_) {
       if (m.delivered) continue;
