@@ -245,6 +245,14 @@ BEGIN
                      WHERE x.aggregate_id = a LIMIT 1) c ON true;
 END $$;
 )sql"},
+      {4, "cursor read planned once per session", R"sql(
+-- Left to itself, PostgreSQL plans the cursor read again on every call:
+-- its generic plan's estimate (10 aggregates for the unnest) exceeds that
+-- of a plan for the few a batch passes. That plan is an index probe per
+-- aggregate whatever the table's size (see above), so it is always taken.
+ALTER FUNCTION outbox_inbox_lock_cursors(text[], int)
+  SET plan_cache_mode = force_generic_plan;
+)sql"},
   };
   return kMigrations;
 }

@@ -362,7 +362,13 @@ TEST(ConsumerPlans, KeyLookupsStayIndexProbesInGenericPlans) {
   absl::Status s = db.Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::nontransaction tx(c);
     // The cursors are read inside outbox_inbox_lock_cursors, whose cached
-    // plans follow the same rules: its query, prepared on its own.
+    // plans follow the same rules: its query, prepared on its own. The
+    // function forces generic plans itself (library users' sessions may
+    // not).
+    EXPECT_EQ(tx.exec("SELECT array_to_string(proconfig, ',') FROM pg_proc "
+                      "WHERE proname = 'outbox_inbox_lock_cursors'")[0][0]
+                  .as<std::string>(""),
+              "plan_cache_mode=force_generic_plan");
     std::string src = tx.exec(
                             "SELECT prosrc FROM pg_proc WHERE proname = "
                             "'outbox_inbox_lock_cursors'")[0][0]
