@@ -523,8 +523,15 @@ bool Relay::Claim(Lane& lane) {
     // thousands of such aggregates as with none.
     int64_t after = fresh ? lane.sent_through : 0;
     for (;;) {
+      // A batch goes while another is in flight only behind full ones (a
+      // backlog): the consumer applies a stream's batches in turn, so a
+      // small batch sent now would wait behind the one before, while the
+      // rows that arrive in the meantime go together, in one transaction,
+      // once that one is answered.
+      bool behind_full = true;
+      for (const auto& [id, b] : lane.in_flight) behind_full &= b.full;
       const int limit = ClaimLimit(options_.batch_size, options_.window,
-                                   options_.pipeline_depth,
+                                   behind_full ? options_.pipeline_depth : 1,
                                    static_cast<int>(lane.in_flight_seqs.size()),
                                    static_cast<int>(lane.in_flight.size()));
       if (limit == 0) break;
@@ -616,6 +623,7 @@ bool Relay::Claim(Lane& lane) {
       }
       if (!batch.seqs.empty()) {
         MaybeCrash("relay.after_claim_before_send");
+        batch.full = full || static_cast<int>(rows.size()) >= limit;
         batch.sent_at = absl::Now();
         lane.in_flight[batch.batch_id] = std::move(batch);
         batch_events_->Observe(static_cast<double>(req.events_size()));

@@ -101,9 +101,10 @@ struct RelayOptions {
   int max_attempts = 5;
   int batch_size = 256;  // events per DeliverRequest
   int window = 2048;     // events in flight at most
-  // Batches in flight at most, per lane. Two keep the consumer busy while
-  // an answer travels back; more would only split the backlog into smaller
-  // batches (one commit each) instead of letting a batch fill up.
+  // Batches in flight at most, per lane, while there is a backlog (each
+  // batch in flight was full); otherwise one. Two keep the consumer busy
+  // while an answer travels back; more would only split the backlog into
+  // smaller batches (one commit each) instead of letting a batch fill up.
   int pipeline_depth = 2;
   // Delivery streams, each for its own share of the partitions (partition
   // p goes to lane p % lanes). An aggregate lives in one partition, so its
@@ -160,6 +161,9 @@ class Relay {
     std::vector<int> partitions;
     // Of each seq: its event (aggregate, id, trace) for tracking and logs.
     std::vector<EventLogFields> events;
+    // Its claim returned as many rows as it asked for, or it reached the
+    // size limit: more rows were likely ready (a backlog).
+    bool full = false;
   };
   struct Mark {
     int64_t seq;

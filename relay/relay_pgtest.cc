@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +79,82 @@ class Consumer {
   inbox::Engine applier_;
   inbox::EventSinkImpl sink_;
   std::unique_ptr<GrpcServer> server_;
+};
+
+// An EventSink that answers each batch (every event APPLIED) only once the
+// test releases it, and records the batches as they arrive, whether
+// answered or not.
+class GatedSink final : public v1::EventSink::Service {
+ public:
+  grpc::Status Deliver(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::DeliverResponse, v1::DeliverRequest>* stream)
+      override {
+    bool read_done = false;
+    std::thread reader([&] {
+      v1::DeliverRequest req;
+      while (stream->Read(&req)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        received_.push_back(req);
+        cv_.notify_all();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      read_done = true;
+      cv_.notify_all();
+    });
+    for (size_t answered = 0;;) {
+      v1::DeliverRequest req;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!cv_.wait_for(lock, std::chrono::milliseconds(20), [&] {
+              return read_done ||
+                     (answered < received_.size() && answered < released_);
+            })) {
+          if (ctx->IsCancelled()) break;
+          continue;
+        }
+        if (read_done) break;
+        req = received_[answered++];
+      }
+      v1::DeliverResponse resp;
+      resp.set_batch_id(req.batch_id());
+      for (const v1::Event& e : req.events()) {
+        v1::EventResult* r = resp.add_results();
+        r->set_event_id(e.event_id());
+        r->set_seq(e.seq());
+        r->set_outcome(v1::APPLIED);
+      }
+      if (!stream->Write(resp)) break;
+    }
+    ctx->TryCancel();  // ends the reader's Read
+    reader.join();
+    return grpc::Status::OK;
+  }
+
+  // Lets `n` more batches be answered, in the order they came.
+  void Release(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ += n;
+    cv_.notify_all();
+  }
+  // Events per batch received so far.
+  std::vector<int> Batches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<int> sizes;
+    for (const auto& r : received_) sizes.push_back(r.events_size());
+    return sizes;
+  }
+  int Events() {
+    int n = 0;
+    for (int size : Batches()) n += size;
+    return n;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<v1::DeliverRequest> received_;
+  size_t released_ = 0;
 };
 
 class RelayTest : public ::testing::Test {
@@ -205,6 +283,57 @@ TEST_F(RelayTest, NotifyWakesTheRelayWithoutWaitingForThePoll) {
                   // wakes the relay
   // Without NOTIFY this would wait ten minutes for the poll.
   EXPECT_TRUE(WaitFor([&] { return Applied() == 3; }, absl::Seconds(10)));
+}
+
+TEST_F(RelayTest,
+       OnlyABacklogPipelinesBatchesOtherwiseNewRowsWaitAndGoTogether) {
+  GatedSink sink;
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&sink, v1::EventSink::service_full_name()}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RelayOptions options = Options((*server)->port());
+  options.lanes = 1;
+  options.pipeline_depth = 2;
+  Relay relay(options, &metrics_);
+  auto create = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      v1::CreateOrderRequest req;
+      req.set_customer_id("c");
+      req.set_currency("EUR");
+      auto* item = req.add_items();
+      item->set_sku("sku");
+      item->set_quantity(1);
+      item->set_unit_price_cents(100);
+      ASSERT_TRUE(store_.Create(req, *producer::ValidateCreate(req), "").ok());
+    }
+  };
+  create(1);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 1; }));
+  // A small batch is unanswered: new rows wait for its answer (through
+  // NOTIFYs and polls), then go in one batch.
+  create(5);
+  absl::SleepFor(5 * options.poll_interval);
+  EXPECT_EQ(sink.Batches(), std::vector<int>({1}));
+  sink.Release(1);
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 6; }));
+  EXPECT_EQ(sink.Batches(), std::vector<int>({1, 5}));
+  // A backlog (more than a batch) while that one is unanswered: once it is
+  // answered, a full batch goes and, behind it, a second one unanswered.
+  create(3 * options.batch_size);
+  absl::SleepFor(5 * options.poll_interval);
+  EXPECT_EQ(sink.Batches().size(), 2u);
+  sink.Release(1);
+  ASSERT_TRUE(WaitFor([&] { return sink.Batches().size() == 4; }));
+  absl::SleepFor(5 * options.poll_interval);
+  EXPECT_EQ(sink.Batches(),
+            std::vector<int>({1, 5, options.batch_size, options.batch_size}));
+  // Answered, the rest drains, two batches at a time.
+  sink.Release(100);
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  EXPECT_EQ(sink.Events(), 6 + 3 * options.batch_size);
+  relay.Stop(absl::Seconds(5));
 }
 
 TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
