@@ -66,8 +66,12 @@ namespace outbox::relay {
 //
 // The claimed delivery rows are materialized first, so that the outbox is
 // read by primary key for them alone: a merge join with the outbox would
-// walk its whole delivered history on every claim. Prepared once per
-// connection as "claim". Columns: kEventColumns, then partition, prev_done.
+// walk its whole delivered history on every claim. OFFSET 0 keeps the
+// predecessor test a probe per row returned: without it PostgreSQL may
+// hash the whole subscription's pending rows for it instead, on every
+// claim (a generic plan with a backlog did: 10 ms per claim instead of 2).
+// Prepared once per connection as "claim". Columns: kEventColumns, then
+// partition, prev_done.
 inline const std::string kClaimSql = absl::StrCat(
     "WITH c AS MATERIALIZED (SELECT d.seq, d.partition FROM outbox_delivery d "
     "WHERE d.subscription = $1 AND d.status = 'pending' "
@@ -77,7 +81,7 @@ inline const std::string kClaimSql = absl::StrCat(
     kEventColumns,
     ", c.partition, "
     "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
-    "AND p.seq = o.prev_seq) AS prev_done "
+    "AND p.seq = o.prev_seq OFFSET 0) AS prev_done "
     "FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
 
 // A subscription's name: [a-z][a-z0-9_-]{0,62} (subscriptions.name's check).

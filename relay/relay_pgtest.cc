@@ -655,6 +655,26 @@ TEST_F(RelayTest,
   EXPECT_NE(plan.find("outbox_delivery_pkey"), std::string::npos) << plan;
   EXPECT_NE(plan.find("outbox_pkey"), std::string::npos) << plan;
   EXPECT_EQ(plan.find("Seq Scan on outbox "), std::string::npos) << plan;
+  // And as the relay runs it: prepared, under a generic plan. One such
+  // plan hashed every pending row to test each claimed row's predecessor,
+  // once the statistics knew a backlog and the table its true size.
+  tx.exec(
+      "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, prev_seq, "
+      "event_type, schema_version, payload, partition) SELECT "
+      "gen_random_uuid(), 'order', 'more-' || g, 0, 'OrderCreated', 1, "
+      "'\\x00', g % 32 FROM generate_series(1, 50000) g");
+  tx.exec("VACUUM (FULL, ANALYZE) outbox_delivery");
+  tx.exec("SET plan_cache_mode = force_generic_plan");
+  tx.exec(absl::StrCat("PREPARE claim(text, int[], text[], int, bigint) AS ",
+                       kClaimSql));
+  plan.clear();
+  for (const auto& row :
+       tx.exec("EXPLAIN EXECUTE claim('billing', '{0,2,4,6,8,10,12,14,16,18,20,"
+               "22,24,26,28,30}', '{}', 128, 0)")) {
+    absl::StrAppend(&plan, row[0].as<std::string>(), "\n");
+  }
+  EXPECT_EQ(plan.find("Seq Scan on outbox"), std::string::npos) << plan;
+  EXPECT_EQ(plan.find("hashed"), std::string::npos) << plan;
 }
 
 TEST_F(RelayTest, ConsumerOutageIsRetriedWithoutCountingAttempts) {
