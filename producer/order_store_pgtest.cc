@@ -20,6 +20,19 @@ namespace {
 
 using testing::TestDatabase;
 
+// Two books at 12.50 EUR.
+v1::CreateOrderRequest Request(const std::string& key = "") {
+  v1::CreateOrderRequest r;
+  r.set_customer_id("c-1");
+  r.set_currency("EUR");
+  auto* i = r.add_items();
+  i->set_sku("book");
+  i->set_quantity(2);
+  i->set_unit_price_cents(1250);
+  r.set_idempotency_key(key);
+  return r;
+}
+
 class OrderStoreTest : public ::testing::Test {
  protected:
   OrderStoreTest()
@@ -27,18 +40,6 @@ class OrderStoreTest : public ::testing::Test {
         db_(tdb_.url(), 12, "order-store-test"),
         store_(&db_, &writer_) {
     tdb_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
-  }
-
-  static v1::CreateOrderRequest Request(const std::string& key = "") {
-    v1::CreateOrderRequest r;
-    r.set_customer_id("c-1");
-    r.set_currency("EUR");
-    auto* i = r.add_items();
-    i->set_sku("book");
-    i->set_quantity(2);
-    i->set_unit_price_cents(1250);
-    r.set_idempotency_key(key);
-    return r;
   }
 
   v1::Order Create(const std::string& key = "") {
@@ -529,19 +530,13 @@ TEST(OrderStorePlans, KeyLookupsStayIndexProbesInGenericPlans) {
   Writer writer;
   OrderStore store(&db, &writer);
   // Every statement runs, each under its generic plan, and still works.
-  v1::CreateOrderRequest create;
-  create.set_customer_id("c-1");
-  create.set_currency("EUR");
-  auto* item = create.add_items();
-  item->set_sku("book");
-  item->set_quantity(1);
-  item->set_unit_price_cents(500);
+  const v1::CreateOrderRequest create = Request();
   auto order = store.Create(create, *ValidateCreate(create), NewTraceParent());
   ASSERT_TRUE(order.ok()) << order.status();
   v1::PayOrderRequest pay;
   pay.set_order_id(order->order_id());
   pay.set_expected_version(1);
-  pay.set_amount_cents(500);
+  pay.set_amount_cents(order->total_cents());
   auto paid = store.Pay(pay, NewTraceParent());
   ASSERT_TRUE(paid.ok()) << paid.status();
   EXPECT_EQ(paid->version(), 2);

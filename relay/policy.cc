@@ -61,8 +61,10 @@ std::vector<int> LanePartitions(const std::set<int>& owned,
 }
 
 int ClaimLimit(int batch_size, int window, int pipeline_depth,
-               int in_flight_events, int in_flight_batches) {
-  if (in_flight_events >= window || in_flight_batches >= pipeline_depth) {
+               int in_flight_events, int in_flight_batches,
+               bool in_flight_full) {
+  if (in_flight_events >= window ||
+      in_flight_batches >= (in_flight_full ? pipeline_depth : 1)) {
     return 0;
   }
   return std::max(0, std::min(batch_size, window - in_flight_events));

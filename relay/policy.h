@@ -53,7 +53,13 @@ std::vector<int> LanePartitions(const std::set<int>& owned,
 
 // Events the next claim of a stream may ask for, with `in_flight_events`
 // unanswered in `in_flight_batches` batches; 0: it must wait for answers.
+// Up to `pipeline_depth` batches are in flight only behind full ones
+// (`in_flight_full`: each was; a backlog), else one: the consumer applies
+// a stream's batches in turn, so a small batch sent now would wait behind
+// the one before, while the rows that arrive in the meantime go together,
+// in one transaction, once that one is answered.
 int ClaimLimit(int batch_size, int window, int pipeline_depth,
-               int in_flight_events, int in_flight_batches);
+               int in_flight_events, int in_flight_batches,
+               bool in_flight_full);
 
 }  // namespace outbox::relay

@@ -76,12 +76,18 @@ TEST(LanePartitions, EachPartitionOnOneLaneAndNoneBeingReleased) {
 }
 
 TEST(ClaimLimit, BatchSizeWithinTheWindowAndThePipeline) {
-  EXPECT_EQ(ClaimLimit(256, 2048, 2, 0, 0), 256);
-  EXPECT_EQ(ClaimLimit(256, 2048, 2, 1900, 1),
-            148);                                   // what the window has left
-  EXPECT_EQ(ClaimLimit(256, 2048, 2, 2048, 1), 0);  // window full
-  EXPECT_EQ(ClaimLimit(256, 2048, 2, 10, 2), 0);    // pipeline full
-  EXPECT_EQ(ClaimLimit(256, 100, 8, 150, 1), 0);    // over the window
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 0, 0, true), 256);
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 1900, 1, true),
+            148);  // what the window has left
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 2048, 1, true), 0);  // window full
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 10, 2, true), 0);    // pipeline full
+  EXPECT_EQ(ClaimLimit(256, 100, 8, 150, 1, true), 0);    // over the window
+}
+
+TEST(ClaimLimit, ASecondBatchOnlyBehindFullOnes) {
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 0, 0, false), 256);   // nothing in flight
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 10, 1, false), 0);    // behind a small one
+  EXPECT_EQ(ClaimLimit(256, 2048, 2, 256, 1, true), 256);  // behind a full one
 }
 
 }  // namespace

@@ -523,17 +523,12 @@ bool Relay::Claim(Lane& lane) {
     // thousands of such aggregates as with none.
     int64_t after = fresh ? lane.sent_through : 0;
     for (;;) {
-      // A batch goes while another is in flight only behind full ones (a
-      // backlog): the consumer applies a stream's batches in turn, so a
-      // small batch sent now would wait behind the one before, while the
-      // rows that arrive in the meantime go together, in one transaction,
-      // once that one is answered.
-      bool behind_full = true;
-      for (const auto& [id, b] : lane.in_flight) behind_full &= b.full;
-      const int limit = ClaimLimit(options_.batch_size, options_.window,
-                                   behind_full ? options_.pipeline_depth : 1,
-                                   static_cast<int>(lane.in_flight_seqs.size()),
-                                   static_cast<int>(lane.in_flight.size()));
+      bool in_flight_full = true;
+      for (const auto& [id, b] : lane.in_flight) in_flight_full &= b.full;
+      const int limit = ClaimLimit(
+          options_.batch_size, options_.window, options_.pipeline_depth,
+          static_cast<int>(lane.in_flight_seqs.size()),
+          static_cast<int>(lane.in_flight.size()), in_flight_full);
       if (limit == 0) break;
       ArrayLiteral excluded;
       for (const auto& [agg, n] : busy_aggregates_) excluded.Add(agg);
