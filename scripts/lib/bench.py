@@ -720,6 +720,18 @@ def cmd_report(a):
             rows.append([name, fmt_num(v, " ms") if v is not None else (e or "-"), base, "-",
                          "≤ %d ms" % goal,
                          ("yes" if v <= goal else "NO") if v is not None else (e or "?")])
+    # P4's diagnostic (not a goal): relay and consumer at nice -10, ahead
+    # of the load client, the producer and PostgreSQL for the CPU.
+    if not not_run("p4-priority"):
+        lat = g("p4.priority.latency") or {}
+        rate = g("p4.priority.load_rate")
+        e = err("p4-priority")
+        for pct in ("p50", "p99"):
+            v = lat.get(pct + "_ms")
+            rows.append(["P4 %s, fresh, relay and consumer at nice -10 (diagnostic)" % pct,
+                         fmt_num(v, " ms") if v is not None else (e or "-"),
+                         "at %s calls/s" % fmt_num(rate) if rate is not None else "-",
+                         "-", "-", "-"])
     # P5
     ratio_row("P5 drain with %s delivered rows of history (events/s)" % fmt_num(g("p5.history_rows")),
               ["p5", "p2"], g("p5.drain_rate"), "/s", g("p2.drain_rate"), "/s",
