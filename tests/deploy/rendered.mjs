@@ -114,21 +114,24 @@ function psql(db, sql) {
 }
 
 // ------------------------------------------------------------- ports
-// A port free now and not handed out before in this run (the kernel may
-// return a just-closed port again).
+// A port free now and not handed out before in this run, below the
+// kernel's ephemeral range (32768-60999 by default): a port the kernel
+// picked for us there could become some outgoing connection's source port
+// before the service under test binds it. 20000-32000, as free_port in
+// scripts/lib/common.sh.
 const handedOut = new Set();
-function freePort() {
+function freePort(tries = 200) {
   return new Promise((resolve, reject) => {
+    const port = 20000 + Math.floor(Math.random() * 12000);
+    const again = () =>
+      tries > 1 ? resolve(freePort(tries - 1)) : reject(new Error("no free port in 20000-32000"));
+    if (handedOut.has(port)) return again();
     const srv = net.createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
+    srv.once("error", again);
+    srv.listen(port, "127.0.0.1", () => {
       srv.close(() => {
-        if (handedOut.has(port)) resolve(freePort());
-        else {
-          handedOut.add(port);
-          resolve(port);
-        }
+        handedOut.add(port);
+        resolve(port);
       });
     });
   });
