@@ -737,8 +737,8 @@ def cmd_report(a):
               ["p5", "p2"], g("p5.drain_rate"), "/s", g("p2.drain_rate"), "/s",
               "empty outbox (P2)", 0.9)
     ratio_row("P5 CreateOrder with %s orders (calls/s)" % fmt_num(g("p5.history_rows")),
-              ["p5", "p1-create"], g("p5.create_rate"), "/s", g("p1.create.grpc_rate"), "/s",
-              "empty (P1)", 0.9)
+              ["p5"], g("p5.create_rate"), "/s", g("p5.create_empty_rate"), "/s",
+              "empty, rounds alternating", 0.9)
     # P6
     rss = {k[4:]: v for k, v in r.items() if k.startswith("rss.")}
     services = ("outbox-producer", "outbox-relay", "outbox-consumer")
