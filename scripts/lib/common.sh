@@ -119,6 +119,7 @@ free_port() {
 # if it already holds a cluster), on a free port, loopback only, with the
 # databases outbox_orders and outbox_billing. Sets PG_PORT and PG_URL (no
 # database name). initdb refuses root, so as root it runs as `postgres`.
+# PG_OPTIONS: more server options (-c name=value ...), after the defaults.
 pg_start() {
   local dir run=()
   mkdir -p "$1"
@@ -140,7 +141,7 @@ pg_start() {
     if "${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
       -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $dir \
           -c shared_buffers=64MB -c max_connections=300 -c fsync=on \
-          -c max_wal_size=256MB -c log_min_messages=warning" \
+          -c max_wal_size=256MB -c log_min_messages=warning ${PG_OPTIONS:-}" \
       start >/dev/null; then
       break
     fi
