@@ -35,8 +35,9 @@ ABSL_FLAG(int, batch_size, 256, "Events per delivery batch (1-1000).");
 ABSL_FLAG(int, window, 2048,
           "Events in flight at most per stream (credit window).");
 ABSL_FLAG(int, streams, 2,
-          "Delivery streams to the consumer, each for its own share of the "
-          "partitions; the consumer applies them in parallel (1-32).");
+          "Delivery streams to the consumer (1-32). Under a backlog each "
+          "carries its share of the partitions and the consumer applies "
+          "them in parallel; otherwise the first carries them all.");
 ABSL_FLAG(absl::Duration, poll_interval, absl::Milliseconds(500),
           "Fallback poll when no NOTIFY arrives.");
 ABSL_FLAG(absl::Duration, ack_timeout, absl::Seconds(15),

@@ -44,9 +44,9 @@ std::set<int> PartitionsToRelease(const std::set<int>& owned, size_t target);
 // key, so that replicas starting together go for different ones.
 std::vector<int> AcquireOrder(int partitions, int member_key);
 
-// The partitions stream `lane` of `lanes` claims for: owned, not being
-// given up, and p % lanes == lane, so each partition's events always take
-// the same stream (and stay in order).
+// The partitions the `lane`-th of `lanes` streams claims for: owned, not
+// being given up, and p % lanes == lane, so that the streams share them
+// without overlap.
 std::vector<int> LanePartitions(const std::set<int>& owned,
                                 const std::set<int>& releasing, int lane,
                                 int lanes);

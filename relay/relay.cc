@@ -500,9 +500,27 @@ void Relay::Untrack(const std::string& aggregate_id) {
   }
 }
 
-bool Relay::Claim(Lane& lane) {
-  const std::vector<int> partitions = LanePartitions(
-      owned_, releasing_, lane.index, static_cast<int>(lanes_.size()));
+std::vector<Relay::Lane*> Relay::ServingLanes() {
+  std::vector<Lane*> open;
+  std::vector<int> indexes;
+  for (Lane& lane : lanes_) {
+    if (!lane.connected()) continue;
+    open.push_back(&lane);
+    indexes.push_back(lane.index);
+    if (!spread_) break;
+  }
+  if (indexes != serving_) {
+    // Partitions moved between lanes: each lane's sent_through says nothing
+    // about its new ones, so its next claim starts from the start.
+    for (Lane& lane : lanes_) lane.next_full_claim = absl::InfinitePast();
+    serving_ = std::move(indexes);
+  }
+  return open;
+}
+
+bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
+  const std::vector<int> partitions =
+      LanePartitions(owned_, releasing_, slot, slots);
   if (partitions.empty()) return true;
   try {
     // First above what was sent, then all (and all at least once per poll).
@@ -530,6 +548,7 @@ bool Relay::Claim(Lane& lane) {
           static_cast<int>(lane.in_flight_seqs.size()),
           static_cast<int>(lane.in_flight.size()), in_flight_full);
       if (limit == 0) break;
+      round->ran = true;
       ArrayLiteral excluded;
       for (const auto& [agg, n] : busy_aggregates_) excluded.Add(agg);
       if (fresh) {
@@ -619,6 +638,7 @@ bool Relay::Claim(Lane& lane) {
       if (!batch.seqs.empty()) {
         MaybeCrash("relay.after_claim_before_send");
         batch.full = full || static_cast<int>(rows.size()) >= limit;
+        round->full |= batch.full;
         batch.sent_at = absl::Now();
         lane.in_flight[batch.batch_id] = std::move(batch);
         batch_events_->Observe(static_cast<double>(req.events_size()));
@@ -934,9 +954,22 @@ void Relay::Run() {
         db_ok = Rebalance();
         next_rebalance_ = absl::Now() + options_.rebalance_interval;
       }
-      for (Lane& lane : lanes_) {
-        EnsureStream(lane);
-        if (db_ok && lane.connected()) db_ok = Claim(lane);
+      for (Lane& lane : lanes_) EnsureStream(lane);
+      const std::vector<Lane*> serving = ServingLanes();
+      ClaimRound round;
+      for (size_t i = 0; db_ok && i < serving.size(); ++i) {
+        db_ok = Claim(*serving[i], static_cast<int>(i),
+                      static_cast<int>(serving.size()), &round);
+      }
+      if (round.full) {
+        spread_ = true;
+      } else if (round.ran) {
+        // Worked off once no claim fills a batch and no full one is out.
+        bool full_in_flight = false;
+        for (const Lane& lane : lanes_) {
+          for (const auto& [id, b] : lane.in_flight) full_in_flight |= b.full;
+        }
+        spread_ = full_in_flight;
       }
       if (db_ok && deleted_since_vacuum_ >= 10000 &&
           absl::Now() >= next_vacuum_) {

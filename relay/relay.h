@@ -110,9 +110,13 @@ struct RelayOptions {
   // while an answer travels back; more would only split the backlog into
   // smaller batches (one commit each) instead of letting a batch fill up.
   int pipeline_depth = 2;
-  // Delivery streams, each for its own share of the partitions (partition
-  // p goes to lane p % lanes). An aggregate lives in one partition, so its
-  // order holds, and the consumer applies the lanes' batches in parallel.
+  // Delivery streams. While there is a backlog, each open stream carries
+  // its own share of the partitions and the consumer applies their batches
+  // in parallel; otherwise the first open stream carries them all, so that
+  // the small batches of a moderate rate reach the consumer one at a time
+  // and grow while it applies the one before (fewer, larger transactions).
+  // Order does not depend on the stream: an aggregate's next event is
+  // claimed only once the one before it is marked.
   int lanes = 2;
   absl::Duration poll_interval = absl::Milliseconds(500);
   absl::Duration ack_timeout = absl::Seconds(15);
@@ -211,7 +215,17 @@ class Relay {
   bool SettleSubscription(pqxx::connection& conn, int64_t start);
   void Untrack(const std::string& aggregate_id);
   bool Rebalance();
-  bool Claim(Lane& lane);
+  // What one cycle's claims found (for choosing the lanes of the next).
+  struct ClaimRound {
+    bool ran = false;   // a claim ran (it was not held back by the window)
+    bool full = false;  // one of them filled its batch: a backlog
+  };
+  // Claims for the partitions of slot `slot` of `slots` and sends them on
+  // `lane`.
+  bool Claim(Lane& lane, int slot, int slots, ClaimRound* round);
+  // Whether the partitions are spread over every open lane (a backlog) or
+  // all go to the first; updates `serving_`.
+  std::vector<Lane*> ServingLanes();
   bool FlushMarks();
   bool PruneDelivered();
   bool VacuumDeliveries();
@@ -283,6 +297,10 @@ class Relay {
   uint64_t freed_ = 0;       // times an aggregate stopped being busy
   std::vector<Mark> marks_;  // answered, not yet written
   std::set<int> releasing_;  // partitions being given up: no new claims
+  // A backlog was seen and not yet worked off: the partitions are spread
+  // over every open lane (see RelayOptions::lanes).
+  bool spread_ = false;
+  std::vector<int> serving_;  // lanes that claimed in the last cycle
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

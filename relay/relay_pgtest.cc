@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -83,38 +85,49 @@ class Consumer {
 
 // An EventSink that answers each batch (every event APPLIED) only once the
 // test releases it, and records the batches as they arrive, whether
-// answered or not.
+// answered or not, with the stream each came on.
 class GatedSink final : public v1::EventSink::Service {
  public:
   grpc::Status Deliver(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::DeliverResponse, v1::DeliverRequest>* stream)
       override {
+    int me;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      me = streams_++;
+    }
     bool read_done = false;
     std::thread reader([&] {
       v1::DeliverRequest req;
       while (stream->Read(&req)) {
         std::lock_guard<std::mutex> lock(mu_);
-        received_.push_back(req);
+        received_.push_back({me, req});
         cv_.notify_all();
       }
       std::lock_guard<std::mutex> lock(mu_);
       read_done = true;
       cv_.notify_all();
     });
-    for (size_t answered = 0;;) {
+    for (size_t next = 0;;) {  // received_[next..] holds this stream's next
       v1::DeliverRequest req;
       {
         std::unique_lock<std::mutex> lock(mu_);
+        auto mine = [&] {
+          while (next < received_.size() && received_[next].stream != me) {
+            ++next;
+          }
+          return next < received_.size();
+        };
         if (!cv_.wait_for(lock, std::chrono::milliseconds(20), [&] {
-              return read_done ||
-                     (answered < received_.size() && answered < released_);
+              return read_done || (answered_ < released_ && mine());
             })) {
           if (ctx->IsCancelled()) break;
           continue;
         }
         if (read_done) break;
-        req = received_[answered++];
+        req = received_[next++].request;
+        ++answered_;
       }
       v1::DeliverResponse resp;
       resp.set_batch_id(req.batch_id());
@@ -131,7 +144,7 @@ class GatedSink final : public v1::EventSink::Service {
     return grpc::Status::OK;
   }
 
-  // Lets `n` more batches be answered, in the order they came.
+  // Lets `n` more batches be answered, each stream's in the order they came.
   void Release(size_t n) {
     std::lock_guard<std::mutex> lock(mu_);
     released_ += n;
@@ -141,8 +154,17 @@ class GatedSink final : public v1::EventSink::Service {
   std::vector<int> Batches() {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<int> sizes;
-    for (const auto& r : received_) sizes.push_back(r.events_size());
+    for (const auto& r : received_) sizes.push_back(r.request.events_size());
     return sizes;
+  }
+  // The streams batches [from, to) came on (numbered as they opened).
+  std::set<int> Streams(size_t from, size_t to) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<int> out;
+    for (size_t i = from; i < std::min(to, received_.size()); ++i) {
+      out.insert(received_[i].stream);
+    }
+    return out;
   }
   int Events() {
     int n = 0;
@@ -151,9 +173,15 @@ class GatedSink final : public v1::EventSink::Service {
   }
 
  private:
+  struct Received {
+    int stream;
+    v1::DeliverRequest request;
+  };
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<v1::DeliverRequest> received_;
+  std::vector<Received> received_;
+  int streams_ = 0;
+  size_t answered_ = 0;
   size_t released_ = 0;
 };
 
@@ -184,6 +212,20 @@ class RelayTest : public ::testing::Test {
     o.reject_backoff_max = absl::Milliseconds(100);
     o.max_attempts = 3;
     return o;
+  }
+
+  // Creates `n` orders (one event each).
+  void CreateOrders(int n) {
+    for (int i = 0; i < n; ++i) {
+      v1::CreateOrderRequest req;
+      req.set_customer_id("c");
+      req.set_currency("EUR");
+      auto* item = req.add_items();
+      item->set_sku("sku");
+      item->set_quantity(1);
+      item->set_unit_price_cents(100);
+      ASSERT_TRUE(store_.Create(req, *producer::ValidateCreate(req), "").ok());
+    }
   }
 
   // Creates `n` orders; pays every second one and cancels every third, so
@@ -296,18 +338,7 @@ TEST_F(RelayTest,
   options.lanes = 1;
   options.pipeline_depth = 2;
   Relay relay(options, &metrics_);
-  auto create = [&](int n) {
-    for (int i = 0; i < n; ++i) {
-      v1::CreateOrderRequest req;
-      req.set_customer_id("c");
-      req.set_currency("EUR");
-      auto* item = req.add_items();
-      item->set_sku("sku");
-      item->set_quantity(1);
-      item->set_unit_price_cents(100);
-      ASSERT_TRUE(store_.Create(req, *producer::ValidateCreate(req), "").ok());
-    }
-  };
+  auto create = [&](int n) { CreateOrders(n); };
   create(1);
   relay.Start();
   ASSERT_TRUE(WaitFor([&] { return sink.Events() == 1; }));
@@ -333,6 +364,46 @@ TEST_F(RelayTest,
   sink.Release(100);
   ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
   EXPECT_EQ(sink.Events(), 6 + 3 * options.batch_size);
+  relay.Stop(absl::Seconds(5));
+}
+
+TEST_F(RelayTest, OneStreamCarriesALightLoadAndABacklogSpreadsOverAll) {
+  GatedSink sink;
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&sink, v1::EventSink::service_full_name()}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RelayOptions options = Options((*server)->port());
+  options.lanes = 2;
+  options.pipeline_depth = 2;
+  Relay relay(options, &metrics_);
+  // Fewer rows than a batch, of aggregates in both lanes' partitions: one
+  // batch, and the next rows wait for its answer (a lane of their own
+  // would send them at once), then go together on the same stream.
+  const int few = options.batch_size - 4;
+  CreateOrders(few);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == few; }));
+  CreateOrders(few);
+  absl::SleepFor(5 * options.poll_interval);
+  EXPECT_EQ(sink.Batches(), std::vector<int>({few}));
+  sink.Release(1);
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 2 * few; }));
+  EXPECT_EQ(sink.Batches(), std::vector<int>({few, few}));
+  EXPECT_EQ(sink.Streams(0, 2).size(), 1u);
+  // A backlog: once a claim fills a batch, every stream carries its share.
+  CreateOrders(6 * options.batch_size);
+  sink.Release(1000);
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  const size_t backlog_end = sink.Batches().size();
+  EXPECT_EQ(sink.Streams(2, backlog_end).size(), 2u);
+  // Worked off: one stream again.
+  for (int i = 0; i < 3; ++i) {
+    CreateOrders(few);
+    ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  }
+  EXPECT_EQ(sink.Streams(backlog_end, sink.Batches().size()).size(), 1u);
+  EXPECT_EQ(sink.Events(), 2 * few + 6 * options.batch_size + 3 * few);
   relay.Stop(absl::Seconds(5));
 }
 
