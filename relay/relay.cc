@@ -222,7 +222,9 @@ void Relay::Listen() {
       continue;
     }
     try {
-      Wakeup wakeup(**conn, [this] { Wake(); });
+      Wakeup wakeup(**conn, [this] {
+        if (notify_wakes_) Wake();
+      });
       // Rows committed while we were not listening are found by the poll.
       Wake();
       while (!listen_stop_) (*conn)->await_notification(0, 200000);
@@ -540,14 +542,17 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     // dead) is passed, not excluded by id, so a round costs the same with
     // thousands of such aggregates as with none.
     int64_t after = fresh ? lane.sent_through : 0;
-    for (;;) {
+    for (bool first = true;; first = false) {
       bool in_flight_full = true;
       for (const auto& [id, b] : lane.in_flight) in_flight_full &= b.full;
       const int limit = ClaimLimit(
           options_.batch_size, options_.window, options_.pipeline_depth,
           static_cast<int>(lane.in_flight_seqs.size()),
           static_cast<int>(lane.in_flight.size()), in_flight_full);
-      if (limit == 0) break;
+      if (limit == 0) {
+        if (first) ++round->held;
+        break;
+      }
       round->ran = true;
       ArrayLiteral excluded;
       for (const auto& [agg, n] : busy_aggregates_) excluded.Add(agg);
@@ -943,6 +948,7 @@ void Relay::Run() {
       }
     }
     const int64_t statements_before = outbox_statements_;
+    bool all_held = false;  // every lane waits for answers before claiming
     bool db_ok = EnsureConnection() && FlushMarks();
     if (stopping) {
       if ((InFlightEvents() == 0 && marks_.empty()) ||
@@ -961,6 +967,7 @@ void Relay::Run() {
         db_ok = Claim(*serving[i], static_cast<int>(i),
                       static_cast<int>(serving.size()), &round);
       }
+      all_held = db_ok && !serving.empty() && round.held == serving.size();
       if (round.full) {
         spread_ = true;
       } else if (round.ran) {
@@ -984,6 +991,10 @@ void Relay::Run() {
         db_ok = PruneDelivered();
       }
     }
+    // New rows can go only after an answer, which wakes us anyway: a NOTIFY
+    // meanwhile would only wake us for nothing, on the cores that the
+    // consumer's transaction needs.
+    notify_wakes_ = !all_held;
     if (!db_ok && conn_ != nullptr) {
       // Lost or broken: the server releases our locks with the session.
       conn_.reset();

@@ -219,6 +219,7 @@ class Relay {
   struct ClaimRound {
     bool ran = false;   // a claim ran (it was not held back by the window)
     bool full = false;  // one of them filled its batch: a backlog
+    size_t held = 0;    // lanes that could not claim for answers owed
   };
   // Claims for the partitions of slot `slot` of `slots` and sends them on
   // `lane`.
@@ -310,6 +311,8 @@ class Relay {
   RelayState state_;  // copy for State(), under mu_
 
   std::atomic<bool> listen_stop_{false};
+  // False while every lane waits for answers (see Run).
+  std::atomic<bool> notify_wakes_{true};
   std::thread worker_;
   std::thread listener_;
 };
