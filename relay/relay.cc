@@ -182,6 +182,10 @@ Relay::~Relay() { Stop(absl::ZeroDuration()); }
 void Relay::Start() {
   spdlog::info("relay {}: delivering to {}", replica_id_, options_.consumer);
   worker_ = std::thread([this] { Run(); });
+  vacuum_ = std::make_unique<PeriodicTask>(absl::Seconds(1), [this] {
+    VacuumDeliveries();
+    return false;
+  });
   listener_ = std::thread([this] { Listen(); });
 }
 
@@ -195,6 +199,7 @@ void Relay::Stop(absl::Duration drain) {
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  vacuum_.reset();
   listen_stop_ = true;
   if (listener_.joinable()) listener_.join();
 }
@@ -867,24 +872,38 @@ bool Relay::PruneDelivered() {
   }
 }
 
-bool Relay::VacuumDeliveries() {
+void Relay::VacuumDeliveries() {
   // Delivered rows are deleted, and a claim scans the delivery table in
   // seq order from its start: until vacuum removes their index entries,
   // every claim steps over all rows delivered since, and a large backlog
   // drains ever slower. Autovacuum may wake only once a minute; so the
   // relay vacuums the table itself after each 10000 deletes, at most once a
-  // second, never waiting for another vacuum of it.
+  // second, never waiting for another vacuum of it. On a connection and a
+  // thread of its own: behind a long history one takes a second or more,
+  // which the worker would spend not delivering.
+  const int64_t deleted = deleted_since_vacuum_.load();
+  if (deleted < 10000) return;
   try {
-    pqxx::nontransaction tx(*conn_);
+    if (vacuum_conn_ == nullptr || !vacuum_conn_->is_open()) {
+      auto conn =
+          Connect(options_.db_url, "outbox-relay-vacuum", options_.session);
+      if (!conn.ok()) {
+        spdlog::warn("relay: vacuum: {}", std::string(conn.status().message()));
+        return;
+      }
+      vacuum_conn_ = std::move(*conn);
+    }
+    const absl::Time t0 = absl::Now();
+    pqxx::nontransaction tx(*vacuum_conn_);
     tx.exec("VACUUM (SKIP_LOCKED) outbox_delivery");
+    spdlog::debug("relay: vacuumed outbox_delivery after {} deletes in {}",
+                  deleted, absl::FormatDuration(absl::Now() - t0));
+    deleted_since_vacuum_ -= deleted;
   } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
-    spdlog::warn("relay: vacuum: {}", last_db_error_);
-    return false;
+    spdlog::warn("relay: vacuum: {}",
+                 std::string(StatusFromException(e).message()));
+    vacuum_conn_.reset();
   }
-  deleted_since_vacuum_ = 0;
-  next_vacuum_ = absl::Now() + absl::Seconds(1);
-  return true;
 }
 
 void Relay::DropStream(Lane& lane, const std::string& why) {
@@ -977,10 +996,6 @@ void Relay::Run() {
           for (const auto& [id, b] : lane.in_flight) full_in_flight |= b.full;
         }
         spread_ = full_in_flight;
-      }
-      if (db_ok && deleted_since_vacuum_ >= 10000 &&
-          absl::Now() >= next_vacuum_) {
-        db_ok = VacuumDeliveries();
       }
       if (db_ok && absl::Now() >= next_backlog_refresh_) {
         db_ok = RefreshBacklog();

@@ -31,6 +31,7 @@
 #include "common/db.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/periodic.h"
 #include "common/tls.h"
 #include "common/watchdog.h"
 #include "outbox/v1/relay.pb.h"
@@ -229,7 +230,8 @@ class Relay {
   std::vector<Lane*> ServingLanes();
   bool FlushMarks();
   bool PruneDelivered();
-  bool VacuumDeliveries();
+  // On vacuum_'s thread.
+  void VacuumDeliveries();
   void HandleResponses(Lane& lane);
   void DropStream(Lane& lane, const std::string& why);
   void EnsureStream(Lane& lane);
@@ -288,8 +290,9 @@ class Relay {
   absl::Time next_rebalance_ = absl::InfinitePast();
   absl::Time next_prune_ = absl::InfinitePast();
   // Rows this relay deleted from outbox_delivery since it last vacuumed it.
-  int64_t deleted_since_vacuum_ = 0;
-  absl::Time next_vacuum_ = absl::InfinitePast();
+  std::atomic<int64_t> deleted_since_vacuum_{0};
+  std::unique_ptr<pqxx::connection> vacuum_conn_;  // vacuum_'s own
+  std::unique_ptr<PeriodicTask> vacuum_;  // after what it uses: ends first
   uint64_t next_batch_id_ = 1;
 
   // Aggregates with events in flight or answered and not yet marked: not

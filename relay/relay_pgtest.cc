@@ -407,6 +407,39 @@ TEST_F(RelayTest, OneStreamCarriesALightLoadAndABacklogSpreadsOverAll) {
   relay.Stop(absl::Seconds(5));
 }
 
+TEST_F(RelayTest, VacuumsTheDeliveryTableAfterTenThousandDeletes) {
+  GatedSink sink;
+  sink.Release(1 << 20);
+  auto server = GrpcServer::Start(
+      {"127.0.0.1:0", absl::Seconds(1), nullptr, kMaxDeliverMessageBytes},
+      {{&sink, v1::EventSink::service_full_name()}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RelayOptions options = Options((*server)->port());
+  options.batch_size = 1000;
+  options.window = 4000;
+  // One event per aggregate, written straight into the outbox.
+  constexpr int kEvents = 10050;
+  orders_.Exec(absl::StrCat(
+      "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, prev_seq, "
+      "event_type, schema_version, payload, partition) SELECT "
+      "gen_random_uuid(), 'order', 'v-' || g, 0, 'OrderPaid', 1, '', g % 32 "
+      "FROM generate_series(1, ",
+      kEvents, ") g"));
+  auto vacuums = [&] {
+    return orders_.Scalar(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = "
+        "'outbox_delivery'");
+  };
+  const int64_t before = vacuums();
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }, absl::Seconds(60)));
+  // On a thread of its own, at most once a second.
+  EXPECT_TRUE(WaitFor([&] { return vacuums() > before; }));
+  EXPECT_EQ(sink.Events(), kEvents);
+  relay.Stop(absl::Seconds(5));
+}
+
 TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
   std::vector<std::string> ids = MakeOrders(6);  // order 0: three events
   const std::string poison = ids[0];
