@@ -198,6 +198,15 @@ class RelayTest : public ::testing::Test {
     orders_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
   }
 
+  // Serves `sink` on a free port; null (and a failure) if it cannot.
+  std::unique_ptr<GrpcServer> Serve(GatedSink* sink) {
+    auto server = GrpcServer::Start(
+        {"127.0.0.1:0", absl::Seconds(1), nullptr, kMaxDeliverMessageBytes},
+        {{sink, v1::EventSink::service_full_name()}});
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? std::move(*server) : nullptr;
+  }
+
   RelayOptions Options(int consumer_port) {
     RelayOptions o;
     o.db_url = orders_.url();
@@ -330,11 +339,9 @@ TEST_F(RelayTest, NotifyWakesTheRelayWithoutWaitingForThePoll) {
 TEST_F(RelayTest,
        OnlyABacklogPipelinesBatchesOtherwiseNewRowsWaitAndGoTogether) {
   GatedSink sink;
-  auto server =
-      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                        {{&sink, v1::EventSink::service_full_name()}});
-  ASSERT_TRUE(server.ok()) << server.status();
-  RelayOptions options = Options((*server)->port());
+  std::unique_ptr<GrpcServer> server = Serve(&sink);
+  ASSERT_NE(server, nullptr);
+  RelayOptions options = Options(server->port());
   options.lanes = 1;
   options.pipeline_depth = 2;
   Relay relay(options, &metrics_);
@@ -369,11 +376,9 @@ TEST_F(RelayTest,
 
 TEST_F(RelayTest, OneStreamCarriesALightLoadAndABacklogSpreadsOverAll) {
   GatedSink sink;
-  auto server =
-      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                        {{&sink, v1::EventSink::service_full_name()}});
-  ASSERT_TRUE(server.ok()) << server.status();
-  RelayOptions options = Options((*server)->port());
+  std::unique_ptr<GrpcServer> server = Serve(&sink);
+  ASSERT_NE(server, nullptr);
+  RelayOptions options = Options(server->port());
   options.lanes = 2;
   options.pipeline_depth = 2;
   Relay relay(options, &metrics_);
@@ -410,11 +415,9 @@ TEST_F(RelayTest, OneStreamCarriesALightLoadAndABacklogSpreadsOverAll) {
 TEST_F(RelayTest, VacuumsTheDeliveryTableAfterTenThousandDeletes) {
   GatedSink sink;
   sink.Release(1 << 20);
-  auto server = GrpcServer::Start(
-      {"127.0.0.1:0", absl::Seconds(1), nullptr, kMaxDeliverMessageBytes},
-      {{&sink, v1::EventSink::service_full_name()}});
-  ASSERT_TRUE(server.ok()) << server.status();
-  RelayOptions options = Options((*server)->port());
+  std::unique_ptr<GrpcServer> server = Serve(&sink);
+  ASSERT_NE(server, nullptr);
+  RelayOptions options = Options(server->port());
   options.batch_size = 1000;
   options.window = 4000;
   // One event per aggregate, written straight into the outbox.
