@@ -345,13 +345,12 @@ TEST_F(RelayTest,
   options.lanes = 1;
   options.pipeline_depth = 2;
   Relay relay(options, &metrics_);
-  auto create = [&](int n) { CreateOrders(n); };
-  create(1);
+  CreateOrders(1);
   relay.Start();
   ASSERT_TRUE(WaitFor([&] { return sink.Events() == 1; }));
   // A small batch is unanswered: new rows wait for its answer (through
   // NOTIFYs and polls), then go in one batch.
-  create(5);
+  CreateOrders(5);
   absl::SleepFor(5 * options.poll_interval);
   EXPECT_EQ(sink.Batches(), std::vector<int>({1}));
   sink.Release(1);
@@ -359,7 +358,7 @@ TEST_F(RelayTest,
   EXPECT_EQ(sink.Batches(), std::vector<int>({1, 5}));
   // A backlog (more than a batch) while that one is unanswered: once it is
   // answered, a full batch goes and, behind it, a second one unanswered.
-  create(3 * options.batch_size);
+  CreateOrders(3 * options.batch_size);
   absl::SleepFor(5 * options.poll_interval);
   EXPECT_EQ(sink.Batches().size(), 2u);
   sink.Release(1);
