@@ -548,12 +548,10 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     // thousands of such aggregates as with none.
     int64_t after = fresh ? lane.sent_through : 0;
     for (bool first = true;; first = false) {
-      bool in_flight_full = true;
-      for (const auto& [id, b] : lane.in_flight) in_flight_full &= b.full;
       const int limit = ClaimLimit(
           options_.batch_size, options_.window, options_.pipeline_depth,
           static_cast<int>(lane.in_flight_seqs.size()),
-          static_cast<int>(lane.in_flight.size()), in_flight_full);
+          static_cast<int>(lane.in_flight.size()), lane.all_full());
       if (limit == 0) {
         if (first) ++round->held;
         break;
@@ -879,8 +877,8 @@ void Relay::VacuumDeliveries() {
   // drains ever slower. Autovacuum may wake only once a minute; so the
   // relay vacuums the table itself after each 10000 deletes, at most once a
   // second, never waiting for another vacuum of it. On a connection and a
-  // thread of its own: behind a long history one takes a second or more,
-  // which the worker would spend not delivering.
+  // thread of its own: behind a long history one took 300 ms, which the
+  // worker would spend not delivering.
   const int64_t deleted = deleted_since_vacuum_.load();
   if (deleted < 10000) return;
   try {
@@ -991,11 +989,8 @@ void Relay::Run() {
         spread_ = true;
       } else if (round.ran) {
         // Worked off once no claim fills a batch and no full one is out.
-        bool full_in_flight = false;
-        for (const Lane& lane : lanes_) {
-          for (const auto& [id, b] : lane.in_flight) full_in_flight |= b.full;
-        }
-        spread_ = full_in_flight;
+        spread_ = false;
+        for (const Lane& lane : lanes_) spread_ |= lane.any_full();
       }
       if (db_ok && absl::Now() >= next_backlog_refresh_) {
         db_ok = RefreshBacklog();

@@ -202,6 +202,19 @@ class Relay {
     bool passed_over = false;
     uint64_t freed_at_claim = 0;
     bool connected() const { return stream != nullptr && !stream->broken(); }
+    // Whether every (any) batch in flight on it was full: a backlog.
+    bool all_full() const {
+      for (const auto& [id, b] : in_flight) {
+        if (!b.full) return false;
+      }
+      return true;
+    }
+    bool any_full() const {
+      for (const auto& [id, b] : in_flight) {
+        if (b.full) return true;
+      }
+      return false;
+    }
   };
 
   void Run();
@@ -225,8 +238,8 @@ class Relay {
   // Claims for the partitions of slot `slot` of `slots` and sends them on
   // `lane`.
   bool Claim(Lane& lane, int slot, int slots, ClaimRound* round);
-  // Whether the partitions are spread over every open lane (a backlog) or
-  // all go to the first; updates `serving_`.
+  // The lanes that claim this cycle: every open one while spread_ (a
+  // backlog), else the first open one; updates `serving_`.
   std::vector<Lane*> ServingLanes();
   bool FlushMarks();
   bool PruneDelivered();
@@ -304,7 +317,7 @@ class Relay {
   // A backlog was seen and not yet worked off: the partitions are spread
   // over every open lane (see RelayOptions::lanes).
   bool spread_ = false;
-  std::vector<int> serving_;  // lanes that claimed in the last cycle
+  std::vector<int> serving_;  // indexes of the lanes ServingLanes last chose
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
