@@ -182,10 +182,11 @@ Relay::~Relay() { Stop(absl::ZeroDuration()); }
 void Relay::Start() {
   spdlog::info("relay {}: delivering to {}", replica_id_, options_.consumer);
   worker_ = std::thread([this] { Run(); });
-  vacuum_ = std::make_unique<PeriodicTask>(absl::Seconds(1), [this] {
-    VacuumDeliveries();
-    return false;
-  });
+  housekeeping_ = std::make_unique<PeriodicTask>(
+      absl::Seconds(1), [this] { return Housekeep(); },
+      // Retention works off old rows in short steps this far apart, so
+      // that claims and marks keep their share of the database.
+      absl::Milliseconds(250));
   listener_ = std::thread([this] { Listen(); });
 }
 
@@ -199,7 +200,7 @@ void Relay::Stop(absl::Duration drain) {
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
-  vacuum_.reset();
+  housekeeping_.reset();
   listen_stop_ = true;
   if (listener_.joinable()) listener_.join();
 }
@@ -792,116 +793,123 @@ bool Relay::FlushMarks() {
   return true;
 }
 
-bool Relay::RefreshBacklog() {
+void Relay::RefreshBacklog(pqxx::connection& conn,
+                           const std::vector<int>& owned) {
   constexpr int kBacklogScanCap = 100000;
   Backlog b;
-  for (int p : owned_) b.partitions[p] = {0, 0.0};
-  try {
-    ++outbox_statements_;
-    pqxx::nontransaction tx(*conn_);
-    // Bounded: the first kBacklogScanCap pending rows in seq order (the
-    // primary key), then one outbox lookup per partition.
-    for (const auto& row : tx.exec_params(
-             "WITH x AS (SELECT partition, seq FROM outbox_delivery WHERE "
-             "subscription = $1 AND status = 'pending' AND partition = "
-             "ANY($2::int[]) ORDER BY seq LIMIT $3), "
-             "p AS (SELECT partition, count(*) AS n, min(seq) AS first FROM x "
-             "GROUP BY partition) "
-             "SELECT p.partition, p.n, coalesce(extract(epoch FROM now() - "
-             "o.created_at), 0)::float8 FROM p LEFT JOIN outbox o ON o.seq = "
-             "p.first",
-             options_.subscription, ArrayLiteral(owned_).str(),
-             kBacklogScanCap)) {
-      b.partitions[row[0].as<int>()] = {row[1].as<int64_t>(),
-                                        std::max(0.0, row[2].as<double>())};
-    }
-    const pqxx::row dead = tx.exec_params1(
-        "SELECT count(*), coalesce(extract(epoch FROM now() - min(dead_at)), "
-        "0)::float8 FROM outbox_delivery WHERE subscription = $1 AND status "
-        "= 'dead'",
-        options_.subscription);
-    b.dead_letters = dead[0].as<int64_t>();
-    b.oldest_dead_seconds = std::max(0.0, dead[1].as<double>());
-  } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
-    spdlog::warn("relay: backlog figures: {}", last_db_error_);
-    return false;
+  for (int p : owned) b.partitions[p] = {0, 0.0};
+  pqxx::nontransaction tx(conn);
+  // Bounded: the first kBacklogScanCap pending rows in seq order (the
+  // primary key), then one outbox lookup per partition.
+  for (const auto& row : tx.exec_params(
+           "WITH x AS (SELECT partition, seq FROM outbox_delivery WHERE "
+           "subscription = $1 AND status = 'pending' AND partition = "
+           "ANY($2::int[]) ORDER BY seq LIMIT $3), "
+           "p AS (SELECT partition, count(*) AS n, min(seq) AS first FROM x "
+           "GROUP BY partition) "
+           "SELECT p.partition, p.n, coalesce(extract(epoch FROM now() - "
+           "o.created_at), 0)::float8 FROM p LEFT JOIN outbox o ON o.seq = "
+           "p.first",
+           options_.subscription, ArrayLiteral(owned).str(), kBacklogScanCap)) {
+    b.partitions[row[0].as<int>()] = {row[1].as<int64_t>(),
+                                      std::max(0.0, row[2].as<double>())};
   }
+  const pqxx::row dead = tx.exec_params1(
+      "SELECT count(*), coalesce(extract(epoch FROM now() - min(dead_at)), "
+      "0)::float8 FROM outbox_delivery WHERE subscription = $1 AND status "
+      "= 'dead'",
+      options_.subscription);
+  b.dead_letters = dead[0].as<int64_t>();
+  b.oldest_dead_seconds = std::max(0.0, dead[1].as<double>());
   std::lock_guard<std::mutex> lock(backlog_mu_);
   backlog_ = std::move(b);
-  return true;
 }
 
-bool Relay::PruneDelivered() {
-  constexpr int kBatch = 1000;
+bool Relay::Housekeep() {
+  std::vector<int> owned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    owned = state_.partitions_owned;
+  }
+  const char* step = "housekeeping";
   try {
-    ++outbox_statements_;
-    pqxx::nontransaction tx(*conn_);
-    // Small batches keep each transaction short, so vacuum is never held
-    // back and claims never wait behind a long delete.
-    // Only events every subscription has passed (no delivery row left:
-    // below the lowest undelivered seq of any subscription) and older
-    // than --retention, oldest first, and only a prefix of the outbox: it
-    // stops at the first row too young, so that what is gone is exactly
-    // what lies below the oldest retained seq (outboxctl verify relies on
-    // it).
-    const auto deleted =
-        tx.exec_params(
-              "WITH c AS (SELECT seq, created_at FROM outbox WHERE seq < "
-              "coalesce((SELECT min((SELECT min(d.seq) FROM outbox_delivery d "
-              "WHERE d.subscription = s.name)) FROM subscriptions s), "
-              "9223372036854775807) ORDER BY seq LIMIT $2) "
-              "DELETE FROM outbox WHERE seq IN (SELECT seq FROM c WHERE seq < "
-              "coalesce((SELECT min(seq) FROM c WHERE created_at >= now() - "
-              "make_interval(secs => $1::float8)), 9223372036854775807))",
-              absl::ToDoubleSeconds(options_.retention), kBatch)
-            .affected_rows();
-    pruned_->Add(deleted);
-    // A backlog of old rows is worked off in short steps, 250 ms apart,
-    // so that claims and marks keep their share of the database.
-    next_prune_ = absl::Now() + (static_cast<int>(deleted) == kBatch
-                                     ? absl::Milliseconds(250)
-                                     : absl::Minutes(1));
-    return true;
+    if (housekeeping_conn_ == nullptr || !housekeeping_conn_->is_open()) {
+      auto conn = Connect(options_.db_url, "outbox-relay-housekeeping",
+                          options_.session);
+      if (!conn.ok()) {
+        spdlog::warn("relay: housekeeping: {}",
+                     std::string(conn.status().message()));
+        return false;
+      }
+      housekeeping_conn_ = std::move(*conn);
+    }
+    pqxx::connection& conn = *housekeeping_conn_;
+    if (owned != backlog_owned_ || absl::Now() >= next_backlog_refresh_) {
+      step = "backlog figures";
+      RefreshBacklog(conn, owned);
+      backlog_owned_ = owned;
+      next_backlog_refresh_ = absl::Now() + absl::Seconds(15);
+    }
+    bool more = false;
+    // By the replica that owns partition 0: one at a time, mostly (two
+    // for a moment after it moves do no harm).
+    if (options_.retention > absl::ZeroDuration() && !owned.empty() &&
+        owned.front() == 0 && absl::Now() >= next_prune_) {
+      step = "retention";
+      more = PruneDelivered(conn);
+      if (!more) next_prune_ = absl::Now() + absl::Minutes(1);
+    }
+    step = "vacuum";
+    VacuumDeliveries(conn);
+    return more;
   } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
-    spdlog::warn("relay: retention: {}", last_db_error_);
+    spdlog::warn("relay: {}: {}", step,
+                 std::string(StatusFromException(e).message()));
+    housekeeping_conn_.reset();
     return false;
   }
 }
 
-void Relay::VacuumDeliveries() {
+bool Relay::PruneDelivered(pqxx::connection& conn) {
+  constexpr int kBatch = 1000;
+  pqxx::nontransaction tx(conn);
+  // Small batches keep each transaction short, so vacuum is never held
+  // back. Only events every subscription has passed (no delivery row left:
+  // below the lowest undelivered seq of any subscription) and older than
+  // --retention, oldest first, and only a prefix of the outbox: it stops
+  // at the first row too young, so that what is gone is exactly what lies
+  // below the oldest retained seq (outboxctl verify relies on it).
+  const auto deleted =
+      tx.exec_params(
+            "WITH c AS (SELECT seq, created_at FROM outbox WHERE seq < "
+            "coalesce((SELECT min((SELECT min(d.seq) FROM outbox_delivery d "
+            "WHERE d.subscription = s.name)) FROM subscriptions s), "
+            "9223372036854775807) ORDER BY seq LIMIT $2) "
+            "DELETE FROM outbox WHERE seq IN (SELECT seq FROM c WHERE seq < "
+            "coalesce((SELECT min(seq) FROM c WHERE created_at >= now() - "
+            "make_interval(secs => $1::float8)), 9223372036854775807))",
+            absl::ToDoubleSeconds(options_.retention), kBatch)
+          .affected_rows();
+  pruned_->Add(deleted);
+  return static_cast<int>(deleted) == kBatch;
+}
+
+void Relay::VacuumDeliveries(pqxx::connection& conn) {
   // Delivered rows are deleted, and a claim scans the delivery table in
   // seq order from its start: until vacuum removes their index entries,
   // every claim steps over all rows delivered since, and a large backlog
   // drains ever slower. Autovacuum may wake only once a minute; so the
   // relay vacuums the table itself after each 10000 deletes, at most once a
-  // second, never waiting for another vacuum of it. On a connection and a
-  // thread of its own: behind a long history one took 300 ms, which the
-  // worker would spend not delivering.
+  // second, never waiting for another vacuum of it. Behind a long history
+  // one took 300 ms.
   const int64_t deleted = deleted_since_vacuum_.load();
   if (deleted < 10000) return;
-  try {
-    if (vacuum_conn_ == nullptr || !vacuum_conn_->is_open()) {
-      auto conn =
-          Connect(options_.db_url, "outbox-relay-vacuum", options_.session);
-      if (!conn.ok()) {
-        spdlog::warn("relay: vacuum: {}", std::string(conn.status().message()));
-        return;
-      }
-      vacuum_conn_ = std::move(*conn);
-    }
-    const absl::Time t0 = absl::Now();
-    pqxx::nontransaction tx(*vacuum_conn_);
-    tx.exec("VACUUM (SKIP_LOCKED) outbox_delivery");
-    spdlog::debug("relay: vacuumed outbox_delivery after {} deletes in {}",
-                  deleted, absl::FormatDuration(absl::Now() - t0));
-    deleted_since_vacuum_ -= deleted;
-  } catch (const std::exception& e) {
-    spdlog::warn("relay: vacuum: {}",
-                 std::string(StatusFromException(e).message()));
-    vacuum_conn_.reset();
-  }
+  const absl::Time t0 = absl::Now();
+  pqxx::nontransaction tx(conn);
+  tx.exec("VACUUM (SKIP_LOCKED) outbox_delivery");
+  spdlog::debug("relay: vacuumed outbox_delivery after {} deletes in {}",
+                deleted, absl::FormatDuration(absl::Now() - t0));
+  deleted_since_vacuum_ -= deleted;
 }
 
 void Relay::DropStream(Lane& lane, const std::string& why) {
@@ -991,14 +999,6 @@ void Relay::Run() {
         // Worked off once no claim fills a batch and no full one is out.
         spread_ = false;
         for (const Lane& lane : lanes_) spread_ |= lane.any_full();
-      }
-      if (db_ok && absl::Now() >= next_backlog_refresh_) {
-        db_ok = RefreshBacklog();
-        next_backlog_refresh_ = absl::Now() + absl::Seconds(15);
-      }
-      if (db_ok && options_.retention > absl::ZeroDuration() &&
-          owned_.count(0) && absl::Now() >= next_prune_) {
-        db_ok = PruneDelivered();
       }
     }
     // New rows can go only after an answer, which wakes us anyway: a NOTIFY

@@ -11,6 +11,11 @@
 // each takes ceil(partitions / replicas); a replica that dies loses its
 // locks with its session, and the others take its partitions over.
 //
+// Beside the worker, a listener thread holds a LISTEN connection (NOTIFY
+// wakes the worker) and a housekeeping thread a third connection for the
+// backlog figures, the retention deletes and the delivery table's vacuum,
+// so that none of them ever holds up a claim or a mark.
+//
 // A REJECTED answer counts an attempt and reschedules the row with backoff;
 // after max_attempts the row is a dead letter. Later rows of that aggregate
 // wait behind it (and only those). Transport failures never count.
@@ -242,9 +247,15 @@ class Relay {
   // backlog), else the first open one; updates `serving_`.
   std::vector<Lane*> ServingLanes();
   bool FlushMarks();
-  bool PruneDelivered();
-  // On vacuum_'s thread.
-  void VacuumDeliveries();
+  // On housekeeping_'s thread and connection: the backlog figures, the
+  // retention deletes and the delivery table's vacuum, none of which the
+  // worker ever waits for (behind a long history or a large backlog each
+  // can take hundreds of milliseconds, or wait on a lock). True while
+  // retention has more to delete.
+  bool Housekeep();
+  // Each throws on a database error. True if a full batch was deleted.
+  bool PruneDelivered(pqxx::connection& conn);
+  void VacuumDeliveries(pqxx::connection& conn);
   void HandleResponses(Lane& lane);
   void DropStream(Lane& lane, const std::string& why);
   void EnsureStream(Lane& lane);
@@ -267,11 +278,11 @@ class Relay {
   Histogram* const mark_seconds_;
   Histogram* const batch_events_;
 
-  // The backlog as the database saw it at the last refresh (every
-  // kBacklogRefresh, from the relay's own loop, never on a scrape): per
+  // The backlog as the database saw it at the last refresh (every 15 s and
+  // when the owned partitions change, by Housekeep, never on a scrape): per
   // owned partition, pending events (the scan stops at kBacklogScanCap in
   // all) and the age of the oldest; the subscription's dead letters.
-  bool RefreshBacklog();
+  void RefreshBacklog(pqxx::connection& conn, const std::vector<int>& owned);
   struct Backlog {
     std::map<int, std::pair<int64_t, double>> partitions;  // n, oldest age
     int64_t dead_letters = 0;
@@ -279,7 +290,6 @@ class Relay {
   };
   mutable std::mutex backlog_mu_;
   Backlog backlog_;  // guarded by backlog_mu_
-  absl::Time next_backlog_refresh_ = absl::InfinitePast();
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
@@ -301,11 +311,14 @@ class Relay {
   absl::Time next_db_attempt_ = absl::InfinitePast();
   Backoff db_backoff_;
   absl::Time next_rebalance_ = absl::InfinitePast();
-  absl::Time next_prune_ = absl::InfinitePast();
   // Rows this relay deleted from outbox_delivery since it last vacuumed it.
   std::atomic<int64_t> deleted_since_vacuum_{0};
-  std::unique_ptr<pqxx::connection> vacuum_conn_;  // vacuum_'s own
-  std::unique_ptr<PeriodicTask> vacuum_;  // after what it uses: ends first
+  // Housekeeping state, on its thread.
+  std::unique_ptr<pqxx::connection> housekeeping_conn_;
+  std::vector<int> backlog_owned_;  // the partitions of the last refresh
+  absl::Time next_backlog_refresh_ = absl::InfinitePast();
+  absl::Time next_prune_ = absl::InfinitePast();
+  std::unique_ptr<PeriodicTask> housekeeping_;  // after what it uses
   uint64_t next_batch_id_ = 1;
 
   // Aggregates with events in flight or answered and not yet marked: not

@@ -640,6 +640,43 @@ TEST_F(RelayTest, RetentionDeletesOnlyOldDeliveredRows) {
   EXPECT_EQ(report->phantoms, 0);
 }
 
+// Retention deletes, backlog figures and vacuum run beside delivery, never
+// in its way: with retention's delete waiting on a row lock, new events
+// are still delivered at once, and the old rows go once the lock does.
+TEST_F(RelayTest, HousekeepingWaitingOnALockDelaysNoDelivery) {
+  MakeOrders(10);
+  Consumer consumer(billing_.url(), 0);
+  {
+    Relay relay(Options(consumer.port()), &metrics_);
+    relay.Start();
+    ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  }
+  orders_.Exec("UPDATE outbox SET created_at = now() - interval '2 days'");
+  pqxx::connection holder(orders_.url());
+  auto lock = std::make_unique<pqxx::work>(holder);
+  lock->exec(
+      "SELECT 1 FROM outbox WHERE seq = (SELECT min(seq) FROM outbox) "
+      "FOR UPDATE");
+  RelayOptions options = Options(consumer.port());
+  options.retention = absl::Hours(24);
+  options.session.lock_timeout = absl::Seconds(60);  // waits as long as held
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar(
+               "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type "
+               "= 'Lock' AND query LIKE '%DELETE FROM outbox%'") == 1;
+  }));
+  const int64_t old_events = Events();
+  MakeOrders(5);
+  const int64_t young_events = Events() - old_events;
+  EXPECT_TRUE(WaitFor([&] { return Pending() == 0; }, absl::Seconds(5)));
+  EXPECT_EQ(Applied(), old_events + young_events);
+  EXPECT_EQ(Events(), old_events + young_events);  // nothing deleted yet
+  lock.reset();                                    // the holder lets go
+  ASSERT_TRUE(WaitFor([&] { return Events() == young_events; }));
+}
+
 // outboxctl reconcile: every event committed in the window and not applied
 // is listed with why; nothing when everything arrived.
 TEST_F(RelayTest, ReconcileNamesEveryUnappliedEventAndWhy) {
