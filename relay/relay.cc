@@ -229,6 +229,9 @@ void Relay::Listen() {
     }
     try {
       Wakeup wakeup(**conn, [this] {
+        // First the note, then the test: the worker sets the flag, then
+        // takes the note, so one of the two always sees the other.
+        notified_ = true;
         if (notify_wakes_) Wake();
       });
       // Rows committed while we were not listening are found by the poll.
@@ -988,6 +991,7 @@ void Relay::Run() {
       for (Lane& lane : lanes_) EnsureStream(lane);
       const std::vector<Lane*> serving = ServingLanes();
       ClaimRound round;
+      notified_ = false;  // the claims below see every row notified so far
       for (size_t i = 0; db_ok && i < serving.size(); ++i) {
         db_ok = Claim(*serving[i], static_cast<int>(i),
                       static_cast<int>(serving.size()), &round);
@@ -1003,8 +1007,10 @@ void Relay::Run() {
     }
     // New rows can go only after an answer, which wakes us anyway: a NOTIFY
     // meanwhile would only wake us for nothing, on the cores that the
-    // consumer's transaction needs.
+    // consumer's transaction needs. One heard after the claims began and
+    // before wakes were back on would be lost: it wakes us now.
     notify_wakes_ = !all_held;
+    if (!all_held && notified_.exchange(false)) Wake();
     if (!db_ok && conn_ != nullptr) {
       // Lost or broken: the server releases our locks with the session.
       conn_.reset();

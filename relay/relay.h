@@ -342,6 +342,8 @@ class Relay {
   std::atomic<bool> listen_stop_{false};
   // False while every lane waits for answers (see Run).
   std::atomic<bool> notify_wakes_{true};
+  // A NOTIFY was heard since the worker's last claims began.
+  std::atomic<bool> notified_{false};
   std::thread worker_;
   std::thread listener_;
 };
