@@ -200,6 +200,13 @@ void Relay::Stop(absl::Duration drain) {
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  // A retention delete waiting on a lock, or a long vacuum, must not hold
+  // up the shutdown: what it had not done is done by the next start.
+  housekeeping_stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(housekeeping_mu_);
+    if (housekeeping_conn_ != nullptr) housekeeping_conn_->cancel_query();
+  }
   housekeeping_.reset();
   listen_stop_ = true;
   if (listener_.joinable()) listener_.join();
@@ -844,9 +851,13 @@ bool Relay::Housekeep() {
                      std::string(conn.status().message()));
         return false;
       }
+      std::lock_guard<std::mutex> lock(housekeeping_mu_);
       housekeeping_conn_ = std::move(*conn);
     }
     pqxx::connection& conn = *housekeeping_conn_;
+    // Each step starts only while the relay is not stopping: Stop cancels
+    // the statement running, not one started after.
+    if (housekeeping_stop_) return false;
     if (owned != backlog_owned_ || absl::Now() >= next_backlog_refresh_) {
       step = "backlog figures";
       RefreshBacklog(conn, owned);
@@ -857,17 +868,21 @@ bool Relay::Housekeep() {
     // By the replica that owns partition 0: one at a time, mostly (two
     // for a moment after it moves do no harm).
     if (options_.retention > absl::ZeroDuration() && !owned.empty() &&
-        owned.front() == 0 && absl::Now() >= next_prune_) {
+        owned.front() == 0 && absl::Now() >= next_prune_ &&
+        !housekeeping_stop_) {
       step = "retention";
       more = PruneDelivered(conn);
       if (!more) next_prune_ = absl::Now() + absl::Minutes(1);
     }
     step = "vacuum";
-    VacuumDeliveries(conn);
+    if (!housekeeping_stop_) VacuumDeliveries(conn);
     return more;
   } catch (const std::exception& e) {
-    spdlog::warn("relay: {}: {}", step,
-                 std::string(StatusFromException(e).message()));
+    if (!housekeeping_stop_) {
+      spdlog::warn("relay: {}: {}", step,
+                   std::string(StatusFromException(e).message()));
+    }
+    std::lock_guard<std::mutex> lock(housekeeping_mu_);
     housekeeping_conn_.reset();
     return false;
   }

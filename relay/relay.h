@@ -313,7 +313,11 @@ class Relay {
   absl::Time next_rebalance_ = absl::InfinitePast();
   // Rows this relay deleted from outbox_delivery since it last vacuumed it.
   std::atomic<int64_t> deleted_since_vacuum_{0};
-  // Housekeeping state, on its thread.
+  // Housekeeping state, on its thread; Stop reads the connection's pointer
+  // under housekeeping_mu_ (to cancel its statement), which guards every
+  // change of it.
+  std::mutex housekeeping_mu_;
+  std::atomic<bool> housekeeping_stop_{false};
   std::unique_ptr<pqxx::connection> housekeeping_conn_;
   std::vector<int> backlog_owned_;  // the partitions of the last refresh
   absl::Time next_backlog_refresh_ = absl::InfinitePast();

@@ -660,20 +660,28 @@ TEST_F(RelayTest, HousekeepingWaitingOnALockDelaysNoDelivery) {
   RelayOptions options = Options(consumer.port());
   options.retention = absl::Hours(24);
   options.session.lock_timeout = absl::Seconds(60);  // waits as long as held
-  Relay relay(options, &metrics_);
-  relay.Start();
-  ASSERT_TRUE(WaitFor([&] {
+  const auto waiting = [&] {
     return orders_.Scalar(
-               "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type "
-               "= 'Lock' AND query LIKE '%DELETE FROM outbox%'") == 1;
-  }));
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+        "'Lock' AND query LIKE '%DELETE FROM outbox%'");
+  };
+  auto relay = std::make_unique<Relay>(options, &metrics_);
+  relay->Start();
+  ASSERT_TRUE(WaitFor([&] { return waiting() == 1; }));
   const int64_t old_events = Events();
   MakeOrders(5);
   const int64_t young_events = Events() - old_events;
   EXPECT_TRUE(WaitFor([&] { return Pending() == 0; }, absl::Seconds(5)));
   EXPECT_EQ(Applied(), old_events + young_events);
   EXPECT_EQ(Events(), old_events + young_events);  // nothing deleted yet
-  lock.reset();                                    // the holder lets go
+  // Stop cancels the waiting delete (its lock timeout is a minute).
+  const absl::Time stop_began = absl::Now();
+  relay.reset();
+  EXPECT_LT(absl::Now() - stop_began, absl::Seconds(10));
+  EXPECT_TRUE(WaitFor([&] { return waiting() == 0; }, absl::Seconds(5)));
+  lock.reset();  // the holder lets go
+  relay = std::make_unique<Relay>(options, &metrics_);
+  relay->Start();
   ASSERT_TRUE(WaitFor([&] { return Events() == young_events; }));
 }
 
