@@ -134,7 +134,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
       "outbox_relay_partitions_owned", "Partitions this replica streams.",
       [this] { return static_cast<double>(State().partitions_owned.size()); });
   metrics->AddGauge("outbox_relay_stream_connected",
-                    "1 while a delivery stream is open.",
+                    "1 while every delivery stream (--streams) is open.",
                     [this] { return State().stream_connected ? 1.0 : 0.0; });
   metrics->AddGaugeFamily(
       "outbox_relay_pending_events",
