@@ -152,12 +152,14 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   metrics->AddGaugeFamily(
       "outbox_relay_oldest_pending_seconds",
       "Age of the oldest undelivered event of each partition this replica "
-      "owns (0: none), as of the last refresh.",
+      "owns (0: none), as of the last refresh; while refreshes fail, grown "
+      "by the time since.",
       [this] {
         std::vector<std::pair<Labels, double>> out;
         std::lock_guard<std::mutex> lock(backlog_mu_);
         for (const auto& [p, v] : backlog_.partitions) {
-          out.push_back({{{"partition", std::to_string(p)}}, v.second});
+          out.push_back({{{"partition", std::to_string(p)}},
+                         backlog_.Age(v.second, v.first > 0)});
         }
         return out;
       });
@@ -172,7 +174,8 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                     "(0: none).",
                     [this] {
                       std::lock_guard<std::mutex> lock(backlog_mu_);
-                      return backlog_.oldest_dead_seconds;
+                      return backlog_.Age(backlog_.oldest_dead_seconds,
+                                          backlog_.dead_letters > 0);
                     });
   state_.replica_id = replica_id_;
 }
@@ -831,8 +834,14 @@ void Relay::RefreshBacklog(pqxx::connection& conn,
       options_.subscription);
   b.dead_letters = dead[0].as<int64_t>();
   b.oldest_dead_seconds = std::max(0.0, dead[1].as<double>());
+  b.as_of = absl::Now();
   std::lock_guard<std::mutex> lock(backlog_mu_);
   backlog_ = std::move(b);
+}
+
+void Relay::BacklogStale() {
+  std::lock_guard<std::mutex> lock(backlog_mu_);
+  backlog_.stale = true;
 }
 
 bool Relay::Housekeep() {
@@ -842,6 +851,9 @@ bool Relay::Housekeep() {
     owned = state_.partitions_owned;
   }
   const char* step = "housekeeping";
+  const bool refresh_due =
+      owned != backlog_owned_ || absl::Now() >= next_backlog_refresh_;
+  bool refreshing = false;
   try {
     if (housekeeping_conn_ == nullptr || !housekeeping_conn_->is_open()) {
       auto conn = Connect(options_.db_url, "outbox-relay-housekeeping",
@@ -849,6 +861,7 @@ bool Relay::Housekeep() {
       if (!conn.ok()) {
         spdlog::warn("relay: housekeeping: {}",
                      std::string(conn.status().message()));
+        if (refresh_due) BacklogStale();
         return false;
       }
       std::lock_guard<std::mutex> lock(housekeeping_mu_);
@@ -858,11 +871,13 @@ bool Relay::Housekeep() {
     // Each step starts only while the relay is not stopping: Stop cancels
     // the statement running, not one started after.
     if (housekeeping_stop_) return false;
-    if (owned != backlog_owned_ || absl::Now() >= next_backlog_refresh_) {
+    if (refresh_due) {
       step = "backlog figures";
+      refreshing = true;
       RefreshBacklog(conn, owned);
+      refreshing = false;
       backlog_owned_ = owned;
-      next_backlog_refresh_ = absl::Now() + absl::Seconds(15);
+      next_backlog_refresh_ = absl::Now() + options_.backlog_refresh;
     }
     bool more = false;
     // By the replica that owns partition 0: one at a time, mostly (two
@@ -882,6 +897,7 @@ bool Relay::Housekeep() {
       spdlog::warn("relay: {}: {}", step,
                    std::string(StatusFromException(e).message()));
     }
+    if (refreshing) BacklogStale();
     std::lock_guard<std::mutex> lock(housekeeping_mu_);
     housekeeping_conn_.reset();
     return false;

@@ -127,6 +127,9 @@ struct RelayOptions {
   absl::Duration poll_interval = absl::Milliseconds(500);
   absl::Duration ack_timeout = absl::Seconds(15);
   absl::Duration rebalance_interval = absl::Seconds(1);
+  // How often the backlog figures are read (they also are whenever the
+  // owned partitions change).
+  absl::Duration backlog_refresh = absl::Seconds(15);
   absl::Duration retry_initial = absl::Milliseconds(100);  // transport backoff
   absl::Duration retry_max = absl::Seconds(5);
   absl::Duration reject_backoff = absl::Milliseconds(500);  // first REJECTED
@@ -278,8 +281,8 @@ class Relay {
   Histogram* const mark_seconds_;
   Histogram* const batch_events_;
 
-  // The backlog as the database saw it at the last refresh (every 15 s and
-  // when the owned partitions change, by Housekeep, never on a scrape): per
+  // The backlog as the database saw it at the last refresh (by Housekeep,
+  // never on a scrape; see RelayOptions::backlog_refresh): per
   // owned partition, pending events (the scan stops at kBacklogScanCap in
   // all) and the age of the oldest; the subscription's dead letters.
   void RefreshBacklog(pqxx::connection& conn, const std::vector<int>& owned);
@@ -287,9 +290,20 @@ class Relay {
     std::map<int, std::pair<int64_t, double>> partitions;  // n, oldest age
     int64_t dead_letters = 0;
     double oldest_dead_seconds = 0;
+    absl::Time as_of = absl::InfinitePast();  // when they were read
+    // A refresh was due and failed: the ages are reported as grown since
+    // as_of (their events assumed still there), so that an alert on them
+    // still fires while the relay cannot read them.
+    bool stale = false;
+    // An age of `as_of`, as reported now.
+    double Age(double age, bool any) const {
+      return stale && any ? age + absl::ToDoubleSeconds(absl::Now() - as_of)
+                          : age;
+    }
   };
   mutable std::mutex backlog_mu_;
   Backlog backlog_;  // guarded by backlog_mu_
+  void BacklogStale();
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
