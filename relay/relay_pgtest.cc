@@ -277,6 +277,18 @@ class RelayTest : public ::testing::Test {
         subscription + "'");
   }
   int64_t Events() { return orders_.Scalar("SELECT count(*) FROM outbox"); }
+
+  // Ten orders, delivered to the consumer at `port`, then made two days
+  // old: for retention to delete.
+  void DeliverOldOrders(int port) {
+    MakeOrders(10);
+    {
+      Relay relay(Options(port), &metrics_);
+      relay.Start();
+      ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+    }
+    orders_.Exec("UPDATE outbox SET created_at = now() - interval '2 days'");
+  }
   int64_t Applied() { return billing_.Scalar("SELECT count(*) FROM inbox"); }
 
   // Every outbox event is in the inbox exactly once, nothing else is, and
@@ -597,15 +609,9 @@ TEST_F(RelayTest, TwoRelaysSplitPartitionsAndOneTakesOverWhenTheOtherStops) {
 }
 
 TEST_F(RelayTest, RetentionDeletesOnlyOldDeliveredRows) {
-  MakeOrders(10);
   Consumer consumer(billing_.url(), 0);
-  {
-    Relay relay(Options(consumer.port()), &metrics_);
-    relay.Start();
-    ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
-  }
+  ASSERT_NO_FATAL_FAILURE(DeliverOldOrders(consumer.port()));
   const int64_t delivered = Events();
-  orders_.Exec("UPDATE outbox SET created_at = now() - interval '2 days'");
   MakeOrders(5);  // pending, and young
   RelayOptions options = Options(consumer.port());
   options.retention = absl::Hours(24);
@@ -645,16 +651,11 @@ TEST_F(RelayTest, RetentionDeletesOnlyOldDeliveredRows) {
 
 // Retention deletes, backlog figures and vacuum run beside delivery, never
 // in its way: with retention's delete waiting on a row lock, new events
-// are still delivered at once, and the old rows go once the lock does.
+// are still delivered at once, the relay stops without waiting for the
+// lock, and the old rows go once the lock does.
 TEST_F(RelayTest, HousekeepingWaitingOnALockDelaysNoDelivery) {
-  MakeOrders(10);
   Consumer consumer(billing_.url(), 0);
-  {
-    Relay relay(Options(consumer.port()), &metrics_);
-    relay.Start();
-    ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
-  }
-  orders_.Exec("UPDATE outbox SET created_at = now() - interval '2 days'");
+  ASSERT_NO_FATAL_FAILURE(DeliverOldOrders(consumer.port()));
   pqxx::connection holder(orders_.url());
   auto lock = std::make_unique<pqxx::work>(holder);
   lock->exec(
