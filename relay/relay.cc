@@ -205,10 +205,15 @@ void Relay::Stop(absl::Duration drain) {
   if (worker_.joinable()) worker_.join();
   // A retention delete waiting on a lock, or a long vacuum, must not hold
   // up the shutdown: what it had not done is done by the next start.
+  // Cancelled until the run in progress ends: a statement that began just
+  // after one cancel meets the next.
   housekeeping_stop_ = true;
-  {
-    std::lock_guard<std::mutex> lock(housekeeping_mu_);
-    if (housekeeping_conn_ != nullptr) housekeeping_conn_->cancel_query();
+  while (housekeeping_busy_) {
+    {
+      std::lock_guard<std::mutex> lock(housekeeping_mu_);
+      if (housekeeping_conn_ != nullptr) housekeeping_conn_->cancel_query();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   housekeeping_.reset();
   listen_stop_ = true;
@@ -589,6 +594,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
                                 limit, after);
       }
       claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+      if (options_.after_claim) options_.after_claim(rows.size());
       if (spdlog::should_log(spdlog::level::debug)) {
         spdlog::debug("relay: claimed {} rows in {}", rows.size(),
                       absl::FormatDuration(absl::Now() - t0));
@@ -845,6 +851,12 @@ void Relay::BacklogStale() {
 }
 
 bool Relay::Housekeep() {
+  housekeeping_busy_ = true;
+  struct Idle {
+    std::atomic<bool>& busy;
+    ~Idle() { busy = false; }
+  } idle{housekeeping_busy_};
+  if (housekeeping_stop_) return false;
   std::vector<int> owned;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -868,8 +880,6 @@ bool Relay::Housekeep() {
       housekeeping_conn_ = std::move(*conn);
     }
     pqxx::connection& conn = *housekeeping_conn_;
-    // Each step starts only while the relay is not stopping: Stop cancels
-    // the statement running, not one started after.
     if (housekeeping_stop_) return false;
     if (refresh_due) {
       step = "backlog figures";

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -138,6 +139,9 @@ struct RelayOptions {
   // replica that owns partition 0, so the outbox does not grow forever.
   // Zero keeps every row.
   absl::Duration retention;
+  // For tests: runs on the worker right after each claim statement, with
+  // the number of rows it returned.
+  std::function<void(size_t rows)> after_claim;
 };
 
 // A consistent copy of the relay's own state, for stats.
@@ -332,6 +336,7 @@ class Relay {
   // change of it.
   std::mutex housekeeping_mu_;
   std::atomic<bool> housekeeping_stop_{false};
+  std::atomic<bool> housekeeping_busy_{false};  // a Housekeep runs
   std::unique_ptr<pqxx::connection> housekeeping_conn_;
   std::vector<int> backlog_owned_;  // the partitions of the last refresh
   absl::Time next_backlog_refresh_ = absl::InfinitePast();

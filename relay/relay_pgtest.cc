@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -349,6 +350,40 @@ TEST_F(RelayTest, NotifyWakesTheRelayWithoutWaitingForThePoll) {
                   // wakes the relay
   // Without NOTIFY this would wait ten minutes for the poll.
   EXPECT_TRUE(WaitFor([&] { return Applied() == 3; }, absl::Seconds(10)));
+}
+
+// While every stream awaits an answer a NOTIFY does not wake the worker
+// (the answer will). One heard while the claims after that answer run,
+// before wakes are back on, must still wake it: a row committed then would
+// otherwise wait for the poll.
+TEST_F(RelayTest, ANotifyHeardWhileTheClaimsRunIsNotLost) {
+  GatedSink sink;
+  std::unique_ptr<GrpcServer> server = Serve(&sink);
+  ASSERT_NE(server, nullptr);
+  RelayOptions options = Options(server->port());
+  options.poll_interval = absl::Minutes(10);
+  std::atomic<int> stage{0};
+  options.after_claim = [&](size_t rows) {
+    if (stage == 1 && rows == 0) {
+      stage = 2;  // the claims after the answer found nothing new
+      CreateOrders(1);
+      absl::SleepFor(absl::Milliseconds(300));  // its NOTIFY is heard
+    }
+  };
+  CreateOrders(1);
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 1; }));  // unanswered
+  // A NOTIFY with nothing new: the worker wakes, finds every stream
+  // waiting for an answer and stops listening for NOTIFYs until it comes.
+  orders_.Exec(absl::StrCat("NOTIFY ", kNotifyChannel));
+  absl::SleepFor(absl::Milliseconds(300));
+  stage = 1;
+  sink.Release(1 << 20);
+  ASSERT_TRUE(WaitFor([&] { return stage == 2; }));
+  // Without the wake this would wait ten minutes for the poll.
+  EXPECT_TRUE(WaitFor([&] { return sink.Events() == 2; }, absl::Seconds(5)));
+  relay.Stop(absl::Seconds(5));
 }
 
 TEST_F(RelayTest,
