@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <pqxx/pqxx>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/db.h"
@@ -845,17 +846,9 @@ void Relay::RefreshBacklog(pqxx::connection& conn,
   backlog_ = std::move(b);
 }
 
-void Relay::BacklogStale() {
-  std::lock_guard<std::mutex> lock(backlog_mu_);
-  backlog_.stale = true;
-}
-
 bool Relay::Housekeep() {
   housekeeping_busy_ = true;
-  struct Idle {
-    std::atomic<bool>& busy;
-    ~Idle() { busy = false; }
-  } idle{housekeeping_busy_};
+  absl::Cleanup idle = [this] { housekeeping_busy_ = false; };
   if (housekeeping_stop_) return false;
   std::vector<int> owned;
   {
@@ -863,19 +856,14 @@ bool Relay::Housekeep() {
     owned = state_.partitions_owned;
   }
   const char* step = "housekeeping";
-  const bool refresh_due =
+  // Until the figures are read: then a failure leaves them stale.
+  bool refresh_due =
       owned != backlog_owned_ || absl::Now() >= next_backlog_refresh_;
-  bool refreshing = false;
   try {
     if (housekeeping_conn_ == nullptr || !housekeeping_conn_->is_open()) {
       auto conn = Connect(options_.db_url, "outbox-relay-housekeeping",
                           options_.session);
-      if (!conn.ok()) {
-        spdlog::warn("relay: housekeeping: {}",
-                     std::string(conn.status().message()));
-        if (refresh_due) BacklogStale();
-        return false;
-      }
+      if (!conn.ok()) throw std::runtime_error(conn.status().ToString());
       std::lock_guard<std::mutex> lock(housekeeping_mu_);
       housekeeping_conn_ = std::move(*conn);
     }
@@ -883,9 +871,8 @@ bool Relay::Housekeep() {
     if (housekeeping_stop_) return false;
     if (refresh_due) {
       step = "backlog figures";
-      refreshing = true;
       RefreshBacklog(conn, owned);
-      refreshing = false;
+      refresh_due = false;
       backlog_owned_ = owned;
       next_backlog_refresh_ = absl::Now() + options_.backlog_refresh;
     }
@@ -907,7 +894,10 @@ bool Relay::Housekeep() {
       spdlog::warn("relay: {}: {}", step,
                    std::string(StatusFromException(e).message()));
     }
-    if (refreshing) BacklogStale();
+    if (refresh_due) {
+      std::lock_guard<std::mutex> lock(backlog_mu_);
+      backlog_.stale = true;
+    }
     std::lock_guard<std::mutex> lock(housekeeping_mu_);
     housekeeping_conn_.reset();
     return false;

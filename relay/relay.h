@@ -307,7 +307,6 @@ class Relay {
   };
   mutable std::mutex backlog_mu_;
   Backlog backlog_;  // guarded by backlog_mu_
-  void BacklogStale();
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
