@@ -178,6 +178,15 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                       return backlog_.Age(backlog_.oldest_dead_seconds,
                                           backlog_.dead_letters > 0);
                     });
+  metrics->AddGauge(
+      "outbox_relay_backlog_figures_age_seconds",
+      "Since this replica last read its backlog figures (pending events, "
+      "dead letters, their ages) from the database, or since it started; "
+      "about the refresh interval (15 s) at most while reads succeed.",
+      [this] {
+        std::lock_guard<std::mutex> lock(backlog_mu_);
+        return absl::ToDoubleSeconds(absl::Now() - backlog_.as_of);
+      });
   state_.replica_id = replica_id_;
 }
 

@@ -294,7 +294,7 @@ class Relay {
     std::map<int, std::pair<int64_t, double>> partitions;  // n, oldest age
     int64_t dead_letters = 0;
     double oldest_dead_seconds = 0;
-    absl::Time as_of = absl::InfinitePast();  // when they were read
+    absl::Time as_of = absl::Now();  // when they were read (or none yet)
     // A refresh was due and failed: the ages are reported as grown since
     // as_of (their events assumed still there), so that an alert on them
     // still fires while the relay cannot read them.

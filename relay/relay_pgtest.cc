@@ -728,7 +728,10 @@ TEST_F(RelayTest, HousekeepingWaitingOnALockDelaysNoDelivery) {
 double MaxOf(const Metrics& metrics, const std::string& family) {
   double max = 0;
   for (absl::string_view line : absl::StrSplit(metrics.Render(), '\n')) {
-    if (!absl::StartsWith(line, family + "{")) continue;
+    if (!absl::StartsWith(line, family + "{") &&
+        !absl::StartsWith(line, family + " ")) {
+      continue;
+    }
     double v = 0;
     if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) {
       max = std::max(max, v);
@@ -740,7 +743,7 @@ double MaxOf(const Metrics& metrics, const std::string& family) {
 // While the backlog figures cannot be read, the age of the oldest pending
 // event keeps growing from the last figure instead of freezing there, so
 // that an alert on it still fires; a refresh that succeeds again reports
-// the database's figure.
+// the database's figure. The figures' own age grows meanwhile.
 TEST_F(RelayTest, PendingAgeKeepsGrowingWhileTheBacklogCannotBeRead) {
   int port;
   { port = Consumer(billing_.url(), 0).port(); }  // a port nobody serves now
@@ -757,11 +760,20 @@ TEST_F(RelayTest, PendingAgeKeepsGrowingWhileTheBacklogCannotBeRead) {
   pqxx::connection holder(orders_.url());
   auto lock = std::make_unique<pqxx::work>(holder);
   lock->exec("LOCK TABLE outbox_delivery IN ACCESS EXCLUSIVE MODE");
+  // Their own age tells that the figures are old, with or without pending
+  // events (a relay that reads none says so too).
+  const auto figures_age = [&] {
+    return MaxOf(metrics_, "outbox_relay_backlog_figures_age_seconds");
+  };
+  EXPECT_LT(figures_age(), 1.5);
   absl::SleepFor(absl::Seconds(2));  // a refresh or two failed
   const double before = age();
+  const double figures_before = figures_age();
   absl::SleepFor(absl::Seconds(2));
   EXPECT_GE(age() - before, 1.5);
+  EXPECT_GE(figures_age() - figures_before, 1.5);
   lock.reset();
+  EXPECT_TRUE(WaitFor([&] { return figures_age() < 1; }));
   // Read again: at least as old (the events are still pending) and
   // counted from their creation, not grown from a guess.
   const double created = static_cast<double>(orders_.Scalar(
