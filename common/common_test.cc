@@ -1,5 +1,6 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <libpq-fe.h>
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -172,6 +173,42 @@ TEST(Db, ConnectionDefaultsAddLivenessSettingsOnce) {
   EXPECT_EQ(WithConnectionDefaults("host=h dbname=d"),
             "host=h dbname=d connect_timeout=5 keepalives=1 keepalives_idle=10 "
             "keepalives_interval=5 keepalives_count=3 tcp_user_timeout=30000");
+}
+
+// The password as libpq itself reads it from `conninfo` ("" if none).
+std::string PasswordLibpqReads(const std::string& conninfo) {
+  char* error = nullptr;
+  PQconninfoOption* opts = PQconninfoParse(conninfo.c_str(), &error);
+  if (opts == nullptr) {
+    std::string e = error ? error : "?";
+    PQfreemem(error);
+    return "unparsable: " + e;
+  }
+  std::string password;
+  for (PQconninfoOption* o = opts; o->keyword != nullptr; ++o) {
+    if (std::string(o->keyword) == "password" && o->val != nullptr) {
+      password = o->val;
+    }
+  }
+  PQconninfoFree(opts);
+  return password;
+}
+
+TEST(Db, WithPasswordSetsThePasswordLibpqReads) {
+  const std::string odd = "p@ss w/rd?&='\\\"%#:é";
+  for (const std::string& url :
+       {std::string("postgresql://u@h:5432/db"),
+        std::string("postgresql://u:old@h/db?sslmode=require"),
+        std::string("postgres://h/db"), std::string("host=h dbname=d"),
+        std::string("host=h password=old dbname=d")}) {
+    for (const std::string& pw : {std::string("simple"), odd}) {
+      const std::string with = WithPassword(url, pw);
+      EXPECT_EQ(PasswordLibpqReads(with), pw) << with;
+      // The other settings stay, and the defaults still go on.
+      EXPECT_EQ(PasswordLibpqReads(WithConnectionDefaults(with)), pw) << with;
+    }
+    EXPECT_EQ(WithPassword(url, ""), url);
+  }
 }
 
 TEST(Db, ArrayLiteralQuotesEveryElement) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -63,6 +64,35 @@ std::string WithConnectionDefaults(const std::string& url) {
       absl::StrAppend(&out, " ", key, "=", value);
     }
   }
+  return out;
+}
+
+std::string WithPassword(const std::string& url, const std::string& password) {
+  if (password.empty()) return url;
+  std::string out = url;
+  if (IsUrl(url)) {
+    // A query parameter, percent-encoded: libpq takes the last value of a
+    // key, so it wins over a password in the URL's user part.
+    static const char kHex[] = "0123456789ABCDEF";
+    absl::StrAppend(&out, absl::StrContains(url, "?") ? "&" : "?", "password=");
+    for (unsigned char c : password) {
+      if (absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_' ||
+          c == '~') {
+        out += static_cast<char>(c);
+      } else {
+        out += '%';
+        out += kHex[c >> 4];
+        out += kHex[c & 15];
+      }
+    }
+    return out;
+  }
+  absl::StrAppend(&out, " password='");
+  for (char c : password) {
+    if (c == '\\' || c == '\'') out += '\\';
+    out += c;
+  }
+  out += '\'';
   return out;
 }
 

@@ -24,6 +24,12 @@ namespace outbox {
 // or unreachable server surfaces as an error instead of a hang.
 std::string WithConnectionDefaults(const std::string& url);
 
+// `url` (a postgresql:// URL or a key=value string) with `password` as its
+// password, over one in `url` and over PGPASSWORD; `url` itself if
+// `password` is empty. For a process with two databases whose roles have
+// different passwords: libpq's PGPASSWORD is one for every connection.
+std::string WithPassword(const std::string& url, const std::string& password);
+
 // The status for a libpqxx (or other) exception. A server error gets the
 // code of its SQLSTATE (CodeForSqlState in common/sql_state.h: the one rule
 // of whose fault an error is), keeps the SQLSTATE (SqlStateOf) and ends

@@ -12,6 +12,10 @@
 //   outboxctl reconcile --orders_db URL --billing_db URL [--window 1h]
 //                     [--grace 5m]         events committed, not applied: why
 //
+// verify, demo and reconcile take each database's password from
+// OUTBOX_ORDERS_PASSWORD and OUTBOX_BILLING_PASSWORD (--orders_password,
+// --billing_password) if set, else from PGPASSWORD (one for both).
+//
 // stats, dead-letters, requeue and show act on the relay's subscription, or
 // on another one with --subscription NAME.
 
@@ -39,9 +43,17 @@ ABSL_FLAG(std::string, producer, "127.0.0.1:50051", "Producer address.");
 ABSL_FLAG(std::string, relay, "127.0.0.1:50052", "Relay admin address.");
 ABSL_FLAG(std::string, consumer, "127.0.0.1:50053", "Consumer address.");
 ABSL_FLAG(std::string, orders_db, "postgresql://127.0.0.1:5432/outbox_orders",
-          "Orders database (verify, demo).");
+          "Orders database (verify, demo, reconcile); its password from "
+          "OUTBOX_ORDERS_PASSWORD if set, else PGPASSWORD.");
 ABSL_FLAG(std::string, billing_db, "postgresql://127.0.0.1:5432/outbox_billing",
-          "Billing database (verify, demo).");
+          "Billing database (verify, demo, reconcile); its password from "
+          "OUTBOX_BILLING_PASSWORD if set, else PGPASSWORD.");
+ABSL_FLAG(std::string, orders_password, "",
+          "Password of --orders_db, over PGPASSWORD (set it as "
+          "OUTBOX_ORDERS_PASSWORD: a command line is visible to others).");
+ABSL_FLAG(std::string, billing_password, "",
+          "Password of --billing_db, over PGPASSWORD (set it as "
+          "OUTBOX_BILLING_PASSWORD: a command line is visible to others).");
 ABSL_FLAG(std::string, aggregate, "", "Aggregate id (dead-letters, requeue).");
 ABSL_FLAG(bool, all_dead, false, "requeue: every dead letter (--all-dead).");
 ABSL_FLAG(absl::Duration, since, absl::ZeroDuration(),
@@ -107,6 +119,17 @@ int Fail(const std::string& what, const grpc::Status& s) {
   std::fprintf(stderr, "outboxctl: %s: %s (%d)\n", what.c_str(),
                s.error_message().c_str(), s.error_code());
   return 1;
+}
+
+// A database URL with the password of its own flag, if set: PGPASSWORD is
+// one for both databases, and their roles may differ.
+std::string OrdersDb() {
+  return outbox::WithPassword(absl::GetFlag(FLAGS_orders_db),
+                              absl::GetFlag(FLAGS_orders_password));
+}
+std::string BillingDb() {
+  return outbox::WithPassword(absl::GetFlag(FLAGS_billing_db),
+                              absl::GetFlag(FLAGS_billing_password));
 }
 
 std::string Json(const google::protobuf::Message& m) {
@@ -253,12 +276,12 @@ outbox::tools::LoadOptions LoadOptionsFromFlags() {
 }
 
 int Verify() {
-  auto report = outbox::tools::Check(
-      absl::GetFlag(FLAGS_orders_db), absl::GetFlag(FLAGS_billing_db),
-      absl::GetFlag(FLAGS_wait), outbox::DbSessionFromFlags(),
-      absl::GetFlag(FLAGS_subscription).empty()
-          ? "billing"
-          : absl::GetFlag(FLAGS_subscription));
+  auto report =
+      outbox::tools::Check(OrdersDb(), BillingDb(), absl::GetFlag(FLAGS_wait),
+                           outbox::DbSessionFromFlags(),
+                           absl::GetFlag(FLAGS_subscription).empty()
+                               ? "billing"
+                               : absl::GetFlag(FLAGS_subscription));
   if (!report.ok()) {
     std::fprintf(stderr, "outboxctl: verify: %s\n",
                  report.status().ToString().c_str());
@@ -286,8 +309,7 @@ int ReconcileCommand() {
                  "(and --grace not negative)\n");
     return 2;
   }
-  auto report = outbox::tools::Reconcile(absl::GetFlag(FLAGS_orders_db),
-                                         absl::GetFlag(FLAGS_billing_db), o,
+  auto report = outbox::tools::Reconcile(OrdersDb(), BillingDb(), o,
                                          outbox::DbSessionFromFlags());
   if (!report.ok()) {
     std::fprintf(stderr, "outboxctl: reconcile: %s\n",
@@ -311,9 +333,9 @@ int Demo() {
   std::printf("\n-- load --\n%s", load.Summary().c_str());
   std::printf("\n-- waiting for every event to be applied --\n");
   std::fflush(stdout);
-  auto report = outbox::tools::Check(
-      absl::GetFlag(FLAGS_orders_db), absl::GetFlag(FLAGS_billing_db),
-      absl::GetFlag(FLAGS_wait), outbox::DbSessionFromFlags());
+  auto report =
+      outbox::tools::Check(OrdersDb(), BillingDb(), absl::GetFlag(FLAGS_wait),
+                           outbox::DbSessionFromFlags());
   if (!report.ok()) {
     std::fprintf(stderr, "demo: %s\n", report.status().ToString().c_str());
     return 1;
