@@ -348,8 +348,12 @@ for (const cj of objs.filter((o) => o.kind === "CronJob")) {
   });
   job.env = {};
   for (const [k, v] of Object.entries(env)) job.env[k] = rewrite(job, v, k);
-  delete job.env.PGPASSWORD;
-  if (pgUrl.password) job.env.PGPASSWORD = decodeURIComponent(pgUrl.password);
+  // The local PostgreSQL's password for each database (one role here).
+  for (const k of ["PGPASSWORD", "OUTBOX_ORDERS_PASSWORD", "OUTBOX_BILLING_PASSWORD"]) delete job.env[k];
+  if (pgUrl.password) {
+    job.env.OUTBOX_ORDERS_PASSWORD = decodeURIComponent(pgUrl.password);
+    job.env.OUTBOX_BILLING_PASSWORD = decodeURIComponent(pgUrl.password);
+  }
   job.env.PATH = "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin";
   job.env.HOME = "/nonexistent";
   job.deadline = cj.spec?.jobTemplate?.spec?.activeDeadlineSeconds ?? 120;

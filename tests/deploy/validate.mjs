@@ -1154,16 +1154,12 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
       if (check(sref, `the ${owner.comp} (${owner.subscription ?? owner.handler}) takes OUTBOX_DB from a Secret key`)) {
         check(sref.name === ref.name && sref.key === ref.key,
           `container ${c.name}: ${envName} is Secret ${ref.name} key ${ref.key}, the one ${svc.workload.metadata.name} reads its database from (${sref.name}/${sref.key})`);
+        // Each database's password: the Secret key its owner passes as
+        // PGPASSWORD (which would be one for both connections here).
+        const pwName = envName.replace(/_DB$/, "_PASSWORD");
         const spw = (svc.container.env ?? []).find((e) => e.name === "PGPASSWORD")?.valueFrom?.secretKeyRef;
-        const pw = (c.env ?? []).find((e) => e.name === "PGPASSWORD")?.valueFrom?.secretKeyRef;
-        if (flag === "orders_db") {
-          check(pw && spw && pw.name === spw.name && pw.key === spw.key, `container ${c.name}: PGPASSWORD is the Secret key ${spw?.name}/${spw?.key} that ${svc.workload.metadata.name} uses`);
-        } else if (name !== "prod" && env.PGPASSWORD !== undefined) {
-          // One PGPASSWORD serves both connections: where the Secret is
-          // rendered, the billing password must be the same.
-          const billingPw = spw && resolveEnv({ env: [{ name: "PW", valueFrom: { secretKeyRef: spw } }] }, objs).env.PW;
-          check(billingPw === env.PGPASSWORD, `container ${c.name}: PGPASSWORD (one for both connections) is also the password of ${svc.workload.metadata.name}'s database`);
-        }
+        const pw = (c.env ?? []).find((e) => e.name === pwName)?.valueFrom?.secretKeyRef;
+        check(pw && spw && pw.name === spw.name && pw.key === spw.key, `container ${c.name}: ${pwName} is the Secret key ${spw?.name}/${spw?.key} that ${svc.workload.metadata.name} passes as PGPASSWORD`);
       }
       if (name !== "prod") {
         let u = null;
@@ -1175,13 +1171,13 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
         const wantDb = owner.handler ? HANDLERS[owner.handler].database : COMPONENTS[owner.comp].database;
         if (check(u && /^postgres(ql)?:$/.test(u.protocol), `container ${c.name}: ${envName} "${env[envName]}" is a postgresql:// URL`)) {
           check(decodeURIComponent(u.pathname.slice(1)) === wantDb, `container ${c.name}: ${envName} names the database ${wantDb}`);
-          check(u.password === "", `container ${c.name}: ${envName} carries no password (PGPASSWORD does)`);
+          check(u.password === "", `container ${c.name}: ${envName} carries no password (${envName.replace(/_DB$/, "_PASSWORD")} does)`);
           const r = resolveServiceAddress(objs, cj.metadata.namespace ?? "default", `${u.hostname}:${u.port || 5432}`);
           check(r?.workload, `container ${c.name}: ${envName} host ${u.hostname}:${u.port || 5432} is a rendered Service with a backing pod`);
         }
       }
     }
-    check(env.PGPASSWORD !== undefined || (name === "prod" && (c.env ?? []).some((e) => e.name === "PGPASSWORD")), `container ${c.name}: PGPASSWORD is set`);
+    check(!(c.env ?? []).some((e) => e.name === "PGPASSWORD"), `container ${c.name}: no PGPASSWORD (one for both databases; OUTBOX_ORDERS_PASSWORD and OUTBOX_BILLING_PASSWORD instead)`);
   }
   return out;
 }

@@ -280,6 +280,10 @@ mutate "reconcile runs concurrently" "CronJob/outbox-reconcile: concurrencyPolic
   's.replace("concurrencyPolicy: Forbid", "concurrencyPolicy: Allow", 1)'
 mutate "reconcile reads another database" "OUTBOX_BILLING_DB is Secret outbox-db key audit-url, the one outbox-consumer reads" $R \
   's.replace("key: billing-url", "key: audit-url", 1)'
+mutate "reconcile with the orders password for billing" "OUTBOX_BILLING_PASSWORD is the Secret key outbox-db/billing-password that outbox-consumer passes as PGPASSWORD" $R \
+  's.replace("key: billing-password", "key: orders-password", 1)'
+mutate "reconcile with one PGPASSWORD" "container reconcile: no PGPASSWORD" $R \
+  's.replace("- name: OUTBOX_ORDERS_PASSWORD", "- name: PGPASSWORD\n                  value: x\n                - name: OUTBOX_ORDERS_PASSWORD", 1)'
 mutate "reconcile not admitted by PostgreSQL" "dev NetworkPolicy: outbox-reconcile -> postgres:5432/TCP is allowed" deploy/k8s/overlays/dev/networkpolicy-postgres.yaml \
   's.replace(", outbox-reconcile]", "]", 1)'
 mutate "reconcile without egress to the external PostgreSQL" "prod NetworkPolicy: outbox-reconcile -> an external PostgreSQL:5432/TCP is allowed" deploy/k8s/overlays/prod/networkpolicy-postgres.yaml \
