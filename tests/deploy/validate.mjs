@@ -1145,6 +1145,7 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
     // The databases: from the Secret keys of the services that own them.
     for (const [flag, owner] of Object.entries(RECONCILE.databases)) {
       const envName = `OUTBOX_${flag.toUpperCase()}`;
+      const pwName = envName.replace(/_DB$/, "_PASSWORD");
       check(flagInArgs(args, flag) === undefined || flagInArgs(args, flag) === null, `container ${c.name}: --${flag} is not a literal argument (it comes from the Secret)`);
       const ref = (c.env ?? []).find((e) => e.name === envName)?.valueFrom?.secretKeyRef;
       if (!check(ref, `container ${c.name}: ${envName} comes from a Secret key`)) continue;
@@ -1156,7 +1157,6 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
           `container ${c.name}: ${envName} is Secret ${ref.name} key ${ref.key}, the one ${svc.workload.metadata.name} reads its database from (${sref.name}/${sref.key})`);
         // Each database's password: the Secret key its owner passes as
         // PGPASSWORD (which would be one for both connections here).
-        const pwName = envName.replace(/_DB$/, "_PASSWORD");
         const spw = (svc.container.env ?? []).find((e) => e.name === "PGPASSWORD")?.valueFrom?.secretKeyRef;
         const pw = (c.env ?? []).find((e) => e.name === pwName)?.valueFrom?.secretKeyRef;
         check(pw && spw && pw.name === spw.name && pw.key === spw.key, `container ${c.name}: ${pwName} is the Secret key ${spw?.name}/${spw?.key} that ${svc.workload.metadata.name} passes as PGPASSWORD`);
@@ -1171,7 +1171,7 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
         const wantDb = owner.handler ? HANDLERS[owner.handler].database : COMPONENTS[owner.comp].database;
         if (check(u && /^postgres(ql)?:$/.test(u.protocol), `container ${c.name}: ${envName} "${env[envName]}" is a postgresql:// URL`)) {
           check(decodeURIComponent(u.pathname.slice(1)) === wantDb, `container ${c.name}: ${envName} names the database ${wantDb}`);
-          check(u.password === "", `container ${c.name}: ${envName} carries no password (${envName.replace(/_DB$/, "_PASSWORD")} does)`);
+          check(u.password === "", `container ${c.name}: ${envName} carries no password (${pwName} does)`);
           const r = resolveServiceAddress(objs, cj.metadata.namespace ?? "default", `${u.hostname}:${u.port || 5432}`);
           check(r?.workload, `container ${c.name}: ${envName} host ${u.hostname}:${u.port || 5432} is a rendered Service with a backing pod`);
         }
