@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -45,6 +46,43 @@ std::string FirstLine(const char* what) {
   return s;
 }
 
+// Appends the setting `key`=`value` to `conninfo`, a postgresql:// URL (a
+// query parameter, percent-encoded) or a key=value string (quoted when it
+// needs to be). libpq takes the last value of a key.
+void AppendSetting(std::string* conninfo, absl::string_view key,
+                   absl::string_view value) {
+  const auto plain = [](unsigned char c) {
+    return absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_' ||
+           c == '~';
+  };
+  if (IsUrl(*conninfo)) {
+    static const char kHex[] = "0123456789ABCDEF";
+    absl::StrAppend(conninfo, absl::StrContains(*conninfo, "?") ? "&" : "?",
+                    key, "=");
+    for (unsigned char c : value) {
+      if (plain(c)) {
+        *conninfo += static_cast<char>(c);
+      } else {
+        *conninfo += '%';
+        *conninfo += kHex[c >> 4];
+        *conninfo += kHex[c & 15];
+      }
+    }
+    return;
+  }
+  absl::StrAppend(conninfo, " ", key, "=");
+  if (!value.empty() && std::all_of(value.begin(), value.end(), plain)) {
+    absl::StrAppend(conninfo, value);
+    return;
+  }
+  *conninfo += '\'';
+  for (char c : value) {
+    if (c == '\\' || c == '\'') *conninfo += '\\';
+    *conninfo += c;
+  }
+  *conninfo += '\'';
+}
+
 }  // namespace
 
 std::string WithConnectionDefaults(const std::string& url) {
@@ -53,16 +91,10 @@ std::string WithConnectionDefaults(const std::string& url) {
       {"keepalives_idle", "10"}, {"keepalives_interval", "5"},
       {"keepalives_count", "3"}, {"tcp_user_timeout", "30000"},
   };
-  const bool is_url = IsUrl(url);
   std::string out = url;
   for (const auto& [key, value] : kDefaults) {
     if (absl::StrContains(url, absl::StrCat(key, "="))) continue;
-    if (is_url) {
-      out += absl::StrContains(out, "?") ? "&" : "?";
-      absl::StrAppend(&out, key, "=", value);
-    } else {
-      absl::StrAppend(&out, " ", key, "=", value);
-    }
+    AppendSetting(&out, key, value);
   }
   return out;
 }
@@ -70,29 +102,8 @@ std::string WithConnectionDefaults(const std::string& url) {
 std::string WithPassword(const std::string& url, const std::string& password) {
   if (password.empty()) return url;
   std::string out = url;
-  if (IsUrl(url)) {
-    // A query parameter, percent-encoded: libpq takes the last value of a
-    // key, so it wins over a password in the URL's user part.
-    static const char kHex[] = "0123456789ABCDEF";
-    absl::StrAppend(&out, absl::StrContains(url, "?") ? "&" : "?", "password=");
-    for (unsigned char c : password) {
-      if (absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_' ||
-          c == '~') {
-        out += static_cast<char>(c);
-      } else {
-        out += '%';
-        out += kHex[c >> 4];
-        out += kHex[c & 15];
-      }
-    }
-    return out;
-  }
-  absl::StrAppend(&out, " password='");
-  for (char c : password) {
-    if (c == '\\' || c == '\'') out += '\\';
-    out += c;
-  }
-  out += '\'';
+  // Last, so it wins over a password in the URL's user part or earlier on.
+  AppendSetting(&out, "password", password);
   return out;
 }
 
