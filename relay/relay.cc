@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <pqxx/pqxx>
 
 #include "absl/cleanup/cleanup.h"
@@ -226,7 +227,11 @@ void Relay::Stop(absl::Duration drain) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   housekeeping_.reset();
-  listen_stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(listen_mu_);
+    listen_stop_ = true;
+    listen_cv_.notify_all();
+  }
   if (listener_.joinable()) listener_.join();
 }
 
@@ -245,6 +250,10 @@ void Relay::Wake() {
 }
 
 void Relay::Listen() {
+  // NOTIFYs heard in a row while the worker wanted none; this many and the
+  // load is steady: stop listening (the server then no longer signals this
+  // session for every commit's NOTIFY), until the worker wants wakes again.
+  constexpr int kIgnoredBeforeUnlisten = 16;
   while (!listen_stop_) {
     auto conn =
         Connect(options_.db_url, "outbox-relay-listen", options_.session);
@@ -253,15 +262,34 @@ void Relay::Listen() {
       continue;
     }
     try {
-      Wakeup wakeup(**conn, [this] {
-        // First the note, then the test: the worker sets the flag, then
-        // takes the note, so one of the two always sees the other.
-        notified_ = true;
-        if (notify_wakes_) Wake();
-      });
-      // Rows committed while we were not listening are found by the poll.
-      Wake();
-      while (!listen_stop_) (*conn)->await_notification(0, 200000);
+      int ignored = 0;
+      std::optional<Wakeup> wakeup;
+      while (!listen_stop_) {
+        if (!wakeup.has_value()) {
+          wakeup.emplace(**conn, [this, &ignored] {
+            // First the note, then the test: the worker sets the flag,
+            // then takes the note, so one of the two always sees the other.
+            notified_ = true;
+            if (notify_wakes_) {
+              ignored = 0;
+              Wake();
+            } else {
+              ++ignored;
+            }
+          });
+          if (options_.on_listening) options_.on_listening(true);
+          // Rows committed while we were not listening: the claims this
+          // wakes find them.
+          Wake();
+        }
+        (*conn)->await_notification(0, 200000);
+        if (ignored < kIgnoredBeforeUnlisten) continue;
+        ignored = 0;
+        wakeup.reset();  // UNLISTEN
+        if (options_.on_listening) options_.on_listening(false);
+        std::unique_lock<std::mutex> lock(listen_mu_);
+        listen_cv_.wait(lock, [this] { return notify_wakes_ || listen_stop_; });
+      }
     } catch (const std::exception& e) {
       spdlog::warn(
           "relay: LISTEN connection lost ({}); polling until it is "
@@ -576,15 +604,9 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     // dead) is passed, not excluded by id, so a round costs the same with
     // thousands of such aggregates as with none.
     int64_t after = fresh ? lane.sent_through : 0;
-    for (bool first = true;; first = false) {
-      const int limit = ClaimLimit(
-          options_.batch_size, options_.window, options_.pipeline_depth,
-          static_cast<int>(lane.in_flight_seqs.size()),
-          static_cast<int>(lane.in_flight.size()), lane.all_full());
-      if (limit == 0) {
-        if (first) ++round->held;
-        break;
-      }
+    for (;;) {
+      const int limit = LaneLimit(lane);
+      if (limit == 0) break;
       round->ran = true;
       ArrayLiteral excluded;
       for (const auto& [agg, n] : busy_aggregates_) excluded.Add(agg);
@@ -697,6 +719,13 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     spdlog::warn("relay: claim: {}", last_db_error_);
     return false;
   }
+}
+
+int Relay::LaneLimit(const Lane& lane) const {
+  return ClaimLimit(options_.batch_size, options_.window,
+                    options_.pipeline_depth,
+                    static_cast<int>(lane.in_flight_seqs.size()),
+                    static_cast<int>(lane.in_flight.size()), lane.all_full());
 }
 
 void Relay::HandleResponses(Lane& lane) {
@@ -1016,7 +1045,7 @@ void Relay::Run() {
       }
     }
     const int64_t statements_before = outbox_statements_;
-    bool all_held = false;  // every lane waits for answers before claiming
+    bool all_held = false;  // every serving lane waits for answers
     bool db_ok = EnsureConnection() && FlushMarks();
     if (stopping) {
       if ((InFlightEvents() == 0 && marks_.empty()) ||
@@ -1036,7 +1065,7 @@ void Relay::Run() {
         db_ok = Claim(*serving[i], static_cast<int>(i),
                       static_cast<int>(serving.size()), &round);
       }
-      all_held = db_ok && !serving.empty() && round.held == serving.size();
+      const bool spread_before = spread_;
       if (round.full) {
         spread_ = true;
       } else if (round.ran) {
@@ -1044,12 +1073,24 @@ void Relay::Run() {
         spread_ = false;
         for (const Lane& lane : lanes_) spread_ |= lane.any_full();
       }
+      // After the claims: a lane that has just sent its batch waits for its
+      // answer as much as one that could not claim at all. (Lanes that
+      // begin or stop serving next time claim then.)
+      all_held = db_ok && !serving.empty() && spread_ == spread_before &&
+                 std::all_of(serving.begin(), serving.end(),
+                             [&](const Lane* l) { return LaneLimit(*l) == 0; });
     }
     // New rows can go only after an answer, which wakes us anyway: a NOTIFY
     // meanwhile would only wake us for nothing, on the cores that the
     // consumer's transaction needs. One heard after the claims began and
     // before wakes were back on would be lost: it wakes us now.
-    notify_wakes_ = !all_held;
+    if (all_held) {
+      notify_wakes_ = false;
+    } else if (!notify_wakes_) {
+      std::lock_guard<std::mutex> lock(listen_mu_);
+      notify_wakes_ = true;
+      listen_cv_.notify_all();  // a listener that stopped listening resumes
+    }
     if (!all_held && notified_.exchange(false)) Wake();
     if (!db_ok && conn_ != nullptr) {
       // Lost or broken: the server releases our locks with the session.

@@ -12,9 +12,11 @@
 // locks with its session, and the others take its partitions over.
 //
 // Beside the worker, a listener thread holds a LISTEN connection (NOTIFY
-// wakes the worker) and a housekeeping thread a third connection for the
-// backlog figures, the retention deletes and the delivery table's vacuum,
-// so that none of them ever holds up a claim or a mark.
+// wakes the worker; while every stream awaits an answer there is nothing
+// to wake it for, and under steady load the listener stops listening
+// until the worker wants wakes again) and a housekeeping thread a third
+// connection for the backlog figures, the retention deletes and the delivery
+// table's vacuum, so that none of them ever holds up a claim or a mark.
 //
 // A REJECTED answer counts an attempt and reschedules the row with backoff;
 // after max_attempts the row is a dead letter. Later rows of that aggregate
@@ -142,6 +144,9 @@ struct RelayOptions {
   // For tests: runs on the worker right after each claim statement, with
   // the number of rows it returned.
   std::function<void(size_t rows)> after_claim;
+  // For tests: runs on the listener thread each time it begins (true) or
+  // stops (false) listening for NOTIFYs.
+  std::function<void(bool listening)> on_listening;
 };
 
 // A consistent copy of the relay's own state, for stats.
@@ -245,8 +250,10 @@ class Relay {
   struct ClaimRound {
     bool ran = false;   // a claim ran (it was not held back by the window)
     bool full = false;  // one of them filled its batch: a backlog
-    size_t held = 0;    // lanes that could not claim for answers owed
   };
+  // Events `lane`'s next claim may ask for (ClaimLimit); 0: it waits for
+  // answers.
+  int LaneLimit(const Lane& lane) const;
   // Claims for the partitions of slot `slot` of `slots` and sends them on
   // `lane`.
   bool Claim(Lane& lane, int slot, int slots, ClaimRound* round);
@@ -362,8 +369,11 @@ class Relay {
   RelayState state_;  // copy for State(), under mu_
 
   std::atomic<bool> listen_stop_{false};
-  // False while every lane waits for answers (see Run).
+  // False while every lane waits for answers (see Run). Set true under
+  // listen_mu_, with listen_cv_ told: the listener may wait for it.
   std::atomic<bool> notify_wakes_{true};
+  std::mutex listen_mu_;
+  std::condition_variable listen_cv_;
   // A NOTIFY was heard since the worker's last claims began.
   std::atomic<bool> notified_{false};
   std::thread worker_;

@@ -386,6 +386,43 @@ TEST_F(RelayTest, ANotifyHeardWhileTheClaimsRunIsNotLost) {
   relay.Stop(absl::Seconds(5));
 }
 
+// Under steady NOTIFYs while every stream awaits an answer, the listener
+// stops listening (the server would signal it for each, for nothing); once
+// the worker wants wakes again it listens again, and wakes the worker for
+// the rows committed meanwhile.
+TEST_F(RelayTest, TheListenerRestsUnderSteadyNotifiesAndListensAgainWhenIdle) {
+  GatedSink sink;
+  std::unique_ptr<GrpcServer> server = Serve(&sink);
+  ASSERT_NE(server, nullptr);
+  RelayOptions options = Options(server->port());
+  options.poll_interval = absl::Minutes(10);
+  std::atomic<int> listens{0};
+  std::atomic<int> rests{0};
+  options.on_listening = [&](bool on) { ++(on ? listens : rests); };
+  CreateOrders(1);
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 1; }));  // unanswered
+  ASSERT_EQ(rests, 0);
+  for (int i = 0; i < 40 && rests == 0; ++i) {
+    orders_.Exec(absl::StrCat("NOTIFY ", kNotifyChannel));
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(WaitFor([&] { return rests == 1; }));
+  const int listened = listens;
+  CreateOrders(1);  // its NOTIFY is not heard; the answer's claims find it
+  sink.Release(1 << 20);
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 2; }, absl::Seconds(5)));
+  // Both answered, nothing to claim: the worker wants wakes again.
+  EXPECT_TRUE(WaitFor([&] { return listens == listened + 1; }));
+  absl::SleepFor(absl::Milliseconds(300));
+  CreateOrders(1);
+  // Without listening again this would wait ten minutes for the poll.
+  EXPECT_TRUE(WaitFor([&] { return sink.Events() == 3; }, absl::Seconds(5)));
+  EXPECT_EQ(rests, 1);
+  relay.Stop(absl::Seconds(5));
+}
+
 TEST_F(RelayTest,
        OnlyABacklogPipelinesBatchesOtherwiseNewRowsWaitAndGoTogether) {
   GatedSink sink;
