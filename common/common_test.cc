@@ -166,6 +166,7 @@ TEST(Log, JsonEscape) {
 }
 
 TEST(Db, ConnectionDefaultsAddLivenessSettingsOnce) {
+  unsetenv("PGCONNECT_TIMEOUT");
   EXPECT_EQ(
       WithConnectionDefaults("postgresql://h/db?connect_timeout=2"),
       "postgresql://h/db?connect_timeout=2&keepalives=1&keepalives_idle="
@@ -173,6 +174,25 @@ TEST(Db, ConnectionDefaultsAddLivenessSettingsOnce) {
   EXPECT_EQ(WithConnectionDefaults("host=h dbname=d"),
             "host=h dbname=d connect_timeout=5 keepalives=1 keepalives_idle=10 "
             "keepalives_interval=5 keepalives_count=3 tcp_user_timeout=30000");
+  // A value that contains a setting's name sets nothing.
+  EXPECT_EQ(WithConnectionDefaults(
+                "host=h password='connect_timeout=1 keepalives=0'"),
+            "host=h password='connect_timeout=1 keepalives=0' "
+            "connect_timeout=5 keepalives=1 keepalives_idle=10 "
+            "keepalives_interval=5 keepalives_count=3 tcp_user_timeout=30000");
+  EXPECT_EQ(WithConnectionDefaults("postgresql://h/db?password=keepalives%3D0&"
+                                   "keepalives=0&tcp_user_timeout=0"),
+            "postgresql://h/db?password=keepalives%3D0&keepalives=0&"
+            "tcp_user_timeout=0&connect_timeout=5&keepalives_idle=10&"
+            "keepalives_interval=5&keepalives_count=3");
+  // What libpq cannot parse is left for the connect to report.
+  EXPECT_EQ(WithConnectionDefaults("host='h"), "host='h");
+  // libpq's connect timeout from the environment is not overridden.
+  setenv("PGCONNECT_TIMEOUT", "30", 1);
+  EXPECT_EQ(WithConnectionDefaults("host=h"),
+            "host=h keepalives=1 keepalives_idle=10 keepalives_interval=5 "
+            "keepalives_count=3 tcp_user_timeout=30000");
+  unsetenv("PGCONNECT_TIMEOUT");
 }
 
 // The password as libpq itself reads it from `conninfo` ("" if none).

@@ -1,9 +1,12 @@
 #include "common/db.h"
 
+#include <libpq-fe.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <set>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -91,10 +94,28 @@ std::string WithConnectionDefaults(const std::string& url) {
       {"keepalives_idle", "10"}, {"keepalives_interval", "5"},
       {"keepalives_count", "3"}, {"tcp_user_timeout", "30000"},
   };
+  // What the caller set, as libpq itself reads the string (a value that
+  // merely contains "connect_timeout=", such as a password, sets nothing).
+  char* error = nullptr;
+  PQconninfoOption* opts = PQconninfoParse(url.c_str(), &error);
+  if (opts == nullptr) {
+    PQfreemem(error);
+    return url;  // connecting reports what is wrong with it
+  }
+  std::set<std::string> given;
+  for (const PQconninfoOption* o = opts; o->keyword != nullptr; ++o) {
+    if (o->val != nullptr && o->val[0] != '\0') given.insert(o->keyword);
+  }
+  PQconninfoFree(opts);
+  // libpq's own default from the environment, which a setting here would
+  // override.
+  const char* env_timeout = std::getenv("PGCONNECT_TIMEOUT");
+  if (env_timeout != nullptr && env_timeout[0] != '\0') {
+    given.insert("connect_timeout");
+  }
   std::string out = url;
   for (const auto& [key, value] : kDefaults) {
-    if (absl::StrContains(url, absl::StrCat(key, "="))) continue;
-    AppendSetting(&out, key, value);
+    if (given.count(key) == 0) AppendSetting(&out, key, value);
   }
   return out;
 }

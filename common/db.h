@@ -20,8 +20,9 @@
 namespace outbox {
 
 // `url` with client-side liveness settings added (connect timeout, TCP
-// keepalives, TCP user timeout) unless the caller set them, so that a dead
-// or unreachable server surfaces as an error instead of a hang.
+// keepalives, TCP user timeout) unless the caller set them (in `url`, or
+// the connect timeout as PGCONNECT_TIMEOUT), so that a dead or unreachable
+// server surfaces as an error instead of a hang.
 std::string WithConnectionDefaults(const std::string& url);
 
 // `url` (a postgresql:// URL or a key=value string) with `password` as its
