@@ -250,10 +250,11 @@ void Relay::Wake() {
 }
 
 void Relay::Listen() {
-  // NOTIFYs heard while the worker wanted none, in one stretch of its
-  // waiting for answers; this many and the load is steady: stop listening
-  // (the server then no longer signals this session for every commit's
-  // NOTIFY), until the worker wants wakes again.
+  // NOTIFYs heard in a row while the worker wanted none (one it wants
+  // resets the count, so a moderate load, whose waits for answers are
+  // short, keeps listening); this many and the load is steady: stop
+  // listening (the server then no longer signals this session for every
+  // commit's NOTIFY), until the worker wants wakes again.
   constexpr int kIgnoredBeforeUnlisten = 16;
   while (!listen_stop_) {
     auto conn =
@@ -264,23 +265,16 @@ void Relay::Listen() {
     }
     try {
       int ignored = 0;
-      uint64_t ignored_since = 0;  // wakes_resumed_ at the first of them
       std::optional<Wakeup> wakeup;
       while (!listen_stop_) {
         if (!wakeup.has_value()) {
-          wakeup.emplace(**conn, [this, &ignored, &ignored_since] {
+          wakeup.emplace(**conn, [this, &ignored] {
             // First the note, then the test: the worker sets the flag,
             // then takes the note, so one of the two always sees the other.
             notified_ = true;
             if (notify_wakes_) {
               ignored = 0;
               Wake();
-            } else if (const uint64_t resumed = wakes_resumed_;
-                       ignored == 0 || resumed != ignored_since) {
-              // The first while the worker waits this time: a moderate
-              // load, whose waits are short, never stops the listening.
-              ignored = 1;
-              ignored_since = resumed;
             } else {
               ++ignored;
             }
@@ -1097,7 +1091,6 @@ void Relay::Run() {
     } else if (!notify_wakes_) {
       std::lock_guard<std::mutex> lock(listen_mu_);
       notify_wakes_ = true;
-      ++wakes_resumed_;
       listen_cv_.notify_all();  // a listener that stopped listening resumes
     }
     if (!all_held && notified_.exchange(false)) Wake();

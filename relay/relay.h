@@ -372,8 +372,6 @@ class Relay {
   // False while every lane waits for answers (see Run). Set true under
   // listen_mu_, with listen_cv_ told: the listener may wait for it.
   std::atomic<bool> notify_wakes_{true};
-  // How often notify_wakes_ turned true: each stretch of waiting ends.
-  std::atomic<uint64_t> wakes_resumed_{0};
   std::mutex listen_mu_;
   std::condition_variable listen_cv_;
   // A NOTIFY was heard since the worker's last claims began.

@@ -423,6 +423,37 @@ TEST_F(RelayTest, TheListenerRestsUnderSteadyNotifiesAndListensAgainWhenIdle) {
   relay.Stop(absl::Seconds(5));
 }
 
+// A moderate load waits for answers in short stretches, with wakes on in
+// between: NOTIFYs ignored in many of them, but fewer than the limit in
+// any one (the next order's NOTIFY, wanted, starts the count again), never
+// stop the listening (each stop and resume costs two statements and a
+// claim).
+TEST_F(RelayTest, NotifiesIgnoredInManyShortWaitsKeepTheListenerListening) {
+  GatedSink sink;
+  std::unique_ptr<GrpcServer> server = Serve(&sink);
+  ASSERT_NE(server, nullptr);
+  RelayOptions options = Options(server->port());
+  options.poll_interval = absl::Minutes(10);
+  std::atomic<int> rests{0};
+  options.on_listening = [&](bool on) { rests += on ? 0 : 1; };
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return relay.State().stream_connected; }));
+  for (int wait = 1; wait <= 5; ++wait) {
+    CreateOrders(1);  // its NOTIFY wakes the relay: sent, then unanswered
+    ASSERT_TRUE(WaitFor([&] { return sink.Events() == wait; }));
+    for (int i = 0; i < 10; ++i) {  // ignored while the answer is awaited
+      orders_.Exec(absl::StrCat("NOTIFY ", kNotifyChannel));
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    sink.Release(1);
+    ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+    absl::SleepFor(absl::Milliseconds(50));  // the worker wants wakes again
+  }
+  EXPECT_EQ(rests, 0);  // 50 ignored, at most 10 in one wait
+  relay.Stop(absl::Seconds(5));
+}
+
 TEST_F(RelayTest,
        OnlyABacklogPipelinesBatchesOtherwiseNewRowsWaitAndGoTogether) {
   GatedSink sink;
