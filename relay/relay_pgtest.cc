@@ -271,6 +271,14 @@ class RelayTest : public ::testing::Test {
     return ids;
   }
 
+  // `n` NOTIFYs on the relays' channel, 10 ms apart, each heard alone.
+  void Notify(int n) {
+    for (int i = 0; i < n; ++i) {
+      orders_.Exec(absl::StrCat("NOTIFY ", kNotifyChannel));
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+
   int64_t Pending(const std::string& subscription = "billing") {
     return orders_.Scalar(
         "SELECT count(*) FROM outbox_delivery WHERE status = 'pending' AND "
@@ -404,10 +412,7 @@ TEST_F(RelayTest, TheListenerRestsUnderSteadyNotifiesAndListensAgainWhenIdle) {
   relay.Start();
   ASSERT_TRUE(WaitFor([&] { return sink.Events() == 1; }));  // unanswered
   ASSERT_EQ(rests, 0);
-  for (int i = 0; i < 40 && rests == 0; ++i) {
-    orders_.Exec(absl::StrCat("NOTIFY ", kNotifyChannel));
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  Notify(40);
   ASSERT_TRUE(WaitFor([&] { return rests == 1; }));
   const int listened = listens;
   CreateOrders(1);  // its NOTIFY is not heard; the answer's claims find it
@@ -442,10 +447,7 @@ TEST_F(RelayTest, NotifiesIgnoredInManyShortWaitsKeepTheListenerListening) {
   for (int wait = 1; wait <= 5; ++wait) {
     CreateOrders(1);  // its NOTIFY wakes the relay: sent, then unanswered
     ASSERT_TRUE(WaitFor([&] { return sink.Events() == wait; }));
-    for (int i = 0; i < 10; ++i) {  // ignored while the answer is awaited
-      orders_.Exec(absl::StrCat("NOTIFY ", kNotifyChannel));
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    Notify(10);  // ignored while the answer is awaited
     sink.Release(1);
     ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
     absl::SleepFor(absl::Milliseconds(50));  // the worker wants wakes again
