@@ -475,6 +475,7 @@ bool Relay::EnsureConnection() {
   }
   try {
     (*conn)->prepare("claim", kClaimSql);
+    (*conn)->prepare("mark_and_claim", kMarkAndClaimSql);
     (*conn)->prepare("mark_delivered",
                      "DELETE FROM outbox_delivery WHERE subscription = $1 AND "
                      "seq = ANY($2::bigint[]) AND status = 'pending'");
@@ -610,24 +611,45 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       const int limit = LaneLimit(lane);
       if (limit == 0) break;
       round->ran = true;
+      // Answered deliveries not yet marked (MarksRideWithClaim) are marked
+      // by this claim: their aggregates are free unless more of their
+      // events are out.
+      std::map<std::string, int> busy = busy_aggregates_;
+      ArrayLiteral marking;
+      for (const Mark& m : marks_) {
+        marking.Add(m.seq);
+        --busy[m.aggregate_id];
+      }
       ArrayLiteral excluded;
-      for (const auto& [agg, n] : busy_aggregates_) excluded.Add(agg);
-      if (fresh) {
-        lane.passed_over |= !busy_aggregates_.empty();
-        lane.freed_at_claim = freed_;
-      } else {
-        lane.passed_over = false;  // this claim sees every ready row
+      for (const auto& [agg, n] : busy) {
+        if (n > 0) excluded.Add(agg);
       }
       pqxx::result rows;
       const absl::Time t0 = absl::Now();
       {
         ++outbox_statements_;
+        if (!marks_.empty()) {
+          // As in FlushMarks: answered, not yet marked; nothing written.
+          MaybeCrash("relay.after_send_before_mark");
+          MaybeCrash("relay.before_mark_commit");
+        }
         pqxx::nontransaction tx(*conn_);
-        rows = tx.exec_prepared("claim", options_.subscription,
+        rows = tx.exec_prepared(marks_.empty() ? "claim" : "mark_and_claim",
+                                options_.subscription,
                                 ArrayLiteral(partitions).str(), excluded.str(),
-                                limit, after);
+                                limit, after, marking.str());
       }
       claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+      if (!marks_.empty()) {
+        MaybeCrash("relay.after_mark_commit");
+        MarksWritten(0);
+      }
+      if (fresh) {
+        lane.passed_over |= !excluded.empty();
+        lane.freed_at_claim = freed_;
+      } else {
+        lane.passed_over = false;  // this claim saw every ready row
+      }
       if (options_.after_claim) options_.after_claim(rows.size());
       if (spdlog::should_log(spdlog::level::debug)) {
         spdlog::debug("relay: claimed {} rows in {}", rows.size(),
@@ -844,13 +866,24 @@ bool Relay::FlushMarks() {
     spdlog::warn("relay: marking {} rows: {}", marks_.size(), last_db_error_);
     return false;
   }
-  delivered_->Add(delivered.size());
-  deleted_since_vacuum_ += delivered.size();
-  rejected_->Add(marks_.size() - delivered.size());
+  MarksWritten(dead);
+  return true;
+}
+
+bool Relay::MarksRideWithClaim() const {
+  return std::all_of(marks_.begin(), marks_.end(),
+                     [](const Mark& m) { return m.delivered; });
+}
+
+void Relay::MarksWritten(int64_t dead) {
+  int64_t delivered = 0;
+  for (const Mark& m : marks_) delivered += m.delivered ? 1 : 0;
+  delivered_->Add(delivered);
+  deleted_since_vacuum_ += delivered;
+  rejected_->Add(marks_.size() - delivered);
   dead_->Add(dead);
   for (const Mark& m : marks_) Untrack(m.aggregate_id);
   marks_.clear();
-  return true;
 }
 
 void Relay::RefreshBacklog(pqxx::connection& conn,
@@ -1048,14 +1081,22 @@ void Relay::Run() {
     }
     const int64_t statements_before = outbox_statements_;
     bool all_held = false;  // every serving lane waits for answers
-    bool db_ok = EnsureConnection() && FlushMarks();
+    bool db_ok = EnsureConnection();
+    // Deliveries are written by the round's first claim, one statement
+    // instead of two; before a rebalance (which gives up partitions only
+    // once nothing of theirs is outstanding) and when stopping, on their
+    // own, as are rejections.
+    const bool rebalance_due = absl::Now() >= next_rebalance_;
+    if (db_ok && (stopping || rebalance_due || !MarksRideWithClaim())) {
+      db_ok = FlushMarks();
+    }
     if (stopping) {
       if ((InFlightEvents() == 0 && marks_.empty()) ||
           absl::Now() >= deadline) {
         break;
       }
     } else if (db_ok) {
-      if (absl::Now() >= next_rebalance_) {
+      if (rebalance_due) {
         db_ok = Rebalance();
         next_rebalance_ = absl::Now() + options_.rebalance_interval;
       }
@@ -1067,6 +1108,7 @@ void Relay::Run() {
         db_ok = Claim(*serving[i], static_cast<int>(i),
                       static_cast<int>(serving.size()), &round);
       }
+      if (db_ok) db_ok = FlushMarks();  // no claim ran to write them
       const bool spread_before = spread_;
       if (round.full) {
         spread_ = true;

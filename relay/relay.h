@@ -63,6 +63,14 @@ namespace outbox::relay {
 // backing off or dead stalls its own aggregate only, and a long chain
 // drains a batch at a time instead of an event at a time.
 //
+// $6 (bigint[]): rows delivered (answered) and not yet marked, which this
+// claim treats as gone: neither claimed again nor owed as a predecessor.
+// kMarkAndClaimSql deletes them in the same statement, so that a cycle
+// (answer, mark, claim, send) costs one round trip to the database, not
+// two, and an answered event's successor goes out with the next batch; the
+// statement is atomic, so a failed one marks nothing and sends nothing.
+// kClaimSql (no DELETE, so it runs on a read-only server too) gets '{}'.
+//
 // $5: the relay first claims above the highest seq it has sent, which
 // skips the rows in flight at the front of the table instead of reading
 // and rejecting each; when that runs dry, at least once per poll, and once
@@ -79,19 +87,28 @@ namespace outbox::relay {
 // predecessor test a probe per row returned: without it PostgreSQL may
 // hash the whole subscription's pending rows for it instead, on every
 // claim (a generic plan with a backlog did: 10 ms per claim instead of 2).
-// Prepared once per connection as "claim". Columns: kEventColumns, then
-// partition, prev_done.
-inline const std::string kClaimSql = absl::StrCat(
-    "WITH c AS MATERIALIZED (SELECT d.seq, d.partition FROM outbox_delivery d "
-    "WHERE d.subscription = $1 AND d.status = 'pending' "
-    "AND d.partition = ANY($2::int[]) AND d.available_at <= now() "
-    "AND NOT (d.aggregate_id = ANY($3::text[])) AND d.seq > $5 "
-    "ORDER BY d.seq LIMIT $4) SELECT ",
-    kEventColumns,
-    ", c.partition, "
-    "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
-    "AND p.seq = o.prev_seq OFFSET 0) AS prev_done "
-    "FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
+// Prepared once per connection as "claim" and "mark_and_claim". Columns:
+// kEventColumns, then partition, prev_done.
+inline std::string ClaimSql(bool mark) {
+  return absl::StrCat(
+      "WITH ",
+      mark ? "m AS (DELETE FROM outbox_delivery WHERE subscription = $1 "
+             "AND seq = ANY($6::bigint[]) AND status = 'pending'), "
+           : "",
+      "c AS MATERIALIZED (SELECT d.seq, d.partition FROM outbox_delivery d "
+      "WHERE d.subscription = $1 AND d.status = 'pending' "
+      "AND d.partition = ANY($2::int[]) AND d.available_at <= now() "
+      "AND NOT (d.aggregate_id = ANY($3::text[])) AND d.seq > $5 "
+      "AND NOT (d.seq = ANY($6::bigint[])) "
+      "ORDER BY d.seq LIMIT $4) SELECT ",
+      kEventColumns,
+      ", c.partition, "
+      "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
+      "AND p.seq = o.prev_seq AND NOT (p.seq = ANY($6::bigint[])) OFFSET 0) "
+      "AS prev_done FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
+}
+inline const std::string kClaimSql = ClaimSql(false);
+inline const std::string kMarkAndClaimSql = ClaimSql(true);
 
 // A subscription's name: [a-z][a-z0-9_-]{0,62} (subscriptions.name's check).
 bool IsSubscriptionName(absl::string_view name);
@@ -260,7 +277,14 @@ class Relay {
   // The lanes that claim this cycle: every open one while spread_ (a
   // backlog), else the first open one; updates `serving_`.
   std::vector<Lane*> ServingLanes();
+  // Writes marks_ in a statement of its own (a transaction when some are
+  // rejections).
   bool FlushMarks();
+  // marks_ holds deliveries only: the round's first claim may write them
+  // (kMarkAndClaimSql) instead of FlushMarks.
+  bool MarksRideWithClaim() const;
+  // After marks_ were written: counts them, frees their aggregates, clears.
+  void MarksWritten(int64_t dead);
   // On housekeeping_'s thread and connection: the backlog figures, the
   // retention deletes and the delivery table's vacuum, none of which the
   // worker ever waits for (behind a long history or a large backlog each

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/ids.h"
 #include "common/schema.h"
 #include "common/server.h"
@@ -161,6 +162,12 @@ class GatedSink final : public v1::EventSink::Service {
     for (const auto& r : received_) sizes.push_back(r.request.events_size());
     return sizes;
   }
+  std::vector<v1::DeliverRequest> Requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<v1::DeliverRequest> out;
+    for (const auto& r : received_) out.push_back(r.request);
+    return out;
+  }
   // The streams batches [from, to) came on (numbered as they opened).
   std::set<int> Streams(size_t from, size_t to) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -227,18 +234,28 @@ class RelayTest : public ::testing::Test {
     return o;
   }
 
+  // Creates an order (one event); its id, empty if it failed.
+  std::string CreateOrder() {
+    v1::CreateOrderRequest req;
+    req.set_customer_id("c");
+    req.set_currency("EUR");
+    auto* item = req.add_items();
+    item->set_sku("sku");
+    item->set_quantity(1);
+    item->set_unit_price_cents(100);
+    auto order = store_.Create(req, *producer::ValidateCreate(req), "");
+    EXPECT_TRUE(order.ok()) << order.status();
+    return order.ok() ? order->order_id() : "";
+  }
   // Creates `n` orders (one event each).
   void CreateOrders(int n) {
-    for (int i = 0; i < n; ++i) {
-      v1::CreateOrderRequest req;
-      req.set_customer_id("c");
-      req.set_currency("EUR");
-      auto* item = req.add_items();
-      item->set_sku("sku");
-      item->set_quantity(1);
-      item->set_unit_price_cents(100);
-      ASSERT_TRUE(store_.Create(req, *producer::ValidateCreate(req), "").ok());
-    }
+    for (int i = 0; i < n; ++i) ASSERT_FALSE(CreateOrder().empty());
+  }
+  void Pay(const std::string& order_id) {
+    v1::PayOrderRequest pay;
+    pay.set_order_id(order_id);
+    pay.set_amount_cents(100);
+    EXPECT_TRUE(store_.Pay(pay, "").ok());
   }
 
   // Creates `n` orders; pays every second one and cancels every third, so
@@ -453,6 +470,76 @@ TEST_F(RelayTest, NotifiesIgnoredInManyShortWaitsKeepTheListenerListening) {
     absl::SleepFor(absl::Milliseconds(50));  // the worker wants wakes again
   }
   EXPECT_EQ(rests, 0);  // 50 ignored, at most 10 in one wait
+  relay.Stop(absl::Seconds(5));
+}
+
+// The claim after an answer writes its marks in the same statement: one
+// round trip per cycle, and an answered event's successor goes in the
+// batch that follows. The statement is atomic: while the marks cannot be
+// written (a lock on a delivered row here), nothing is claimed or sent, and
+// nothing is sent twice once they can.
+TEST_F(RelayTest, TheClaimAfterAnAnswerWritesItsMarksInOneStatement) {
+  GatedSink sink;
+  std::unique_ptr<GrpcServer> server = Serve(&sink);
+  ASSERT_NE(server, nullptr);
+  RelayOptions options = Options(server->port());
+  options.lanes = 1;
+  options.poll_interval = absl::Minutes(10);
+  options.rebalance_interval = absl::Minutes(10);  // marks ride every claim
+  options.session.lock_timeout = absl::Milliseconds(200);
+  auto marks = [&] {  // mark statements of their own
+    for (absl::string_view line : absl::StrSplit(metrics_.Render(), '\n')) {
+      if (absl::ConsumePrefix(&line, "outbox_relay_mark_seconds_count")) {
+        return std::string(line.substr(line.find(' ') + 1));
+      }
+    }
+    return std::string("missing");
+  };
+  auto last_batch = [&] {
+    std::vector<std::string> events;
+    const std::vector<v1::DeliverRequest> all = sink.Requests();
+    for (const v1::Event& e : all.back().events()) {
+      events.push_back(absl::StrCat(e.aggregate_id(), "/", e.event_type()));
+    }
+    return events;
+  };
+  const std::string x = CreateOrder();
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 1; }));  // unanswered
+  Pay(x);
+  const std::string y = CreateOrder();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(sink.Batches(), std::vector<int>({1}));
+  sink.Release(1);
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 3; }, absl::Seconds(5)));
+  EXPECT_EQ(last_batch(),
+            std::vector<std::string>({x + "/OrderPaid", y + "/OrderCreated"}));
+  sink.Release(1);
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }, absl::Seconds(5)));
+  EXPECT_EQ(marks(), "0");
+
+  const std::string z = CreateOrder();
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 4; }));  // unanswered
+  Pay(z);
+  const std::string w = CreateOrder();
+  pqxx::connection rogue(orders_.url());
+  auto lock = std::make_unique<pqxx::work>(rogue);
+  lock->exec_params(
+      "SELECT 1 FROM outbox_delivery WHERE aggregate_id = $1 AND seq = "
+      "(SELECT min(seq) FROM outbox WHERE aggregate_id = $1) FOR UPDATE",
+      z);
+  sink.Release(1);
+  absl::SleepFor(absl::Seconds(1));  // several attempts time out on the lock
+  EXPECT_EQ(sink.Batches(), std::vector<int>({1, 2, 1}));
+  EXPECT_EQ(Pending(), 3);
+  lock.reset();
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 6; }, absl::Seconds(5)));
+  EXPECT_EQ(last_batch(),
+            std::vector<std::string>({z + "/OrderPaid", w + "/OrderCreated"}));
+  sink.Release(1);
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }, absl::Seconds(5)));
+  EXPECT_EQ(sink.Batches(), std::vector<int>({1, 2, 1, 2}));
   relay.Stop(absl::Seconds(5));
 }
 
@@ -970,7 +1057,7 @@ TEST_F(RelayTest,
            absl::StrCat("EXPLAIN ", kClaimSql), "billing",
            "{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,"
            "24,25,26,27,28,29,30,31}",
-           "{}", 128, 0)) {
+           "{}", 128, 0, "{}")) {
     absl::StrAppend(&plan, row[0].as<std::string>(), "\n");
   }
   EXPECT_NE(plan.find("outbox_delivery_pkey"), std::string::npos) << plan;
@@ -986,16 +1073,22 @@ TEST_F(RelayTest,
       "'\\x00', g % 32 FROM generate_series(1, 50000) g");
   tx.exec("VACUUM (FULL, ANALYZE) outbox_delivery");
   tx.exec("SET plan_cache_mode = force_generic_plan");
-  tx.exec(absl::StrCat("PREPARE claim(text, int[], text[], int, bigint) AS ",
-                       kClaimSql));
-  plan.clear();
-  for (const auto& row :
-       tx.exec("EXPLAIN EXECUTE claim('billing', '{0,2,4,6,8,10,12,14,16,18,20,"
-               "22,24,26,28,30}', '{}', 128, 0)")) {
-    absl::StrAppend(&plan, row[0].as<std::string>(), "\n");
+  for (const auto& [name, sql] :
+       {std::pair{"claim", kClaimSql},
+        std::pair{"mark_and_claim", kMarkAndClaimSql}}) {
+    tx.exec(absl::StrCat("PREPARE ", name,
+                         "(text, int[], text[], int, bigint, bigint[]) AS ",
+                         sql));
+    plan.clear();
+    for (const auto& row : tx.exec(absl::StrCat(
+             "EXPLAIN EXECUTE ", name,
+             "('billing', '{0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30}', "
+             "'{}', 128, 0, '{1,2,3}')"))) {
+      absl::StrAppend(&plan, row[0].as<std::string>(), "\n");
+    }
+    EXPECT_EQ(plan.find("Seq Scan on outbox"), std::string::npos) << plan;
+    EXPECT_EQ(plan.find("hashed"), std::string::npos) << plan;
   }
-  EXPECT_EQ(plan.find("Seq Scan on outbox"), std::string::npos) << plan;
-  EXPECT_EQ(plan.find("hashed"), std::string::npos) << plan;
 }
 
 TEST_F(RelayTest, ConsumerOutageIsRetriedWithoutCountingAttempts) {
