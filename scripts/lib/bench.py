@@ -734,8 +734,8 @@ def cmd_report(a):
                          "-", "-", "-"])
     # P5
     ratio_row("P5 drain with %s delivered rows of history (events/s)" % fmt_num(g("p5.history_rows")),
-              ["p5", "p2"], g("p5.drain_rate"), "/s", g("p2.drain_rate"), "/s",
-              "empty outbox (P2)", 0.9)
+              ["p5"], g("p5.drain_rate"), "/s", g("p5.drain_empty_rate"), "/s",
+              "empty outbox, rounds alternating", 0.9)
     ratio_row("P5 CreateOrder with %s orders (calls/s)" % fmt_num(g("p5.history_rows")),
               ["p5"], g("p5.create_rate"), "/s", g("p5.create_empty_rate"), "/s",
               "empty, rounds alternating", 0.9)
