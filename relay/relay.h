@@ -81,6 +81,12 @@ namespace outbox::relay {
 // wait (their predecessor backs off or is dead) are passed, not excluded
 // by id.
 //
+// The lists $3 and $6 are tested as NOT IN subqueries, which PostgreSQL
+// hashes once per claim: as NOT (... = ANY(...)) each row read compared
+// itself with every entry, and a claim with a backlog's ~1,000 aggregates
+// in flight took 8.6 ms instead of 2 (26.6 from the start of the table).
+// The predecessor test of each claimed row keeps = ANY: it reads one row.
+//
 // The claimed delivery rows are materialized first, so that the outbox is
 // read by primary key for them alone: a merge join with the outbox would
 // walk its whole delivered history on every claim. OFFSET 0 keeps the
@@ -98,8 +104,8 @@ inline std::string ClaimSql(bool mark) {
       "c AS MATERIALIZED (SELECT d.seq, d.partition FROM outbox_delivery d "
       "WHERE d.subscription = $1 AND d.status = 'pending' "
       "AND d.partition = ANY($2::int[]) AND d.available_at <= now() "
-      "AND NOT (d.aggregate_id = ANY($3::text[])) AND d.seq > $5 "
-      "AND NOT (d.seq = ANY($6::bigint[])) "
+      "AND d.aggregate_id NOT IN (SELECT unnest($3::text[])) AND d.seq > $5 "
+      "AND d.seq NOT IN (SELECT unnest($6::bigint[])) "
       "ORDER BY d.seq LIMIT $4) SELECT ",
       kEventColumns,
       ", c.partition, "
