@@ -92,7 +92,9 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                                   "Delivered rows deleted by --retention.")),
       claim_seconds_(metrics->AddHistogram(
           "outbox_relay_claim_seconds",
-          "Time of one claim query (pending rows of a stream's partitions).",
+          "Time of one claim query (pending rows of a stream's partitions; "
+          "it also deletes the rows answered delivered since the claim "
+          "before).",
           Histogram::LatencyBuckets())),
       answer_seconds_(metrics->AddHistogram(
           "outbox_relay_answer_seconds",
@@ -100,8 +102,9 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
           Histogram::LatencyBuckets())),
       mark_seconds_(metrics->AddHistogram(
           "outbox_relay_mark_seconds",
-          "Time of one mark transaction (delivered rows deleted, rejected "
-          "rows rescheduled).",
+          "Time of one mark statement or transaction of its own (rejected "
+          "rows rescheduled; delivered rows deleted when no claim follows, "
+          "before a rebalance or when stopping).",
           Histogram::LatencyBuckets())),
       batch_events_(metrics->AddHistogram("outbox_relay_batch_events",
                                           "Events per delivery batch sent.",
