@@ -601,9 +601,22 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     const bool few_ahead =
         InFlightEvents() + static_cast<int64_t>(marks_.size()) <
         options_.batch_size;
-    bool fresh = !few_ahead && lane.sent_through > 0 &&
-                 absl::Now() < lane.next_full_claim &&
-                 !(lane.passed_over && lane.freed_at_claim != freed_);
+    // Answered deliveries (only those: MarksRideWithClaim) are deleted by
+    // the next claim statement, which frees their aggregates unless more of
+    // their events are out: as if marked before this claim began.
+    std::map<std::string, int> riding;  // events of each aggregate
+    if (MarksRideWithClaim()) {
+      for (const Mark& m : marks_) ++riding[m.aggregate_id];
+    }
+    bool frees = false;
+    for (const auto& [agg, n] : riding) {
+      auto it = busy_aggregates_.find(agg);
+      frees |= it == busy_aggregates_.end() || it->second <= n;
+    }
+    bool fresh =
+        !few_ahead && lane.sent_through > 0 &&
+        absl::Now() < lane.next_full_claim &&
+        !(lane.passed_over && (lane.freed_at_claim != freed_ || frees));
     if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
     // Each claim of this round continues after the last row the one before
     // returned: a row that could not go (its predecessor backing off or
@@ -614,38 +627,39 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       const int limit = LaneLimit(lane);
       if (limit == 0) break;
       round->ran = true;
-      // Answered deliveries not yet marked (MarksRideWithClaim) are marked
-      // by this claim: their aggregates are free unless more of their
-      // events are out.
-      std::map<std::string, int> busy = busy_aggregates_;
+      // Only the first statement carries them: later ones of this round
+      // find marks_ empty, or holding the rejections of rows it could not
+      // read, which FlushMarks writes.
+      const bool ride = !riding.empty();
       ArrayLiteral marking;
-      for (const Mark& m : marks_) {
-        marking.Add(m.seq);
-        --busy[m.aggregate_id];
+      if (ride) {
+        for (const Mark& m : marks_) marking.Add(m.seq);
       }
       ArrayLiteral excluded;
-      for (const auto& [agg, n] : busy) {
-        if (n > 0) excluded.Add(agg);
+      for (const auto& [agg, n] : busy_aggregates_) {
+        auto it = riding.find(agg);
+        if (n > (it == riding.end() ? 0 : it->second)) excluded.Add(agg);
       }
       pqxx::result rows;
       const absl::Time t0 = absl::Now();
       {
         ++outbox_statements_;
-        if (!marks_.empty()) {
+        if (ride) {
           // As in FlushMarks: answered, not yet marked; nothing written.
           MaybeCrash("relay.after_send_before_mark");
           MaybeCrash("relay.before_mark_commit");
         }
         pqxx::nontransaction tx(*conn_);
-        rows = tx.exec_prepared(marks_.empty() ? "claim" : "mark_and_claim",
+        rows = tx.exec_prepared(ride ? "mark_and_claim" : "claim",
                                 options_.subscription,
                                 ArrayLiteral(partitions).str(), excluded.str(),
                                 limit, after, marking.str());
       }
       claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
-      if (!marks_.empty()) {
+      if (ride) {
         MaybeCrash("relay.after_mark_commit");
         MarksWritten(0);
+        riding.clear();
       }
       if (fresh) {
         lane.passed_over |= !excluded.empty();

@@ -543,6 +543,33 @@ TEST_F(RelayTest, TheClaimAfterAnAnswerWritesItsMarksInOneStatement) {
   relay.Stop(absl::Seconds(5));
 }
 
+// Rows the relay cannot read are rejected by the relay itself, in the
+// claim round that found them; a further claim of that round must not
+// take those rejections for deliveries (and delete the rows): each still
+// counts its attempts and becomes a dead letter, and the readable rows
+// behind them are delivered.
+TEST_F(RelayTest, UnreadableRowsDeadLetterThoughTheirClaimRoundGoesOn) {
+  orders_.Exec(
+      "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, prev_seq, "
+      "event_type, schema_version, payload, partition) SELECT "
+      "gen_random_uuid(), 'order', 'unreadable-' || g, 0, 'OrderCreated', 1, "
+      "'\\x00', g % 32 FROM generate_series(1, 40) g");
+  MakeOrders(10);
+  Consumer consumer(billing_.url(), 0);
+  RelayOptions options = Options(consumer.port());
+  options.lanes = 1;
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }))
+      << Pending() << " pending";
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_delivery WHERE "
+                           "status = 'dead' AND attempts = 3 AND last_error "
+                           "LIKE 'payload: not a valid%'"),
+            40);
+  EXPECT_EQ(Applied(), Events() - 40);
+  relay.Stop(absl::Seconds(5));
+}
+
 TEST_F(RelayTest,
        OnlyABacklogPipelinesBatchesOtherwiseNewRowsWaitAndGoTogether) {
   GatedSink sink;
