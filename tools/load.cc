@@ -58,14 +58,14 @@ class Pacer {
 
 class Client {
  public:
-  Client(const LoadOptions& o, std::atomic<int64_t>* calls,
-         std::atomic<int64_t>* retries, std::atomic<int64_t>* indeterminate)
-      : o_(o), calls_(calls), retries_(retries), indeterminate_(indeterminate) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    stub_ = v1::OrderService::NewStub(grpc::CreateCustomChannel(
-        o.producer, MakeChannelCredentials(o.tls), args));
-  }
+  Client(const LoadOptions& o, std::shared_ptr<grpc::Channel> channel,
+         std::atomic<int64_t>* calls, std::atomic<int64_t>* retries,
+         std::atomic<int64_t>* indeterminate)
+      : o_(o),
+        calls_(calls),
+        retries_(retries),
+        indeterminate_(indeterminate),
+        stub_(v1::OrderService::NewStub(std::move(channel))) {}
 
   // Calls from now on wait for `pacer` (may be null: no pacing).
   void set_pacer(Pacer* pacer) { pacer_ = pacer; }
@@ -172,10 +172,25 @@ LoadReport RunLoad(const LoadOptions& o) {
   std::unique_ptr<Pacer> pacer;
   std::atomic<bool> in_setup{setup};
 
+  // Each channel has a subchannel pool of its own, hence its own TCP
+  // connection: gRPC would otherwise put every channel to the same address
+  // on one connection, whose reads and writes one thread at a time handles
+  // on either side.
+  const int clients_n = std::max(1, o.concurrency);
+  const int channels_n =
+      o.connections > 0 ? std::min(o.connections, clients_n) : clients_n;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < channels_n; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    channels.push_back(grpc::CreateCustomChannel(
+        o.producer, MakeChannelCredentials(o.tls), args));
+  }
   std::vector<std::unique_ptr<Client>> clients;
-  for (int w = 0; w < std::max(1, o.concurrency); ++w) {
-    clients.push_back(
-        std::make_unique<Client>(o, &calls, &retries, &indeterminate));
+  for (int w = 0; w < clients_n; ++w) {
+    clients.push_back(std::make_unique<Client>(
+        o, channels[w % channels.size()], &calls, &retries, &indeterminate));
   }
 
   // Pays `order`; true if it is paid (by this call or an earlier try whose

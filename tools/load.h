@@ -23,7 +23,10 @@ struct LoadOptions {
   std::string producer = "127.0.0.1:50051";
   int orders = 100;         // at most
   absl::Duration duration;  // if set, no new order starts after it
-  int concurrency = 8;
+  int concurrency = 8;      // client threads, each with one call at a time
+  // Connections to the producer, shared round-robin by the client threads;
+  // 0: one per thread, as pgbench's clients each have their own.
+  int connections = 0;
   double pay_fraction = 0.7;     // of created orders
   double cancel_fraction = 0.3;  // of created orders (paid ones get refunds)
   absl::Duration call_timeout = absl::Seconds(5);

@@ -63,6 +63,9 @@ ABSL_FLAG(std::string, error, "",
 ABSL_FLAG(int, limit, 100, "Rows to list.");
 ABSL_FLAG(int, orders, 100, "Orders to create (load, demo).");
 ABSL_FLAG(int, concurrency, 8, "Client threads (load, demo).");
+ABSL_FLAG(int, connections, 0,
+          "load, demo: connections to the producer, shared by the client "
+          "threads (0: one per thread).");
 ABSL_FLAG(double, pay_fraction, 0.7, "Share of orders paid (load, demo).");
 ABSL_FLAG(double, cancel_fraction, 0.3, "Share of orders cancelled.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the load's random choices.");
@@ -264,6 +267,7 @@ outbox::tools::LoadOptions LoadOptionsFromFlags() {
   o.producer = absl::GetFlag(FLAGS_producer);
   o.orders = absl::GetFlag(FLAGS_orders);
   o.concurrency = absl::GetFlag(FLAGS_concurrency);
+  o.connections = absl::GetFlag(FLAGS_connections);
   o.pay_fraction = absl::GetFlag(FLAGS_pay_fraction);
   o.cancel_fraction = absl::GetFlag(FLAGS_cancel_fraction);
   o.seed = absl::GetFlag(FLAGS_seed);
@@ -366,6 +370,10 @@ int Load() {
   }
   if (absl::GetFlag(FLAGS_rate) < 0) {
     std::fprintf(stderr, "outboxctl: --rate must not be negative\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_connections) < 0) {
+    std::fprintf(stderr, "outboxctl: --connections must not be negative\n");
     return 2;
   }
   outbox::tools::LoadReport r = outbox::tools::RunLoad(LoadOptionsFromFlags());
