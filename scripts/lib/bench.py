@@ -671,7 +671,7 @@ def cmd_report(a):
         base = g("p1.%s.pgbench_tps" % op)
         blabel = "pgbench"
         if op == "create" and base is not None:
-            blabel = "pgbench best (%s)" % g("p1.create.pgbench_best_form", "?")
+            blabel = "pgbench, %s form" % g("p1.create.pgbench_best_form", "?")
         ratio_row("P1 %s over gRPC, %s clients (calls/s)" % (label, g("p1.clients", "?")), [u],
                   g("p1.%s.grpc_rate" % op), "/s", base, "/s", blabel, 0.8)
     # P2
