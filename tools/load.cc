@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -154,6 +155,47 @@ std::string LoadReport::Json() const {
       calls / std::max(1e-3, absl::ToDoubleSeconds(elapsed)), call_p50_ms,
       call_p99_ms, setup_created, absl::ToDoubleSeconds(setup_elapsed),
       cpu_seconds);
+}
+
+absl::Status CheckLoadOptions(const LoadOptions& o) {
+  auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(parts...));
+  };
+  if (o.orders < 0) return bad("--orders must not be negative, not ", o.orders);
+  if (o.concurrency < 1) {
+    return bad("--concurrency must be at least 1, not ", o.concurrency);
+  }
+  if (o.connections < 0) {
+    return bad("--connections must not be negative, not ", o.connections);
+  }
+  // Written so that NaN fails too.
+  if (!(o.pay_fraction >= 0 && o.pay_fraction <= 1)) {
+    return bad("--pay_fraction must be within [0, 1], not ", o.pay_fraction);
+  }
+  if (!(o.cancel_fraction >= 0 && o.cancel_fraction <= 1)) {
+    return bad("--cancel_fraction must be within [0, 1], not ",
+               o.cancel_fraction);
+  }
+  if (!(o.rate >= 0 && o.rate < std::numeric_limits<double>::infinity())) {
+    return bad(
+        "--rate must be a finite number of calls per second, 0 or more"
+        " (0: unpaced), not ",
+        o.rate);
+  }
+  if (o.call_timeout <= absl::ZeroDuration()) {
+    return bad("--timeout must be positive, not ",
+               absl::FormatDuration(o.call_timeout));
+  }
+  if (o.duration < absl::ZeroDuration()) {
+    return bad("--duration must not be negative (0: run to --orders), not ",
+               absl::FormatDuration(o.duration));
+  }
+  if (!o.only.empty() && o.only != "create" && o.only != "pay" &&
+      o.only != "cancel") {
+    return bad("--only: create, pay or cancel (or empty: the mix), not \"",
+               o.only.substr(0, 32), "\"");
+  }
+  return absl::OkStatus();
 }
 
 LoadReport RunLoad(const LoadOptions& o) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
 
@@ -62,6 +63,12 @@ struct LoadReport {
   std::string Json() const;  // one line
 };
 
+// OK, or INVALID_ARGUMENT naming the first option (by its outboxctl flag)
+// that RunLoad cannot honour: a negative count, a share outside [0, 1], an
+// unknown `only`, a timeout that is not positive.
+absl::Status CheckLoadOptions(const LoadOptions& options);
+
+// Runs the load that `options` (as CheckLoadOptions accepts them) describe.
 LoadReport RunLoad(const LoadOptions& options);
 
 }  // namespace outbox::tools

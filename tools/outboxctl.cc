@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -262,7 +263,9 @@ int Show(const std::vector<char*>& args) {
   return 0;
 }
 
-outbox::tools::LoadOptions LoadOptionsFromFlags() {
+// The load flags of `command` (load, demo), or nullopt after saying on
+// stderr which flag is wrong.
+std::optional<outbox::tools::LoadOptions> LoadFlags(const char* command) {
   outbox::tools::LoadOptions o;
   o.producer = absl::GetFlag(FLAGS_producer);
   o.orders = absl::GetFlag(FLAGS_orders);
@@ -276,6 +279,11 @@ outbox::tools::LoadOptions LoadOptionsFromFlags() {
   o.only = absl::GetFlag(FLAGS_only);
   o.rate = absl::GetFlag(FLAGS_rate);
   o.tls = TlsFromFlags();
+  if (absl::Status s = outbox::tools::CheckLoadOptions(o); !s.ok()) {
+    std::fprintf(stderr, "outboxctl: %s: %s\n", command,
+                 std::string(s.message()).c_str());
+    return std::nullopt;
+  }
   return o;
 }
 
@@ -327,13 +335,14 @@ int ReconcileCommand() {
 }
 
 int Demo() {
+  const std::optional<outbox::tools::LoadOptions> o = LoadFlags("demo");
+  if (!o) return 2;
   std::printf("demo: %d orders through producer %s, relay %s, consumer %s\n",
               absl::GetFlag(FLAGS_orders),
               absl::GetFlag(FLAGS_producer).c_str(),
               absl::GetFlag(FLAGS_relay).c_str(),
               absl::GetFlag(FLAGS_consumer).c_str());
-  outbox::tools::LoadReport load =
-      outbox::tools::RunLoad(LoadOptionsFromFlags());
+  outbox::tools::LoadReport load = outbox::tools::RunLoad(*o);
   std::printf("\n-- load --\n%s", load.Summary().c_str());
   std::printf("\n-- waiting for every event to be applied --\n");
   std::fflush(stdout);
@@ -362,21 +371,9 @@ int Demo() {
 }
 
 int Load() {
-  const std::string only = absl::GetFlag(FLAGS_only);
-  if (!only.empty() && only != "create" && only != "pay" && only != "cancel") {
-    std::fprintf(stderr, "outboxctl: --only: create, pay or cancel, not %s\n",
-                 only.c_str());
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_rate) < 0) {
-    std::fprintf(stderr, "outboxctl: --rate must not be negative\n");
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_connections) < 0) {
-    std::fprintf(stderr, "outboxctl: --connections must not be negative\n");
-    return 2;
-  }
-  outbox::tools::LoadReport r = outbox::tools::RunLoad(LoadOptionsFromFlags());
+  const std::optional<outbox::tools::LoadOptions> o = LoadFlags("load");
+  if (!o) return 2;
+  outbox::tools::LoadReport r = outbox::tools::RunLoad(*o);
   std::printf("%s", absl::GetFlag(FLAGS_format) == "json"
                         ? r.Json().c_str()
                         : r.Summary().c_str());
