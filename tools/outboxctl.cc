@@ -411,6 +411,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "outboxctl: %s\n", std::string(s.message()).c_str());
     return 2;
   }
+  // Every command's calls have this deadline: 0 or less fails them all.
+  if (absl::GetFlag(FLAGS_timeout) <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "outboxctl: --timeout must be positive, not %s\n",
+                 absl::FormatDuration(absl::GetFlag(FLAGS_timeout)).c_str());
+    return 2;
+  }
   if (cmd == "stats") return Stats();
   if (cmd == "dead-letters") return DeadLetters();
   if (cmd == "requeue") return Requeue(args);
