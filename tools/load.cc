@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
-#include <limits>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -176,7 +176,7 @@ absl::Status CheckLoadOptions(const LoadOptions& o) {
     return bad("--cancel_fraction must be within [0, 1], not ",
                o.cancel_fraction);
   }
-  if (!(o.rate >= 0 && o.rate < std::numeric_limits<double>::infinity())) {
+  if (!(std::isfinite(o.rate) && o.rate >= 0)) {
     return bad(
         "--rate must be a finite number of calls per second, 0 or more"
         " (0: unpaced), not ",
