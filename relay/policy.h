@@ -2,8 +2,8 @@
 // The relay's decisions, apart from its I/O (relay.cc does the SQL and the
 // streams): how long to back off, how many partitions a replica should
 // own and which to give up, which partitions a delivery stream claims
-// for, how many events a claim may ask for and whether it starts from the
-// start. Pure, so they are unit-tested without PostgreSQL (policy_test.cc).
+// for, and how many events a claim may ask for. Pure, so they are
+// unit-tested without PostgreSQL (policy_test.cc).
 
 #include <cstdint>
 #include <functional>
