@@ -62,33 +62,4 @@ int ClaimLimit(int batch_size, int window, int pipeline_depth,
                int in_flight_events, int in_flight_batches,
                bool in_flight_full);
 
-// Whether a stream's next claim must start from the start rather than above
-// the highest seq it sent. Every claim skips the rows of busy aggregates
-// (an event of theirs in flight, or answered and not yet marked), and those
-// rows stay behind, below what it and later claims send, where only a claim
-// from the start finds them. Once an aggregate may have been freed since
-// such a claim, the next one starts over, so that a skipped row waits for
-// its predecessor's mark, not for the poll.
-class PassedOver {
- public:
-  // After a claim that began at the start (`from_start`: it saw every row
-  // then claimable but those it skipped) or above what was sent (what
-  // earlier claims skipped is still behind), that skipped the rows of busy
-  // aggregates if `skipped`; `freed` counts the aggregates freed so far.
-  void Claimed(bool from_start, bool skipped, uint64_t freed) {
-    behind_ = (!from_start && behind_) || skipped;
-    freed_at_claim_ = freed;
-  }
-  // Whether rows were left behind and an aggregate was freed since the last
-  // claim (`freed` moved) or is freed by marks riding with the next claim
-  // (`frees`).
-  bool MustStartOver(uint64_t freed, bool frees) const {
-    return behind_ && (freed != freed_at_claim_ || frees);
-  }
-
- private:
-  bool behind_ = false;
-  uint64_t freed_at_claim_ = 0;
-};
-
 }  // namespace outbox::relay

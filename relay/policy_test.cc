@@ -90,39 +90,5 @@ TEST(ClaimLimit, ASecondBatchOnlyBehindFullOnes) {
   EXPECT_EQ(ClaimLimit(256, 2048, 2, 256, 1, true), 256);  // behind a full one
 }
 
-TEST(PassedOver, NothingBehindNoStartOver) {
-  PassedOver p;
-  EXPECT_FALSE(p.MustStartOver(0, false));
-  p.Claimed(/*from_start=*/false, /*skipped=*/false, 0);
-  EXPECT_FALSE(p.MustStartOver(7, true));  // frees, but nothing was skipped
-}
-
-TEST(PassedOver, AClaimAboveWhatWasSentThatSkippedStartsOverOnAFree) {
-  PassedOver p;
-  p.Claimed(/*from_start=*/false, /*skipped=*/true, 3);
-  EXPECT_FALSE(p.MustStartOver(3, false));  // nothing freed yet
-  EXPECT_TRUE(p.MustStartOver(4, false));   // freed since
-  EXPECT_TRUE(p.MustStartOver(3, true));    // freed by the riding marks
-  // Later claims above what was sent skip nothing: what the first skipped
-  // is still behind.
-  p.Claimed(false, false, 3);
-  EXPECT_TRUE(p.MustStartOver(4, false));
-}
-
-// A claim from the start also skips busy aggregates: their rows stay
-// behind it, below what it sends, until a later claim from the start.
-TEST(PassedOver, AClaimFromTheStartThatSkippedLeavesRowsBehind) {
-  PassedOver p;
-  p.Claimed(/*from_start=*/true, /*skipped=*/true, 5);
-  EXPECT_TRUE(p.MustStartOver(6, false));
-  EXPECT_TRUE(p.MustStartOver(5, true));
-  // The same round's next claims continue above its last row.
-  p.Claimed(false, false, 5);
-  EXPECT_TRUE(p.MustStartOver(6, false));
-  // A claim from the start that skipped nothing saw every row.
-  p.Claimed(true, false, 6);
-  EXPECT_FALSE(p.MustStartOver(9, true));
-}
-
 }  // namespace
 }  // namespace outbox::relay

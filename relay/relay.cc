@@ -613,9 +613,10 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       auto it = busy_aggregates_.find(agg);
       frees |= it == busy_aggregates_.end() || it->second <= n;
     }
-    bool fresh = !few_ahead && lane.sent_through > 0 &&
-                 absl::Now() < lane.next_full_claim &&
-                 !lane.passed_over.MustStartOver(freed_, frees);
+    bool fresh =
+        !few_ahead && lane.sent_through > 0 &&
+        absl::Now() < lane.next_full_claim &&
+        !(lane.passed_over && (lane.freed_at_claim != freed_ || frees));
     if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
     // Each claim of this round continues after the last row the one before
     // returned: a row that could not go (its predecessor backing off or
@@ -660,8 +661,12 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         MarksWritten(0);
         riding.clear();
       }
-      lane.passed_over.Claimed(/*from_start=*/after == 0, !excluded.empty(),
-                               freed_);
+      if (fresh) {
+        lane.passed_over |= !excluded.empty();
+        lane.freed_at_claim = freed_;
+      } else {
+        lane.passed_over = false;  // this claim saw every ready row
+      }
       if (options_.after_claim) options_.after_claim(rows.size());
       if (spdlog::should_log(spdlog::level::debug)) {
         spdlog::debug("relay: claimed {} rows in {}", rows.size(),

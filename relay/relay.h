@@ -233,8 +233,14 @@ class Relay {
     // A claim from the start at least this often, so that rows passed
     // over never wait long behind a steady stream of new ones.
     absl::Time next_full_claim = absl::InfinitePast();
-    // Whether rows of busy aggregates were passed over (PassedOver).
-    PassedOver passed_over;
+    // A claim above sent_through skips the rows of busy aggregates (the
+    // next event of an order whose previous one is in flight). Set when one
+    // ran while an aggregate was busy: once an aggregate has been freed
+    // since (freed_ moved past freed_at_claim), the next claim starts from
+    // the start, so that such a row waits for its predecessor's mark, not
+    // for poll_interval.
+    bool passed_over = false;
+    uint64_t freed_at_claim = 0;
     bool connected() const { return stream != nullptr && !stream->broken(); }
     // Whether every (any) batch in flight on it was full: a backlog.
     bool all_full() const {
