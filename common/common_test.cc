@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <future>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -663,6 +664,65 @@ TEST(GroupCommit, ConcurrentCallersShareWritesAndGetTheirOwnResults) {
   EXPECT_EQ(total, 160u);  // every item written once
   EXPECT_GT(largest, 1u);  // one writer at a time: the others queued up
   EXPECT_LE(largest, 16u);
+}
+
+// Items waiting when a write ends are written while the callers of that
+// write are answered: a caller's slow answer (here one that waits for the
+// next item's result) does not hold the next write up.
+TEST(GroupCommit, AnsweringDoesNotHoldUpTheNextWrite) {
+  std::promise<void> writing_first, second_queued;
+  std::shared_future<void> queued = second_queued.get_future().share();
+  std::promise<int> second_result;
+  std::shared_future<int> second = second_result.get_future().share();
+  std::atomic<bool> first_saw_second{false};
+  std::thread::id writer, first_answered_on;
+  GroupCommit<int, int> commit(
+      {.writers = 1, .max_group = 8},
+      [&](const std::vector<const int*>& items) {
+        if (*items[0] == 1) {
+          writer = std::this_thread::get_id();
+          writing_first.set_value();
+          queued.wait();  // the second item waits once this write ends
+        }
+        std::vector<absl::StatusOr<int>> out;
+        for (const int* i : items) out.push_back(*i * 10);
+        return out;
+      });
+  std::promise<void> first_done;
+  commit.SubmitAsync(1, [&](absl::StatusOr<int> r) {
+    EXPECT_EQ(*r, 10);
+    first_answered_on = std::this_thread::get_id();
+    first_saw_second =
+        second.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    first_done.set_value();
+  });
+  writing_first.get_future().wait();
+  commit.SubmitAsync(
+      2, [&](absl::StatusOr<int> r) { second_result.set_value(*r); });
+  second_queued.set_value();
+  first_done.get_future().wait();
+  EXPECT_TRUE(first_saw_second);
+  EXPECT_EQ(second.get(), 20);
+  EXPECT_NE(first_answered_on, writer);
+}
+
+// Stopping writes every queued item and answers every caller.
+TEST(GroupCommit, StoppingAnswersEveryCaller) {
+  std::atomic<int> answered{0};
+  {
+    GroupCommit<int, int> commit(
+        {.writers = 2, .max_group = 4},
+        [&](const std::vector<const int*>& items) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          return std::vector<absl::StatusOr<int>>(items.size(), 1);
+        });
+    for (int i = 0; i < 200; ++i) {
+      commit.SubmitAsync(i, [&](absl::StatusOr<int> r) {
+        if (r.ok()) ++answered;
+      });
+    }
+  }
+  EXPECT_EQ(answered, 200);
 }
 
 }  // namespace

@@ -4,6 +4,11 @@
 // to max_group), write it in one go and hand every caller its own result.
 // Under load the queue fills while a write runs, so groups grow by
 // themselves; alone, an item is written as soon as a writer is free.
+// When items wait after a write, its callers are answered on an answering
+// thread while the writer starts the next write at once: answering (for a
+// gRPC caller, building and sending its reply) took a sixth of a writer's
+// time, with no statement of it on the database meanwhile. With none
+// waiting, the writer answers them itself, sparing a lone caller a handoff.
 // Thread-safe.
 //
 // Example:
@@ -44,9 +49,10 @@ class GroupCommit {
       : options_(options), write_(std::move(write)) {
     for (int i = 0; i < std::max(1, options_.writers); ++i) {
       threads_.emplace_back([this] { WriterLoop(); });
+      answerers_.emplace_back([this] { AnswerLoop(); });
     }
   }
-  // Writes what is queued, then stops the writers.
+  // Writes what is queued and answers every caller, then stops.
   ~GroupCommit() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -54,12 +60,18 @@ class GroupCommit {
     }
     cv_.notify_all();
     for (std::thread& t : threads_) t.join();
+    {
+      std::lock_guard<std::mutex> lock(answers_mu_);
+      answers_stop_ = true;
+    }
+    answers_cv_.notify_all();
+    for (std::thread& t : answerers_) t.join();
   }
   GroupCommit(const GroupCommit&) = delete;
   GroupCommit& operator=(const GroupCommit&) = delete;
 
-  // Queues `item`; `done` gets its result, on a writer thread, once its
-  // group committed (or failed). Never blocks on the write.
+  // Queues `item`; `done` gets its result, on a writer or answering
+  // thread, once its group committed (or failed). Never blocks on the write.
   void SubmitAsync(Item item, Done done) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -88,6 +100,11 @@ class GroupCommit {
     Item item;
     Done done;
   };
+  // A written group and its results, one per item.
+  struct Written {
+    std::vector<Pending> group;
+    std::vector<absl::StatusOr<Result>> results;
+  };
 
   void WriterLoop() {
     for (;;) {
@@ -106,13 +123,45 @@ class GroupCommit {
       items.reserve(group.size());
       for (const Pending& p : group) items.push_back(&p.item);
       if (on_group_) on_group_(items.size());
-      std::vector<absl::StatusOr<Result>> results = write_(items);
-      for (size_t i = 0; i < group.size(); ++i) {
-        group[i].done(
-            i < results.size()
-                ? std::move(results[i])
-                : absl::InternalError("group commit: a result is missing"));
+      Written written{std::move(group), write_(items)};
+      bool waiting;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        waiting = !queue_.empty();
       }
+      if (!waiting) {
+        Answer(written);
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(answers_mu_);
+        answers_.push_back(std::move(written));
+      }
+      answers_cv_.notify_one();
+    }
+  }
+
+  void AnswerLoop() {
+    for (;;) {
+      Written written;
+      {
+        std::unique_lock<std::mutex> lock(answers_mu_);
+        answers_cv_.wait(lock,
+                         [&] { return answers_stop_ || !answers_.empty(); });
+        if (answers_.empty()) return;  // stopping, nothing left
+        written = std::move(answers_.front());
+        answers_.pop_front();
+      }
+      Answer(written);
+    }
+  }
+
+  static void Answer(Written& written) {
+    for (size_t i = 0; i < written.group.size(); ++i) {
+      written.group[i].done(
+          i < written.results.size()
+              ? std::move(written.results[i])
+              : absl::InternalError("group commit: a result is missing"));
     }
   }
 
@@ -123,7 +172,12 @@ class GroupCommit {
   std::condition_variable cv_;
   std::deque<Pending> queue_;
   bool stop_ = false;
+  std::mutex answers_mu_;
+  std::condition_variable answers_cv_;
+  std::deque<Written> answers_;  // written groups to answer
+  bool answers_stop_ = false;
   std::vector<std::thread> threads_;
+  std::vector<std::thread> answerers_;
 };
 
 }  // namespace outbox
