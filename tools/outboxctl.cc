@@ -314,7 +314,13 @@ int ReconcileCommand() {
   }
   o.window = absl::GetFlag(FLAGS_window);
   o.grace = absl::GetFlag(FLAGS_grace);
-  o.max_listed = std::max(0, absl::GetFlag(FLAGS_limit));
+  if (absl::GetFlag(FLAGS_limit) < 0) {
+    std::fprintf(stderr,
+                 "outboxctl: reconcile: --limit must be 0 or more, not %d\n",
+                 absl::GetFlag(FLAGS_limit));
+    return 2;
+  }
+  o.max_listed = absl::GetFlag(FLAGS_limit);
   if (o.window <= o.grace || o.grace < absl::ZeroDuration()) {
     std::fprintf(stderr,
                  "outboxctl: reconcile: --window must be longer than --grace "
@@ -380,6 +386,32 @@ int Load() {
   return r.gave_up == 0 ? 0 : 1;
 }
 
+// What is wrong with the duration flags that any command reads, or "": each
+// out-of-range value would otherwise be taken for another (a --timeout of 0
+// or less fails every call, a negative --wait waits not at all, a negative
+// --since requeues every dead letter).
+std::string BadDurationFlag() {
+  const struct {
+    const char* name;
+    absl::Duration value;
+    bool zero_ok;
+  } flags[] = {
+      {"--timeout", absl::GetFlag(FLAGS_timeout), false},
+      {"--wait", absl::GetFlag(FLAGS_wait), true},
+      {"--since", absl::GetFlag(FLAGS_since), true},
+  };
+  for (const auto& f : flags) {
+    if (f.value > absl::ZeroDuration() ||
+        (f.zero_ok && f.value == absl::ZeroDuration())) {
+      continue;
+    }
+    return absl::StrCat(f.name, " must be ",
+                        f.zero_ok ? "0 or more" : "positive", ", not ",
+                        absl::FormatDuration(f.value));
+  }
+  return "";
+}
+
 }  // namespace
 
 // "--all-dead" -> "--all_dead": flags may be spelt with hyphens.
@@ -411,10 +443,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "outboxctl: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  // Every command's calls have this deadline: 0 or less fails them all.
-  if (absl::GetFlag(FLAGS_timeout) <= absl::ZeroDuration()) {
-    std::fprintf(stderr, "outboxctl: --timeout must be positive, not %s\n",
-                 absl::FormatDuration(absl::GetFlag(FLAGS_timeout)).c_str());
+  if (std::string bad = BadDurationFlag(); !bad.empty()) {
+    std::fprintf(stderr, "outboxctl: %s\n", bad.c_str());
     return 2;
   }
   if (cmd == "stats") return Stats();
