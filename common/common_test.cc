@@ -418,13 +418,83 @@ TEST(DbSession, SettingsNameEveryTimeoutInMilliseconds) {
   s.lock_timeout = absl::Milliseconds(250);
   s.idle_in_transaction_timeout = absl::ZeroDuration();
   EXPECT_EQ(SessionSettingsSql(s),
-            "SET statement_timeout = 3000; SET lock_timeout = 250; "
+            "SET synchronous_commit = on; SET statement_timeout = 3000; "
+            "SET lock_timeout = 250; "
             "SET idle_in_transaction_session_timeout = 0");
   s.generic_plans = true;
   EXPECT_EQ(SessionSettingsSql(s),
-            "SET statement_timeout = 3000; SET lock_timeout = 250; "
+            "SET synchronous_commit = on; SET statement_timeout = 3000; "
+            "SET lock_timeout = 250; "
             "SET idle_in_transaction_session_timeout = 0; "
             "SET plan_cache_mode = force_generic_plan");
+  // For one transaction (behind a transaction pooler): SET LOCAL, and no
+  // plan setting, which only matters to a session's prepared statements.
+  EXPECT_EQ(SessionSettingsSql(s, /*local=*/true),
+            "SET LOCAL synchronous_commit = on; SET LOCAL statement_timeout = "
+            "3000; SET LOCAL lock_timeout = 250; "
+            "SET LOCAL idle_in_transaction_session_timeout = 0");
+}
+
+TEST(DatabaseIdentity, KeysRoundTripAndUnknownIsEmpty) {
+  DatabaseIdentity id{7714441403134788341u, 2, 16384};
+  EXPECT_EQ(id.Key(), "7714441403134788341/2/16384");
+  ASSERT_TRUE(DatabaseIdentity::FromKey(id.Key()).has_value());
+  EXPECT_EQ(*DatabaseIdentity::FromKey(id.Key()), id);
+  EXPECT_EQ(DatabaseIdentity{}.Key(), "");
+  EXPECT_FALSE(DatabaseIdentity::FromKey("").has_value());
+  EXPECT_FALSE(DatabaseIdentity::FromKey("1/2").has_value());
+  EXPECT_FALSE(DatabaseIdentity::FromKey("0/1/2").has_value());
+  EXPECT_FALSE(DatabaseIdentity::FromKey("x/1/2").has_value());
+}
+
+TEST(DatabaseIdentity, AChangeIsAFailoverAnotherServerOrARecreatedDatabase) {
+  const DatabaseIdentity a{77, 1, 16384};
+  EXPECT_EQ(CompareIdentity(a, a).kind, IdentityChange::kSame);
+  EXPECT_EQ(CompareIdentity({}, a).kind, IdentityChange::kSame);
+  EXPECT_EQ(CompareIdentity(a, {}).kind, IdentityChange::kSame);
+  const IdentityChange promoted = CompareIdentity(a, {77, 2, 16384});
+  EXPECT_EQ(promoted.kind, IdentityChange::kFailover);
+  // What operators and alerts search for: the word and both timelines.
+  EXPECT_NE(promoted.Describe().find("failover"), std::string::npos);
+  EXPECT_NE(promoted.Describe().find("timeline 1 -> 2"), std::string::npos)
+      << promoted.Describe();
+  EXPECT_EQ(CompareIdentity(a, {78, 1, 16384}).kind,
+            IdentityChange::kNewServer);
+  const IdentityChange restored = CompareIdentity(a, {77, 1, 20000});
+  EXPECT_EQ(restored.kind, IdentityChange::kRecreated);
+  EXPECT_NE(restored.Describe().find("failover"), std::string::npos);
+  EXPECT_NE(restored.Describe().find("timeline 1 -> 1"), std::string::npos);
+}
+
+TEST(IdentityWatch, ReportsEachChangeOnceAndARecordedOneBeforeAny) {
+  std::vector<IdentityChange::Kind> heard;
+  IdentityWatch watch(
+      "db", [&](const IdentityChange& c) { heard.push_back(c.kind); });
+  EXPECT_FALSE(watch.Observe({77, 1, 5}).changed());  // the first
+  EXPECT_FALSE(watch.Observe({77, 1, 5}).changed());
+  // What the database recorded before this process ran: a promotion then.
+  EXPECT_EQ(watch.ObserveRecorded({77, 0, 5}).kind, IdentityChange::kFailover);
+  EXPECT_FALSE(watch.ObserveRecorded({76, 0, 5}).changed());  // once only
+  EXPECT_EQ(watch.Observe({77, 2, 5}).kind, IdentityChange::kFailover);
+  EXPECT_FALSE(watch.Observe({}).changed());  // unknown: no news
+  EXPECT_EQ(watch.current(), (DatabaseIdentity{77, 2, 5}));
+  EXPECT_EQ(watch.changes(), 2);
+  EXPECT_EQ(heard, (std::vector<IdentityChange::Kind>{
+                       IdentityChange::kFailover, IdentityChange::kFailover}));
+  // A recorded identity only counts before the process saw any change.
+  IdentityWatch later("db");
+  later.Observe({77, 1, 5});
+  later.Observe({77, 2, 5});
+  EXPECT_FALSE(later.ObserveRecorded({77, 1, 5}).changed());
+}
+
+TEST(Pooler, ParsesItsFlagValues) {
+  EXPECT_EQ(*ParsePooler("auto"), Pooler::kAuto);
+  EXPECT_EQ(*ParsePooler("none"), Pooler::kNone);
+  EXPECT_EQ(*ParsePooler("session"), Pooler::kSession);
+  EXPECT_EQ(*ParsePooler("transaction"), Pooler::kTransaction);
+  EXPECT_FALSE(ParsePooler("statement").ok());
+  EXPECT_FALSE(ParsePooler("").ok());
 }
 
 TEST(Watchdog, StallsOnlyWhileItHasWorkWithoutProgress) {

@@ -149,17 +149,76 @@ void ArrayLiteral::AddHex(absl::string_view bytes) {
   out_ += '"';
 }
 
-std::string SessionSettingsSql(const DbSession& session) {
+absl::StatusOr<Pooler> ParsePooler(absl::string_view name) {
+  if (name == "auto") return Pooler::kAuto;
+  if (name == "none") return Pooler::kNone;
+  if (name == "session") return Pooler::kSession;
+  if (name == "transaction") return Pooler::kTransaction;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "must be auto, none, session or transaction, not \"", name, "\""));
+}
+
+std::string SessionSettingsSql(const DbSession& session, bool local) {
   auto ms = [](absl::Duration d) {
     return absl::StrCat(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
   };
-  return absl::StrCat("SET statement_timeout = ", ms(session.statement_timeout),
-                      "; SET lock_timeout = ", ms(session.lock_timeout),
-                      "; SET idle_in_transaction_session_timeout = ",
-                      ms(session.idle_in_transaction_timeout),
-                      session.generic_plans
-                          ? "; SET plan_cache_mode = force_generic_plan"
-                          : "");
+  const char* set = local ? "SET LOCAL " : "SET ";
+  std::string sql =
+      absl::StrCat(set, "synchronous_commit = on; ", set,
+                   "statement_timeout = ", ms(session.statement_timeout), "; ",
+                   set, "lock_timeout = ", ms(session.lock_timeout), "; ", set,
+                   "idle_in_transaction_session_timeout = ",
+                   ms(session.idle_in_transaction_timeout));
+  if (session.generic_plans && !local) {
+    absl::StrAppend(&sql, "; SET plan_cache_mode = force_generic_plan");
+  }
+  return sql;
+}
+
+// libpqxx keeps no data of ours with a connection; an error handler is the
+// one thing it lets us attach and find again (by its type, as libpqxx's
+// documentation suggests). It passes every notice on.
+class Connection::Tag : public pqxx::errorhandler {
+ public:
+  explicit Tag(pqxx::connection_base& c) : pqxx::errorhandler(c) {}
+  bool operator()(const char[]) noexcept override { return true; }
+  SessionInfo info;
+};
+
+Connection::Connection(const std::string& conninfo)
+    : pqxx::connection(conninfo), tag_(std::make_unique<Tag>(*this)) {}
+
+// The tag goes first (a member dies before its base), unregistering itself.
+Connection::~Connection() = default;
+
+const SessionInfo& Connection::info() const { return tag_->info; }
+
+const SessionInfo* SessionOf(const pqxx::connection_base& conn) {
+  for (pqxx::errorhandler* h : conn.get_errorhandlers()) {
+    if (const auto* tag = dynamic_cast<const Connection::Tag*>(h)) {
+      return &tag->info;
+    }
+  }
+  return nullptr;
+}
+
+bool IsPooled(const pqxx::connection_base& conn) {
+  const SessionInfo* info = SessionOf(conn);
+  return info != nullptr && info->pooled;
+}
+
+void ApplyLimits(pqxx::transaction_base& tx) {
+  const SessionInfo* info = SessionOf(tx.conn());
+  if (info != nullptr && info->pooled && !info->local_settings.empty()) {
+    tx.exec(info->local_settings);
+  }
+}
+
+std::unique_ptr<pqxx::transaction_base> OpenUnit(pqxx::connection_base& conn) {
+  if (!IsPooled(conn)) return std::make_unique<pqxx::nontransaction>(conn);
+  auto tx = std::make_unique<pqxx::work>(conn);
+  ApplyLimits(*tx);
+  return tx;
 }
 
 absl::Status StatusFromException(const std::exception& e) {
@@ -196,29 +255,72 @@ std::string SqlStateOf(const absl::Status& s) {
   return payload ? std::string(*payload) : std::string();
 }
 
-absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect(
+absl::StatusOr<std::unique_ptr<Connection>> Connect(
     const std::string& url, const std::string& application_name,
     const DbSession& session) {
+  std::unique_ptr<Connection> conn;
+  DatabaseIdentity identity;
   try {
-    auto conn = std::make_unique<pqxx::connection>(WithConnectionDefaults(url));
+    std::string conninfo = WithConnectionDefaults(url);
+    // A startup parameter, which poolers pass on (a SET would stay behind
+    // in a pooled server session).
+    AppendSetting(&conninfo, "application_name", application_name);
+    conn = std::make_unique<Connection>(conninfo);
     // A silent reconnect would drop session state such as advisory locks.
     // (Deprecated in libpqxx 6.4, where reactivation still exists.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     conn->inhibit_reactivation(true);
 #pragma GCC diagnostic pop
+    SessionInfo& info = conn->tag_->info;
     pqxx::nontransaction tx(*conn);
-    // Acknowledged work must survive a server crash, whatever the server's
-    // default.
-    tx.exec(absl::StrCat("SET application_name = ", tx.quote(application_name),
-                         "; SET synchronous_commit = on; ",
-                         SessionSettingsSql(session)));
-    return conn;
+    const pqxx::row probe = tx.exec(kIdentitySql)[0];
+    identity = IdentityFromRow(probe);
+    info.identity = identity;
+    // A pooler answers with a cancel key of its own, not the server's pid.
+    info.pooler = probe[4].as<int>() != conn->backendpid();
+    if (info.pooler && session.pooler == Pooler::kNone) {
+      return absl::FailedPreconditionError(
+          "a connection pooler (PgBouncer?) is between this process and the "
+          "database, but --db_pooler=none says it connects directly");
+    }
+    info.pooled = session.pooler == Pooler::kTransaction ||
+                  (session.pooler == Pooler::kAuto && info.pooler);
+    if (info.pooler) {
+      // In statement mode every statement may run on another server
+      // session: no transaction can hold, and without transactions the
+      // inbox and the outbox cannot keep their promises.
+      try {
+        tx.exec("BEGIN");
+        tx.exec("COMMIT");
+      } catch (const std::exception& e) {
+        if (absl::StrContains(e.what(), "statement pooling mode")) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the database is reached through PgBouncer in "
+              "pool_mode=statement, which runs each statement on its own: "
+              "this needs transactions (use pool_mode=transaction or "
+              "session): ",
+              FirstLine(e.what())));
+        }
+        throw;
+      }
+    }
+    if (info.pooled) {
+      info.local_settings = SessionSettingsSql(session, /*local=*/true);
+    } else {
+      // Acknowledged work must survive a server crash, whatever the
+      // server's default.
+      tx.exec(SessionSettingsSql(session));
+    }
   } catch (const std::exception& e) {
     absl::Status s = StatusFromException(e);
     return absl::UnavailableError(
         absl::StrCat("cannot connect to the database: ", s.message()));
   }
+  if (session.identity_watch != nullptr) {
+    session.identity_watch->Observe(identity);
+  }
+  return conn;
 }
 
 Database::Database(std::string url, int pool_size, std::string application_name,
@@ -232,8 +334,8 @@ Database::Database(std::string url, int pool_size, std::string application_name,
 
 Database::~Database() = default;
 
-std::unique_ptr<pqxx::connection> Database::Acquire(absl::Duration timeout,
-                                                    absl::Status* status) {
+std::unique_ptr<Connection> Database::Acquire(absl::Duration timeout,
+                                              absl::Status* status) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto deadline =
       std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
@@ -270,7 +372,7 @@ std::unique_ptr<pqxx::connection> Database::Acquire(absl::Duration timeout,
   return std::move(*conn);
 }
 
-void Database::Release(std::unique_ptr<pqxx::connection> conn) {
+void Database::Release(std::unique_ptr<Connection> conn) {
   std::lock_guard<std::mutex> lock(mu_);
   if (conn != nullptr && conn->is_open()) {
     idle_.push_back(std::move(conn));
@@ -284,9 +386,21 @@ absl::Status Database::Run(
     const std::function<absl::Status(pqxx::connection&)>& fn,
     absl::Duration acquire_timeout) {
   absl::Status status;
-  std::unique_ptr<pqxx::connection> conn = Acquire(acquire_timeout, &status);
+  std::unique_ptr<Connection> conn = Acquire(acquire_timeout, &status);
   if (conn == nullptr) return status;
   try {
+    if (conn->info().pooled && session_.identity_watch != nullptr) {
+      bool due;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        due = absl::Now() >= next_identity_check_;
+        if (due) next_identity_check_ = absl::Now() + absl::Seconds(5);
+      }
+      if (due) {
+        pqxx::nontransaction tx(*conn);
+        session_.identity_watch->Observe(ReadIdentity(tx));
+      }
+    }
     status = fn(*conn);
   } catch (const std::exception& e) {
     status = StatusFromException(e);
@@ -311,9 +425,11 @@ absl::Status Migrate(const std::string& url, const std::string& schema_name,
   absl::Status last;
   for (int attempt = 0;; ++attempt) {
     auto conn = Connect(url, "outbox-migrate", migrating);
+    if (absl::IsFailedPrecondition(conn.status())) return conn.status();
     if (conn.ok()) {
       try {
         pqxx::work tx(**conn);
+        ApplyLimits(tx);
         tx.exec_params("SELECT pg_advisory_xact_lock($1, hashtext($2))",
                        kMigrationLockClass, schema_name);
         tx.exec(

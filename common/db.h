@@ -1,7 +1,14 @@
 #pragma once
-// PostgreSQL access shared by the services: a small connection pool that
-// survives database restarts, translation of libpqxx exceptions into
-// absl::Status (SQLSTATE kept), and versioned migrations.
+// PostgreSQL access shared by the services: connections that know what
+// they reached (the database's identity, a connection pooler), a small pool
+// that survives database restarts and failovers, translation of libpqxx
+// exceptions into absl::Status (SQLSTATE kept), and versioned migrations.
+//
+// Behind a connection pooler in transaction mode (PgBouncer's
+// pool_mode=transaction) each transaction may run on another server
+// session, so nothing may live in a session: a connection made by Connect
+// then sets no session settings (ApplyLimits sets them per transaction),
+// and ExecPrepared runs its statement unnamed.
 
 #include <condition_variable>
 #include <functional>
@@ -16,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/db_identity.h"
 
 namespace outbox {
 
@@ -41,6 +49,20 @@ absl::Status StatusFromException(const std::exception& e);
 // The SQLSTATE that StatusFromException recorded in `s`, or "".
 std::string SqlStateOf(const absl::Status& s);
 
+// How sessions reach the database.
+enum class Pooler {
+  // Each connection finds out: a pooler is between it and the server when
+  // the backend pid the server reports differs from the connection's (a
+  // pooler hands out keys of its own); then it works as kTransaction.
+  kAuto,
+  kNone,         // direct; a pooler found anyway is refused
+  kSession,      // a pooler in session mode: a server session per connection
+  kTransaction,  // a pooler in transaction mode: nothing in the session
+};
+
+// "auto", "none", "session" or "transaction"; InvalidArgument otherwise.
+absl::StatusOr<Pooler> ParsePooler(absl::string_view name);
+
 // Limits every session sets, so that no statement, lock wait or forgotten
 // transaction can hold a connection (and the work behind it) forever. A
 // statement that hits one fails with a kWorld error (57014, 55P03, 25P03):
@@ -58,14 +80,72 @@ struct DbSession {
   // exceeds that of a plan for the 1-3 elements actually passed, and that
   // planning cost more than the execution.
   bool generic_plans = false;
+  Pooler pooler = Pooler::kAuto;
+  // Hears the identity of the database each new connection reached (and,
+  // for a pooled one, of every Database::Run now and then). Not owned; may
+  // be null.
+  IdentityWatch* identity_watch = nullptr;
 };
 
-// The SET statements that apply `session` (one string, for one round trip).
-std::string SessionSettingsSql(const DbSession& session);
+// The SET statements that apply `session` (one string, for one round trip):
+// synchronous_commit on and the limits; with `local`, SET LOCAL (for one
+// transaction).
+std::string SessionSettingsSql(const DbSession& session, bool local = false);
 
-// Opens a connection and applies the session settings (application_name,
-// synchronous_commit on, and `session`'s limits); Unavailable on failure.
-absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect(
+// What Connect learned about a connection's session.
+struct SessionInfo {
+  // Through a pooler that may run each transaction on another server
+  // session: no session settings, no named prepared statements.
+  bool pooled = false;
+  bool pooler = false;         // any pooler between it and the server
+  std::string local_settings;  // what ApplyLimits runs when pooled
+  DatabaseIdentity identity;   // of the database, when it connected
+};
+
+// A connection opened by Connect: a pqxx::connection that carries its
+// SessionInfo.
+class Connection : public pqxx::connection {
+ public:
+  explicit Connection(const std::string& conninfo);
+  ~Connection();
+  const SessionInfo& info() const;
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<Connection>> Connect(const std::string&,
+                                                             const std::string&,
+                                                             const DbSession&);
+  friend const SessionInfo* SessionOf(const pqxx::connection_base& conn);
+  class Tag;  // carries the info where SessionOf finds it
+  std::unique_ptr<Tag> tag_;
+};
+
+// The SessionInfo of a connection Connect opened; null for any other (a
+// caller's own connection: direct, as far as this code can tell).
+const SessionInfo* SessionOf(const pqxx::connection_base& conn);
+
+// True when `conn` is pooled (see SessionInfo).
+bool IsPooled(const pqxx::connection_base& conn);
+
+// The session's limits for the rest of `tx`, when its connection is pooled
+// (SET LOCAL: one round trip); nothing otherwise, where Connect set them for
+// the session. Call it first in each transaction a binary opens.
+void ApplyLimits(pqxx::transaction_base& tx);
+
+// A unit of statements that would run in autocommit: on a direct
+// connection a pqxx::nontransaction; on a pooled one a transaction that
+// applies the limits first, so that no statement runs without them. Call
+// commit() at the end either way.
+std::unique_ptr<pqxx::transaction_base> OpenUnit(pqxx::connection_base& conn);
+
+// Opens a connection, reads the identity of the database it reached (and
+// tells session.identity_watch), finds out whether a pooler is in between
+// (see Pooler) and, unless pooled, applies the session settings
+// (synchronous_commit on and `session`'s limits); application_name goes in
+// the connection string, which poolers pass on. Unavailable on failure;
+// FailedPrecondition when the pooler cannot give this code what it needs
+// (statement mode: no transactions; or a pooler with Pooler::kNone), which
+// a binary must refuse to start with.
+absl::StatusOr<std::unique_ptr<Connection>> Connect(
     const std::string& url, const std::string& application_name,
     const DbSession& session = {});
 
@@ -86,15 +166,19 @@ class Database {
   // Runs `fn` on a pooled connection. Exceptions thrown by `fn` become
   // statuses (see StatusFromException). Waits up to `acquire_timeout` for a
   // free connection. `fn` owns transactions; it must not keep the reference.
+  // On a pooled connection the database's identity is read again when it
+  // was last read over 5 s ago (behind a pooler a failover breaks no
+  // connection of ours).
   absl::Status Run(const std::function<absl::Status(pqxx::connection&)>& fn,
                    absl::Duration acquire_timeout = absl::Seconds(5));
 
   const std::string& url() const { return url_; }
+  const DbSession& session() const { return session_; }
 
  private:
-  std::unique_ptr<pqxx::connection> Acquire(absl::Duration timeout,
-                                            absl::Status* status);
-  void Release(std::unique_ptr<pqxx::connection> conn);
+  std::unique_ptr<Connection> Acquire(absl::Duration timeout,
+                                      absl::Status* status);
+  void Release(std::unique_ptr<Connection> conn);
 
   const std::string url_;
   const std::string application_name_;
@@ -102,7 +186,8 @@ class Database {
   const std::function<void(pqxx::connection&)> on_connect_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::unique_ptr<pqxx::connection>> idle_;
+  std::vector<std::unique_ptr<Connection>> idle_;
+  absl::Time next_identity_check_ = absl::InfinitePast();  // guarded by mu_
   int free_slots_;  // connections that may still be opened
 };
 
@@ -138,9 +223,15 @@ class ArrayLiteral {
 // `name` must always name the same `sql`.
 //
 //   pqxx::result r = ExecPrepared(tx, "cursors", kCursorsSql, ids.str());
+//
+// On a pooled connection (IsPooled) the statement runs unnamed instead: a
+// named one prepared in one server session may not exist in the next.
 template <typename... Args>
 pqxx::result ExecPrepared(pqxx::transaction_base& tx, const char* name,
                           const char* sql, Args&&... args) {
+  if (IsPooled(tx.conn())) {
+    return tx.exec_params(sql, std::forward<Args>(args)...);
+  }
   tx.conn().prepare(name, sql);  // registers once; then a lookup
   return tx.exec_prepared(name, std::forward<Args>(args)...);
 }
@@ -165,9 +256,10 @@ struct Schema {
 // starting at once apply each migration exactly once. Retries kWorld errors
 // (an unreachable or read-only database, a lock wait that timed out behind
 // another replica's migration) up to `wait`; Cancelled if SIGINT or SIGTERM
-// arrives meanwhile. The migration's statements may run longer than
-// `session.statement_timeout` (a migration may rewrite a large table), up
-// to kMigrationStatementTimeout.
+// arrives meanwhile; FailedPrecondition at once when Connect refuses the
+// database (a pooler that cannot serve it). The migration's statements may
+// run longer than `session.statement_timeout` (a migration may rewrite a
+// large table), up to kMigrationStatementTimeout.
 absl::Status Migrate(const std::string& url, const std::string& schema_name,
                      const std::vector<Migration>& migrations,
                      absl::Duration wait = absl::Seconds(30),

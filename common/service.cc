@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/server.h"
@@ -38,6 +39,68 @@ ABSL_FLAG(std::string, admin_clients, "",
 
 namespace outbox {
 
+std::unique_ptr<IdentityWatch> WatchDatabase(const std::string& what,
+                                             const std::string& label,
+                                             Metrics* metrics,
+                                             IdentityWatch::OnChange also) {
+  const char* help =
+      "Times this process saw its database change identity: a failover (a "
+      "new timeline), another server behind the address, or the database "
+      "dropped and made again (a restore).";
+  std::map<std::string, Counter*> counters;
+  for (const char* kind : {"failover", "new_server", "recreated"}) {
+    counters[kind] = metrics->AddCounter(
+        absl::StrCat("outbox_database_failovers_total{database=\"", label,
+                     "\",kind=\"", kind, "\"}"),
+        help);
+  }
+  auto watch = std::make_unique<IdentityWatch>(
+      what, [counters, also](const IdentityChange& c) {
+        auto it = counters.find(c.KindName());
+        if (it != counters.end()) it->second->Add();
+        if (also) also(c);
+      });
+  IdentityWatch* w = watch.get();
+  metrics->AddGaugeFamily(
+      "outbox_database_timeline",
+      "The timeline of the database as this process last saw it (0: not "
+      "seen yet); it grows with each promotion of a standby.",
+      [w, label] {
+        return std::vector<std::pair<Labels, double>>{
+            {{{"database", label}},
+             static_cast<double>(w->current().timeline)}};
+      });
+  return watch;
+}
+
+void CheckDatabaseIdentity(const std::string& name, const std::string& url,
+                           const DbSession& session) {
+  auto conn = Connect(url, name, session);
+  if (!conn.ok()) {
+    spdlog::warn("{}: cannot read the database's identity yet: {}", name,
+                 std::string(conn.status().message()));
+    return;
+  }
+  try {
+    pqxx::nontransaction tx(**conn);
+    std::optional<DatabaseIdentity> recorded = RecordedIdentity(tx);
+    if (recorded.has_value() && session.identity_watch != nullptr) {
+      session.identity_watch->ObserveRecorded(*recorded);
+    }
+    RecordIdentity(tx, (*conn)->info().identity);
+    spdlog::info("{}: database {}{}", name, (*conn)->info().identity.ToString(),
+                 (*conn)->info().pooler
+                     ? ((*conn)->info().pooled
+                            ? "; through a connection pooler: no session "
+                              "state, statements unnamed"
+                            : "; through a connection pooler in session mode")
+                     : "");
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: cannot record the database's identity: {}", name,
+                 std::string(StatusFromException(e).message()));
+  }
+}
+
 std::optional<int> MigrateAtStartup(const std::string& name,
                                     const std::string& url,
                                     const std::vector<Schema>& schemas,
@@ -49,6 +112,13 @@ std::optional<int> MigrateAtStartup(const std::string& name,
     if (absl::IsCancelled(s)) {
       spdlog::info("{}: stopped during start-up", name);
       return 0;
+    }
+    if (absl::IsFailedPrecondition(s)) {
+      // The database is reached in a way this binary cannot work with (a
+      // pooler in statement mode, say): waiting does not help.
+      spdlog::critical("{}: refusing to start: {}", name,
+                       std::string(s.message()));
+      return 2;
     }
     spdlog::critical("{}: migrations of {} failed: {}", name, schema.name,
                      s.ToString());

@@ -59,6 +59,24 @@ struct ServeOptions {
   std::function<void()> before_drain;
 };
 
+// An IdentityWatch of one database (`label`: "outbox" or "inbox", as the
+// metrics name it) whose changes count in
+// outbox_database_failovers_total{database=label,kind=...} and whose
+// current timeline is the gauge outbox_database_timeline{database=label}.
+// `metrics` must outlive it. `also`, if given, hears each change after it
+// was counted.
+std::unique_ptr<IdentityWatch> WatchDatabase(
+    const std::string& what, const std::string& label, Metrics* metrics,
+    IdentityWatch::OnChange also = nullptr);
+
+// At start-up, after the migrations: connects once (so session.identity_watch
+// sees the database), compares the identity the database recorded with it
+// (a failover or restore while this process was down is reported then) and
+// records it. Never fails: a database that cannot be read or written is
+// logged and left to the binary's own retries.
+void CheckDatabaseIdentity(const std::string& name, const std::string& url,
+                           const DbSession& session);
+
 // Applies each schema's migrations to `url` at start-up, in order (see
 // Migrate). Returns the exit code the binary must stop with, or nothing
 // when the database is ready.

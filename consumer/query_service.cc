@@ -30,6 +30,7 @@ grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext* ctx,
   }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
     pqxx::result r = tx.exec_params(
         "SELECT order_id, customer_id, status, total_cents, currency, last_seq "
         "FROM order_view WHERE order_id = $1",
@@ -71,6 +72,7 @@ grpc::Status BillingQueryImpl::GetStats(grpc::ServerContext* ctx,
   }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
     pqxx::row r = tx.exec1(
         "SELECT (SELECT count(*) FROM inbox), (SELECT count(*) FROM "
         "held_events), coalesce((SELECT extract(epoch FROM now() - "
@@ -112,6 +114,7 @@ grpc::Status BillingQueryImpl::ListHeldEvents(
   const int limit = req->limit() == 0 ? 100 : req->limit();
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
     for (const auto& row : tx.exec_params(
              "SELECT h.event_id::text, h.aggregate_id, h.seq, h.prev_seq, "
              "coalesce(c.last_seq, 0), "

@@ -24,6 +24,7 @@ InboxGauges::InboxGauges(Database* db, Metrics* metrics,
 bool InboxGauges::Refresh() {
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
     // Held events are capped per aggregate and drain quickly: counting
     // them is cheap; the age comes from held_events_age_idx. The
     // aggregates come from the statistics, not a count.

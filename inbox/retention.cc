@@ -12,6 +12,7 @@ namespace outbox::inbox {
 
 int64_t PruneInboxOnce(pqxx::connection& conn, absl::Duration keep, int batch) {
   pqxx::work tx(conn);
+  ApplyLimits(tx);
   // A BRIN index on applied_at finds the old pages; no order is needed, so
   // the scan stops after `batch` rows.
   const pqxx::result old = tx.exec_params(

@@ -32,7 +32,7 @@ void Notifier::Poke() {
 }
 
 void Notifier::Run() {
-  std::unique_ptr<pqxx::connection> conn;
+  std::unique_ptr<Connection> conn;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
