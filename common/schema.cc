@@ -6,6 +6,100 @@
 
 namespace outbox {
 
+namespace {
+
+// Both schemas keep the identity of the database they live in (one table
+// when they share a database): a binary that starts after a failover or a
+// restore still sees that the database changed under it.
+#define OUTBOX_DATABASE_IDENTITY_SQL                          \
+  "CREATE TABLE IF NOT EXISTS outbox_database_identity (\n"   \
+  "  id          int PRIMARY KEY DEFAULT 1 CHECK (id = 1),\n" \
+  "  identity    text NOT NULL,\n"                            \
+  "  recorded_at timestamptz NOT NULL DEFAULT now()\n"        \
+  ");\n"
+
+constexpr char kOutboxV3[] = R"sql(
+-- Partition ownership by lease: a row per (subscription, partition), owned
+-- by a relay until expires_at, renewed each second. Nothing of it lives in
+-- a database session, so it works behind a transaction pooler, and a relay
+-- that freezes loses its partitions when its leases run out; token grows
+-- with every change of owner (a fencing token).
+CREATE TABLE IF NOT EXISTS outbox_partition_leases (
+  subscription text COLLATE "C" NOT NULL,
+  partition    int NOT NULL,
+  owner        text,
+  token        bigint NOT NULL DEFAULT 0,
+  expires_at   timestamptz NOT NULL DEFAULT '-infinity',
+  PRIMARY KEY (subscription, partition)
+) WITH (fillfactor = 50);
+-- The relays of each subscription that are alive (their lease on
+-- membership), which sets each one's share of the partitions.
+CREATE TABLE IF NOT EXISTS outbox_relay_members (
+  subscription text COLLATE "C" NOT NULL,
+  member       text NOT NULL,
+  expires_at   timestamptz NOT NULL,
+  PRIMARY KEY (subscription, member)
+) WITH (fillfactor = 50);
+
+-- A third state of a delivery: the consumer applied a different history of
+-- the event's aggregate (DIVERGED); it waits, with its aggregate, for an
+-- operator (RelayAdmin.ResolveDivergence). No attempt is counted.
+ALTER TABLE outbox_delivery DROP CONSTRAINT IF EXISTS outbox_delivery_status_check;
+ALTER TABLE outbox_delivery ADD CONSTRAINT outbox_delivery_status_check
+  CHECK (status IN ('pending', 'dead', 'diverged'));
+
+-- Aggregates whose producer and consumer histories diverged, one open row
+-- per subscription and aggregate, kept once resolved (who, why, what the
+-- consumer had).
+CREATE TABLE IF NOT EXISTS outbox_divergences (
+  id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  subscription      text COLLATE "C" NOT NULL,
+  aggregate_id      text COLLATE "C" NOT NULL,
+  kind              text NOT NULL,
+  detail            text NOT NULL,
+  detected_at       timestamptz NOT NULL DEFAULT now(),
+  consumer_seq      bigint,
+  consumer_event_id uuid,
+  outbox_seq        bigint,
+  outbox_event_id   uuid,
+  resolved_at       timestamptz,
+  resolved_by       text,
+  resolution        text
+);
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_divergences_open_idx
+  ON outbox_divergences (subscription, aggregate_id) WHERE resolved_at IS NULL;
+
+-- The consumer's database as the subscription's relays last saw it, and a
+-- heal (compare the consumer's cursors with what was delivered, deliver
+-- again what it lost) requested when either database changed.
+ALTER TABLE subscriptions
+  ADD COLUMN IF NOT EXISTS consumer_identity text,
+  ADD COLUMN IF NOT EXISTS heal_requested_at timestamptz,
+  ADD COLUMN IF NOT EXISTS heal_reason text,
+  ADD COLUMN IF NOT EXISTS healed_at timestamptz;
+)sql" OUTBOX_DATABASE_IDENTITY_SQL;
+
+constexpr char kInboxV5[] = R"sql(
+-- Applied events an operator superseded when resolving a diverged
+-- aggregate (EventSink.Rewind): their inbox rows move here, with who and
+-- why, and their effects stay for the operator to compensate.
+CREATE TABLE IF NOT EXISTS inbox_superseded (
+  event_id      uuid NOT NULL,
+  aggregate_id  text COLLATE "C" NOT NULL,
+  seq           bigint NOT NULL,
+  event_type    text NOT NULL,
+  applied_at    timestamptz,
+  superseded_at timestamptz NOT NULL DEFAULT now(),
+  operator      text NOT NULL,
+  reason        text NOT NULL,
+  PRIMARY KEY (event_id, superseded_at)
+);
+)sql" OUTBOX_DATABASE_IDENTITY_SQL;
+
+#undef OUTBOX_DATABASE_IDENTITY_SQL
+
+}  // namespace
+
 const std::vector<Migration>& OutboxMigrations() {
   // The view derives each event's state as the admin API does.
   static const std::string kOutboxV1 = absl::StrCat(
@@ -136,6 +230,7 @@ CREATE OR REPLACE VIEW outbox_deliveries AS
 CREATE INDEX IF NOT EXISTS outbox_delivery_dead_idx
   ON outbox_delivery (subscription, dead_at) WHERE status = 'dead';
 )sql"},
+      {3, "partition leases, diverged histories, database identity", kOutboxV3},
   };
   return kMigrations;
 }
@@ -253,6 +348,7 @@ END $$;
 ALTER FUNCTION outbox_inbox_lock_cursors(text[], int)
   SET plan_cache_mode = force_generic_plan;
 )sql"},
+      {5, "superseded events, database identity", kInboxV5},
   };
   return kMigrations;
 }

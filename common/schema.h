@@ -25,10 +25,11 @@ namespace outbox {
 inline constexpr char kNotifyChannel[] = "outbox_events";
 
 // An event's state for one subscription. outbox_delivery.status holds the
-// first two; an event without a delivery row was delivered, or skipped when
+// first three; an event without a delivery row was delivered, or skipped when
 // the subscription started after it.
 inline constexpr char kDeliveryPending[] = "pending";
 inline constexpr char kDeliveryDead[] = "dead";
+inline constexpr char kDeliveryDiverged[] = "diverged";
 inline constexpr char kDeliveryDelivered[] = "delivered";
 inline constexpr char kDeliverySkipped[] = "skipped";
 
