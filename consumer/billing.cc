@@ -43,6 +43,22 @@ ALTER TABLE order_view ALTER COLUMN order_id TYPE text COLLATE "C";
 ALTER TABLE charges ALTER COLUMN order_id TYPE text COLLATE "C";
 ALTER TABLE order_view SET (fillfactor = 70);
 )sql"},
+    {4, "money movements of superseded events", R"sql(
+-- When an operator adopts the producer's history of an order whose
+-- histories diverged (a failover lost events applied here), the charges
+-- and refunds of the events no longer in it move here: they happened, and
+-- someone must compensate them, but they no longer count for the order.
+CREATE TABLE IF NOT EXISTS charges_superseded (
+  event_id      uuid NOT NULL,
+  order_id      text COLLATE "C" NOT NULL,
+  kind          text NOT NULL,
+  amount_cents  bigint NOT NULL,
+  currency      text NOT NULL,
+  created_at    timestamptz NOT NULL,
+  superseded_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (event_id, superseded_at)
+);
+)sql"},
 };
 
 // The billing view of one order while a batch is applied.
@@ -264,6 +280,33 @@ std::vector<inbox::Rejection> BillingHandler::Apply(
       cev.str(), cord.str(), kind.str(), amount.str(), ccur.str());
 #undef OUTBOX_UPSERT_VIEWS
   return {};
+}
+
+void BillingHandler::Rewound(
+    pqxx::work& tx, const std::string& aggregate_id,
+    const std::vector<inbox::AppliedEvent>& kept,
+    const std::vector<inbox::AppliedEvent>& superseded) {
+  ArrayLiteral gone;
+  for (const inbox::AppliedEvent& e : superseded) gone.Add(e.event_id);
+  tx.exec_params(
+      "WITH m AS (DELETE FROM charges WHERE event_id = ANY($1::uuid[]) "
+      "RETURNING *) INSERT INTO charges_superseded (event_id, order_id, kind, "
+      "amount_cents, currency, created_at) SELECT event_id, order_id, kind, "
+      "amount_cents, currency, created_at FROM m",
+      gone.str());
+  if (kept.empty()) {
+    tx.exec_params("DELETE FROM order_view WHERE order_id = $1", aggregate_id);
+    return;
+  }
+  // The view as the kept history left it: each event type sets the status.
+  const std::string& last = kept.back().event_type;
+  const char* status = last == "OrderPaid"        ? "PAID"
+                       : last == "OrderCancelled" ? "CANCELLED"
+                                                  : "CREATED";
+  tx.exec_params(
+      "UPDATE order_view SET status = $2, last_seq = $3, updated_at = now() "
+      "WHERE order_id = $1",
+      aggregate_id, status, kept.back().seq);
 }
 
 }  // namespace outbox::consumer

@@ -32,6 +32,12 @@ class BillingHandler final : public inbox::Handler {
   // event, and writes the views and the charges with one statement each.
   std::vector<inbox::Rejection> Apply(
       pqxx::work& tx, const std::vector<const v1::Event*>& events) override;
+  // Moves the charges of the superseded events to charges_superseded and
+  // sets the order view back to the status of the last kept event (or
+  // drops it when nothing is kept).
+  void Rewound(pqxx::work& tx, const std::string& aggregate_id,
+               const std::vector<inbox::AppliedEvent>& kept,
+               const std::vector<inbox::AppliedEvent>& superseded) override;
 };
 
 }  // namespace outbox::consumer

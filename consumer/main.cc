@@ -46,7 +46,14 @@ int main(int argc, char** argv) {
                       "outbox-consumer: applies delivered events exactly once, "
                       "in order.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
-  const outbox::DbSession session = outbox::DbSessionFromFlags();
+  outbox::DbSession session = outbox::DbSessionFromFlags();
+  outbox::Metrics metrics;
+  // Every session of this process reports the database it reached: a
+  // failover or a restore is logged, counted, and reported to the relays
+  // with every answer (they deliver again what the database lost).
+  const std::unique_ptr<outbox::IdentityWatch> identity =
+      outbox::WatchDatabase("consumer: the inbox database", "inbox", &metrics);
+  session.identity_watch = identity.get();
   auto security = outbox::ServerSecurityFromFlags();
   if (!security.ok()) {
     spdlog::critical("outbox-consumer: {}",
@@ -84,12 +91,12 @@ int main(int argc, char** argv) {
           session)) {
     return *exit_code;
   }
+  outbox::CheckDatabaseIdentity("outbox-consumer", url, session);
   // Delivery's statements (the inbox's and the handler's) are lookups by key.
   outbox::DbSession delivery_session = session;
   delivery_session.generic_plans = true;
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size), "outbox-consumer",
                       delivery_session);
-  outbox::Metrics metrics;
   outbox::Watchdog watchdog("consumer apply path",
                             absl::GetFlag(FLAGS_stall_timeout));
   outbox::inbox::EngineOptions options;
@@ -97,7 +104,8 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_held_per_aggregate);
   outbox::inbox::Engine engine(&db, handler.get(), &metrics, options,
                                &watchdog);
-  outbox::inbox::EventSinkImpl sink(&engine, &check);
+  outbox::inbox::InboxRepair repair(&db, handler.get());
+  outbox::inbox::EventSinkImpl sink(&engine, &check, &repair);
   // Its own connection, so that pruning never takes one delivery needs.
   std::unique_ptr<outbox::Database> retention_db;
   std::unique_ptr<outbox::inbox::InboxRetention> retention;

@@ -125,6 +125,14 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
     rejected_aggregates.insert(batch[i]->aggregate_id());
     ++plan.rejected;
   };
+  // Not the event's fault: this database holds another history of its
+  // aggregate. Later events of the aggregate in the batch defer, as after
+  // a rejection.
+  auto diverge = [&](size_t i, std::string reason) {
+    plan.results[i] = Result(*batch[i], v1::DIVERGED, std::move(reason));
+    rejected_aggregates.insert(batch[i]->aggregate_id());
+    ++plan.diverged;
+  };
 
   for (size_t i = 0; i < batch.size(); ++i) {
     const v1::Event& e = *batch[i];
@@ -147,12 +155,12 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
         ++plan.pruned_duplicates;
       } else {
         ++plan.position_reused;
-        reject(i, absl::StrCat(
-                      "position reused: seq ", e.seq(), " of aggregate ", agg,
-                      " is at or below its applied position ", st.cursor,
-                      ", but event ", e.event_id(),
-                      " was never applied here; the outbox reused a position "
-                      "(a restored backup or a failover that lost writes?)"));
+        diverge(i, absl::StrCat(
+                       "position reused: seq ", e.seq(), " of aggregate ", agg,
+                       " is at or below its applied position ", st.cursor,
+                       ", but event ", e.event_id(),
+                       " was never applied here; the outbox reused a position "
+                       "(a restored backup or a failover that lost writes?)"));
       }
       continue;
     }
@@ -176,10 +184,15 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       continue;
     }
     if (e.prev_seq() < st.cursor) {
-      reject(i, absl::StrCat("prev_seq ", e.prev_seq(),
-                             " is behind the applied position ", st.cursor,
-                             " while seq ", e.seq(),
-                             " is ahead of it: the chain is broken"));
+      // The outbox's chain left this one before its last applied event:
+      // that event is not in the outbox's history (lost by a failover of
+      // the outbox database, or this database was restored from another).
+      diverge(i, absl::StrCat("chain broken: prev_seq ", e.prev_seq(),
+                              " is behind the applied position ", st.cursor,
+                              " while seq ", e.seq(),
+                              " is ahead of it: the outbox's history of "
+                              "aggregate ",
+                              agg, " differs from the one applied here"));
       continue;
     }
     const v1::Event* link = held.AtLink(agg, e.prev_seq());
@@ -222,6 +235,14 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
     ++st.held_count;
     plan.results[i] = Result(e, v1::HELD);
     ++plan.held;
+  }
+
+  // What the sender needs to tell what is missing: the applied position.
+  for (size_t i = 0; i < batch.size(); ++i) {
+    v1::EventResult& r = plan.results[i];
+    if (r.outcome() != v1::HELD && r.outcome() != v1::DIVERGED) continue;
+    auto it = state.find(batch[i]->aggregate_id());
+    if (it != state.end()) r.set_applied_seq(it->second.cursor);
   }
 
   // A copy of a held event answered HELD before a later event of the batch

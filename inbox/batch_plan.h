@@ -9,9 +9,9 @@
 //
 // The rules, per valid event e of aggregate A whose cursor is C:
 //   e.seq <= C      DUPLICATE if the inbox holds e.event_id (or e was
-//                   applied earlier in this batch); otherwise REJECTED: the
+//                   applied earlier in this batch); otherwise DIVERGED: the
 //                   outbox reused a position already passed (a restored
-//                   backup, a failover that lost writes, a forgery).
+//                   backup, a failover that lost writes).
 //   e.prev_seq == C APPLIED, then every held successor in chain order --
 //                   unless another event already holds that link (a fork):
 //                   REJECTED.
@@ -20,7 +20,11 @@
 //                   position that a held event already takes is a fork:
 //                   REJECTED. An aggregate holds at most
 //                   max_held_per_aggregate events: beyond, REJECTED.
-//   otherwise       (prev_seq < C < seq) the chain is broken: REJECTED.
+//   otherwise       (prev_seq < C < seq) the chain is broken: DIVERGED (the
+//                   outbox's history left this one before C).
+// DIVERGED is not the event's fault: this database holds another history
+// of the aggregate; the sender parks the event until an operator decides.
+// HELD and DIVERGED answers carry the aggregate's applied position.
 // Invalid events are REJECTED with their validation reason. An event that
 // would be HELD while an earlier event of its aggregate in the same batch
 // was REJECTED is DEFERRED instead: the relay keeps it pending behind that
@@ -95,7 +99,8 @@ struct Plan {
   int64_t deferred = 0;           // DEFERRED answers
   int64_t rejected = 0;           // REJECTED answers, all reasons
   int64_t drained = 0;            // held events applied (from earlier batches)
-  int64_t position_reused = 0;    // REJECTED: a new event at a passed position
+  int64_t diverged = 0;           // DIVERGED answers
+  int64_t position_reused = 0;    // DIVERGED: a new event at a passed position
   int64_t forks = 0;              // REJECTED: a second event for a held link
   int64_t over_cap = 0;           // REJECTED: the aggregate holds too many
   int64_t discarded = 0;  // held events dropped: their id was applied elsewhere

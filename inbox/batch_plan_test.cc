@@ -115,14 +115,37 @@ TEST(PlanBatch, DuplicateOnlyWhenTheInboxHoldsTheEvent) {
   EXPECT_TRUE(p.Applies().empty());
 }
 
-TEST(PlanBatch, ADifferentEventAtAPassedPositionIsRejectedAsReuse) {
+// Not the event's fault: the outbox's history of the aggregate is not the
+// one applied here (a failover lost writes, a restore). No attempt, no
+// dead letter: an operator decides.
+TEST(PlanBatch, ADifferentEventAtAPassedPositionDiverges) {
   Planner p;
   p.Cursor("a", 9).Applied(Ev("a", 7, 3)).Run({Ev("a", 7, 3, "-restored")});
-  EXPECT_EQ(p.Outcomes(), (V{R}));
+  EXPECT_EQ(p.Outcomes(), (V{v1::DIVERGED}));
   EXPECT_NE(p.Reason(0).find("position reused"), std::string::npos)
       << p.Reason(0);
   EXPECT_EQ(p.plan().position_reused, 1);
+  EXPECT_EQ(p.plan().diverged, 1);
+  EXPECT_EQ(p.plan().rejected, 0);
+  EXPECT_EQ(p.plan().results[0].applied_seq(), 9);
   EXPECT_TRUE(p.plan().changed.empty());
+}
+
+TEST(PlanBatch, EventsAfterADivergedOneInTheBatchDefer) {
+  Planner p;
+  p.Cursor("a", 9).Applied(Ev("a", 7, 3));
+  // The second would be held (its predecessor 15 is unknown here), but
+  // its aggregate diverged: it waits at the sender.
+  p.Run({Ev("a", 7, 3, "-new"), Ev("a", 20, 15, "-new"), Ev("b", 1, 0)});
+  EXPECT_EQ(p.Outcomes(), (V{v1::DIVERGED, v1::DEFERRED, A}));
+  EXPECT_TRUE(p.Holds().empty());
+}
+
+TEST(PlanBatch, HeldAnswersCarryTheAppliedPosition) {
+  Planner p;
+  p.Cursor("a", 3).Run({Ev("a", 9, 7)});
+  EXPECT_EQ(p.Outcomes(), (V{H}));
+  EXPECT_EQ(p.plan().results[0].applied_seq(), 3);
 }
 
 // Inbox retention deleted the rows up to seq 5: what arrives there is a
@@ -133,7 +156,7 @@ TEST(PlanBatch, BelowTheRetainedInboxAPassedPositionIsADuplicate) {
       .Applied(Ev("a", 7, 5))
       .Run({Ev("a", 3, 0), Ev("a", 5, 3), Ev("a", 7, 5), Ev("a", 7, 5, "-x"),
             Ev("a", 9, 7)});
-  EXPECT_EQ(p.Outcomes(), (V{D, D, D, R, R}));
+  EXPECT_EQ(p.Outcomes(), (V{D, D, D, v1::DIVERGED, v1::DIVERGED}));
   EXPECT_EQ(p.plan().pruned_duplicates, 2);
   EXPECT_EQ(p.plan().position_reused, 2);
   EXPECT_TRUE(p.plan().changed.empty());
@@ -276,11 +299,14 @@ TEST(PlanBatch, TheCapDoesNotStopTheNextEvent) {
   EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{5, 0}));
 }
 
-TEST(PlanBatch, ABrokenChainIsRejected) {
+// The outbox's chain left this one before its last applied event (seq 5
+// is not in the outbox's history): a divergence, not a bad event.
+TEST(PlanBatch, ABrokenChainDiverges) {
   Planner p;
   p.Cursor("a", 5).Run({Ev("a", 9, 3)});
-  EXPECT_EQ(p.Outcomes(), (V{R}));
-  EXPECT_NE(p.Reason(0).find("chain is broken"), std::string::npos);
+  EXPECT_EQ(p.Outcomes(), (V{v1::DIVERGED}));
+  EXPECT_NE(p.Reason(0).find("chain broken"), std::string::npos);
+  EXPECT_EQ(p.plan().results[0].applied_seq(), 5);
 }
 
 TEST(PlanBatch, AnEventIdAppliedAtAnotherPositionIsRejected) {
@@ -331,7 +357,7 @@ TEST(PlanBatch, AggregatesAreIndependent) {
   Planner p;
   p.Cursor("a", 3).Cursor("b", 0);
   p.Run({Ev("a", 9, 7), Ev("b", 2, 0), Ev("a", 7, 3), Ev("b", 1, 0, "-x")});
-  EXPECT_EQ(p.Outcomes(), (V{A, A, A, R}));
+  EXPECT_EQ(p.Outcomes(), (V{A, A, A, v1::DIVERGED}));
   EXPECT_EQ(p.Applies(), (S{"b/2", "a/7", "a/9"}));
 }
 

@@ -266,14 +266,17 @@ Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
       deferred_(metrics->AddCounter(
           "outbox_consumer_events_total{outcome=\"deferred\"}",
           "Events answered, by outcome.")),
+      diverged_(metrics->AddCounter(
+          "outbox_consumer_events_total{outcome=\"diverged\"}",
+          "Events answered, by outcome.")),
       drained_(metrics->AddCounter(
           "outbox_consumer_held_applied_total",
           "Held events applied once their predecessor arrived.")),
       position_reused_(metrics->AddCounter(
           "outbox_consumer_position_reused_total",
-          "Events REJECTED because the outbox reused a position this "
-          "consumer had passed with another event (a restored backup, a "
-          "failover that lost writes).")),
+          "Events answered DIVERGED because the outbox reused a position "
+          "this consumer had passed with another event (a restored backup, "
+          "a failover that lost writes).")),
       forks_(metrics->AddCounter(
           "outbox_consumer_forks_total",
           "Events REJECTED because another event already holds their link "
@@ -303,6 +306,7 @@ void Engine::Count(const Attempt& attempt,
   duplicates_->Add(plan.duplicates);
   held_->Add(plan.held);
   deferred_->Add(plan.deferred);
+  diverged_->Add(plan.diverged);
   rejected_->Add(plan.rejected);
   drained_->Add(plan.drained);
   position_reused_->Add(plan.position_reused);
@@ -326,12 +330,16 @@ void Engine::Count(const Attempt& attempt,
     if (r.outcome() == v1::REJECTED) {
       LogEventScope scope(FieldsOf(*events[i]));
       spdlog::warn("consumer: event {} REJECTED: {}", r.event_id(), r.reason());
+    } else if (r.outcome() == v1::DIVERGED) {
+      LogEventScope scope(FieldsOf(*events[i]));
+      spdlog::error("consumer: event {} DIVERGED: {}", r.event_id(),
+                    r.reason());
     }
   }
 }
 
 absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyBatch(
-    const std::vector<const v1::Event*>& events) {
+    const std::vector<const v1::Event*>& events, DatabaseIdentity* inbox) {
   std::vector<std::string> invalid(events.size());
   for (size_t i = 0; i < events.size(); ++i) {
     absl::Status s = ValidateEnvelope(*events[i]);
@@ -339,7 +347,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyBatch(
     if (!s.ok()) invalid[i] = std::string(s.message());
   }
   if (watchdog_ != nullptr) watchdog_->Working();
-  auto results = ApplyValidated(events, invalid);
+  auto results = ApplyValidated(events, invalid, inbox);
   if (watchdog_ != nullptr) {
     if (results.ok()) {
       watchdog_->Done();
@@ -352,13 +360,13 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyBatch(
 
 absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
     const std::vector<const v1::Event*>& events,
-    std::vector<std::string> invalid) {
+    std::vector<std::string> invalid, DatabaseIdentity* inbox) {
   absl::StatusOr<Attempt> attempt;
   bool ask_all = false;
   std::set<std::string> keep_held;
   // Each refusal removes an event from the next attempt, so this ends.
   for (int conflicts = 0;;) {
-    attempt = ApplyOnce(events, invalid, keep_held, ask_all);
+    attempt = ApplyOnce(events, invalid, keep_held, ask_all, inbox);
     if (attempt.ok() && attempt->inbox_collision && !ask_all) {
       ask_all = true;  // an event id the plan did not know was applied
       continue;
@@ -427,7 +435,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
           each.push_back(std::move(r));
           continue;
         }
-        auto one = ApplyValidated({events[i]}, {invalid[i]});
+        auto one = ApplyValidated({events[i]}, {invalid[i]}, inbox);
         if (!one.ok()) return one.status();
         if ((*one)[0].outcome() == v1::REJECTED)
           rejected.insert(e.aggregate_id());
@@ -455,7 +463,8 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
 absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     const std::vector<const v1::Event*>& events,
     const std::vector<std::string>& invalid,
-    const std::set<std::string>& keep_held, bool ask_inbox_about_all) {
+    const std::set<std::string>& keep_held, bool ask_inbox_about_all,
+    DatabaseIdentity* inbox) {
   std::set<std::string> aggregates;
   for (size_t i = 0; i < events.size(); ++i) {
     if (invalid[i].empty()) aggregates.insert(events[i]->aggregate_id());
@@ -470,7 +479,19 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     out = Attempt{};
     Snapshot snap;
+    if (inbox != nullptr) {
+      const SessionInfo* info = SessionOf(c);
+      if (info != nullptr) *inbox = info->identity;
+      const IdentityWatch* w = db_->session().identity_watch;
+      if (info != nullptr && info->pooled && w != nullptr &&
+          w->current().known()) {
+        // Behind a pooler the server may change under the connection: the
+        // identity read last (Database::Run reads it every few seconds).
+        *inbox = w->current();
+      }
+    }
     pqxx::work tx(c);
+    ApplyLimits(tx);
     LockCursors(tx, aggregates, &snap);
     if (HeldQuery q = HeldQuestions(events, invalid, snap); !q.empty()) {
       if (absl::Status h = ReadHeld(tx, q, &snap); !h.ok()) return h;

@@ -54,8 +54,11 @@ class Engine {
   // Validate or Apply refuses them) are REJECTED with the reason.
   // Unavailable when the database fails for a reason that is not the
   // events' (see the class comment): nothing is answered.
+  // `inbox`, when given, gets the identity of the database the batch was
+  // committed in (unknown if it applied nothing).
   absl::StatusOr<std::vector<v1::EventResult>> ApplyBatch(
-      const std::vector<const v1::Event*>& events);
+      const std::vector<const v1::Event*>& events,
+      DatabaseIdentity* inbox = nullptr);
 
  private:
   struct Attempt {
@@ -68,12 +71,13 @@ class Engine {
   };
   absl::StatusOr<std::vector<v1::EventResult>> ApplyValidated(
       const std::vector<const v1::Event*>& events,
-      std::vector<std::string> invalid);
+      std::vector<std::string> invalid, DatabaseIdentity* inbox);
   // `keep_held`: held events (by id) the handler refused; they stay held.
   absl::StatusOr<Attempt> ApplyOnce(const std::vector<const v1::Event*>& events,
                                     const std::vector<std::string>& invalid,
                                     const std::set<std::string>& keep_held,
-                                    bool ask_inbox_about_all);
+                                    bool ask_inbox_about_all,
+                                    DatabaseIdentity* inbox);
   // Counts and logs the outcome of `events` (attempt.plan.results holds
   // one per event, in order).
   void Count(const Attempt& attempt,
@@ -90,6 +94,7 @@ class Engine {
   Counter* const held_;
   Counter* const rejected_;
   Counter* const deferred_;
+  Counter* const diverged_;
   Counter* const drained_;
   Counter* const position_reused_;
   Counter* const forks_;

@@ -23,6 +23,13 @@
 
 namespace outbox::inbox {
 
+// An applied event as the inbox records it.
+struct AppliedEvent {
+  std::string event_id;
+  int64_t seq = 0;
+  std::string event_type;
+};
+
 // An event the handler refuses given what its tables hold (a rule that
 // needs the database to decide).
 struct Rejection {
@@ -61,6 +68,18 @@ class Handler {
   // too slow) answers nothing, and the relay resends later.
   virtual std::vector<Rejection> Apply(
       pqxx::work& tx, const std::vector<const v1::Event*>& events) = 0;
+
+  // An operator adopted the producer's history of `aggregate_id` after the
+  // two diverged (a failover lost events this consumer had applied):
+  // `kept` are its events still applied, oldest first; `superseded` are no
+  // longer, and the producer's own events after `kept` follow as usual.
+  // The effects of `superseded` stay (they happened; inbox_superseded
+  // records them for the operator to compensate); a handler that keeps
+  // state derived from the aggregate's history sets it back to what `kept`
+  // implies, inside `tx`, the rewind's transaction. By default nothing.
+  virtual void Rewound(pqxx::work& tx, const std::string& aggregate_id,
+                       const std::vector<AppliedEvent>& kept,
+                       const std::vector<AppliedEvent>& superseded) {}
 };
 
 }  // namespace outbox::inbox

@@ -1,0 +1,171 @@
+#include "inbox/repair.h"
+
+#include <spdlog/spdlog.h>
+
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "inbox/engine.h"
+
+namespace outbox::inbox {
+namespace {
+
+constexpr int kMaxCursors = 5000;
+
+// Each cursor with the inbox's event at its position (a probe by the
+// unique (aggregate_id, seq) index), by name in CursorFromRow.
+constexpr char kCursorColumns[] =
+    "SELECT c.aggregate_id::text AS aggregate_id, c.last_seq, "
+    "coalesce(i.event_id::text, '') AS event_id, c.pruned_through, "
+    "c.held_count FROM aggregate_cursors c LEFT JOIN LATERAL (SELECT "
+    "event_id FROM inbox WHERE aggregate_id = c.aggregate_id AND seq = "
+    "c.last_seq LIMIT 1) i ON true ";
+
+Cursor CursorFromRow(const pqxx::row& row) {
+  Cursor c;
+  c.aggregate_id = row["aggregate_id"].as<std::string>();
+  c.applied_seq = row["last_seq"].as<int64_t>();
+  c.applied_event_id = row["event_id"].as<std::string>();
+  c.pruned_through = row["pruned_through"].as<int64_t>();
+  c.held = row["held_count"].as<int64_t>();
+  return c;
+}
+
+}  // namespace
+
+InboxRepair::InboxRepair(Database* db, Handler* handler)
+    : db_(db), handler_(handler) {}
+
+absl::StatusOr<CursorPage> InboxRepair::Cursors(const CursorQuery& q) {
+  if (q.only.empty() && (q.limit < 1 || q.limit > kMaxCursors)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be 1-", kMaxCursors, ", not ", q.limit));
+  }
+  if (q.only.size() > static_cast<size_t>(kMaxCursors)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "aggregate_ids: at most ", kMaxCursors, ", not ", q.only.size()));
+  }
+  CursorPage page;
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    page = CursorPage{};
+    if (const SessionInfo* info = SessionOf(c)) page.identity = info->identity;
+    pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
+    pqxx::result r =
+        q.only.empty()
+            ? tx.exec_params(absl::StrCat(kCursorColumns,
+                                          "WHERE c.aggregate_id > $1 ORDER BY "
+                                          "c.aggregate_id LIMIT $2"),
+                             q.after, q.limit + 1)
+            : tx.exec_params(absl::StrCat(kCursorColumns,
+                                          "WHERE c.aggregate_id = "
+                                          "ANY($1::text[]) ORDER BY "
+                                          "c.aggregate_id"),
+                             ArrayLiteral(q.only).str());
+    for (const auto& row : r) page.cursors.push_back(CursorFromRow(row));
+    if (q.only.empty() && page.cursors.size() > static_cast<size_t>(q.limit)) {
+      page.cursors.pop_back();
+      page.more = true;
+    }
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return page;
+}
+
+absl::StatusOr<RewindResult> InboxRepair::Rewind(const RewindRequest& req) {
+  if (req.aggregate_id.empty() || req.aggregate_id.size() > 128) {
+    return absl::InvalidArgumentError("aggregate_id: must be 1-128 bytes");
+  }
+  if (req.reason.empty() || req.reason.size() > 2000) {
+    return absl::InvalidArgumentError("reason: must be 1-2000 bytes");
+  }
+  if (req.operator_name.empty()) {
+    return absl::InvalidArgumentError("operator: must be given");
+  }
+  std::set<std::string> keep;
+  for (const std::string& id : req.keep_event_ids) {
+    if (!IsUuid(id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "keep_event_ids: \"", id.substr(0, 64), "\" is not a UUID"));
+    }
+    keep.insert(absl::AsciiStrToLower(id));
+  }
+  RewindResult out;
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    out = RewindResult{};
+    pqxx::work tx(c);
+    ApplyLimits(tx);
+    LockAggregates(tx, {req.aggregate_id});
+    int64_t pruned_through = 0;
+    if (pqxx::result cur = tx.exec_params(
+            "SELECT pruned_through FROM aggregate_cursors WHERE aggregate_id "
+            "= $1",
+            req.aggregate_id);
+        !cur.empty()) {
+      pruned_through = cur[0][0].as<int64_t>();
+    }
+    const pqxx::result rows = tx.exec_params(
+        "SELECT event_id::text, seq, event_type, "
+        "(extract(epoch FROM applied_at) * 1000000)::bigint FROM inbox "
+        "WHERE aggregate_id = $1 ORDER BY seq",
+        req.aggregate_id);
+    // The shared history is the longest prefix of the applied chain whose
+    // events the producer holds; rows below pruned_through are gone and
+    // count as shared (retention deletes only old, settled rows).
+    size_t k = 0;
+    while (k < rows.size() && keep.count(rows[k][0].as<std::string>())) ++k;
+    out.applied_seq = k > 0 ? rows[k - 1][1].as<int64_t>() : pruned_through;
+    std::vector<AppliedEvent> kept, gone;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      (i < k ? kept : gone)
+          .push_back({rows[i][0].as<std::string>(), rows[i][1].as<int64_t>(),
+                      rows[i][2].as<std::string>()});
+    }
+    ArrayLiteral ids;
+    for (size_t i = k; i < rows.size(); ++i) {
+      Superseded e;
+      e.event_id = rows[i][0].as<std::string>();
+      e.seq = rows[i][1].as<int64_t>();
+      e.event_type = rows[i][2].as<std::string>();
+      e.applied_at = absl::FromUnixMicros(rows[i][3].as<int64_t>());
+      ids.Add(e.event_id);
+      out.superseded.push_back(std::move(e));
+    }
+    if (!out.superseded.empty()) {
+      tx.exec_params(
+          "INSERT INTO inbox_superseded (event_id, aggregate_id, seq, "
+          "event_type, applied_at, operator, reason) SELECT event_id, "
+          "aggregate_id, seq, event_type, applied_at, $2, $3 FROM inbox WHERE "
+          "event_id = ANY($1::uuid[])",
+          ids.str(), req.operator_name, req.reason);
+      tx.exec_params("DELETE FROM inbox WHERE event_id = ANY($1::uuid[])",
+                     ids.str());
+    }
+    out.held_dropped =
+        tx.exec_params("DELETE FROM held_events WHERE aggregate_id = $1",
+                       req.aggregate_id)
+            .affected_rows();
+    tx.exec_params(
+        "INSERT INTO aggregate_cursors (aggregate_id, last_seq, held_count) "
+        "VALUES ($1, $2, 0) ON CONFLICT (aggregate_id) DO UPDATE SET "
+        "last_seq = EXCLUDED.last_seq, held_count = 0, updated_at = now()",
+        req.aggregate_id, out.applied_seq);
+    if (handler_ != nullptr && !gone.empty()) {
+      handler_->Rewound(tx, req.aggregate_id, kept, gone);
+    }
+    tx.commit();
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  spdlog::warn(
+      "consumer: aggregate {} rewound to seq {} by {} ({}): {} applied "
+      "events superseded, {} held events dropped",
+      req.aggregate_id, out.applied_seq, req.operator_name, req.reason,
+      out.superseded.size(), out.held_dropped);
+  return out;
+}
+
+}  // namespace outbox::inbox
