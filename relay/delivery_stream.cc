@@ -7,6 +7,8 @@ namespace outbox::relay {
 DeliveryStream::DeliveryStream(v1::EventSink::Stub* stub,
                                std::function<void()> wake)
     : wake_(std::move(wake)) {
+  // This relay understands DIVERGED (sink.proto): protocol 2.
+  ctx_.AddMetadata("outbox-protocol", "2");
   stream_ = stub->Deliver(&ctx_);
   writer_ = std::thread([this] { WriteLoop(); });
   reader_ = std::thread([this] { ReadLoop(); });

@@ -54,6 +54,22 @@ ABSL_FLAG(std::string, client_cert, "",
 ABSL_FLAG(std::string, client_key, "", "PEM private key of --client_cert.");
 ABSL_FLAG(absl::Duration, retry_max, absl::Seconds(5),
           "Cap of the backoff after transport or database failures.");
+ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(5),
+          "How long a partition lease lasts without renewal (each second): "
+          "a relay that dies or freezes keeps its partitions this long at "
+          "most (2s-5m).");
+ABSL_FLAG(std::string, notify_db, "",
+          "PostgreSQL URL to LISTEN for new events on, when --db goes through "
+          "a transaction pooler (where LISTEN cannot work); empty: --db. "
+          "Without one, behind such a pooler the relay polls every 25 ms.");
+ABSL_FLAG(int, fence_standbys, 0,
+          "Deliver an event only once this many standbys of the outbox "
+          "database have flushed it (pg_stat_replication; the relay's role "
+          "needs pg_monitor): a failover to one of them can then never leave "
+          "a consumer with an event the new primary lacks. 0: no fence.");
+ABSL_FLAG(std::string, fence_standby_names, "",
+          "Comma-separated application_names of the standbys that count for "
+          "--fence_standbys; empty: any.");
 
 int main(int argc, char** argv) {
   outbox::InitProcess(argc, argv,
@@ -87,6 +103,25 @@ int main(int argc, char** argv) {
   options.reject_backoff = absl::GetFlag(FLAGS_reject_backoff);
   options.retry_max = absl::GetFlag(FLAGS_retry_max);
   options.retention = absl::GetFlag(FLAGS_retention);
+  options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
+  options.notify_url = absl::GetFlag(FLAGS_notify_db);
+  options.fence.standbys = absl::GetFlag(FLAGS_fence_standbys);
+  options.fence.names =
+      outbox::ParseIdentityList(absl::GetFlag(FLAGS_fence_standby_names));
+  if (options.lease_ttl < absl::Seconds(2) ||
+      options.lease_ttl > absl::Minutes(5)) {
+    spdlog::critical("outbox-relay: --lease_ttl must be 2s-5m, not {}",
+                     absl::FormatDuration(options.lease_ttl));
+    return 2;
+  }
+  if (options.fence.standbys < 0 || options.fence.standbys > 16 ||
+      (!options.fence.names.empty() &&
+       options.fence.standbys > static_cast<int>(options.fence.names.size()))) {
+    spdlog::critical(
+        "outbox-relay: --fence_standbys must be 0-16, and at most as many "
+        "as --fence_standby_names lists");
+    return 2;
+  }
   // Not generic_plans: the claim's list of busy aggregates (up to --window
   // of them during a drain) is tested as a hash only in a custom plan, and
   // linearly per row in a generic one (6 ms per claim behind a backlog

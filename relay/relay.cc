@@ -10,27 +10,17 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/db.h"
 #include "common/fault.h"
 #include "common/ids.h"
 #include "common/limits.h"
 #include "common/schema.h"
+#include "common/service.h"
 
 namespace outbox::relay {
 namespace {
-
-// Advisory lock classes (first key), one pair per subscription (its id in
-// the high bits); the second key is the member's random key or the
-// partition number.
-constexpr int kMemberLockClass = 0x0b0d;
-constexpr int kPartitionLockClass = 0x0b0e;
-int MemberClass(int subscription_id) {
-  return kMemberLockClass + (subscription_id << 16);
-}
-int PartitionClass(int subscription_id) {
-  return kPartitionLockClass + (subscription_id << 16);
-}
 
 class Wakeup : public pqxx::notification_receiver {
  public:
@@ -52,6 +42,31 @@ int NewMemberKey() {
 }
 
 }  // namespace
+
+std::string ClaimSql(bool mark, bool lsn) {
+  return absl::StrCat(
+      "WITH ",
+      mark ? "m AS (DELETE FROM outbox_delivery d USING unnest($6::bigint[], "
+             "$8::uuid[]) AS k(s, e), outbox o WHERE d.subscription = $1 AND "
+             "d.seq = k.s AND d.status = 'pending' AND o.seq = k.s AND "
+             "o.event_id = k.e), "
+           : "",
+      "c AS MATERIALIZED (SELECT d.seq, d.partition FROM outbox_delivery d "
+      "WHERE d.subscription = $1 AND d.status = 'pending' "
+      "AND d.partition = ANY($2::int[]) AND ",
+      PartitionLeases::ClaimFence(7),
+      " AND d.available_at <= now() "
+      "AND d.aggregate_id NOT IN (SELECT unnest($3::text[])) AND d.seq > $5 "
+      "AND d.seq NOT IN (SELECT unnest($6::bigint[])) "
+      "ORDER BY d.seq LIMIT $4) SELECT ",
+      kEventColumns,
+      ", c.partition, "
+      "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
+      "AND p.seq = o.prev_seq AND NOT (p.seq = ANY($6::bigint[])) OFFSET 0) "
+      "AS prev_done",
+      lsn ? ", pg_current_wal_insert_lsn()::text AS lsn" : "",
+      " FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
+}
 
 bool IsSubscriptionName(absl::string_view name) {
   if (name.empty() || name.size() > 63 || name[0] < 'a' || name[0] > 'z') {
@@ -90,6 +105,25 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                                    "Delivery batches sent.")),
       pruned_(metrics->AddCounter("outbox_relay_pruned_total",
                                   "Delivered rows deleted by --retention.")),
+      redelivered_held_(metrics->AddCounter(
+          "outbox_relay_redelivered_total{reason=\"held\"}",
+          "Events owed again because the consumer lacked them after it had "
+          "answered them: a HELD answer showed a missing predecessor, or a "
+          "heal found its cursor behind (its database lost commits).")),
+      redelivered_heal_(metrics->AddCounter(
+          "outbox_relay_redelivered_total{reason=\"heal\"}",
+          "Events owed again because the consumer lacked them after it had "
+          "answered them: a HELD answer showed a missing predecessor, or a "
+          "heal found its cursor behind (its database lost commits).")),
+      diverged_(metrics->AddCounter(
+          "outbox_relay_diverged_total",
+          "Aggregates recorded as diverged by this process (DIVERGED "
+          "answers and heals): producer and consumer hold different "
+          "histories; an operator decides (RelayAdmin.ResolveDivergence).")),
+      heals_(metrics->AddCounter(
+          "outbox_relay_heals_total",
+          "Heals run (the consumer's cursors compared with what was "
+          "delivered) after a database changed identity.")),
       claim_seconds_(metrics->AddHistogram(
           "outbox_relay_claim_seconds",
           "Time of one claim query (pending rows of a stream's partitions; "
@@ -109,8 +143,35 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
       batch_events_(metrics->AddHistogram("outbox_relay_batch_events",
                                           "Events per delivery batch sent.",
                                           Histogram::SizeBuckets())),
+      // Any session of this relay may be the first to see the outbox
+      // database change (the worker's, the listener's, housekeeping's); the
+      // worker acts on it.
+      own_watch_(WatchDatabase("relay: the outbox database", "outbox", metrics,
+                               [this](const IdentityChange& c) {
+                                 {
+                                   std::lock_guard<std::mutex> lock(change_mu_);
+                                   own_db_change_ = c.Describe();
+                                 }
+                                 own_db_changed_ = true;
+                                 Wake();
+                               })),
+      session_(options_.session),
+      leases_(options_.subscription, replica_id_, options_.lease_ttl),
       member_key_(NewMemberKey()),
       db_backoff_(options_.retry_initial, options_.retry_max) {
+  session_.identity_watch = own_watch_.get();
+  if (options_.fence.enabled()) {
+    fence_ = std::make_unique<ReplicationFence>(options_.fence);
+  }
+  const char* kinds[3] = {"failover", "new_server", "recreated"};
+  for (int i = 0; i < 3; ++i) {
+    consumer_changes_[i] = metrics->AddCounter(
+        absl::StrCat("outbox_relay_consumer_database_changes_total{kind=\"",
+                     kinds[i], "\"}"),
+        "Times the subscription's consumer database was seen to change "
+        "identity (a failover, another server, a restore); each requests a "
+        "heal.");
+  }
   lanes_.resize(std::max(1, options_.lanes));
   for (size_t i = 0; i < lanes_.size(); ++i) {
     lanes_[i].index = static_cast<int>(i);
@@ -191,6 +252,19 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
         std::lock_guard<std::mutex> lock(backlog_mu_);
         return absl::ToDoubleSeconds(absl::Now() - backlog_.as_of);
       });
+  metrics->AddGauge(
+      "outbox_relay_diverged_aggregates",
+      "Aggregates of the subscription whose producer and consumer histories "
+      "diverged and wait for an operator (outboxctl diverged).",
+      [this] {
+        std::lock_guard<std::mutex> lock(backlog_mu_);
+        return static_cast<double>(backlog_.diverged);
+      });
+  metrics->AddGauge(
+      "outbox_relay_paused",
+      "1 while this replica holds claimed events back (a replication fence "
+      "waiting for standbys); the reason is in its log and GetStats.",
+      [this] { return State().paused_reason.empty() ? 0.0 : 1.0; });
   state_.replica_id = replica_id_;
 }
 
@@ -259,13 +333,35 @@ void Relay::Listen() {
   // listening (the server then no longer signals this session for every
   // commit's NOTIFY), until the worker wants wakes again.
   constexpr int kIgnoredBeforeUnlisten = 16;
+  const std::string& url =
+      options_.notify_url.empty() ? options_.db_url : options_.notify_url;
+  bool told = false;
   while (!listen_stop_) {
-    auto conn =
-        Connect(options_.db_url, "outbox-relay-listen", options_.session);
+    auto conn = Connect(url, "outbox-relay-listen", session_);
     if (!conn.ok()) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
       continue;
     }
+    if ((*conn)->info().pooled) {
+      // A transaction pooler hands the session's LISTEN to whichever
+      // server session ran it, and never passes a NOTIFY back.
+      if (!told) {
+        spdlog::warn(
+            "relay: the database is reached through a transaction pooler, "
+            "where LISTEN cannot hear NOTIFY; polling every {} instead "
+            "(give --notify_db a URL that reaches PostgreSQL directly)",
+            absl::FormatDuration(options_.fast_poll_interval));
+        told = true;
+      }
+      listening_works_ = false;
+      Wake();
+      // Looked at again now and then: the address may change.
+      for (int i = 0; i < 600 && !listen_stop_; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      continue;
+    }
+    listening_works_ = true;
     try {
       int ignored = 0;
       std::optional<Wakeup> wakeup;
@@ -305,40 +401,14 @@ void Relay::Listen() {
   }
 }
 
-bool Relay::JoinMembership(pqxx::connection& conn) {
-  pqxx::nontransaction tx(conn);
-  // A session of this process that the server still keeps (the network
-  // dropped it, the server has not noticed yet) would hold our membership
-  // and partition locks until its keepalive fails. End it now.
-  try {
-    tx.exec_params(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-        "application_name = $1 AND pid <> pg_backend_pid() AND datname = "
-        "current_database()",
-        session_name_);
-  } catch (const pqxx::sql_error& e) {
-    spdlog::debug("relay: cannot end stale sessions: {}", e.what());
-  }
-  // Never wait for the lock: a stale session may hold it still. A fresh key
-  // is as good; the stale one drops out when its session ends.
-  for (int tries = 0; tries < 8; ++tries) {
-    if (tx.exec_params("SELECT pg_try_advisory_lock($1, $2)",
-                       MemberClass(subscription_id_), member_key_)[0][0]
-            .as<bool>()) {
-      return true;
-    }
-    member_key_ = NewMemberKey();
-  }
-  return false;
-}
-
 bool Relay::EnsureSubscription(pqxx::connection& conn) {
   int64_t start = 0;
   {
-    pqxx::nontransaction tx(conn);
-    pqxx::result r = tx.exec_params(
+    auto tx = OpenUnit(conn);
+    pqxx::result r = tx->exec_params(
         "SELECT id, start_seq, chain_from FROM subscriptions WHERE name = $1",
         options_.subscription);
+    tx->commit();
     if (!r.empty()) {
       subscription_id_ = r[0][0].as<int>();
       start = r[0][1].as<int64_t>();
@@ -355,6 +425,7 @@ bool Relay::EnsureSubscription(pqxx::connection& conn) {
   // in-flight writes have landed (-1 until then: not deliverable yet).
   {
     pqxx::work tx(conn);
+    ApplyLimits(tx);
     pqxx::result r = tx.exec_params(
         "INSERT INTO subscriptions (name, start_seq, chain_from) "
         "SELECT $1, x, CASE WHEN $2 THEN x ELSE -1 END FROM (SELECT CASE "
@@ -387,27 +458,39 @@ bool Relay::SettleSubscription(pqxx::connection& conn, int64_t start) {
   // Producers that inserted events while the subscription was being made
   // may not have seen it: once every transaction older than now has ended,
   // give those events to it as well (some again, maybe: the consumer
-  // answers DUPLICATE).
-  pqxx::nontransaction tx(conn);
+  // answers DUPLICATE). Each statement is a unit of its own: behind a
+  // transaction pooler a unit is a transaction, which must not stay open
+  // across the waits.
+  auto once = [&](const auto& fn) {
+    auto tx = OpenUnit(conn);
+    auto r = fn(*tx);
+    tx->commit();
+    return r;
+  };
   // Only writers of this database matter: the transactions that hold an
   // xid here now (a cluster-wide xmin would also wait for every other
   // database's long transactions). One that has no xid yet has written
   // nothing, and its next insert's trigger sees the subscription.
-  const std::string writers =
-      tx.exec(
-            "SELECT coalesce(string_agg(pid::text || ':' || backend_xid::text, "
-            "','), '') FROM pg_stat_activity WHERE datname = "
-            "current_database() AND backend_xid IS NOT NULL AND pid <> "
-            "pg_backend_pid()")[0][0]
-          .as<std::string>();
+  const std::string writers = once([](pqxx::transaction_base& tx) {
+    return tx
+        .exec(
+            "SELECT coalesce(string_agg(pid::text || ':' || "
+            "backend_xid::text, ','), '') FROM pg_stat_activity WHERE "
+            "datname = current_database() AND backend_xid IS NOT NULL AND "
+            "pid <> pg_backend_pid()")[0][0]
+        .as<std::string>();
+  });
   for (int i = 0; !writers.empty(); ++i) {
     // Done when none of them still runs the same transaction.
-    if (tx.exec_params(
-              "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity a JOIN "
-              "unnest(string_to_array($1, ',')) AS w(x) ON a.pid::text || "
-              "':' || a.backend_xid::text = w.x)",
-              writers)[0][0]
-            .as<bool>()) {
+    if (once([&](pqxx::transaction_base& tx) {
+          return tx
+              .exec_params(
+                  "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity a JOIN "
+                  "unnest(string_to_array($1, ',')) AS w(x) ON a.pid::text "
+                  "|| ':' || a.backend_xid::text = w.x)",
+                  writers)[0][0]
+              .as<bool>();
+        })) {
       break;
     }
     if (i == 600) return false;  // try again later
@@ -417,26 +500,29 @@ bool Relay::SettleSubscription(pqxx::connection& conn, int64_t start) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  tx.exec_params(
-      "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
-      "partition) SELECT $1, seq, aggregate_id, partition FROM outbox "
-      "WHERE seq >= $2 ON CONFLICT DO NOTHING",
-      options_.subscription, start);
+  once([&](pqxx::transaction_base& tx) {
+    return tx.exec_params(
+        "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
+        "partition) SELECT $1, seq, aggregate_id, partition FROM outbox "
+        "WHERE seq >= $2 ON CONFLICT DO NOTHING",
+        options_.subscription, start);
+  });
   if (chain_from_ < 0) {
     // Every write that could land below the oldest retained event has
     // landed: an event whose predecessor is older than that had it deleted
     // by retention before this subscription existed.
-    tx.exec_params(
-        "UPDATE subscriptions SET chain_from = coalesce((SELECT min(seq) "
-        "FROM outbox), (SELECT CASE WHEN is_called THEN last_value + 1 ELSE "
-        "last_value END FROM outbox_seq_seq)) WHERE name = $1 AND "
-        "chain_from < 0",
-        options_.subscription);
-    chain_from_ = tx.exec_params(
-                        "SELECT chain_from FROM subscriptions WHERE "
-                        "name = $1",
-                        options_.subscription)[0][0]
-                      .as<int64_t>();
+    chain_from_ = once([&](pqxx::transaction_base& tx) {
+      tx.exec_params(
+          "UPDATE subscriptions SET chain_from = coalesce((SELECT min(seq) "
+          "FROM outbox), (SELECT CASE WHEN is_called THEN last_value + 1 "
+          "ELSE last_value END FROM outbox_seq_seq)) WHERE name = $1 AND "
+          "chain_from < 0",
+          options_.subscription);
+      return tx
+          .exec_params("SELECT chain_from FROM subscriptions WHERE name = $1",
+                       options_.subscription)[0][0]
+          .as<int64_t>();
+    });
   }
   return true;
 }
@@ -445,16 +531,18 @@ bool Relay::EnsureConnection() {
   if (conn_ != nullptr && conn_->is_open()) return true;
   conn_.reset();
   if (absl::Now() < next_db_attempt_) return false;
-  auto conn = Connect(options_.db_url, session_name_, options_.session);
-  bool joined = false;
+  auto conn = Connect(options_.db_url, session_name_, session_);
+  bool ready = false;
   if (conn.ok()) {
     try {
-      {
+      if (!(*conn)->info().pooled) {
         pqxx::nontransaction tx(**conn);
-        // The server drops a vanished relay's session, and with it its
-        // locks, within about 25 s. A mark lost in a server crash only means
-        // the row is delivered again (and answered DUPLICATE): marks need
-        // not wait for the WAL flush.
+        // The server notices a vanished relay's session within about 25
+        // s. A mark lost in a server crash only means the row is delivered
+        // again (and answered DUPLICATE): marks need not wait for the WAL
+        // flush. Behind a transaction pooler a SET would stay behind for
+        // other clients' transactions (the producer's commits among them),
+        // so it is set only on a session of our own.
         tx.exec(
             "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
             "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
@@ -462,8 +550,25 @@ bool Relay::EnsureConnection() {
       if (!EnsureSubscription(**conn)) {
         last_db_error_ = absl::StrCat("subscription ", options_.subscription,
                                       " is being created");
-      } else if (!(joined = JoinMembership(**conn))) {
-        last_db_error_ = "no free membership lock";
+      } else {
+        auto tx = OpenUnit(**conn);
+        // The database's own record of its identity: a failover or restore
+        // while this relay was down shows now.
+        if (std::optional<DatabaseIdentity> recorded = RecordedIdentity(*tx)) {
+          own_watch_->ObserveRecorded(*recorded);
+        }
+        consumer_identity_ = ConsumerIdentity(*tx, options_.subscription);
+        tx->commit();
+        try {
+          auto rec = OpenUnit(**conn);
+          RecordIdentity(*rec, (*conn)->info().identity);
+          rec->commit();
+        } catch (const pqxx::sql_error& e) {
+          // A read-only database (a standby behind the address): later.
+          spdlog::debug("relay: cannot record the database's identity: {}",
+                        e.what());
+        }
+        ready = true;
       }
     } catch (const std::exception& e) {
       last_db_error_ = std::string(StatusFromException(e).message());
@@ -471,19 +576,9 @@ bool Relay::EnsureConnection() {
   } else {
     last_db_error_ = std::string(conn.status().message());
   }
-  if (!joined) {
+  if (!ready) {
     spdlog::warn("relay: connecting: {}; retrying", last_db_error_);
     next_db_attempt_ = absl::Now() + db_backoff_.Next();
-    return false;
-  }
-  try {
-    (*conn)->prepare("claim", kClaimSql);
-    (*conn)->prepare("mark_and_claim", kMarkAndClaimSql);
-    (*conn)->prepare("mark_delivered",
-                     "DELETE FROM outbox_delivery WHERE subscription = $1 AND "
-                     "seq = ANY($2::bigint[]) AND status = 'pending'");
-  } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
     return false;
   }
   conn_ = std::move(*conn);
@@ -497,16 +592,22 @@ bool Relay::EnsureConnection() {
 bool Relay::Rebalance() {
   const size_t before = owned_.size();
   try {
-    pqxx::nontransaction tx(*conn_);
-    const int members = std::max<int>(
-        1, tx.exec_params(
-                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                 "AND classid::int = $1 AND objsubid = 2 AND granted AND "
-                 "database = (SELECT oid FROM pg_database WHERE datname = "
-                 "current_database())",
-                 MemberClass(subscription_id_))[0][0]
-               .as<int>());
-    const size_t target = PartitionTarget(kPartitionCount, members);
+    auto tx = OpenUnit(*conn_);
+    if (conn_->info().pooled) {
+      // Behind a pooler a failover breaks no connection of ours: the
+      // identity is read again each round.
+      own_watch_->Observe(ReadIdentity(*tx));
+    }
+    const LeaseRound round = leases_.Heartbeat(*tx, owned_, kPartitionCount);
+    for (int p : round.lost) {
+      spdlog::warn(
+          "relay {}: the lease of partition {} was taken over (this relay "
+          "did not renew it within --lease_ttl); it stops claiming it",
+          replica_id_, p);
+      releasing_.erase(p);
+    }
+    owned_ = round.owned;
+    const size_t target = PartitionTarget(kPartitionCount, round.members);
     // Give up the highest partitions, each once nothing of it is in flight.
     const std::set<int> release = PartitionsToRelease(owned_, target);
     if (release.empty()) {
@@ -514,45 +615,32 @@ bool Relay::Rebalance() {
     } else {
       releasing_.insert(release.begin(), release.end());
     }
-    for (auto it = releasing_.begin(); it != releasing_.end();) {
+    std::set<int> free_now;
+    for (int p : releasing_) {
       bool busy = false;
       for (const Lane& lane : lanes_) {
         for (const auto& [id, batch] : lane.in_flight) {
-          for (int p : batch.partitions) busy |= p == *it;
+          for (int q : batch.partitions) busy |= q == p;
         }
       }
-      if (busy) {
-        ++it;
-        continue;
-      }
-      tx.exec_params("SELECT pg_advisory_unlock($1, $2)",
-                     PartitionClass(subscription_id_), *it);
-      owned_.erase(*it);
-      it = releasing_.erase(it);
+      if (!busy && owned_.count(p)) free_now.insert(p);
+    }
+    leases_.Release(*tx, free_now);
+    for (int p : free_now) {
+      owned_.erase(p);
+      releasing_.erase(p);
     }
     if (owned_.size() < target) {
-      std::set<int> taken;
-      for (const auto& row : tx.exec_params(
-               "SELECT objid::int FROM pg_locks WHERE locktype = 'advisory' "
-               "AND classid::int = $1 AND objsubid = 2 AND granted AND "
-               "database = (SELECT oid FROM pg_database WHERE datname = "
-               "current_database())",
-               PartitionClass(subscription_id_))) {
-        taken.insert(row[0].as<int>());
-      }
-      for (int p : AcquireOrder(kPartitionCount, member_key_)) {
-        if (owned_.size() >= target) break;
-        if (owned_.count(p) || taken.count(p)) continue;
-        if (tx.exec_params("SELECT pg_try_advisory_lock($1, $2)",
-                           PartitionClass(subscription_id_), p)[0][0]
-                .as<bool>()) {
-          owned_.insert(p);
-        }
+      for (int p :
+           leases_.Acquire(*tx, AcquireOrder(kPartitionCount, member_key_),
+                           target - owned_.size())) {
+        owned_.insert(p);
       }
     }
+    tx->commit();
     if (owned_.size() != before) {
       spdlog::info("relay {}: owns {} of {} partitions ({} replicas)",
-                   replica_id_, owned_.size(), kPartitionCount, members);
+                   replica_id_, owned_.size(), kPartitionCount, round.members);
     }
     return true;
   } catch (const std::exception& e) {
@@ -631,9 +719,12 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       // find marks_ empty, or holding the rejections of rows it could not
       // read, which FlushMarks writes.
       const bool ride = !riding.empty();
-      ArrayLiteral marking;
+      ArrayLiteral marking, marking_ids;
       if (ride) {
-        for (const Mark& m : marks_) marking.Add(m.seq);
+        for (const Mark& m : marks_) {
+          marking.Add(m.seq);
+          marking_ids.Add(m.event_id);
+        }
       }
       ArrayLiteral excluded;
       for (const auto& [agg, n] : busy_aggregates_) {
@@ -643,17 +734,27 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       pqxx::result rows;
       const absl::Time t0 = absl::Now();
       {
-        ++outbox_statements_;
         if (ride) {
           // As in FlushMarks: answered, not yet marked; nothing written.
           MaybeCrash("relay.after_send_before_mark");
           MaybeCrash("relay.before_mark_commit");
         }
-        pqxx::nontransaction tx(*conn_);
-        rows = tx.exec_prepared(ride ? "mark_and_claim" : "claim",
+        auto tx = OpenUnit(*conn_);
+        const bool lsn = fence_ != nullptr;
+        static const std::string kSql[2][2] = {
+            {ClaimSql(false, false), ClaimSql(false, true)},
+            {ClaimSql(true, false), ClaimSql(true, true)}};
+        rows =
+            ride ? ExecPrepared(*tx, "mark_and_claim", kSql[1][lsn].c_str(),
                                 options_.subscription,
                                 ArrayLiteral(partitions).str(), excluded.str(),
-                                limit, after, marking.str());
+                                limit, after, marking.str(), leases_.member(),
+                                marking_ids.str())
+                 : ExecPrepared(*tx, "claim", kSql[0][lsn].c_str(),
+                                options_.subscription,
+                                ArrayLiteral(partitions).str(), excluded.str(),
+                                limit, after, marking.str(), leases_.member());
+        tx->commit();
       }
       claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
       if (ride) {
@@ -724,7 +825,8 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         ++busy_aggregates_[agg];
         if (!bad.empty()) {
           // Its successors must not overtake it: they wait for its fate.
-          marks_.push_back({seq, agg, false, bad, FieldsOf(*event)});
+          marks_.push_back({seq, event->event_id(), agg, Mark::kRejected, bad,
+                            FieldsOf(*event)});
           req.mutable_events()->RemoveLast();
           cut.insert(agg);
           continue;
@@ -734,17 +836,28 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         lane.sent_through = std::max(lane.sent_through, seq);
         batch.partitions.push_back(row["partition"].as<int>());
         batch.events.push_back(FieldsOf(*event));
+        batch.prev_seqs.push_back(event->prev_seq());
         lane.in_flight_seqs.insert(seq);
       }
       if (!batch.seqs.empty()) {
         MaybeCrash("relay.after_claim_before_send");
         batch.full = full || static_cast<int>(rows.size()) >= limit;
         round->full |= batch.full;
-        batch.sent_at = absl::Now();
-        lane.in_flight[batch.batch_id] = std::move(batch);
         batch_events_->Observe(static_cast<double>(req.events_size()));
-        lane.stream->Send(std::move(req));
-        batches_->Add();
+        if (fence_ != nullptr) {
+          // Every row read had committed before this position: the batch
+          // goes once the standbys flushed it (ReleaseFenced).
+          batch.sent_at = absl::InfiniteFuture();
+          lane.in_flight[batch.batch_id] = std::move(batch);
+          lane.fenced.emplace_back(
+              ParseLsn(rows[0]["lsn"].as<std::string>()).value_or(~0ull),
+              std::move(req));
+        } else {
+          batch.sent_at = absl::Now();
+          lane.in_flight[batch.batch_id] = std::move(batch);
+          lane.stream->Send(std::move(req));
+          batches_->Add();
+        }
       }
       if (full) break;
       if (static_cast<int>(rows.size()) < limit) {
@@ -781,31 +894,55 @@ void Relay::HandleResponses(Lane& lane) {
     }
     answer_seconds_->Observe(
         absl::ToDoubleSeconds(absl::Now() - it->second.sent_at));
+    if (resp.has_inbox()) {
+      const DatabaseIdentity inbox = FromProto(resp.inbox());
+      if (inbox.known() && inbox != consumer_identity_ &&
+          !(consumer_identity_seen_.has_value() &&
+            *consumer_identity_seen_ == inbox)) {
+        consumer_identity_seen_ = inbox;  // stored by WriteRepairs
+      }
+    }
     std::map<int64_t, const v1::EventResult*> by_seq;
     for (const auto& r : resp.results()) by_seq[r.seq()] = &r;
     const InFlight& batch = it->second;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
       const int64_t seq = batch.seqs[i];
       const std::string& agg = batch.events[i].aggregate_id;
+      const std::string& event_id = batch.events[i].event_id;
       lane.in_flight_seqs.erase(seq);
       auto r = by_seq.find(seq);
       const v1::DeliveryOutcome outcome = r == by_seq.end()
                                               ? v1::DELIVERY_OUTCOME_UNSPECIFIED
                                               : r->second->outcome();
       switch (outcome) {
+        case v1::HELD:
+          // Sent only once its predecessor was answered: the consumer
+          // lacks events it had (its database lost commits, or was
+          // restored). They are owed again at once; the held event drains
+          // when they arrive.
+          if (batch.prev_seqs[i] > 0 &&
+              r->second->applied_seq() < batch.prev_seqs[i]) {
+            reowe_.push_back(
+                {agg, r->second->applied_seq(), batch.prev_seqs[i]});
+          }
+          [[fallthrough]];
         case v1::APPLIED:
         case v1::DUPLICATE:
-        case v1::HELD:
-          marks_.push_back({seq, agg, true, "", {}});
+          marks_.push_back({seq, event_id, agg, Mark::kDelivered, "", {}});
           break;
         case v1::REJECTED:
-          marks_.push_back(
-              {seq, agg, false, r->second->reason(), batch.events[i]});
+          marks_.push_back({seq, event_id, agg, Mark::kRejected,
+                            r->second->reason(), batch.events[i]});
           {
             LogEventScope scope(batch.events[i]);
             spdlog::info("relay: row {} REJECTED by the consumer: {}", seq,
                          r->second->reason());
           }
+          break;
+        case v1::DIVERGED:
+          marks_.push_back({seq, event_id, agg, Mark::kDiverged,
+                            r->second->reason(), batch.events[i],
+                            r->second->applied_seq()});
           break;
         default:
           // Unanswered or DEFERRED (behind an event rejected in the same
@@ -827,51 +964,89 @@ bool Relay::FlushMarks() {
   if (marks_.empty()) return true;
   // Answered by the consumer, not yet marked: redelivery must follow.
   MaybeCrash("relay.after_send_before_mark");
-  std::vector<int64_t> delivered;
+  ArrayLiteral delivered, delivered_ids;
+  size_t deliveries = 0;
   for (const Mark& m : marks_) {
-    if (m.delivered) delivered.push_back(m.seq);
+    if (!m.delivered()) continue;
+    delivered.Add(m.seq);
+    delivered_ids.Add(m.event_id);
+    ++deliveries;
   }
-  int64_t dead = 0;
+  int64_t dead = 0, diverged = 0;
   const absl::Time t0 = absl::Now();
   try {
-    ++outbox_statements_;
     // Only deliveries: one statement in autocommit, one round trip instead
     // of three (BEGIN, DELETE, COMMIT). Rejections are written together in
     // one transaction.
     std::unique_ptr<pqxx::transaction_base> txp;
-    const bool autocommit = delivered.size() == marks_.size();
+    const bool autocommit = deliveries == marks_.size();
     if (autocommit) {
       MaybeCrash("relay.before_mark_commit");  // nothing written yet
-      txp = std::make_unique<pqxx::nontransaction>(*conn_);
+      txp = OpenUnit(*conn_);
     } else {
       txp = std::make_unique<pqxx::work>(*conn_);
+      ApplyLimits(*txp);
     }
     pqxx::transaction_base& tx = *txp;
-    if (!delivered.empty()) {
+    if (deliveries > 0) {
       // Delivered: the row's work is done; deleting it writes no new row
-      // version and leaves the claims a smaller table.
-      tx.exec_prepared("mark_delivered", options_.subscription,
-                       ArrayLiteral(delivered).str());
+      // version and leaves the claims a smaller table. A row goes only if
+      // its event is the one answered.
+      ExecPrepared(tx, "mark_delivered",
+                   "DELETE FROM outbox_delivery d USING "
+                   "unnest($2::bigint[], $3::uuid[]) AS k(s, e), outbox o "
+                   "WHERE d.subscription = $1 AND d.seq = k.s AND d.status = "
+                   "'pending' AND o.seq = k.s AND o.event_id = k.e",
+                   options_.subscription, delivered.str(), delivered_ids.str());
     }
     for (const Mark& m : marks_) {
-      if (m.delivered) continue;
-      // Exponential backoff with jitter: reject_backoff * 2^attempts, capped.
-      pqxx::result r = tx.exec_params(
-          "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = "
-          "$3, "
-          "status = CASE WHEN attempts + 1 >= $4 THEN 'dead' ELSE 'pending' "
-          "END, dead_at = CASE WHEN attempts + 1 >= $4 THEN now() END, "
-          "available_at = now() + make_interval(secs => least($6::float8, "
-          "$5::float8 * power(2, attempts)) * (0.5 + random() / 2)) "
-          "WHERE subscription = $1 AND seq = $2 AND status = 'pending' "
-          "RETURNING status",
-          options_.subscription, m.seq, m.reason.substr(0, 2000),
-          options_.max_attempts, absl::ToDoubleSeconds(options_.reject_backoff),
-          absl::ToDoubleSeconds(options_.reject_backoff_max));
-      if (!r.empty() && r[0][0].as<std::string>() == kDeliveryDead) {
-        ++dead;
+      if (m.kind == Mark::kRejected) {
+        // Exponential backoff with jitter: reject_backoff * 2^attempts,
+        // capped.
+        pqxx::result r = tx.exec_params(
+            "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = "
+            "$3, status = CASE WHEN attempts + 1 >= $4 THEN 'dead' ELSE "
+            "'pending' END, dead_at = CASE WHEN attempts + 1 >= $4 THEN now() "
+            "END, available_at = now() + make_interval(secs => "
+            "least($6::float8, $5::float8 * power(2, attempts)) * (0.5 + "
+            "random() / 2)) WHERE subscription = $1 AND seq = $2 AND status = "
+            "'pending' AND EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND "
+            "o.event_id = $7::uuid) RETURNING status",
+            options_.subscription, m.seq, m.reason.substr(0, 2000),
+            options_.max_attempts,
+            absl::ToDoubleSeconds(options_.reject_backoff),
+            absl::ToDoubleSeconds(options_.reject_backoff_max), m.event_id);
+        if (!r.empty() && r[0][0].as<std::string>() == kDeliveryDead) {
+          ++dead;
+          LogEventScope scope(m.log_fields);
+          spdlog::warn("relay: row {} is a dead letter: {}", m.seq, m.reason);
+        }
+      } else if (m.kind == Mark::kDiverged) {
+        // Not the event's fault, and no attempt: it waits, with its
+        // aggregate, for an operator.
+        pqxx::result r = tx.exec_params(
+            "UPDATE outbox_delivery SET status = 'diverged', last_error = $3 "
+            "WHERE subscription = $1 AND seq = $2 AND status = 'pending' AND "
+            "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND o.event_id "
+            "= $4::uuid) RETURNING 1",
+            options_.subscription, m.seq, m.reason.substr(0, 2000), m.event_id);
+        if (r.empty()) continue;
+        NewDivergence d;
+        d.subscription = options_.subscription;
+        d.aggregate_id = m.aggregate_id;
+        d.kind = absl::StartsWith(m.reason, "position reused")
+                     ? "position_reused"
+                     : "chain_broken";
+        d.detail = m.reason;
+        d.consumer_seq = m.applied_seq;
+        d.outbox_seq = m.seq;
+        d.outbox_event_id = m.event_id;
+        if (RecordDivergence(tx, d)) ++diverged;
         LogEventScope scope(m.log_fields);
-        spdlog::warn("relay: row {} is a dead letter: {}", m.seq, m.reason);
+        spdlog::error(
+            "relay: aggregate {} diverged at row {}: {}; it waits for an "
+            "operator (outboxctl diverged, outboxctl resolve)",
+            m.aggregate_id, m.seq, m.reason);
       }
     }
     if (!autocommit) MaybeCrash("relay.before_mark_commit");
@@ -883,24 +1058,167 @@ bool Relay::FlushMarks() {
     spdlog::warn("relay: marking {} rows: {}", marks_.size(), last_db_error_);
     return false;
   }
+  diverged_->Add(diverged);
   MarksWritten(dead);
   return true;
 }
 
 bool Relay::MarksRideWithClaim() const {
   return std::all_of(marks_.begin(), marks_.end(),
-                     [](const Mark& m) { return m.delivered; });
+                     [](const Mark& m) { return m.delivered(); });
 }
 
 void Relay::MarksWritten(int64_t dead) {
-  int64_t delivered = 0;
-  for (const Mark& m : marks_) delivered += m.delivered ? 1 : 0;
+  int64_t delivered = 0, rejected = 0;
+  for (const Mark& m : marks_) {
+    delivered += m.delivered() ? 1 : 0;
+    rejected += m.kind == Mark::kRejected ? 1 : 0;
+  }
   delivered_->Add(delivered);
   deleted_since_vacuum_ += delivered;
-  rejected_->Add(marks_.size() - delivered);
+  rejected_->Add(rejected);
   dead_->Add(dead);
   for (const Mark& m : marks_) Untrack(m.aggregate_id);
   marks_.clear();
+}
+
+bool Relay::WriteRepairs() {
+  if (!consumer_identity_seen_.has_value() && reowe_.empty()) return true;
+  try {
+    auto tx = OpenUnit(*conn_);
+    std::optional<DatabaseIdentity> old;
+    if (consumer_identity_seen_.has_value()) {
+      old = StoreConsumerIdentity(*tx, options_.subscription,
+                                  *consumer_identity_seen_);
+    }
+    ReOwed owed;
+    if (!reowe_.empty()) owed = ReOwe(*tx, options_.subscription, reowe_);
+    for (const auto& [agg, missing] : owed.gaps) {
+      NewDivergence d;
+      d.subscription = options_.subscription;
+      d.aggregate_id = agg;
+      d.kind = "lost_beyond_retention";
+      d.detail = absl::StrCat(
+          "the consumer lacks events of this aggregate it was given (its "
+          "database lost commits or was restored), and the outbox no longer "
+          "holds seq ",
+          missing, " to give again (retention deleted it)");
+      d.outbox_seq = missing;
+      if (RecordDivergence(*tx, d)) diverged_->Add();
+      spdlog::error("relay: aggregate {}: {}", agg, d.detail);
+    }
+    tx->commit();
+    if (consumer_identity_seen_.has_value()) {
+      const DatabaseIdentity seen = *consumer_identity_seen_;
+      if (old.has_value() && old->known()) {
+        const IdentityChange c = CompareIdentity(*old, seen);
+        if (c.kind != IdentityChange::kSame) {
+          consumer_changes_[c.kind == IdentityChange::kFailover    ? 0
+                            : c.kind == IdentityChange::kNewServer ? 1
+                                                                   : 2]
+              ->Add();
+        }
+        spdlog::error(
+            "relay: subscription {}'s consumer database {}; was {}, now {}; "
+            "a heal compares the consumer's cursors with what was delivered "
+            "and delivers again what it lost",
+            options_.subscription, c.Describe(), old->ToString(),
+            seen.ToString());
+      } else if (!old.has_value()) {
+        // Another replica stored it first (and requested the heal).
+        spdlog::info("relay: the consumer's database is now {}",
+                     seen.ToString());
+      }
+      consumer_identity_ = seen;
+      consumer_identity_seen_.reset();
+      std::lock_guard<std::mutex> lock(mu_);
+      state_.consumer_database = seen.Key();
+    }
+    if (!reowe_.empty()) {
+      std::set<std::string> aggs;
+      for (const ChainRange& r : reowe_) aggs.insert(r.aggregate_id);
+      redelivered_held_->Add(owed.owed);
+      spdlog::warn(
+          "relay: the consumer answered HELD for events whose predecessors "
+          "it had answered before (its database lost commits?): {} events "
+          "of {} aggregates owed again",
+          owed.owed, aggs.size());
+      reowe_.clear();
+    }
+    return true;
+  } catch (const std::exception& e) {
+    last_db_error_ = std::string(StatusFromException(e).message());
+    spdlog::warn("relay: recording what the consumer's answers showed: {}",
+                 last_db_error_);
+    return false;
+  }
+}
+
+void Relay::DropEverything(const std::string& why) {
+  spdlog::error(
+      "relay {}: {}: every delivery in flight and every answer not yet "
+      "recorded is dropped (their rows stay pending and go again); a heal "
+      "will compare the consumer with what the outbox now holds",
+      replica_id_, why);
+  for (Lane& lane : lanes_) {
+    if (lane.stream != nullptr) DropStream(lane, why);
+    lane.fenced.clear();
+    lane.sent_through = 0;
+    lane.next_full_claim = absl::InfinitePast();
+  }
+  marks_.clear();
+  reowe_.clear();
+  busy_aggregates_.clear();
+  ++freed_;
+  try {
+    auto tx = OpenUnit(*conn_);
+    RequestHeal(*tx, options_.subscription, why);
+    tx->commit();
+  } catch (const std::exception& e) {
+    // The next change of identity, or an operator's replay, heals then.
+    spdlog::warn("relay: cannot request a heal: {}",
+                 std::string(StatusFromException(e).message()));
+  }
+}
+
+bool Relay::ReleaseFenced(Lane& lane) {
+  if (fence_ == nullptr || lane.fenced.empty()) return true;
+  FenceState state;
+  try {
+    auto tx = OpenUnit(*conn_);
+    state = fence_->Read(*tx);
+    tx->commit();
+  } catch (const std::exception& e) {
+    last_db_error_ = std::string(StatusFromException(e).message());
+    return false;
+  }
+  while (!lane.fenced.empty() && lane.stream != nullptr &&
+         state.why_waiting.empty() &&
+         lane.fenced.front().first <= state.flushed) {
+    v1::DeliverRequest req = std::move(lane.fenced.front().second);
+    lane.fenced.pop_front();
+    auto it = lane.in_flight.find(req.batch_id());
+    if (it != lane.in_flight.end()) it->second.sent_at = absl::Now();
+    lane.stream->Send(std::move(req));
+    batches_->Add();
+  }
+  std::string waiting;
+  if (!lane.fenced.empty()) {
+    waiting = state.why_waiting.empty()
+                  ? absl::StrCat("replication fence: waiting for ",
+                                 options_.fence.standbys,
+                                 " standbys to flush the claimed events")
+                  : state.why_waiting;
+  }
+  if (!waiting.empty() &&
+      (waiting != fence_waiting_ || absl::Now() >= next_fence_log_)) {
+    if (!state.why_waiting.empty()) {
+      spdlog::warn("relay: delivery paused: {}", waiting);
+    }
+    next_fence_log_ = absl::Now() + absl::Seconds(10);
+  }
+  fence_waiting_ = waiting;
+  return true;
 }
 
 void Relay::RefreshBacklog(pqxx::connection& conn,
@@ -908,7 +1226,8 @@ void Relay::RefreshBacklog(pqxx::connection& conn,
   constexpr int kBacklogScanCap = 100000;
   Backlog b;
   for (int p : owned) b.partitions[p] = {0, 0.0};
-  pqxx::nontransaction tx(conn);
+  auto unit = OpenUnit(conn);
+  pqxx::transaction_base& tx = *unit;
   // Bounded: the first kBacklogScanCap pending rows in seq order (the
   // primary key), then one outbox lookup per partition.
   for (const auto& row : tx.exec_params(
@@ -931,6 +1250,8 @@ void Relay::RefreshBacklog(pqxx::connection& conn,
       options_.subscription);
   b.dead_letters = dead[0].as<int64_t>();
   b.oldest_dead_seconds = std::max(0.0, dead[1].as<double>());
+  b.diverged = OpenDivergences(tx, options_.subscription);
+  unit->commit();
   b.as_of = absl::Now();
   std::lock_guard<std::mutex> lock(backlog_mu_);
   backlog_ = std::move(b);
@@ -951,13 +1272,13 @@ bool Relay::Housekeep() {
       owned != backlog_owned_ || absl::Now() >= next_backlog_refresh_;
   try {
     if (housekeeping_conn_ == nullptr || !housekeeping_conn_->is_open()) {
-      auto conn = Connect(options_.db_url, "outbox-relay-housekeeping",
-                          options_.session);
+      auto conn =
+          Connect(options_.db_url, "outbox-relay-housekeeping", session_);
       if (!conn.ok()) throw std::runtime_error(conn.status().ToString());
       std::lock_guard<std::mutex> lock(housekeeping_mu_);
       housekeeping_conn_ = std::move(*conn);
     }
-    pqxx::connection& conn = *housekeeping_conn_;
+    Connection& conn = *housekeeping_conn_;
     if (housekeeping_stop_) return false;
     if (refresh_due) {
       step = "backlog figures";
@@ -976,8 +1297,12 @@ bool Relay::Housekeep() {
       more = PruneDelivered(conn);
       if (!more) next_prune_ = absl::Now() + absl::Minutes(1);
     }
+    if (!owned.empty() && owned.front() == 0 && !housekeeping_stop_) {
+      step = "heal";
+      HealIfDue(conn);
+    }
     step = "vacuum";
-    if (!housekeeping_stop_) VacuumDeliveries(conn);
+    if (!housekeeping_stop_ && !conn.info().pooled) VacuumDeliveries(conn);
     return more;
   } catch (const std::exception& e) {
     if (!housekeeping_stop_) {
@@ -994,9 +1319,51 @@ bool Relay::Housekeep() {
   }
 }
 
+void Relay::HealIfDue(pqxx::connection& conn) {
+  if (absl::Now() < next_heal_check_) return;
+  next_heal_check_ = absl::Now() + absl::Seconds(1);
+  std::optional<HealDue> due;
+  {
+    auto tx = OpenUnit(conn);
+    due = DueHeal(*tx, options_.subscription);
+    tx->commit();
+  }
+  if (!due.has_value()) return;
+  if (healer_ == nullptr) {
+    healer_ = std::make_unique<Healer>(options_.subscription, stub_.get());
+  }
+  spdlog::warn("relay: heal of subscription {}: {}", options_.subscription,
+               due->reason);
+  absl::StatusOr<HealReport> report = healer_->Run(conn);
+  if (!report.ok()) {
+    // The consumer or the database is away: the next round tries again.
+    spdlog::warn("relay: heal of subscription {}: {}; trying again",
+                 options_.subscription, std::string(report.status().message()));
+    next_heal_check_ = absl::Now() + absl::Seconds(2);
+    return;
+  }
+  heals_->Add();
+  redelivered_heal_->Add(report->redelivered);
+  diverged_->Add(report->diverged);
+  {
+    auto tx = OpenUnit(conn);
+    HealDone(*tx, options_.subscription, *due);
+    tx->commit();
+  }
+  if (report->redelivered > 0 || report->diverged > 0) {
+    spdlog::warn("relay: heal of subscription {} done: {}",
+                 options_.subscription, report->Summary());
+  } else {
+    spdlog::info("relay: heal of subscription {} done, nothing missing: {}",
+                 options_.subscription, report->Summary());
+  }
+  if (report->redelivered > 0) Wake();
+}
+
 bool Relay::PruneDelivered(pqxx::connection& conn) {
   constexpr int kBatch = 1000;
-  pqxx::nontransaction tx(conn);
+  auto unit = OpenUnit(conn);
+  pqxx::transaction_base& tx = *unit;
   // Small batches keep each transaction short, so vacuum is never held
   // back. Only events every subscription has passed (no delivery row left:
   // below the lowest undelivered seq of any subscription) and older than
@@ -1014,6 +1381,7 @@ bool Relay::PruneDelivered(pqxx::connection& conn) {
             "make_interval(secs => $1::float8)), 9223372036854775807))",
             absl::ToDoubleSeconds(options_.retention), kBatch)
           .affected_rows();
+  unit->commit();
   pruned_->Add(deleted);
   return static_cast<int>(deleted) == kBatch;
 }
@@ -1054,6 +1422,7 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   }
   lane.in_flight.clear();
   lane.in_flight_seqs.clear();
+  lane.fenced.clear();
   lane.next_stream_attempt = absl::Now() + lane.stream_backoff.Next();
 }
 
@@ -1096,9 +1465,19 @@ void Relay::Run() {
         DropStream(lane, "no answer within --ack_timeout");
       }
     }
-    const int64_t statements_before = outbox_statements_;
+    // The stall clock runs while this pass talks to the database: a
+    // statement that never returns (a hung server) shows as a stall.
+    if (watchdog_ != nullptr && !stopping) watchdog_->Working();
     bool all_held = false;  // every serving lane waits for answers
     bool db_ok = EnsureConnection();
+    if (db_ok && own_db_changed_.exchange(false)) {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> lock(change_mu_);
+        why = absl::StrCat("the outbox database ", own_db_change_);
+      }
+      DropEverything(why);
+    }
     // Deliveries are written by the round's first claim, one statement
     // instead of two; before a rebalance (which gives up partitions only
     // once nothing of theirs is outstanding) and when stopping, on their
@@ -1107,6 +1486,7 @@ void Relay::Run() {
     if (db_ok && (stopping || rebalance_due || !MarksRideWithClaim())) {
       db_ok = FlushMarks();
     }
+    if (db_ok) db_ok = WriteRepairs();
     if (stopping) {
       if ((InFlightEvents() == 0 && marks_.empty()) ||
           absl::Now() >= deadline) {
@@ -1126,6 +1506,9 @@ void Relay::Run() {
                       static_cast<int>(serving.size()), &round);
       }
       if (db_ok) db_ok = FlushMarks();  // no claim ran to write them
+      for (Lane& lane : lanes_) {
+        if (db_ok) db_ok = ReleaseFenced(lane);
+      }
       const bool spread_before = spread_;
       if (round.full) {
         spread_ = true;
@@ -1154,7 +1537,8 @@ void Relay::Run() {
     }
     if (!all_held && notified_.exchange(false)) Wake();
     if (!db_ok && conn_ != nullptr) {
-      // Lost or broken: the server releases our locks with the session.
+      // Lost or broken. The leases stay ours until they expire; the next
+      // session renews those still ours (Rebalance).
       conn_.reset();
       owned_.clear();
       releasing_.clear();
@@ -1162,7 +1546,7 @@ void Relay::Run() {
     if (watchdog_ != nullptr && !stopping) {
       if (!db_ok) {
         watchdog_->Failed(absl::UnavailableError(last_db_error_));
-      } else if (outbox_statements_ != statements_before) {
+      } else {
         watchdog_->Done();
       }
     }
@@ -1173,10 +1557,16 @@ void Relay::Run() {
     if (!all_connected || conn_ == nullptr) {
       wait = std::min(wait, absl::Milliseconds(100));
     }
+    if (!listening_works_) wait = std::min(wait, options_.fast_poll_interval);
+    bool fenced = false;
+    for (const Lane& lane : lanes_) fenced |= !lane.fenced.empty();
+    // Standbys flush within milliseconds; a held batch is looked at often.
+    if (fenced) wait = std::min(wait, absl::Milliseconds(2));
     std::unique_lock<std::mutex> lock(mu_);
     state_.partitions_owned.assign(owned_.begin(), owned_.end());
     state_.in_flight = InFlightEvents();
     state_.stream_connected = all_connected;
+    state_.paused_reason = fence_waiting_;
     cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), [&] { return woken_; });
     woken_ = false;
   }
@@ -1197,7 +1587,19 @@ void Relay::Run() {
     lane.stream->Cancel();
     lane.stream.reset();
   }
-  if (conn_ != nullptr) FlushMarks();
+  if (conn_ != nullptr) {
+    FlushMarks();
+    try {
+      // The others take the partitions over now, not when the leases
+      // would expire.
+      auto tx = OpenUnit(*conn_);
+      leases_.ReleaseAll(*tx);
+      tx->commit();
+    } catch (const std::exception& e) {
+      spdlog::warn("relay: releasing its partitions: {}",
+                   std::string(StatusFromException(e).message()));
+    }
+  }
   conn_.reset();
   std::lock_guard<std::mutex> lock(mu_);
   state_.partitions_owned.clear();

@@ -2,14 +2,26 @@
 // The relay: delivers committed outbox rows to the consumer at least once and
 // in per-aggregate order.
 //
-// One worker thread owns one database connection, on which it holds
-// PostgreSQL session advisory locks for the partitions it owns, claims
-// pending rows of those partitions in seq order, and marks rows after the
-// consumer's answer (never before: a crash anywhere means redelivery). Rows
-// stream over one long-lived EventSink.Deliver stream, bounded by a credit
-// window. Replicas count each other through a membership advisory lock and
-// each takes ceil(partitions / replicas); a replica that dies loses its
-// locks with its session, and the others take its partitions over.
+// One worker thread owns one database connection, on which it renews the
+// leases of the partitions it owns (relay/leases.h), claims pending rows of
+// those partitions in seq order (the claim itself checks the lease), and
+// marks rows after the consumer's answer (never before: a crash anywhere
+// means redelivery), each mark naming the event by seq and event_id, so
+// that no answer ever touches another event. Rows stream over long-lived
+// EventSink.Deliver streams, bounded by a credit window. Replicas count
+// each other through membership leases and each takes
+// ceil(partitions / replicas); a replica that dies or freezes loses its
+// leases when they expire, and the others take its partitions over.
+//
+// Either database may fail over or be restored under it. A change of the
+// outbox database's identity (common/db_identity.h) drops everything in
+// flight and requests a heal; so does a change of the consumer's database
+// (each answer names it), and a HELD answer for an event whose predecessor
+// the consumer had answered before re-owes the events it lacks at once. A
+// heal (relay/heal.h) compares the consumer's cursors with what was
+// delivered, delivers again what the consumer lost, and records as
+// diverged what only an operator can decide. A DIVERGED answer parks the
+// event and its aggregate for that operator (no attempt is counted).
 //
 // Beside the worker, a listener thread holds a LISTEN connection (NOTIFY
 // wakes the worker; while every stream awaits an answer there is nothing
@@ -24,10 +36,12 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <pqxx/pqxx>
 #include <set>
 #include <string>
@@ -44,7 +58,11 @@
 #include "common/watchdog.h"
 #include "outbox/v1/relay.pb.h"
 #include "outbox/v1/sink.grpc.pb.h"
+#include "relay/delivery_store.h"
 #include "relay/delivery_stream.h"
+#include "relay/fence.h"
+#include "relay/heal.h"
+#include "relay/leases.h"
 #include "relay/outbox_row.h"
 #include "relay/policy.h"
 
@@ -93,28 +111,20 @@ namespace outbox::relay {
 // predecessor test a probe per row returned: without it PostgreSQL may
 // hash the whole subscription's pending rows for it instead, on every
 // claim (a generic plan with a backlog did: 10 ms per claim instead of 2).
-// Prepared once per connection as "claim" and "mark_and_claim". Columns:
-// kEventColumns, then partition, prev_done.
-inline std::string ClaimSql(bool mark) {
-  return absl::StrCat(
-      "WITH ",
-      mark ? "m AS (DELETE FROM outbox_delivery WHERE subscription = $1 "
-             "AND seq = ANY($6::bigint[]) AND status = 'pending'), "
-           : "",
-      "c AS MATERIALIZED (SELECT d.seq, d.partition FROM outbox_delivery d "
-      "WHERE d.subscription = $1 AND d.status = 'pending' "
-      "AND d.partition = ANY($2::int[]) AND d.available_at <= now() "
-      "AND d.aggregate_id NOT IN (SELECT unnest($3::text[])) AND d.seq > $5 "
-      "AND d.seq NOT IN (SELECT unnest($6::bigint[])) "
-      "ORDER BY d.seq LIMIT $4) SELECT ",
-      kEventColumns,
-      ", c.partition, "
-      "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
-      "AND p.seq = o.prev_seq AND NOT (p.seq = ANY($6::bigint[])) OFFSET 0) "
-      "AS prev_done FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
-}
-inline const std::string kClaimSql = ClaimSql(false);
-inline const std::string kMarkAndClaimSql = ClaimSql(true);
+// $7: this replica's member name: only partitions whose lease it holds
+// (relay/leases.h) are read, so a replica that lost one while frozen sends
+// nothing of it. $8 (uuid[], mark only): the event id of each seq in $6; a
+// delivery row is deleted only if its event is that one, so an answer from
+// before a failover that reused its seq never deletes another event's row.
+// With `lsn`, each row also carries the primary's WAL insert position
+// (column `lsn`), past the commit of every row read (relay/fence.h).
+//
+// Prepared once per connection as "claim", "mark_and_claim" and their
+// fenced forms. Columns: kEventColumns, then partition, prev_done (and
+// lsn).
+std::string ClaimSql(bool mark, bool lsn);
+inline const std::string kClaimSql = ClaimSql(false, false);
+inline const std::string kMarkAndClaimSql = ClaimSql(true, false);
 
 // A subscription's name: [a-z][a-z0-9_-]{0,62} (subscriptions.name's check).
 bool IsSubscriptionName(absl::string_view name);
@@ -164,6 +174,17 @@ struct RelayOptions {
   // replica that owns partition 0, so the outbox does not grow forever.
   // Zero keeps every row.
   absl::Duration retention;
+  // How long a partition lease lasts without renewal (renewed every
+  // rebalance_interval): a replica that dies or freezes keeps its
+  // partitions this long at most.
+  absl::Duration lease_ttl = absl::Seconds(5);
+  // Where the listener LISTENs; empty: db_url. Behind a transaction pooler
+  // LISTEN cannot work: give a direct URL, or the relay polls every
+  // fast_poll_interval instead.
+  std::string notify_url;
+  absl::Duration fast_poll_interval = absl::Milliseconds(25);
+  // Deliver only what enough standbys flushed (relay/fence.h).
+  FenceOptions fence;
   // For tests: runs on the worker right after each claim statement, with
   // the number of rows it returned.
   std::function<void(size_t rows)> after_claim;
@@ -178,8 +199,10 @@ struct RelayState {
   int64_t in_flight = 0;
   bool stream_connected = false;
   std::string replica_id;
-  int64_t delivered = 0;  // rows this process marked delivered
-  int64_t rejected = 0;   // REJECTED answers this process recorded
+  int64_t delivered = 0;          // rows this process marked delivered
+  int64_t rejected = 0;           // REJECTED answers this process recorded
+  std::string paused_reason;      // why it does not deliver now, or ""
+  std::string consumer_database;  // its identity as last seen
 };
 
 class Relay {
@@ -202,24 +225,37 @@ class Relay {
   // application_name of the relay's database session, unique to it.
   const std::string& session_name() const { return session_name_; }
 
+  // Its name among the subscription's replicas (partition leases).
+  const std::string& member() const { return leases_.member(); }
+
+  // The channel to the consumer, with the relay's identity, for calls of
+  // the admin service (EventSink.Rewind). Thread-safe.
+  v1::EventSink::Stub* consumer_stub() const { return stub_.get(); }
+
  private:
   struct InFlight {
     uint64_t batch_id;
-    absl::Time sent_at;
+    absl::Time sent_at;  // InfiniteFuture while held by the fence
     std::vector<int64_t> seqs;
     std::vector<int> partitions;
-    // Of each seq: its event (aggregate, id, trace) for tracking and logs.
+    // Of each seq: its event (aggregate, id, trace) for tracking and logs,
+    // and its prev_seq as sent.
     std::vector<EventLogFields> events;
+    std::vector<int64_t> prev_seqs;
     // Its claim returned as many rows as it asked for, or it reached the
     // size limit: more rows were likely ready (a backlog).
     bool full = false;
   };
   struct Mark {
+    enum Kind { kDelivered, kRejected, kDiverged };
     int64_t seq;
+    std::string event_id;  // the row is marked only if its event is this
     std::string aggregate_id;
-    bool delivered;      // else rejected
-    std::string reason;  // for rejected
+    Kind kind;
+    std::string reason;  // for rejected and diverged
     EventLogFields log_fields;
+    int64_t applied_seq = 0;  // diverged: the consumer's applied position
+    bool delivered() const { return kind == kDelivered; }
   };
   // One delivery stream and what is in flight on it.
   struct Lane {
@@ -229,6 +265,10 @@ class Relay {
     Backoff stream_backoff{absl::Milliseconds(100), absl::Seconds(5)};
     std::map<uint64_t, InFlight> in_flight;
     std::set<int64_t> in_flight_seqs;
+    // Claimed batches the replication fence holds back: the WAL position
+    // each must see flushed, and the request (its InFlight is in
+    // in_flight already).
+    std::deque<std::pair<uint64_t, v1::DeliverRequest>> fenced;
     int64_t sent_through = 0;  // the highest seq sent on it
     // A claim from the start at least this often, so that rows passed
     // over never wait long behind a steady stream of new ones.
@@ -262,7 +302,6 @@ class Relay {
   void Wake();
   // Each returns false when the database connection is lost.
   bool EnsureConnection();
-  bool JoinMembership(pqxx::connection& conn);
   bool EnsureSubscription(pqxx::connection& conn);
   // Waits out the writes in flight when `options_.subscription` was made,
   // gives it those events, and fixes where its chains start (chain_from).
@@ -291,6 +330,15 @@ class Relay {
   bool MarksRideWithClaim() const;
   // After marks_ were written: counts them, frees their aggregates, clears.
   void MarksWritten(int64_t dead);
+  // What answers taught that the database must know: the consumer's
+  // database identity (a change requests a heal) and the events a HELD
+  // answer showed the consumer lacks (owed again at once).
+  bool WriteRepairs();
+  // Everything in flight and answered is dropped (the outbox database
+  // failed over: its rows may be other events now); a heal is requested.
+  void DropEverything(const std::string& why);
+  // Sends the fenced batches of `lane` that the standbys have flushed.
+  bool ReleaseFenced(Lane& lane);
   // On housekeeping_'s thread and connection: the backlog figures, the
   // retention deletes and the delivery table's vacuum, none of which the
   // worker ever waits for (behind a long history or a large backlog each
@@ -317,6 +365,10 @@ class Relay {
   Counter* const reconnects_;
   Counter* const batches_;
   Counter* const pruned_;
+  Counter* const redelivered_held_;
+  Counter* const redelivered_heal_;
+  Counter* const diverged_;
+  Counter* const heals_;
   Histogram* const claim_seconds_;
   Histogram* const answer_seconds_;
   Histogram* const mark_seconds_;
@@ -327,10 +379,14 @@ class Relay {
   // owned partition, pending events (the scan stops at kBacklogScanCap in
   // all) and the age of the oldest; the subscription's dead letters.
   void RefreshBacklog(pqxx::connection& conn, const std::vector<int>& owned);
+  // On housekeeping_'s thread, by the replica that owns partition 0: a heal
+  // when one is due.
+  void HealIfDue(pqxx::connection& conn);
   struct Backlog {
     std::map<int, std::pair<int64_t, double>> partitions;  // n, oldest age
     int64_t dead_letters = 0;
     double oldest_dead_seconds = 0;
+    int64_t diverged = 0;            // open divergences of the subscription
     absl::Time as_of = absl::Now();  // when they were read (or none yet)
     // A refresh was due and failed: the ages are reported as grown since
     // as_of (their events assumed still there), so that an alert on them
@@ -348,18 +404,26 @@ class Relay {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
 
+  // The outbox database's identity, as every session of this relay sees it
+  // (a change sets own_db_changed_, which the worker handles).
+  std::unique_ptr<IdentityWatch> own_watch_;
+  DbSession session_;  // options_.session, with own_watch_
+  std::atomic<bool> own_db_changed_{false};
+  std::mutex change_mu_;
+  std::string own_db_change_;                // guarded by change_mu_
+  std::unique_ptr<ReplicationFence> fence_;  // null: no fence
+  Counter* consumer_changes_[3];  // by kind: failover, new_server, recreated
+
   // Worker-thread state.
-  std::unique_ptr<pqxx::connection> conn_;
-  int member_key_;           // second key of this session's membership lock
-  int subscription_id_ = 0;  // keys the partition locks of the subscription
+  std::unique_ptr<Connection> conn_;
+  PartitionLeases leases_;
+  int member_key_;  // where this replica's partition choice starts
+  int subscription_id_ = 0;
   // Events whose prev_seq is below this are the first of their chain for
   // this subscription (their predecessor was never owed to it).
   int64_t chain_from_ = 0;
 
   std::string last_db_error_;  // of the last failed step, for the watchdog
-  // Statements run on the outbox table: a pass that runs none (a full
-  // window, nothing to mark) tells the watchdog nothing.
-  int64_t outbox_statements_ = 0;
   std::set<int> owned_;
   std::vector<Lane> lanes_;
   absl::Time next_db_attempt_ = absl::InfinitePast();
@@ -373,7 +437,7 @@ class Relay {
   std::mutex housekeeping_mu_;
   std::atomic<bool> housekeeping_stop_{false};
   std::atomic<bool> housekeeping_busy_{false};  // a Housekeep runs
-  std::unique_ptr<pqxx::connection> housekeeping_conn_;
+  std::unique_ptr<Connection> housekeeping_conn_;
   std::vector<int> backlog_owned_;  // the partitions of the last refresh
   absl::Time next_backlog_refresh_ = absl::InfinitePast();
   absl::Time next_prune_ = absl::InfinitePast();
@@ -386,6 +450,14 @@ class Relay {
   uint64_t freed_ = 0;       // times an aggregate stopped being busy
   std::vector<Mark> marks_;  // answered, not yet written
   std::set<int> releasing_;  // partitions being given up: no new claims
+  DatabaseIdentity consumer_identity_;  // as stored for the subscription
+  std::optional<DatabaseIdentity> consumer_identity_seen_;  // to store
+  std::vector<ChainRange> reowe_;  // HELD answers: events the consumer lacks
+  std::string fence_waiting_;      // why the fence holds batches, or ""
+  absl::Time next_fence_log_ = absl::InfinitePast();
+  // Housekeeping thread: heals.
+  std::unique_ptr<Healer> healer_;
+  absl::Time next_heal_check_ = absl::InfinitePast();
   // A backlog was seen and not yet worked off: the partitions are spread
   // over every open lane (see RelayOptions::lanes).
   bool spread_ = false;
@@ -406,6 +478,9 @@ class Relay {
   std::condition_variable listen_cv_;
   // A NOTIFY was heard since the worker's last claims began.
   std::atomic<bool> notified_{false};
+  // False while no LISTEN can work (a transaction pooler and no
+  // notify_url): the worker polls every fast_poll_interval.
+  std::atomic<bool> listening_works_{true};
   std::thread worker_;
   std::thread listener_;
 };

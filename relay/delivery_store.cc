@@ -1,0 +1,285 @@
+#include "relay/delivery_store.h"
+
+#include <pqxx/pqxx>
+
+#include "absl/strings/str_cat.h"
+#include "common/db.h"
+#include "common/ids.h"
+#include "common/schema.h"
+
+namespace outbox::relay {
+namespace {
+
+// The chain walk of ReOwe: $2-$4 the ranges (aggregate, after, through).
+// Each range's events are found from `through` back along prev_seq; the
+// walk stops at `after`, or where the outbox no longer holds the next
+// predecessor (a gap, reported when that predecessor was owed).
+constexpr char kReOweSql[] = R"sql(
+WITH RECURSIVE r AS (
+  SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(a, lo, hi)
+  WHERE hi > lo),
+s AS (SELECT start_seq, chain_from FROM subscriptions WHERE name = $1),
+chain AS (
+  SELECT o.seq, o.prev_seq, o.aggregate_id, o.partition, r.lo
+    FROM r JOIN outbox o ON o.seq = r.hi AND o.aggregate_id = r.a
+  UNION ALL
+  SELECT o.seq, o.prev_seq, o.aggregate_id, o.partition, c.lo
+    FROM chain c JOIN outbox o ON o.seq = c.prev_seq
+   WHERE c.prev_seq > c.lo),
+ins AS (
+  INSERT INTO outbox_delivery (subscription, seq, aggregate_id, partition)
+  SELECT $1, c.seq, c.aggregate_id, c.partition FROM chain c, s
+   WHERE c.seq > c.lo AND c.seq >= s.start_seq
+  ON CONFLICT DO NOTHING RETURNING 1)
+SELECT 'owed' AS what, '' AS aggregate_id, count(*) AS n FROM ins
+UNION ALL
+SELECT 'gap', c.aggregate_id, c.prev_seq FROM chain c, s
+ WHERE c.prev_seq > c.lo AND c.prev_seq >= greatest(s.chain_from, s.start_seq)
+   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.seq = c.prev_seq)
+UNION ALL
+SELECT 'gap', r.a, r.hi FROM r, s
+ WHERE r.hi >= greatest(s.chain_from, s.start_seq)
+   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.seq = r.hi)
+)sql";
+
+// The columns of a divergence, by name in DivergenceFromRow.
+constexpr char kDivergenceColumns[] =
+    "id, subscription::text AS subscription, aggregate_id::text AS "
+    "aggregate_id, kind, detail, "
+    "(extract(epoch FROM detected_at) * 1000000)::bigint AS detected_us, "
+    "coalesce(consumer_seq, 0) AS consumer_seq, "
+    "coalesce(consumer_event_id::text, '') AS consumer_event_id, "
+    "coalesce(outbox_seq, 0) AS outbox_seq, "
+    "coalesce(outbox_event_id::text, '') AS outbox_event_id, "
+    "coalesce((extract(epoch FROM resolved_at) * 1000000)::bigint, 0) AS "
+    "resolved_us, coalesce(resolved_by, '') AS resolved_by, "
+    "coalesce(resolution, '') AS resolution";
+
+v1::Divergence DivergenceFromRow(const pqxx::row& row) {
+  v1::Divergence d;
+  d.set_id(row["id"].as<int64_t>());
+  d.set_subscription(row["subscription"].as<std::string>());
+  d.set_aggregate_id(row["aggregate_id"].as<std::string>());
+  d.set_kind(row["kind"].as<std::string>());
+  d.set_detail(row["detail"].as<std::string>());
+  ToTimestamp(absl::FromUnixMicros(row["detected_us"].as<int64_t>()),
+              d.mutable_detected_at());
+  d.set_consumer_seq(row["consumer_seq"].as<int64_t>());
+  d.set_consumer_event_id(row["consumer_event_id"].as<std::string>());
+  d.set_outbox_seq(row["outbox_seq"].as<int64_t>());
+  d.set_outbox_event_id(row["outbox_event_id"].as<std::string>());
+  if (int64_t us = row["resolved_us"].as<int64_t>(); us != 0) {
+    ToTimestamp(absl::FromUnixMicros(us), d.mutable_resolved_at());
+  }
+  d.set_resolved_by(row["resolved_by"].as<std::string>());
+  d.set_resolution(row["resolution"].as<std::string>());
+  return d;
+}
+
+}  // namespace
+
+ReOwed ReOwe(pqxx::transaction_base& tx, const std::string& subscription,
+             const std::vector<ChainRange>& ranges) {
+  ReOwed out;
+  if (ranges.empty()) return out;
+  ArrayLiteral aggs, los, his;
+  for (const ChainRange& r : ranges) {
+    aggs.Add(r.aggregate_id);
+    los.Add(r.after);
+    his.Add(r.through);
+  }
+  for (const auto& row : tx.exec_params(kReOweSql, subscription, aggs.str(),
+                                        los.str(), his.str())) {
+    if (row["what"].as<std::string>() == "owed") {
+      out.owed += row["n"].as<int64_t>();
+    } else {
+      out.gaps.emplace_back(row["aggregate_id"].as<std::string>(),
+                            row["n"].as<int64_t>());
+    }
+  }
+  if (out.owed > 0) {
+    tx.exec_params("SELECT pg_notify($1, '')", kNotifyChannel);
+  }
+  return out;
+}
+
+std::vector<std::pair<int64_t, std::string>> ChainOf(
+    pqxx::transaction_base& tx, const std::string& aggregate_id) {
+  std::vector<std::pair<int64_t, std::string>> chain;
+  for (const auto& row : tx.exec_params(
+           "WITH RECURSIVE chain AS (SELECT o.seq, o.prev_seq, o.event_id "
+           "FROM outbox o WHERE o.seq = (SELECT max(last_seq) FROM "
+           "outbox_heads WHERE aggregate_id = $1) AND o.aggregate_id = $1 "
+           "UNION ALL SELECT o.seq, o.prev_seq, o.event_id FROM chain c JOIN "
+           "outbox o ON o.seq = c.prev_seq WHERE c.prev_seq > 0) "
+           "SELECT seq, event_id::text FROM chain ORDER BY seq",
+           aggregate_id)) {
+    chain.emplace_back(row[0].as<int64_t>(), row[1].as<std::string>());
+  }
+  return chain;
+}
+
+Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
+                const ReplaySelector& sel) {
+  std::string matching;
+  pqxx::result r;
+  const char* kTail =
+      "), i AS (INSERT INTO outbox_delivery (subscription, seq, "
+      "aggregate_id, partition) SELECT $1, seq, aggregate_id, partition FROM "
+      "m ON CONFLICT DO NOTHING RETURNING 1) SELECT (SELECT count(*) FROM "
+      "m), (SELECT count(*) FROM i)";
+  const char* kHead =
+      "WITH s AS (SELECT start_seq FROM subscriptions WHERE name = $1), m AS "
+      "(SELECT o.seq, o.aggregate_id, o.partition FROM outbox o, s WHERE "
+      "o.seq >= s.start_seq AND ";
+  if (!sel.event_id.empty()) {
+    r = tx.exec_params(absl::StrCat(kHead, "o.event_id = $2::uuid", kTail),
+                       subscription, sel.event_id);
+  } else if (!sel.aggregate_id.empty()) {
+    ArrayLiteral seqs;
+    for (const auto& [seq, id] : ChainOf(tx, sel.aggregate_id)) seqs.Add(seq);
+    r = tx.exec_params(absl::StrCat(kHead, "o.seq = ANY($2::bigint[])", kTail),
+                       subscription, seqs.str());
+  } else if (sel.by_seq) {
+    r = tx.exec_params(absl::StrCat(kHead,
+                                    "o.seq >= $2 AND ($3::bigint = 0 OR "
+                                    "o.seq <= $3)",
+                                    kTail),
+                       subscription, sel.from_seq, sel.to_seq);
+  } else {
+    r = tx.exec_params(
+        absl::StrCat(kHead,
+                     "o.created_at >= to_timestamp($2::float8) AND "
+                     "o.created_at < to_timestamp($3::float8)",
+                     kTail),
+        subscription,
+        sel.since == absl::InfinitePast() ? -1e12
+                                          : absl::ToUnixMicros(sel.since) / 1e6,
+        sel.until == absl::InfiniteFuture()
+            ? 1e12
+            : absl::ToUnixMicros(sel.until) / 1e6);
+  }
+  Replayed out;
+  out.matched = r[0][0].as<int64_t>();
+  out.owed = r[0][1].as<int64_t>();
+  if (out.owed > 0) {
+    tx.exec_params("SELECT pg_notify($1, '')", kNotifyChannel);
+  }
+  return out;
+}
+
+bool RecordDivergence(pqxx::transaction_base& tx, const NewDivergence& d) {
+  return !tx.exec_params(
+                "INSERT INTO outbox_divergences (subscription, aggregate_id, "
+                "kind, detail, consumer_seq, consumer_event_id, outbox_seq, "
+                "outbox_event_id) VALUES ($1, $2, $3, $4, nullif($5, 0), "
+                "nullif($6, '')::uuid, nullif($7, 0), nullif($8, '')::uuid) "
+                "ON CONFLICT (subscription, aggregate_id) WHERE resolved_at "
+                "IS NULL DO NOTHING RETURNING id",
+                d.subscription, d.aggregate_id, d.kind,
+                d.detail.substr(0, 2000), d.consumer_seq, d.consumer_event_id,
+                d.outbox_seq, d.outbox_event_id)
+              .empty();
+}
+
+std::vector<v1::Divergence> ListDivergences(pqxx::transaction_base& tx,
+                                            const std::string& subscription,
+                                            bool include_resolved, int limit) {
+  std::vector<v1::Divergence> out;
+  for (const auto& row : tx.exec_params(
+           absl::StrCat("SELECT ", kDivergenceColumns,
+                        " FROM outbox_divergences WHERE subscription = $1 "
+                        "AND ($2 OR resolved_at IS NULL) ORDER BY id LIMIT $3"),
+           subscription, include_resolved, limit)) {
+    out.push_back(DivergenceFromRow(row));
+  }
+  return out;
+}
+
+int64_t OpenDivergences(pqxx::transaction_base& tx,
+                        const std::string& subscription) {
+  return tx
+      .exec_params1(
+          "SELECT count(*) FROM outbox_divergences WHERE subscription = $1 "
+          "AND resolved_at IS NULL",
+          subscription)[0]
+      .as<int64_t>();
+}
+
+std::optional<v1::Divergence> ResolveDivergence(pqxx::transaction_base& tx,
+                                                const std::string& subscription,
+                                                const std::string& aggregate_id,
+                                                const std::string& resolved_by,
+                                                const std::string& resolution) {
+  pqxx::result r = tx.exec_params(
+      absl::StrCat("UPDATE outbox_divergences SET resolved_at = now(), "
+                   "resolved_by = $3, resolution = $4 WHERE subscription = $1 "
+                   "AND aggregate_id = $2 AND resolved_at IS NULL RETURNING ",
+                   kDivergenceColumns),
+      subscription, aggregate_id, resolved_by, resolution.substr(0, 100000));
+  if (r.empty()) return std::nullopt;
+  tx.exec_params(
+      "UPDATE outbox_delivery SET status = 'pending', attempts = 0, "
+      "last_error = NULL, dead_at = NULL, available_at = now() WHERE "
+      "subscription = $1 AND aggregate_id = $2 AND status = 'diverged'",
+      subscription, aggregate_id);
+  return DivergenceFromRow(r[0]);
+}
+
+std::optional<DatabaseIdentity> StoreConsumerIdentity(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const DatabaseIdentity& seen) {
+  pqxx::result r = tx.exec_params(
+      "UPDATE subscriptions s SET consumer_identity = $2, "
+      "heal_requested_at = CASE WHEN o.consumer_identity IS NULL THEN "
+      "s.heal_requested_at ELSE now() END, "
+      "heal_reason = CASE WHEN o.consumer_identity IS NULL THEN "
+      "s.heal_reason ELSE $3 END "
+      "FROM (SELECT consumer_identity FROM subscriptions WHERE name = $1 "
+      "FOR UPDATE) o WHERE s.name = $1 AND o.consumer_identity IS DISTINCT "
+      "FROM $2 RETURNING coalesce(o.consumer_identity, '')",
+      subscription, seen.Key(),
+      absl::StrCat("the consumer's database changed to ", seen.ToString()));
+  if (r.empty()) return std::nullopt;
+  return DatabaseIdentity::FromKey(r[0][0].as<std::string>());
+}
+
+DatabaseIdentity ConsumerIdentity(pqxx::transaction_base& tx,
+                                  const std::string& subscription) {
+  pqxx::result r = tx.exec_params(
+      "SELECT coalesce(consumer_identity, '') FROM subscriptions WHERE name "
+      "= $1",
+      subscription);
+  if (r.empty()) return {};
+  return DatabaseIdentity::FromKey(r[0][0].as<std::string>())
+      .value_or(DatabaseIdentity{});
+}
+
+void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
+                 const std::string& reason) {
+  tx.exec_params(
+      "UPDATE subscriptions SET heal_requested_at = now(), heal_reason = $2 "
+      "WHERE name = $1",
+      subscription, reason.substr(0, 2000));
+}
+
+std::optional<HealDue> DueHeal(pqxx::transaction_base& tx,
+                               const std::string& subscription) {
+  pqxx::result r = tx.exec_params(
+      "SELECT heal_requested_at::text, coalesce(heal_reason, '') FROM "
+      "subscriptions WHERE name = $1 AND heal_requested_at IS NOT NULL AND "
+      "(healed_at IS NULL OR healed_at < heal_requested_at)",
+      subscription);
+  if (r.empty()) return std::nullopt;
+  return HealDue{r[0][0].as<std::string>(), r[0][1].as<std::string>()};
+}
+
+void HealDone(pqxx::transaction_base& tx, const std::string& subscription,
+              const HealDue& due) {
+  tx.exec_params(
+      "UPDATE subscriptions SET healed_at = heal_requested_at WHERE name = $1 "
+      "AND heal_requested_at = $2::timestamptz",
+      subscription, due.requested_at);
+}
+
+}  // namespace outbox::relay

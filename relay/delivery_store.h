@@ -1,0 +1,129 @@
+#pragma once
+// The SQL that repairs a subscription's delivery state when either
+// database lost or changed history: owe events again (a chain range of an
+// aggregate, or a replay), record and resolve diverged aggregates, keep the
+// consumer's database identity and the heal requests. Each function runs
+// in the caller's transaction (or unit: common/db.h OpenUnit) and throws
+// as libpqxx does; the caller turns that into a status.
+//
+// The outbox has no index by aggregate: an aggregate's events are found by
+// walking its chain (prev_seq) back from a known event, a primary-key
+// probe per event, so the cost is that of the events walked.
+//
+// Example (a HELD answer showed that the consumer lacks events 11-14 of
+// aggregate "a", which it had been given before):
+//   ReOwed r = ReOwe(tx, "billing", {{.aggregate_id = "a", .after = 10,
+//                                     .through = 14}});
+
+#include <cstdint>
+#include <optional>
+#include <pqxx/pqxx>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/db_identity.h"
+#include "outbox/v1/relay.pb.h"
+
+namespace outbox::relay {
+
+// The part of an aggregate's chain after seq `after` up to and including
+// seq `through` (an event of that aggregate).
+struct ChainRange {
+  std::string aggregate_id;
+  int64_t after = 0;
+  int64_t through = 0;
+};
+
+struct ReOwed {
+  int64_t owed = 0;  // delivery rows written (not pending already)
+  // Aggregates whose range reaches back to events the outbox no longer
+  // holds (retention deleted them, or a failover lost them): the missing
+  // predecessor's seq of each. They cannot be delivered again.
+  std::vector<std::pair<std::string, int64_t>> gaps;
+};
+
+// Owes the retained events of `ranges` to `subscription` again (from its
+// start_seq on; pending ones stay as they are). A gap is reported only at
+// or above the subscription's chain_from (below it the predecessor was
+// never owed).
+ReOwed ReOwe(pqxx::transaction_base& tx, const std::string& subscription,
+             const std::vector<ChainRange>& ranges);
+
+// An aggregate's retained chain, oldest first: (seq, event_id), walked back
+// from its newest event (outbox_heads). Empty for an unknown aggregate.
+std::vector<std::pair<int64_t, std::string>> ChainOf(
+    pqxx::transaction_base& tx, const std::string& aggregate_id);
+
+// What a replay owes again: exactly one selector.
+struct ReplaySelector {
+  std::string event_id;
+  std::string aggregate_id;
+  int64_t from_seq = 0, to_seq = 0;  // inclusive; 0: open
+  absl::Time since = absl::InfinitePast(), until = absl::InfiniteFuture();
+  bool by_seq = false, by_time = false;
+};
+
+struct Replayed {
+  int64_t matched = 0;  // retained events owed to the subscription
+  int64_t owed = 0;     // of which not pending already
+};
+
+Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
+                const ReplaySelector& selector);
+
+// Records an open divergence of `aggregate_id` unless one is open already;
+// true if recorded.
+struct NewDivergence {
+  std::string subscription, aggregate_id, kind, detail;
+  int64_t consumer_seq = 0;
+  std::string consumer_event_id;  // "" for none
+  int64_t outbox_seq = 0;
+  std::string outbox_event_id;  // "" for none
+};
+bool RecordDivergence(pqxx::transaction_base& tx, const NewDivergence& d);
+
+// Open (and, with `include_resolved`, resolved) divergences, oldest first.
+std::vector<v1::Divergence> ListDivergences(pqxx::transaction_base& tx,
+                                            const std::string& subscription,
+                                            bool include_resolved, int limit);
+int64_t OpenDivergences(pqxx::transaction_base& tx,
+                        const std::string& subscription);
+
+// Marks the open divergence of `aggregate_id` resolved and puts its
+// diverged deliveries back to pending; the divergence as it now reads, or
+// nothing when none was open.
+std::optional<v1::Divergence> ResolveDivergence(pqxx::transaction_base& tx,
+                                                const std::string& subscription,
+                                                const std::string& aggregate_id,
+                                                const std::string& resolved_by,
+                                                const std::string& resolution);
+
+// Stores the consumer's database identity for the subscription. When it
+// differs from a stored one, also requests a heal (and returns the old
+// identity); the first identity ever seen requests nothing.
+std::optional<DatabaseIdentity> StoreConsumerIdentity(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const DatabaseIdentity& seen);
+
+// The identity last stored (unknown if none).
+DatabaseIdentity ConsumerIdentity(pqxx::transaction_base& tx,
+                                  const std::string& subscription);
+
+// Asks the subscription's relays to compare the consumer's cursors with
+// what was delivered (relay/heal.h), for `reason`.
+void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
+                 const std::string& reason);
+
+// A heal that is due: requested after the last one completed.
+struct HealDue {
+  std::string requested_at;  // as the database prints it, to close it with
+  std::string reason;
+};
+std::optional<HealDue> DueHeal(pqxx::transaction_base& tx,
+                               const std::string& subscription);
+// Closes the request `due` (unless a newer one came meanwhile).
+void HealDone(pqxx::transaction_base& tx, const std::string& subscription,
+              const HealDue& due);
+
+}  // namespace outbox::relay

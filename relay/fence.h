@@ -1,0 +1,73 @@
+#pragma once
+// Replication-fenced delivery: a relay sends an event only once enough
+// standbys of the outbox database have flushed its commit, as Kafka's
+// consumers read only up to the high watermark. Then a failover to any of
+// those standbys can never leave a consumer with the effect of an event
+// the new primary lacks. The relay notes the primary's WAL position when
+// it claims a batch (every event it read had committed before it), and
+// holds the batch until the standbys' flush positions (pg_stat_replication,
+// readable with the pg_monitor role) pass it.
+//
+// Example:
+//   ReplicationFence fence({.standbys = 1});
+//   FenceState state = fence.Read(tx);
+//   if (state.flushed >= batch_lsn) Send(batch);
+
+#include <cstdint>
+#include <optional>
+#include <pqxx/pqxx>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace outbox::relay {
+
+struct FenceOptions {
+  // Standbys that must have flushed an event before it goes; 0: no fence.
+  int standbys = 0;
+  // Only these standbys count (their application_name); empty: any.
+  std::set<std::string> names;
+  bool enabled() const { return standbys > 0; }
+};
+
+// One standby as pg_stat_replication shows it.
+struct StandbyPosition {
+  std::string name;                 // application_name
+  std::optional<uint64_t> flushed;  // none: not known
+  bool streaming = false;
+  bool hidden = false;  // its state and positions are hidden (privilege)
+};
+
+struct FenceState {
+  uint64_t flushed = 0;  // what `standbys` eligible standbys all flushed
+  int eligible = 0;      // streaming standbys that count
+  bool readable = true;  // false: the positions are hidden (privilege)
+  // Why delivery waits ("" when it need not): too few standbys, or the
+  // positions cannot be read.
+  std::string why_waiting;
+};
+
+// The WAL position "X/Y" as a number; nothing for anything else.
+std::optional<uint64_t> ParseLsn(absl::string_view lsn);
+
+// What the standbys allow: the `options.standbys`-th highest flush
+// position among the eligible ones (0 when there are too few). Pure.
+FenceState FenceOf(const std::vector<StandbyPosition>& standbys,
+                   const FenceOptions& options);
+
+class ReplicationFence {
+ public:
+  explicit ReplicationFence(FenceOptions options) : options_(options) {}
+
+  // Reads pg_stat_replication. Throws as libpqxx does.
+  FenceState Read(pqxx::transaction_base& tx) const;
+
+  const FenceOptions& options() const { return options_; }
+
+ private:
+  const FenceOptions options_;
+};
+
+}  // namespace outbox::relay

@@ -1,0 +1,228 @@
+#include "relay/heal.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <pqxx/pqxx>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/db.h"
+#include "relay/delivery_store.h"
+
+namespace outbox::relay {
+namespace {
+
+constexpr int kPage = 1000;
+
+absl::Status FromGrpc(const grpc::Status& s, const char* what) {
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", s.error_message(), " (gRPC code ",
+                   static_cast<int>(s.error_code()), ")"));
+}
+
+}  // namespace
+
+std::string HealReport::Summary() const {
+  return absl::StrFormat(
+      "%d aggregates at the consumer, %d in the outbox; %d events of %d "
+      "aggregates delivered again; %d aggregates diverged; in %s",
+      consumer_aggregates, outbox_aggregates, redelivered,
+      redelivered_aggregates, diverged, absl::FormatDuration(took));
+}
+
+Healer::Healer(std::string subscription, v1::EventSink::Stub* stub,
+               absl::Duration rpc_timeout)
+    : subscription_(std::move(subscription)),
+      stub_(stub),
+      rpc_timeout_(rpc_timeout) {}
+
+absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn) {
+  const absl::Time t0 = absl::Now();
+  HealReport report;
+  auto cursors =
+      [&](v1::GetCursorsRequest req) -> absl::StatusOr<v1::GetCursorsResponse> {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     absl::ToChronoMilliseconds(rpc_timeout_));
+    v1::GetCursorsResponse resp;
+    grpc::Status s = stub_->GetCursors(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpc(s, "the consumer's cursors");
+    return resp;
+  };
+  try {
+    // What is known already: open divergences wait for an operator.
+    std::set<std::string> diverged;
+    int64_t min_retained = 0, start_seq = 0;
+    {
+      auto unit = OpenUnit(conn);
+      for (const v1::Divergence& d :
+           ListDivergences(*unit, subscription_, false, 1000000)) {
+        diverged.insert(d.aggregate_id());
+      }
+      const pqxx::row r = unit->exec_params1(
+          "SELECT coalesce((SELECT min(seq) FROM outbox), 0), start_seq FROM "
+          "subscriptions WHERE name = $1",
+          subscription_);
+      min_retained = r[0].as<int64_t>();
+      start_seq = r[1].as<int64_t>();
+      unit->commit();
+    }
+
+    // 1. From the consumer back: an applied event the outbox does not hold
+    //    (and retention did not delete: it deletes below min_retained).
+    v1::GetCursorsRequest page_req;
+    page_req.set_limit(kPage);
+    for (int pages = 0; pages < 100000; ++pages) {
+      auto page = cursors(page_req);
+      if (!page.ok()) return page.status();
+      report.consumer_aggregates += page->cursors_size();
+      ArrayLiteral ids;
+      for (const v1::AggregateCursor& c : page->cursors()) {
+        if (!c.applied_event_id().empty()) ids.Add(c.applied_event_id());
+      }
+      std::set<std::string> held_here;
+      auto unit = OpenUnit(conn);
+      for (const auto& row : unit->exec_params(
+               "SELECT event_id::text FROM outbox WHERE event_id = "
+               "ANY($1::uuid[])",
+               ids.str())) {
+        held_here.insert(row[0].as<std::string>());
+      }
+      for (const v1::AggregateCursor& c : page->cursors()) {
+        if (c.applied_event_id().empty() || c.applied_seq() < min_retained ||
+            held_here.count(c.applied_event_id()) ||
+            diverged.count(c.aggregate_id())) {
+          continue;
+        }
+        NewDivergence d;
+        d.subscription = subscription_;
+        d.aggregate_id = c.aggregate_id();
+        d.kind = "consumer_ahead";
+        d.detail = absl::StrCat(
+            "the consumer applied event ", c.applied_event_id(), " (seq ",
+            c.applied_seq(),
+            ") of this aggregate, which the outbox does not hold: it was "
+            "committed and delivered, then lost (a failover of the outbox "
+            "database to a standby that lacked it?), or the consumer's "
+            "database holds another outbox's history");
+        d.consumer_seq = c.applied_seq();
+        d.consumer_event_id = c.applied_event_id();
+        if (RecordDivergence(*unit, d)) {
+          ++report.diverged;
+          diverged.insert(c.aggregate_id());
+          spdlog::error("relay: heal of {}: aggregate {} diverged: {}",
+                        subscription_, c.aggregate_id(), d.detail);
+        }
+      }
+      unit->commit();
+      if (!page->more() || page->cursors_size() == 0) break;
+      page_req.set_after_aggregate_id(
+          page->cursors(page->cursors_size() - 1).aggregate_id());
+    }
+
+    // 2. From the outbox on: each aggregate's delivered events (its chain
+    //    up to the predecessor of its first undelivered one) against the
+    //    consumer's cursor; what lies between is owed again.
+    std::map<std::string, int64_t> first_undelivered;
+    {
+      auto unit = OpenUnit(conn);
+      for (const auto& row : unit->exec_params(
+               "SELECT aggregate_id, min(seq) FROM outbox_delivery WHERE "
+               "subscription = $1 GROUP BY aggregate_id",
+               subscription_)) {
+        first_undelivered[row[0].as<std::string>()] = row[1].as<int64_t>();
+      }
+      unit->commit();
+    }
+    std::string after_type, after_id;
+    for (int pages = 0; pages < 100000; ++pages) {
+      std::map<std::string, int64_t> delivered_through;
+      {
+        auto unit = OpenUnit(conn);
+        const pqxx::result heads = unit->exec_params(
+            "SELECT aggregate_type, aggregate_id, last_seq FROM outbox_heads "
+            "WHERE (aggregate_type, aggregate_id) > ($1, $2) ORDER BY "
+            "aggregate_type, aggregate_id LIMIT $3",
+            after_type, after_id, kPage);
+        if (heads.empty()) break;
+        after_type = heads[heads.size() - 1][0].as<std::string>();
+        after_id = heads[heads.size() - 1][1].as<std::string>();
+        ArrayLiteral firsts;
+        for (const auto& h : heads) {
+          const std::string agg = h[1].as<std::string>();
+          int64_t& d = delivered_through[agg];
+          auto f = first_undelivered.find(agg);
+          if (f == first_undelivered.end()) {
+            d = std::max(d, h[2].as<int64_t>());
+          } else {
+            firsts.Add(f->second);
+          }
+        }
+        for (const auto& row : unit->exec_params(
+                 "SELECT aggregate_id, prev_seq FROM outbox WHERE seq = "
+                 "ANY($1::bigint[])",
+                 firsts.str())) {
+          int64_t& d = delivered_through[row[0].as<std::string>()];
+          d = std::max(d, row[1].as<int64_t>());
+        }
+        unit->commit();
+        report.outbox_aggregates += heads.size();
+      }
+      std::vector<std::string> ask;
+      for (const auto& [agg, through] : delivered_through) {
+        if (through >= start_seq && through > 0 && !diverged.count(agg)) {
+          ask.push_back(agg);
+        }
+      }
+      if (ask.empty()) continue;
+      v1::GetCursorsRequest only;
+      for (const std::string& a : ask) only.add_aggregate_ids(a);
+      auto page = cursors(only);
+      if (!page.ok()) return page.status();
+      std::map<std::string, int64_t> applied;
+      for (const v1::AggregateCursor& c : page->cursors()) {
+        applied[c.aggregate_id()] = c.applied_seq();
+      }
+      std::vector<ChainRange> ranges;
+      for (const std::string& a : ask) {
+        auto it = applied.find(a);
+        const int64_t at = it == applied.end() ? 0 : it->second;
+        const int64_t through = delivered_through[a];
+        if (at < through) ranges.push_back({a, at, through});
+      }
+      if (ranges.empty()) continue;
+      auto unit = OpenUnit(conn);
+      const ReOwed owed = ReOwe(*unit, subscription_, ranges);
+      for (const auto& [agg, missing] : owed.gaps) {
+        NewDivergence d;
+        d.subscription = subscription_;
+        d.aggregate_id = agg;
+        d.kind = "lost_beyond_retention";
+        d.detail = absl::StrCat(
+            "the consumer lacks events of this aggregate it was given "
+            "(its database lost commits or was restored), and the outbox "
+            "no longer holds seq ",
+            missing, " to give again (retention deleted it)");
+        d.consumer_seq = applied.count(agg) ? applied[agg] : 0;
+        d.outbox_seq = missing;
+        if (RecordDivergence(*unit, d)) {
+          ++report.diverged;
+          spdlog::error("relay: heal of {}: aggregate {}: {}", subscription_,
+                        agg, d.detail);
+        }
+      }
+      unit->commit();
+      report.redelivered += owed.owed;
+      report.redelivered_aggregates += ranges.size();
+    }
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  report.took = absl::Now() - t0;
+  return report;
+}
+
+}  // namespace outbox::relay
