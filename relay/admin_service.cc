@@ -63,6 +63,18 @@ absl::StatusOr<std::string> SubscriptionOf(const std::string& requested,
   return requested;
 }
 
+// Who is calling, for the record: the certificate's identity, else the
+// peer's address.
+std::string CallerName(const grpc::ServerContext& ctx) {
+  if (auto auth = ctx.auth_context()) {
+    if (auto cert = PeerCertificateOf(*auth)) {
+      std::vector<std::string> ids = IdentitiesOf(*cert);
+      if (!ids.empty()) return ids.front();
+    }
+  }
+  return absl::StrCat("unauthenticated ", ctx.peer());
+}
+
 // NotFound unless `name` is a subscription.
 absl::Status CheckExists(pqxx::transaction_base& tx, const std::string& name) {
   if (tx.exec_params("SELECT 1 FROM subscriptions WHERE name = $1", name)
@@ -90,6 +102,7 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
     if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
     // Undelivered rows only: the table of them is small; the delivered
     // total is what the outbox retains beyond them.
@@ -103,6 +116,7 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
         "FROM outbox_delivery d JOIN outbox o USING (seq) "
         "WHERE d.subscription = $1",
         *sub);
+    resp->set_diverged(OpenDivergences(tx, *sub));
     resp->set_pending(r[0].as<int64_t>());
     resp->set_oldest_pending_seconds(r[1].as<double>());
     resp->set_dead_letters(r[2].as<int64_t>());
@@ -120,6 +134,8 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
   resp->set_replica_id(state.replica_id);
   resp->set_delivered_by_process(state.delivered);
   resp->set_rejected_by_process(state.rejected);
+  resp->set_paused_reason(state.paused_reason);
+  resp->set_consumer_database(state.consumer_database);
   return grpc::Status::OK;
 }
 
@@ -139,6 +155,7 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
     if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
     for (const auto& row : tx.exec_params(
              absl::StrCat(kRowSelect,
@@ -191,6 +208,7 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
   }
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::work tx(c);
+    ApplyLimits(tx);
     if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
     pqxx::result r = tx.exec_params(
         "WITH q AS (UPDATE outbox_delivery SET status = 'pending', "
@@ -240,6 +258,7 @@ grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext* ctx,
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
     if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
     pqxx::result r =
         tx.exec_params(absl::StrCat(kRowSelect, "WHERE o.event_id = $2::uuid"),
@@ -252,6 +271,213 @@ grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext* ctx,
     return absl::OkStatus();
   });
   return ToGrpcStatus(s);
+}
+
+grpc::Status RelayAdminImpl::Replay(grpc::ServerContext* ctx,
+                                    const v1::ReplayRequest* req,
+                                    v1::ReplayResponse* resp) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kAdmin, "RelayAdmin.Replay");
+      !a.ok()) {
+    return a;
+  }
+  ReplaySelector sel;
+  sel.event_id = req->event_id();
+  sel.aggregate_id = req->aggregate_id();
+  sel.by_seq = req->from_seq() != 0 || req->to_seq() != 0;
+  sel.by_time = req->has_since() || req->has_until();
+  const int selectors = !sel.event_id.empty() + !sel.aggregate_id.empty() +
+                        sel.by_seq + sel.by_time;
+  if (selectors != 1) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        "event_id, aggregate_id, from_seq/to_seq or since/until: give "
+        "exactly one");
+  }
+  if (!sel.event_id.empty() && !IsUuid(sel.event_id)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "event_id: must be a UUID");
+  }
+  if (sel.aggregate_id.size() > 128) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "aggregate_id: at most 128 bytes");
+  }
+  if (req->from_seq() < 0 || req->to_seq() < 0 ||
+      (req->to_seq() != 0 && req->to_seq() < req->from_seq())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "from_seq, to_seq: must be >= 0, and to_seq >= "
+                        "from_seq when given");
+  }
+  if (req->has_since()) sel.since = FromTimestamp(req->since());
+  if (req->has_until()) sel.until = FromTimestamp(req->until());
+  if (sel.since >= sel.until) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "since: must be earlier than until");
+  }
+  sel.from_seq = req->from_seq();
+  sel.to_seq = req->to_seq();
+  auto sub = SubscriptionOf(req->subscription(), relay_);
+  if (!sub.ok()) return ToGrpcStatus(sub.status());
+  Replayed done;
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::work tx(c);
+    ApplyLimits(tx);
+    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
+    done = outbox::relay::Replay(tx, *sub, sel);
+    tx.commit();
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return ToGrpcStatus(s);
+  resp->set_matched(done.matched);
+  resp->set_owed(done.owed);
+  spdlog::info(
+      "relay: replay of {} by {}: {} retained events matched, {} owed again",
+      *sub, CallerName(*ctx), done.matched, done.owed);
+  return grpc::Status::OK;
+}
+
+grpc::Status RelayAdminImpl::ListDivergences(
+    grpc::ServerContext* ctx, const v1::ListDivergencesRequest* req,
+    v1::ListDivergencesResponse* resp) {
+  if (grpc::Status a =
+          Admit(check_, ctx, Access::kCall, "RelayAdmin.ListDivergences");
+      !a.ok()) {
+    return a;
+  }
+  if (req->limit() < 0 || req->limit() > 10000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "limit: must be 0-10000 (0 means 100)");
+  }
+  auto sub = SubscriptionOf(req->subscription(), relay_);
+  if (!sub.ok()) return ToGrpcStatus(sub.status());
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
+    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
+    for (v1::Divergence& d : outbox::relay::ListDivergences(
+             tx, *sub, req->include_resolved(),
+             req->limit() == 0 ? 100 : req->limit())) {
+      *resp->add_divergences() = std::move(d);
+    }
+    return absl::OkStatus();
+  });
+  return ToGrpcStatus(s);
+}
+
+grpc::Status RelayAdminImpl::ResolveDivergence(
+    grpc::ServerContext* ctx, const v1::ResolveDivergenceRequest* req,
+    v1::Divergence* resp) {
+  if (grpc::Status a =
+          Admit(check_, ctx, Access::kAdmin, "RelayAdmin.ResolveDivergence");
+      !a.ok()) {
+    return a;
+  }
+  if (req->aggregate_id().empty() || req->aggregate_id().size() > 128) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "aggregate_id: must be 1-128 bytes");
+  }
+  if (req->reason().empty() || req->reason().size() > 2000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "reason: must be 1-2000 bytes (why the producer's "
+                        "history is adopted)");
+  }
+  auto sub = SubscriptionOf(req->subscription(), relay_);
+  if (!sub.ok()) return ToGrpcStatus(sub.status());
+  if (*sub != relay_->subscription()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("subscription: this relay delivers ",
+                     relay_->subscription(), "; ask a relay of ", *sub));
+  }
+  const std::string who = CallerName(*ctx);
+  // 1. The producer's history of the aggregate, as the outbox holds it.
+  std::vector<std::pair<int64_t, std::string>> chain;
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
+    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
+    if (tx.exec_params("SELECT 1 FROM outbox_divergences WHERE subscription "
+                       "= $1 AND aggregate_id = $2 AND resolved_at IS NULL",
+                       *sub, req->aggregate_id())
+            .empty()) {
+      return absl::NotFoundError(absl::StrCat("aggregate ", req->aggregate_id(),
+                                              " has no open divergence in ",
+                                              *sub));
+    }
+    chain = ChainOf(tx, req->aggregate_id());
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return ToGrpcStatus(s);
+  // 2. The consumer keeps what both share and records what it supersedes.
+  v1::RewindRequest rewind;
+  rewind.set_aggregate_id(req->aggregate_id());
+  for (const auto& [seq, id] : chain) rewind.add_keep_event_ids(id);
+  rewind.set_reason(req->reason());
+  rewind.set_operator_(who);
+  v1::RewindResponse rewound;
+  {
+    grpc::ClientContext cctx;
+    cctx.set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::seconds(30));
+    grpc::Status r = relay_->consumer_stub()->Rewind(&cctx, rewind, &rewound);
+    if (!r.ok()) {
+      return grpc::Status(
+          r.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+                  r.error_code() == grpc::StatusCode::FAILED_PRECONDITION
+              ? r.error_code()
+              : grpc::StatusCode::UNAVAILABLE,
+          absl::StrCat("the consumer could not rewind aggregate ",
+                       req->aggregate_id(), ": ", r.error_message()));
+    }
+  }
+  // 3. The producer's events after the shared history are owed again, the
+  // parked ones pending again, the divergence closed with what happened.
+  std::string resolution = absl::StrCat(
+      "adopted the producer's history (", chain.size(),
+      " retained events) from seq ", rewound.applied_seq(), "; ",
+      rewound.superseded_size(),
+      " events the consumer had applied are superseded (effects kept, "
+      "recorded in its inbox_superseded)");
+  for (const v1::SupersededEvent& e : rewound.superseded()) {
+    absl::StrAppend(&resolution, resolution.size() < 90000 ? "; " : "",
+                    resolution.size() < 90000
+                        ? absl::StrCat(e.event_type(), " ", e.event_id(),
+                                       " (seq ", e.seq(), ")")
+                        : "");
+  }
+  if (rewound.held_dropped() > 0) {
+    absl::StrAppend(&resolution, "; ", rewound.held_dropped(),
+                    " held events dropped (delivered again)");
+  }
+  absl::StrAppend(&resolution, "; reason: ", req->reason());
+  std::optional<v1::Divergence> closed;
+  int64_t owed = 0;
+  s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::work tx(c);
+    ApplyLimits(tx);
+    closed = outbox::relay::ResolveDivergence(tx, *sub, req->aggregate_id(),
+                                              who, resolution);
+    if (!closed.has_value()) {
+      return absl::NotFoundError(
+          absl::StrCat("aggregate ", req->aggregate_id(),
+                       "'s divergence was resolved meanwhile"));
+    }
+    if (!chain.empty() && chain.back().first > rewound.applied_seq()) {
+      owed = ReOwe(tx, *sub,
+                   {{req->aggregate_id(), rewound.applied_seq(),
+                     chain.back().first}})
+                 .owed;
+    }
+    tx.exec_params("SELECT pg_notify($1, '')", kNotifyChannel);
+    tx.commit();
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return ToGrpcStatus(s);
+  spdlog::warn(
+      "relay: divergence of aggregate {} in {} resolved by {}: {}; "
+      "{} events owed again",
+      req->aggregate_id(), *sub, who, resolution, owed);
+  *resp = std::move(*closed);
+  return grpc::Status::OK;
 }
 
 }  // namespace outbox::relay

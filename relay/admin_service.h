@@ -1,6 +1,7 @@
 #pragma once
-// outbox.v1.RelayAdmin: the relay's state, dead letters, requeue and a
-// decoded look at any outbox row.
+// outbox.v1.RelayAdmin: the relay's state, dead letters, requeue, a decoded
+// look at any outbox row, replay, and the diverged aggregates an operator
+// resolves.
 
 #include "common/db.h"
 #include "common/identity.h"
@@ -12,7 +13,8 @@ namespace outbox::relay {
 class RelayAdminImpl final : public v1::RelayAdmin::Service {
  public:
   // `db` (the orders database), `relay` and `check` (may be null: every
-  // caller admitted) must outlive the service. Requeue needs Access::kAdmin.
+  // caller admitted) must outlive the service. Requeue, Replay and
+  // ResolveDivergence need Access::kAdmin.
   RelayAdminImpl(Database* db, const Relay* relay,
                  const CallerCheck* check = nullptr);
 
@@ -27,6 +29,14 @@ class RelayAdminImpl final : public v1::RelayAdmin::Service {
   grpc::Status GetEvent(grpc::ServerContext* ctx,
                         const v1::GetEventRequest* req,
                         v1::OutboxRow* resp) override;
+  grpc::Status Replay(grpc::ServerContext* ctx, const v1::ReplayRequest* req,
+                      v1::ReplayResponse* resp) override;
+  grpc::Status ListDivergences(grpc::ServerContext* ctx,
+                               const v1::ListDivergencesRequest* req,
+                               v1::ListDivergencesResponse* resp) override;
+  grpc::Status ResolveDivergence(grpc::ServerContext* ctx,
+                                 const v1::ResolveDivergenceRequest* req,
+                                 v1::Divergence* resp) override;
 
  private:
   Database* const db_;

@@ -11,6 +11,11 @@
 //   outboxctl demo --orders N ...        load, then verify, with a summary
 //   outboxctl reconcile --orders_db URL --billing_db URL [--window 1h]
 //                     [--grace 5m]         events committed, not applied: why
+//   outboxctl replay --event ID | --aggregate ID | --from_seq N [--to_seq M]
+//                    | --since D [--until D]   owe retained events again
+//   outboxctl diverged [--all]           aggregates whose histories diverged
+//   outboxctl resolve --aggregate ID --reason TEXT   adopt the producer's
+//                                        history for a diverged aggregate
 //
 // verify, demo and reconcile take each database's password from
 // OUTBOX_ORDERS_PASSWORD and OUTBOX_BILLING_PASSWORD (--orders_password,
@@ -58,7 +63,8 @@ ABSL_FLAG(std::string, billing_password, "",
 ABSL_FLAG(std::string, aggregate, "", "Aggregate id (dead-letters, requeue).");
 ABSL_FLAG(bool, all_dead, false, "requeue: every dead letter (--all-dead).");
 ABSL_FLAG(absl::Duration, since, absl::ZeroDuration(),
-          "requeue: only dead letters that died within this long (e.g. 1h).");
+          "requeue: only dead letters that died within this long (e.g. 1h); "
+          "replay: events committed within this long.");
 ABSL_FLAG(std::string, error, "",
           "requeue: only dead letters whose last_error contains this text.");
 ABSL_FLAG(int, limit, 100, "Rows to list.");
@@ -92,6 +98,15 @@ ABSL_FLAG(double, rate, 0,
 ABSL_FLAG(std::string, subscription, "",
           "stats, dead-letters, requeue, show: the subscription to act on "
           "(empty: the one the relay delivers, its --subscription).");
+ABSL_FLAG(int64_t, from_seq, 0, "replay: the first seq owed again.");
+ABSL_FLAG(int64_t, to_seq, 0, "replay: the last seq owed again (0: open).");
+ABSL_FLAG(absl::Duration, until, absl::ZeroDuration(),
+          "replay with --since: only events committed more than this long "
+          "ago (0: up to now).");
+ABSL_FLAG(std::string, event, "", "replay: one event, by its event_id.");
+ABSL_FLAG(bool, all, false, "diverged: resolved ones too.");
+ABSL_FLAG(std::string, reason, "",
+          "resolve: why the producer's history is adopted (recorded).");
 ABSL_FLAG(std::string, ca, "",
           "PEM CA bundle the servers' certificates must chain to: call every "
           "address with TLS.");
@@ -159,15 +174,20 @@ int Stats() {
       std::printf(
           "relay %s (%s), subscription %s\n  pending %lld, oldest %.1f s, dead "
           "letters %lld, "
-          "delivered %lld\n  partitions owned %d of %d, in flight %lld, "
-          "stream %s\n  this process: delivered %lld, rejected %lld\n",
+          "delivered %lld, diverged aggregates %lld\n  partitions owned %d of "
+          "%d, in flight %lld, stream %s%s%s\n  consumer database %s\n  this "
+          "process: delivered %lld, rejected %lld\n",
           s.replica_id().c_str(), absl::GetFlag(FLAGS_relay).c_str(),
           s.subscription().c_str(), static_cast<long long>(s.pending()),
           s.oldest_pending_seconds(), static_cast<long long>(s.dead_letters()),
           static_cast<long long>(s.delivered_total()),
-          s.partitions_owned_size(), s.partitions_total(),
-          static_cast<long long>(s.in_flight()),
+          static_cast<long long>(s.diverged()), s.partitions_owned_size(),
+          s.partitions_total(), static_cast<long long>(s.in_flight()),
           s.stream_connected() ? "connected" : "down",
+          s.paused_reason().empty() ? "" : "\n  PAUSED: ",
+          s.paused_reason().c_str(),
+          s.consumer_database().empty() ? "not seen yet"
+                                        : s.consumer_database().c_str(),
           static_cast<long long>(s.delivered_by_process()),
           static_cast<long long>(s.rejected_by_process()));
     } else {
@@ -260,6 +280,102 @@ int Show(const std::vector<char*>& args) {
   grpc::Status st = stub->GetEvent(&ctx, req, &row);
   if (!st.ok()) return Fail("show", st);
   std::printf("%s\n", Json(row).c_str());
+  return 0;
+}
+
+int ReplayCommand() {
+  outbox::v1::ReplayRequest req;
+  req.set_subscription(absl::GetFlag(FLAGS_subscription));
+  req.set_event_id(absl::GetFlag(FLAGS_event));
+  req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
+  req.set_from_seq(absl::GetFlag(FLAGS_from_seq));
+  req.set_to_seq(absl::GetFlag(FLAGS_to_seq));
+  if (absl::GetFlag(FLAGS_since) > absl::ZeroDuration()) {
+    outbox::ToTimestamp(absl::Now() - absl::GetFlag(FLAGS_since),
+                        req.mutable_since());
+    if (absl::GetFlag(FLAGS_until) > absl::ZeroDuration()) {
+      outbox::ToTimestamp(absl::Now() - absl::GetFlag(FLAGS_until),
+                          req.mutable_until());
+    }
+  } else if (absl::GetFlag(FLAGS_until) != absl::ZeroDuration()) {
+    std::fprintf(stderr, "outboxctl: replay: --until needs --since\n");
+    return 2;
+  }
+  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::ReplayResponse resp;
+  grpc::Status st = stub->Replay(&ctx, req, &resp);
+  if (!st.ok()) return Fail("replay", st);
+  std::printf(
+      "replay: %lld retained events matched, %lld owed again (the rest were "
+      "pending already); the consumer answers DUPLICATE for what it has\n",
+      static_cast<long long>(resp.matched()),
+      static_cast<long long>(resp.owed()));
+  return 0;
+}
+
+std::string Time(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", outbox::FromTimestamp(t),
+                          absl::UTCTimeZone());
+}
+
+void PrintDivergence(const outbox::v1::Divergence& d) {
+  std::printf("%s  %s  detected %s\n    %s\n", d.aggregate_id().c_str(),
+              d.kind().c_str(), Time(d.detected_at()).c_str(),
+              d.detail().c_str());
+  if (d.has_resolved_at()) {
+    std::printf("    resolved %s by %s: %s\n", Time(d.resolved_at()).c_str(),
+                d.resolved_by().c_str(), d.resolution().c_str());
+  }
+}
+
+// Exit 0: nothing diverged (open); 1: some are (listed).
+int Diverged() {
+  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::ListDivergencesRequest req;
+  req.set_subscription(absl::GetFlag(FLAGS_subscription));
+  req.set_include_resolved(absl::GetFlag(FLAGS_all));
+  req.set_limit(absl::GetFlag(FLAGS_limit));
+  outbox::v1::ListDivergencesResponse resp;
+  grpc::Status st = stub->ListDivergences(&ctx, req, &resp);
+  if (!st.ok()) return Fail("diverged", st);
+  int open = 0;
+  for (const auto& d : resp.divergences()) {
+    PrintDivergence(d);
+    open += d.has_resolved_at() ? 0 : 1;
+  }
+  if (absl::GetFlag(FLAGS_format) == "json") {
+    std::printf("%s\n", Json(resp).c_str());
+  }
+  std::printf(
+      "%d diverged aggregate%s waiting for a decision (outboxctl "
+      "resolve --aggregate ID --reason TEXT)\n",
+      open, open == 1 ? "" : "s");
+  return open == 0 ? 0 : 1;
+}
+
+int Resolve() {
+  if (absl::GetFlag(FLAGS_aggregate).empty() ||
+      absl::GetFlag(FLAGS_reason).empty()) {
+    std::fprintf(stderr,
+                 "usage: outboxctl resolve --aggregate ID --reason TEXT\n");
+    return 2;
+  }
+  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::ResolveDivergenceRequest req;
+  req.set_subscription(absl::GetFlag(FLAGS_subscription));
+  req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
+  req.set_reason(absl::GetFlag(FLAGS_reason));
+  outbox::v1::Divergence d;
+  grpc::Status st = stub->ResolveDivergence(&ctx, req, &d);
+  if (!st.ok()) return Fail("resolve", st);
+  PrintDivergence(d);
   return 0;
 }
 
@@ -399,6 +515,7 @@ std::string BadDurationFlag() {
       {"--timeout", absl::GetFlag(FLAGS_timeout), false},
       {"--wait", absl::GetFlag(FLAGS_wait), true},
       {"--since", absl::GetFlag(FLAGS_since), true},
+      {"--until", absl::GetFlag(FLAGS_until), true},
   };
   for (const auto& f : flags) {
     if (f.value > absl::ZeroDuration() ||
@@ -435,7 +552,9 @@ int main(int argc, char** argv) {
       "show EVENT_ID,\n  load --orders N --concurrency C [--only "
       "create|pay|cancel] "
       "[--rate R], verify, demo --orders N,\n  reconcile [--window 1h] "
-      "[--grace 5m] [--subscription S]");
+      "[--grace 5m] [--subscription S],\n  replay --event ID|--aggregate "
+      "ID|--from_seq N [--to_seq M]|--since D [--until D],\n  diverged "
+      "[--all], resolve --aggregate ID --reason TEXT");
   const std::string cmd = args.size() > 1 ? args[1] : "";
   if (absl::Status s =
           outbox::CheckClientTls(TlsFromFlags(), {"--ca", "--cert", "--key"});
@@ -455,10 +574,15 @@ int main(int argc, char** argv) {
   if (cmd == "verify") return Verify();
   if (cmd == "demo") return Demo();
   if (cmd == "reconcile") return ReconcileCommand();
+  if (cmd == "replay") return ReplayCommand();
+  if (cmd == "diverged") return Diverged();
+  if (cmd == "resolve") return Resolve();
   std::fprintf(stderr,
                "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
                "requeue --aggregate ID | requeue --all-dead [--since D] "
                "[--error TEXT] | show EVENT_ID | load --orders N "
-               "--concurrency C | verify | demo --orders N\n");
+               "--concurrency C | verify | demo --orders N | reconcile | "
+               "replay --event ID|--aggregate ID|--from_seq N|--since D | "
+               "diverged | resolve --aggregate ID --reason TEXT\n");
   return 2;
 }
