@@ -59,17 +59,23 @@ std::string CheckReport::Summary() const {
       "held at consumer   %d\n"
       "drained            %s in %s\n"
       "latency created->applied  p50 %.1f ms  p99 %.1f ms\n"
-      "I1 lost            %d (missing effects %d)\n"
+      "I1 lost            %s (missing effects %d)\n"
       "I2 duplicate effect %d\n"
       "I3 order violations %d\n"
       "I4 phantoms        %d\n"
       "view mismatches    %d\n"
-      "pruned by retention %d from the outbox, %d from the inbox\n",
+      "pruned by retention %d from the outbox, %d from the inbox\n"
+      "diverged           %d aggregates (%d deliveries parked, %d applied "
+      "events the outbox lacks); superseded by an operator %d\n",
       events, applied, dead_letters, behind_dead, pending, held,
       drained ? "yes" : "NO", absl::FormatDuration(drain_time), latency_p50_ms,
-      latency_p99_ms, lost, missing_effects, duplicate_effects,
-      order_violations, phantoms, view_mismatches, pruned_from_outbox,
-      pruned_from_inbox);
+      latency_p99_ms,
+      drained ? absl::StrCat(lost)
+              : absl::StrCat(lost, " known; unknown until drained (", pending,
+                             " pending, ", held, " held)"),
+      missing_effects, duplicate_effects, order_violations, phantoms,
+      view_mismatches, pruned_from_outbox, pruned_from_inbox, diverged,
+      diverged_events, orphaned, superseded);
   for (const std::string& e : examples) absl::StrAppend(&s, "  ! ", e, "\n");
   absl::StrAppend(
       &s, ok() ? "RESULT: OK, every invariant holds\n" : "RESULT: VIOLATION\n");
@@ -89,13 +95,16 @@ std::string CheckReport::Json() const {
       "\"duplicate_effects\":%d,\"order_violations\":%d,\"phantoms\":%d,"
       "\"view_mismatches\":%d,\"latency_p50_ms\":%.2f,"
       "\"latency_p99_ms\":%.2f,\"pruned_from_outbox\":%d,"
-      "\"pruned_from_inbox\":%d,\"examples\":%s}\n",
+      "\"pruned_from_inbox\":%d,\"lost_known\":%s,\"diverged\":%d,"
+      "\"diverged_events\":%d,\"orphaned\":%d,\"superseded\":%d,"
+      "\"examples\":%s}\n",
       ok() ? "true" : "false", events, applied, dead_letters, behind_dead,
       pending, held, drained ? "true" : "false",
       absl::ToDoubleSeconds(drain_time), lost, missing_effects,
       duplicate_effects, order_violations, phantoms, view_mismatches,
       latency_p50_ms, latency_p99_ms, pruned_from_outbox, pruned_from_inbox,
-      ex);
+      drained ? "true" : "false", diverged, diverged_events, orphaned,
+      superseded, ex);
 }
 
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
@@ -111,6 +120,21 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
   pqxx::connection& billing = **billing_conn;
   try {
     const absl::Time start = absl::Now();
+    // What waits for an operator (a divergence), as the relays recorded it.
+    auto diverged_aggregates = [&](pqxx::transaction_base& o) {
+      std::map<std::string, std::string> out;
+      if (o.exec("SELECT to_regclass('outbox_divergences') IS NOT NULL")[0][0]
+              .as<bool>()) {
+        for (const auto& row : o.exec_params(
+                 "SELECT aggregate_id, kind || ': ' || detail FROM "
+                 "outbox_divergences WHERE subscription = $1 AND resolved_at "
+                 "IS NULL",
+                 subscription)) {
+          out[row[0].as<std::string>()] = row[1].as<std::string>();
+        }
+      }
+      return out;
+    };
     for (;;) {
       pqxx::nontransaction o(orders), b(billing);
       const int64_t undrained =
@@ -118,11 +142,17 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                "SELECT count(*) FROM outbox_delivery p WHERE p.subscription "
                "= $1 AND p.status = 'pending' AND NOT EXISTS (SELECT 1 FROM "
                "outbox_delivery d WHERE d.subscription = $1 AND "
-               "d.aggregate_id = p.aggregate_id AND d.status = 'dead')",
+               "d.aggregate_id = p.aggregate_id AND d.status IN ('dead', "
+               "'diverged'))",
                subscription)[0][0]
               .as<int64_t>();
-      const int64_t held =
-          b.exec("SELECT count(*) FROM held_events")[0][0].as<int64_t>();
+      ArrayLiteral waiting;
+      for (const auto& [agg, why] : diverged_aggregates(o)) waiting.Add(agg);
+      const int64_t held = b.exec_params(
+                                "SELECT count(*) FROM held_events WHERE NOT "
+                                "(aggregate_id = ANY($1::text[]))",
+                                waiting.str())[0][0]
+                               .as<int64_t>();
       if (undrained == 0 && held == 0) {
         r.drained = true;
         break;
@@ -135,8 +165,15 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     r.drain_time = absl::Now() - start;
 
     pqxx::read_transaction o(orders);
+    ApplyLimits(o);
     std::map<std::string, Committed> committed;
     std::set<std::string> dead_aggregates;
+    const std::map<std::string, std::string> diverged = diverged_aggregates(o);
+    r.diverged = static_cast<int64_t>(diverged.size());
+    for (const auto& [agg, why] : diverged) {
+      Example(&r, absl::StrCat("diverged: aggregate ", agg, ": ", why,
+                               " (outboxctl resolve decides)"));
+    }
     for (const auto& row : o.exec_params(
              absl::StrCat(
                  "SELECT o.event_id::text, o.aggregate_id, o.seq, o.prev_seq, "
@@ -163,7 +200,9 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
           }
         }
       }
-      if (c.status == kDeliveryDead) dead_aggregates.insert(c.aggregate_id);
+      if (c.status == kDeliveryDead || c.status == kDeliveryDiverged) {
+        dead_aggregates.insert(c.aggregate_id);
+      }
       committed.emplace(row[0].as<std::string>(), std::move(c));
     }
     // Events below the oldest retained row were deleted by --retention
@@ -182,6 +221,7 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     o.commit();
 
     pqxx::read_transaction b(billing);
+    ApplyLimits(b);
     std::vector<Applied> applied;
     for (const auto& row :
          b.exec("SELECT event_id::text, aggregate_id, seq, "
@@ -199,6 +239,16 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       view_status[row[0].as<std::string>()] = row[1].as<std::string>();
     }
     r.held = b.exec("SELECT count(*) FROM held_events")[0][0].as<int64_t>();
+    // Applied events an operator superseded (their effects stay, recorded).
+    std::set<std::string> superseded;
+    if (b.exec("SELECT to_regclass('inbox_superseded') IS NOT NULL")[0][0]
+            .as<bool>()) {
+      for (const auto& row :
+           b.exec("SELECT DISTINCT event_id::text FROM inbox_superseded")) {
+        superseded.insert(row[0].as<std::string>());
+      }
+    }
+    r.superseded = static_cast<int64_t>(superseded.size());
     // How far --inbox_retention deleted each aggregate's inbox rows.
     std::map<std::string, int64_t> pruned_through;
     if (b.exec("SELECT 1 FROM information_schema.columns WHERE table_name = "
@@ -220,6 +270,7 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     r.applied = static_cast<int64_t>(applied.size());
     std::set<std::string> applied_ids;
     std::set<std::string> pruned_from_outbox_ids;
+    std::set<std::string> orphan_ids;             // applied, lost by the outbox
     std::map<std::string, int64_t> last_applied;  // aggregate -> seq
     std::vector<double> latencies;
     for (const Applied& a : applied) {
@@ -228,6 +279,14 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       if (c == committed.end() && a.seq < retained_from) {
         ++r.pruned_from_outbox;
         pruned_from_outbox_ids.insert(a.event_id);
+        last_applied[a.aggregate_id] = a.seq;
+        continue;
+      }
+      if (c == committed.end() && diverged.count(a.aggregate_id)) {
+        // Committed once and lost by the outbox (a failover): a divergence
+        // names it, for an operator.
+        ++r.orphaned;
+        orphan_ids.insert(a.event_id);
         last_applied[a.aggregate_id] = a.seq;
         continue;
       }
@@ -252,6 +311,10 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     for (const auto& [id, c] : committed) {
       if (c.status == kDeliveryDead) {
         ++r.dead_letters;
+        continue;
+      }
+      if (c.status == kDeliveryDiverged) {
+        ++r.diverged_events;
         continue;
       }
       if (applied_ids.count(id)) {
@@ -294,14 +357,19 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
           retained_from > 1 && !pruned_through.empty()) {
         continue;
       }
+      if (superseded.count(event_id)) continue;  // recorded, decided
       if (!committed.count(event_id) &&
-          !pruned_from_outbox_ids.count(event_id)) {
+          !pruned_from_outbox_ids.count(event_id) &&
+          !orphan_ids.count(event_id)) {
         ++r.phantoms;
         Example(&r, absl::StrCat("I4 phantom charge for event ", event_id));
       }
     }
     for (const auto& [order_id, status] : order_status) {
-      if (dead_aggregates.count(order_id) || !r.drained) continue;
+      if (dead_aggregates.count(order_id) || diverged.count(order_id) ||
+          !r.drained) {
+        continue;
+      }
       auto v = view_status.find(order_id);
       if (v == view_status.end() || v->second != status) {
         ++r.view_mismatches;

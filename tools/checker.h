@@ -32,15 +32,27 @@ struct CheckReport {
   // aggregate's cursor passed them).
   int64_t pruned_from_outbox = 0;
   int64_t pruned_from_inbox = 0;
+  // Histories that diverged (a lossy failover, a restore), for an operator
+  // to decide: aggregates with an open divergence (outbox_divergences), the
+  // deliveries parked behind them, and applied events the outbox does not
+  // hold that such a divergence names (not counted as phantoms).
+  int64_t diverged = 0;
+  int64_t diverged_events = 0;
+  int64_t orphaned = 0;
+  // Applied events an operator superseded while resolving a divergence
+  // (inbox_superseded): their effects stay, recorded; not phantoms.
+  int64_t superseded = 0;
   absl::Duration drain_time;  // I5: time until drained (or the wait)
   bool drained = false;
   double latency_p50_ms = 0, latency_p99_ms = 0;  // created -> applied
   std::vector<std::string> examples;  // the first violations, readable
 
+  // Every invariant holds and nothing waits for an operator's decision
+  // (dead letters are I6's business, reported apart).
   bool ok() const {
     return drained && lost == 0 && duplicate_effects == 0 &&
            missing_effects == 0 && order_violations == 0 && phantoms == 0 &&
-           view_mismatches == 0;
+           view_mismatches == 0 && diverged == 0;
   }
   // A multi-line summary for people.
   std::string Summary() const;
@@ -50,8 +62,11 @@ struct CheckReport {
 
 // Checks `subscription`'s deliveries (the events from its start on).
 // Waits up to `wait` until nothing drainable is pending and nothing is held
-// (rows behind a dead letter cannot drain and are reported apart), then
-// checks every invariant. Unavailable if a database cannot be read.
+// (rows behind a dead letter or a divergence cannot drain and are reported
+// apart), then checks every invariant. Until it drained it cannot tell
+// lost from late: `lost` then counts only what is known lost, and the
+// report says the rest is unknown. Unavailable if a database cannot be
+// read.
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                   const std::string& billing_url,
                                   absl::Duration wait,

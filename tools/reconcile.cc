@@ -36,9 +36,12 @@ std::string ReconcileReport::Summary() const {
       "events %d, applied %d (of which pruned from the inbox %d), not "
       "applied %d\n"
       "  pending %d, behind a dead letter %d, dead letters %d, held at the "
-      "consumer %d, lost %d\n",
+      "consumer %d, diverged %d, lost %d\n"
+      "from the consumer back: applied but not in the outbox %d; aggregates "
+      "diverged, waiting for an operator %d\n",
       subscription, Seconds(window), Seconds(grace), events, applied, pruned,
-      not_applied(), pending, behind_dead, dead, held, lost);
+      not_applied(), pending, behind_dead, dead, held, diverged, lost, orphaned,
+      open_divergences);
   for (const Finding& f : findings) {
     absl::StrAppend(
         &s, absl::StrFormat("  seq %d %s %s of %s, %s ago: %s%s%s\n", f.seq,
@@ -46,13 +49,13 @@ std::string ReconcileReport::Summary() const {
                             Seconds(f.age), f.reason,
                             f.detail.empty() ? "" : ": ", f.detail));
   }
-  if (static_cast<int64_t>(findings.size()) < not_applied()) {
-    absl::StrAppend(&s, "  ... and ", not_applied() - findings.size(),
-                    " more\n");
+  if (static_cast<int64_t>(findings.size()) < listed()) {
+    absl::StrAppend(&s, "  ... and ", listed() - findings.size(), " more\n");
   }
-  absl::StrAppend(&s, ok()
-                          ? "RESULT: OK, every event of the window is applied\n"
-                          : "RESULT: NOT APPLIED, see above\n");
+  absl::StrAppend(&s,
+                  ok() ? "RESULT: OK, every event of the window is applied\n"
+                       : (not_applied() > 0 ? "RESULT: NOT APPLIED, see above\n"
+                                            : "RESULT: DIVERGED, see above\n"));
   return s;
 }
 
@@ -74,10 +77,12 @@ std::string ReconcileReport::Json() const {
       "{\"ok\":%s,\"subscription\":\"%s\",\"window_s\":%.0f,\"grace_s\":%.0f,"
       "\"events\":%d,\"applied\":%d,\"pruned\":%d,\"pending\":%d,"
       "\"behind_dead\":%d,\"dead\":%d,\"held\":%d,\"lost\":%d,"
+      "\"diverged\":%d,\"orphaned\":%d,\"open_divergences\":%d,"
       "\"findings\":%s}\n",
       ok() ? "true" : "false", JsonEscape(subscription),
       absl::ToDoubleSeconds(window), absl::ToDoubleSeconds(grace), events,
-      applied, pruned, pending, behind_dead, dead, held, lost, list);
+      applied, pruned, pending, behind_dead, dead, held, lost, diverged,
+      orphaned, open_divergences, list);
 }
 
 absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
@@ -97,8 +102,11 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
     // was marked, so the inbox, read after, holds it.
     std::vector<Committed> events;
     std::map<std::string, int64_t> first_dead;  // aggregate -> lowest dead seq
+    std::vector<Finding> divergences;           // open, for an operator
+    int64_t min_retained = 0;  // below it, retention deleted events
     {
       pqxx::read_transaction o(**outbox_conn);
+      ApplyLimits(o);
       if (o.exec_params("SELECT 1 FROM subscriptions WHERE name = $1",
                         options.subscription)
               .empty()) {
@@ -136,10 +144,33 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
       }
       for (const auto& row : o.exec_params(
                "SELECT aggregate_id, min(seq) FROM outbox_delivery WHERE "
-               "subscription = $1 AND status = 'dead' GROUP BY aggregate_id",
+               "subscription = $1 AND status IN ('dead', 'diverged') GROUP BY "
+               "aggregate_id",
                options.subscription)) {
         first_dead[row[0].as<std::string>()] = row[1].as<int64_t>();
       }
+      if (o.exec("SELECT to_regclass('outbox_divergences') IS NOT NULL")[0][0]
+              .as<bool>()) {
+        for (const auto& row : o.exec_params(
+                 "SELECT aggregate_id, kind, detail, extract(epoch FROM now() "
+                 "- detected_at)::float8, coalesce(consumer_event_id::text, "
+                 "''), coalesce(consumer_seq, 0) FROM outbox_divergences "
+                 "WHERE subscription = $1 AND resolved_at IS NULL ORDER BY id",
+                 options.subscription)) {
+          Finding f;
+          f.aggregate_id = row[0].as<std::string>();
+          f.reason = "diverged aggregate";
+          f.detail = absl::StrCat(row[1].as<std::string>(), ": ",
+                                  row[2].as<std::string>(),
+                                  " (outboxctl resolve decides)");
+          f.age = absl::Seconds(row[3].as<double>());
+          f.event_id = row[4].as<std::string>();
+          f.seq = row[5].as<int64_t>();
+          divergences.push_back(std::move(f));
+        }
+      }
+      min_retained = o.exec("SELECT coalesce(min(seq), 0) FROM outbox")[0][0]
+                         .as<int64_t>();
     }
 
     std::set<std::string> applied;
@@ -147,6 +178,7 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
     std::map<std::string, int64_t> pruned_through;
     {
       pqxx::read_transaction b(**inbox_conn);
+      ApplyLimits(b);
       const bool has_pruned =
           !b.exec(
                 "SELECT 1 FROM information_schema.columns WHERE table_name "
@@ -182,6 +214,64 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
       }
     }
 
+    // From the consumer back: events applied in the window (committed at
+    // most as long ago) that the outbox does not hold.
+    std::vector<Finding> orphans;
+    {
+      std::set<std::string> in_window;
+      for (const Committed& c : events) in_window.insert(c.f.event_id);
+      std::vector<Finding> unknown;
+      {
+        pqxx::read_transaction b(**inbox_conn);
+        ApplyLimits(b);
+        for (const auto& row : b.exec_params(
+                 "SELECT event_id::text, aggregate_id, seq, event_type, "
+                 "extract(epoch FROM now() - applied_at)::float8 FROM inbox "
+                 "WHERE applied_at >= now() - make_interval(secs => "
+                 "$1::float8) AND applied_at < now() - make_interval(secs => "
+                 "$2::float8) ORDER BY applied_at",
+                 absl::ToDoubleSeconds(options.window),
+                 absl::ToDoubleSeconds(options.grace))) {
+          if (in_window.count(row[0].as<std::string>())) continue;
+          if (row[2].as<int64_t>() < min_retained) continue;  // retention
+          Finding f;
+          f.event_id = row[0].as<std::string>();
+          f.aggregate_id = row[1].as<std::string>();
+          f.seq = row[2].as<int64_t>();
+          f.event_type = row[3].as<std::string>();
+          f.age = absl::Seconds(row[4].as<double>());
+          unknown.push_back(std::move(f));
+        }
+      }
+      pqxx::read_transaction o(**outbox_conn);
+      ApplyLimits(o);
+      for (size_t i = 0; i < unknown.size(); i += kChunk) {
+        ArrayLiteral ids;
+        for (size_t j = i; j < std::min(unknown.size(), i + kChunk); ++j) {
+          ids.Add(unknown[j].event_id);
+        }
+        std::set<std::string> held_there;
+        for (const auto& row :
+             o.exec_params("SELECT event_id::text FROM outbox WHERE event_id "
+                           "= ANY($1::uuid[])",
+                           ids.str())) {
+          held_there.insert(row[0].as<std::string>());
+        }
+        for (size_t j = i; j < std::min(unknown.size(), i + kChunk); ++j) {
+          if (held_there.count(unknown[j].event_id)) continue;
+          Finding f = std::move(unknown[j]);
+          f.reason = "applied, not in the outbox";
+          f.detail =
+              "the consumer applied it (its effects stand), but the outbox "
+              "does not hold it: committed and then lost by a failover of "
+              "the outbox database, or never committed";
+          orphans.push_back(std::move(f));
+        }
+      }
+    }
+    r.orphaned = static_cast<int64_t>(orphans.size());
+    r.open_divergences = static_cast<int64_t>(divergences.size());
+
     for (Committed& c : events) {
       ++r.events;
       if (applied.count(c.f.event_id)) {
@@ -195,7 +285,14 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
         continue;
       }
       auto dead = first_dead.find(c.f.aggregate_id);
-      if (c.status == kDeliveryDead) {
+      if (c.status == kDeliveryDiverged) {
+        ++r.diverged;
+        c.f.reason = "diverged";
+        c.f.detail = absl::StrCat(
+            "the consumer holds another history of "
+            "its aggregate: ",
+            c.last_error);
+      } else if (c.status == kDeliveryDead) {
         ++r.dead;
         c.f.reason = "dead letter";
         c.f.detail =
@@ -229,6 +326,12 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
       }
       if (r.findings.size() < options.max_listed) {
         r.findings.push_back(std::move(c.f));
+      }
+    }
+    for (std::vector<Finding>* more : {&divergences, &orphans}) {
+      for (Finding& f : *more) {
+        if (r.findings.size() >= options.max_listed) break;
+        r.findings.push_back(std::move(f));
       }
     }
     return r;
