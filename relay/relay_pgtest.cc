@@ -70,7 +70,8 @@ class Consumer {
            inbox::Handler* handler = Billing())
       : db_(url, 4, "relay-test-consumer"),
         applier_(&db_, handler, &metrics_),
-        sink_(&applier_) {
+        repair_(&db_, handler),
+        sink_(&applier_, nullptr, &repair_) {
     auto server =
         GrpcServer::Start({absl::StrCat("127.0.0.1:", port), absl::Seconds(1),
                            nullptr, kMaxDeliverMessageBytes},
@@ -84,6 +85,7 @@ class Consumer {
   Database db_;
   Metrics metrics_;
   inbox::Engine applier_;
+  inbox::InboxRepair repair_;
   inbox::EventSinkImpl sink_;
   std::unique_ptr<GrpcServer> server_;
 };
@@ -1084,7 +1086,7 @@ TEST_F(RelayTest,
            absl::StrCat("EXPLAIN ", kClaimSql), "billing",
            "{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,"
            "24,25,26,27,28,29,30,31}",
-           "{}", 128, 0, "{}")) {
+           "{}", 128, 0, "{}", "relay-1")) {
     absl::StrAppend(&plan, row[0].as<std::string>(), "\n");
   }
   EXPECT_NE(plan.find("outbox_delivery_pkey"), std::string::npos) << plan;
@@ -1103,14 +1105,20 @@ TEST_F(RelayTest,
   for (const auto& [name, sql] :
        {std::pair{"claim", kClaimSql},
         std::pair{"mark_and_claim", kMarkAndClaimSql}}) {
+    const bool mark = std::string(name) == "mark_and_claim";
     tx.exec(absl::StrCat("PREPARE ", name,
-                         "(text, int[], text[], int, bigint, bigint[]) AS ",
-                         sql));
+                         "(text, int[], text[], int, bigint, bigint[], text",
+                         mark ? ", uuid[]" : "", ") AS ", sql));
     plan.clear();
     for (const auto& row : tx.exec(absl::StrCat(
              "EXPLAIN EXECUTE ", name,
              "('billing', '{0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30}', "
-             "'{}', 128, 0, '{1,2,3}')"))) {
+             "'{}', 128, 0, '{1,2,3}', 'relay-1'",
+             mark ? ", '{00000000-0000-0000-0000-000000000001,"
+                    "00000000-0000-0000-0000-000000000002,"
+                    "00000000-0000-0000-0000-000000000003}'"
+                  : "",
+             ")"))) {
       absl::StrAppend(&plan, row[0].as<std::string>(), "\n");
     }
     EXPECT_EQ(plan.find("Seq Scan on outbox"), std::string::npos) << plan;
@@ -1325,31 +1333,70 @@ TEST_F(RelayTest, BulkRequeueByTimeAndErrorReportsItsCount) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-TEST_F(RelayTest, ConnectingEndsItsOwnStaleSessionInsteadOfWaitingForIt) {
-  Consumer consumer(billing_.url(), 0);
-  Relay relay(Options(consumer.port()), &metrics_);
-  // A session of this relay that the server still keeps after the network
-  // cut it (the server has not noticed): it holds every partition.
-  const std::string name = relay.session_name();
-  ASSERT_EQ(name.substr(0, 13), "outbox-relay ");
-  pqxx::connection stale(orders_.url() + "?application_name=outbox-relay%20" +
-                         name.substr(13));
-  {
-    pqxx::nontransaction tx(stale);
-    tx.exec("SELECT pg_advisory_lock(2830, p) FROM generate_series(0, 31) p");
-  }
+// Ownership lives in lease rows, not in a session: a replica that froze
+// (or whose session the network cut) holds its partitions only until its
+// leases expire, then another takes them over.
+TEST_F(RelayTest, PartitionsOfAReplicaThatStoppedRenewingAreTakenOver) {
+  orders_.Exec(
+      "INSERT INTO outbox_partition_leases (subscription, partition, owner, "
+      "token, expires_at) SELECT 'billing', p, 'frozen', 7, now() + "
+      "interval '2 seconds' FROM generate_series(0, 31) p");
+  orders_.Exec(
+      "INSERT INTO outbox_relay_members VALUES ('billing', 'frozen', now() + "
+      "interval '2 seconds')");
   MakeOrders(20);
+  Consumer consumer(billing_.url(), 0);
+  RelayOptions options = Options(consumer.port());
+  options.lease_ttl = absl::Seconds(3);
+  Relay relay(options, &metrics_);
   relay.Start();
+  // While the frozen replica's leases last, its partitions are its own.
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar(absl::StrCat(
+               "SELECT count(*) FROM outbox_relay_members WHERE member = '",
+               relay.member(), "'")) == 1;
+  }));
+  EXPECT_TRUE(relay.State().partitions_owned.empty());
+  EXPECT_EQ(Pending(), Events());
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; },
-                      absl::Seconds(15)));
+                      absl::Seconds(20)));
   EXPECT_EQ(relay.State().partitions_owned.size(),
             static_cast<size_t>(kPartitionCount));
-  EXPECT_THROW(
-      {
-        pqxx::nontransaction tx(stale);
-        tx.exec("SELECT 1");
-      },
-      pqxx::broken_connection);
+  // Each partition changed hands once more: a new fencing token.
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_partition_leases "
+                           "WHERE token = 8"),
+            kPartitionCount);
+  ExpectExactlyOnceInOrder();
+}
+
+// The claim checks the lease itself: a replica that has not noticed that
+// another took its partitions (it froze between two renewals) claims
+// nothing of them.
+TEST_F(RelayTest, AClaimReadsOnlyPartitionsWhoseLeaseTheReplicaHolds) {
+  Consumer consumer(billing_.url(), 0);
+  RelayOptions options = Options(consumer.port());
+  options.lease_ttl = absl::Minutes(5);
+  options.rebalance_interval = absl::Minutes(5);  // it will not notice
+  std::atomic<int> claims{0};
+  options.after_claim = [&](size_t) { ++claims; };
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return relay.State().partitions_owned.size() == kPartitionCount;
+  }));
+  orders_.Exec(
+      "UPDATE outbox_partition_leases SET owner = 'thief', token = token + 1 "
+      "WHERE subscription = 'billing'");
+  MakeOrders(10);
+  const int before = claims.load();
+  ASSERT_TRUE(WaitFor([&] { return claims.load() >= before + 5; }));
+  EXPECT_EQ(Applied(), 0);
+  EXPECT_EQ(Pending(), Events());
+  orders_.Exec(absl::StrCat("UPDATE outbox_partition_leases SET owner = '",
+                            relay.member(),
+                            "' WHERE subscription = 'billing'"));
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  ExpectExactlyOnceInOrder();
 }
 
 TEST_F(RelayTest, RogueLockOnTheOutboxStallsTheWatchdogUntilReleased) {
@@ -1370,6 +1417,366 @@ TEST_F(RelayTest, RogueLockOnTheOutboxStallsTheWatchdogUntilReleased) {
   lock.reset();  // the rogue session lets go
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
   EXPECT_FALSE(watchdog.Stalled().has_value());
+}
+
+// An answer names its event: when the seq it was sent under belongs to
+// another event by the time it is recorded (a failover handed the seq out
+// again), that event's delivery row stays, and it is delivered.
+TEST_F(RelayTest, AnAnswerNeverMarksAnotherEventAtTheSameSeq) {
+  GatedSink sink;
+  auto server = Serve(&sink);
+  ASSERT_NE(server, nullptr);
+  const std::string order = CreateOrder();
+  ASSERT_FALSE(order.empty());
+  Relay relay(Options(server->port()), &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return sink.Events() == 1; }));
+  // The sent event vanishes and another takes its seq (what a promoted
+  // standby that lacked it does); then the consumer's answer arrives.
+  const int64_t seq = orders_.Scalar("SELECT seq FROM outbox");
+  const std::string other = NewUuid();
+  orders_.Exec("DELETE FROM outbox_delivery");
+  orders_.Exec(absl::StrCat(
+      "WITH gone AS (DELETE FROM outbox RETURNING payload) INSERT INTO outbox "
+      "(seq, event_id, aggregate_type, aggregate_id, prev_seq, event_type, "
+      "schema_version, payload, partition) SELECT ",
+      seq, ", '", other, "', 'order', 'other', 0, 'OrderCreated', 1, payload, ",
+      PartitionOf("other"), " FROM gone"));
+  ASSERT_EQ(Pending(), 1);
+  sink.Release(1);
+  // The new event is delivered (it would not be, had the answer deleted its
+  // row); its own answer then marks it.
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& r : sink.Requests()) {
+      for (const auto& e : r.events()) {
+        if (e.event_id() == other) return true;
+      }
+    }
+    return false;
+  }));
+  sink.Release(1);
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+}
+
+// The consumer's database lost commits (restored from an earlier copy: a
+// new database oid): the relay sees it in the answers and heals, owing the
+// lost events again, so that nothing stays lost or held.
+TEST_F(RelayTest, AConsumerDatabaseRestoredFromAnEarlierCopyIsHealed) {
+  auto inbox_rows = [](const std::string& url) {
+    pqxx::connection c(url);
+    pqxx::nontransaction tx(c);
+    return tx.exec("SELECT count(*) FROM inbox")[0][0].as<int64_t>();
+  };
+  MakeOrders(20);
+  int port = 0;
+  auto consumer = std::make_unique<Consumer>(billing_.url(), 0);
+  port = consumer->port();
+  Relay relay(Options(port), &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return inbox_rows(billing_.url()) == Events() && Pending() == 0;
+  }));
+  // The backup: a copy of the billing database as it is now.
+  consumer.reset();
+  const std::string copy = absl::StrCat(billing_.name(), "_copy");
+  pqxx::connection admin(testing::TestServerUrl() + "/postgres");
+  {
+    pqxx::nontransaction tx(admin);
+    tx.exec(absl::StrCat(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+        "datname = ",
+        tx.quote(billing_.name())));
+    tx.exec(
+        absl::StrCat("CREATE DATABASE ", copy, " TEMPLATE ", billing_.name()));
+  }
+  // Then more orders, applied in the database that will be lost.
+  consumer = std::make_unique<Consumer>(billing_.url(), port);
+  MakeOrders(15);
+  ASSERT_TRUE(WaitFor([&] {
+    return inbox_rows(billing_.url()) == Events() && Pending() == 0;
+  }));
+  consumer.reset();
+  // Restored from the backup, on the consumer's address; more orders come.
+  const std::string copy_url =
+      absl::StrCat(testing::TestServerUrl(), "/", copy);
+  ASSERT_LT(inbox_rows(copy_url), Events());
+  consumer = std::make_unique<Consumer>(copy_url, port);
+  MakeOrders(5);
+  ASSERT_TRUE(WaitFor(
+      [&] { return inbox_rows(copy_url) == Events() && Pending() == 0; },
+      absl::Seconds(30)))
+      << inbox_rows(copy_url) << " of " << Events();
+  auto report = tools::Check(orders_.url(), copy_url, absl::Seconds(10));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->Summary();
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM subscriptions WHERE "
+                           "healed_at IS NOT NULL AND healed_at >= "
+                           "heal_requested_at"),
+            1);
+  EXPECT_NE(metrics_.Render().find(
+                "outbox_relay_consumer_database_changes_total{kind="
+                "\"recreated\"} 1"),
+            std::string::npos);
+  consumer.reset();
+  relay.Stop(absl::ZeroDuration());
+  pqxx::nontransaction tx(admin);
+  tx.exec(absl::StrCat("DROP DATABASE IF EXISTS ", copy, " WITH (FORCE)"));
+}
+
+// Without any sign in the identity (the same database lost an aggregate's
+// last applied event): the next event of that aggregate is answered HELD,
+// though the relay had been answered for its predecessor; the relay owes
+// the missing event again at once.
+TEST_F(RelayTest, AHeldAnswerBehindAnAnsweredPredecessorOwesItAgain) {
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  const std::string order = CreateOrder();
+  Pay(order);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  // The consumer forgets OrderPaid and its charge.
+  const int64_t created = orders_.Scalar(absl::StrCat(
+      "SELECT min(seq) FROM outbox WHERE aggregate_id = '", order, "'"));
+  billing_.Exec(
+      absl::StrCat("DELETE FROM charges WHERE order_id = '", order, "'"));
+  billing_.Exec(absl::StrCat("DELETE FROM inbox WHERE aggregate_id = '", order,
+                             "' AND seq > ", created));
+  billing_.Exec(absl::StrCat("UPDATE aggregate_cursors SET last_seq = ",
+                             created, " WHERE aggregate_id = '", order, "'"));
+  v1::CancelOrderRequest cancel;
+  cancel.set_order_id(order);
+  ASSERT_TRUE(store_.Cancel(cancel, "").ok());
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }))
+      << Applied() << " of " << Events();
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM held_events"), 0);
+  // Paid, then refunded: both charges, once each.
+  EXPECT_EQ(billing_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM charges WHERE order_id = '", order, "'")),
+            2);
+  EXPECT_NE(metrics_.Render().find(
+                "outbox_relay_redelivered_total{reason=\"held\"} 1"),
+            std::string::npos)
+      << metrics_.Render();
+}
+
+// The outbox lost an event the consumer applied (a failover to a standby
+// that lacked it), and the aggregate's next event takes another path: the
+// consumer answers DIVERGED, the event and its aggregate wait for an
+// operator without dead-lettering, verify and reconcile list it, and
+// resolving adopts the producer's history, recording what is superseded.
+TEST_F(RelayTest,
+       ADivergedAggregateWaitsForAnOperatorAndResolvingAdoptsTheOutbox) {
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  const std::string order = CreateOrder();
+  const std::string bystander = CreateOrder();
+  Pay(order);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  // The new primary lacks OrderPaid: its outbox row, its head, the order's
+  // new version.
+  const std::string paid_event =
+      orders_
+          .Query(absl::StrCat(
+              "SELECT event_id::text FROM outbox WHERE aggregate_id = '", order,
+              "' ORDER BY seq DESC LIMIT 1"))[0][0]
+          .as<std::string>();
+  orders_.Exec(
+      absl::StrCat("DELETE FROM outbox WHERE event_id = '", paid_event, "'"));
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox_heads h SET last_seq = o.seq, prev_seq = o.prev_seq "
+      "FROM outbox o WHERE o.aggregate_id = h.aggregate_id AND "
+      "h.aggregate_id = '",
+      order, "'"));
+  orders_.Exec(
+      absl::StrCat("UPDATE orders SET status = 'CREATED', version = "
+                   "1 WHERE order_id = '",
+                   order, "'"));
+  v1::CancelOrderRequest cancel;
+  cancel.set_order_id(order);
+  ASSERT_TRUE(store_.Cancel(cancel, "").ok());
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar(
+               "SELECT count(*) FROM outbox_delivery WHERE status "
+               "= 'diverged'") == 1;
+  }));
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences WHERE "
+                           "resolved_at IS NULL AND kind = 'chain_broken'"),
+            1);
+  EXPECT_EQ(orders_.Scalar("SELECT coalesce(max(attempts), 0) FROM "
+                           "outbox_delivery"),
+            0);
+  // Everything else flows.
+  Pay(bystander);
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  auto report = tools::Check(orders_.url(), billing_.url(), absl::Seconds(5));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->ok());
+  EXPECT_EQ(report->diverged, 1) << report->Summary();
+  EXPECT_EQ(report->phantoms, 0) << report->Summary();
+  EXPECT_EQ(report->lost, 0) << report->Summary();
+  tools::ReconcileOptions ro;
+  ro.grace = absl::ZeroDuration();
+  auto rec = tools::Reconcile(orders_.url(), billing_.url(), ro);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->open_divergences, 1) << rec->Summary();
+  EXPECT_EQ(rec->orphaned, 1) << rec->Summary();  // OrderPaid, applied
+  EXPECT_EQ(rec->diverged, 1) << rec->Summary();  // OrderCancelled, parked
+  EXPECT_FALSE(rec->ok());
+
+  // The operator adopts the producer's history.
+  Database admin_db(orders_.url(), 2, "relay-test-admin");
+  RelayAdminImpl admin(&admin_db, &relay);
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&admin, v1::RelayAdmin::service_full_name()}});
+  ASSERT_TRUE(server.ok());
+  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  {
+    grpc::ClientContext ctx;
+    v1::ListDivergencesResponse list;
+    ASSERT_TRUE(stub->ListDivergences(&ctx, {}, &list).ok());
+    ASSERT_EQ(list.divergences_size(), 1);
+    EXPECT_EQ(list.divergences(0).aggregate_id(), order);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ResolveDivergenceRequest req;
+    req.set_aggregate_id(order);
+    v1::Divergence d;
+    EXPECT_EQ(stub->ResolveDivergence(&ctx, req, &d).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);  // no reason given
+  }
+  grpc::ClientContext ctx;
+  v1::ResolveDivergenceRequest req;
+  req.set_aggregate_id(order);
+  req.set_reason("the payment was lost with the old primary; refund by hand");
+  v1::Divergence d;
+  ASSERT_TRUE(stub->ResolveDivergence(&ctx, req, &d).ok());
+  EXPECT_TRUE(d.has_resolved_at());
+  EXPECT_NE(d.resolution().find(paid_event), std::string::npos)
+      << d.resolution();
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  EXPECT_EQ(billing_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM inbox_superseded WHERE event_id = '",
+                paid_event, "' AND reason LIKE 'the payment was lost%'")),
+            1);
+  report = tools::Check(orders_.url(), billing_.url(), absl::Seconds(10));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->Summary();
+  EXPECT_EQ(report->superseded, 1);
+  // The consumer's view follows the producer: cancelled.
+  EXPECT_EQ(billing_
+                .Query(absl::StrCat(
+                    "SELECT status FROM order_view WHERE order_id = '", order,
+                    "'"))[0][0]
+                .as<std::string>(),
+            "CANCELLED");
+  grpc::ClientContext again;
+  EXPECT_EQ(stub->ResolveDivergence(&again, req, &d).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+// A heal also looks from the consumer back: an applied event the outbox
+// no longer holds is recorded as a divergence even when no later event of
+// its aggregate comes to show it.
+TEST_F(RelayTest, AHealFindsAppliedEventsTheOutboxLost) {
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  const std::string order = CreateOrder();
+  Pay(order);
+  MakeOrders(5);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  orders_.Exec(absl::StrCat(
+      "DELETE FROM outbox WHERE seq = (SELECT max(seq) FROM outbox WHERE "
+      "aggregate_id = '",
+      order, "')"));
+  orders_.Exec(
+      "UPDATE subscriptions SET heal_requested_at = now(), heal_reason = "
+      "'test'");
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar(
+               "SELECT count(*) FROM subscriptions WHERE "
+               "healed_at >= heal_requested_at") == 1;
+  }));
+  EXPECT_EQ(orders_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox_divergences WHERE kind = "
+                "'consumer_ahead' AND aggregate_id = '",
+                order, "'")),
+            1);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 1);
+}
+
+// A failover of the outbox database while the relay was down shows in the
+// identity the database recorded: the relay reports it (the word
+// "failover" and both timelines), counts it, and heals.
+TEST_F(RelayTest, AnOutboxDatabaseThatChangedUnderTheRelayIsHealed) {
+  MakeOrders(5);
+  Consumer consumer(billing_.url(), 0);
+  {
+    Relay relay(Options(consumer.port()), &metrics_);
+    relay.Start();
+    ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  }
+  const std::string recorded =
+      orders_.Query("SELECT identity FROM outbox_database_identity")[0][0]
+          .as<std::string>();
+  const auto id = DatabaseIdentity::FromKey(recorded);
+  ASSERT_TRUE(id.has_value()) << recorded;
+  // As a standby would have recorded it before its promotion.
+  DatabaseIdentity before = *id;
+  before.timeline = id->timeline + 41;
+  orders_.Exec(absl::StrCat("UPDATE outbox_database_identity SET identity = '",
+                            before.Key(), "'"));
+  Metrics metrics;
+  Relay relay(Options(consumer.port()), &metrics);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar(
+               "SELECT count(*) FROM subscriptions WHERE "
+               "healed_at IS NOT NULL AND healed_at >= "
+               "heal_requested_at") == 1;
+  }));
+  EXPECT_NE(metrics.Render().find("outbox_database_failovers_total{database="
+                                  "\"outbox\",kind=\"failover\"} 1"),
+            std::string::npos)
+      << metrics.Render();
+  EXPECT_EQ(orders_.Query("SELECT identity FROM outbox_database_identity")[0][0]
+                .as<std::string>(),
+            recorded);
+}
+
+// A replay owes retained events again; the consumer answers DUPLICATE, so
+// no effect happens twice.
+TEST_F(RelayTest, AReplayOwesEventsAgainAndNothingHappensTwice) {
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  std::vector<std::string> orders = MakeOrders(6);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  const int64_t charges = billing_.Scalar("SELECT count(*) FROM charges");
+  pqxx::connection conn(orders_.url());
+  for (int mode = 0; mode < 3; ++mode) {
+    pqxx::work tx(conn);
+    ReplaySelector sel;
+    if (mode == 0) sel.aggregate_id = orders[0];
+    if (mode == 1) {
+      sel.by_seq = true;
+      sel.from_seq = 1;
+    }
+    if (mode == 2) {
+      sel.by_time = true;
+      sel.since = absl::Now() - absl::Hours(1);
+    }
+    Replayed r = Replay(tx, "billing", sel);
+    tx.commit();
+    EXPECT_GT(r.matched, 0) << mode;
+    EXPECT_EQ(r.owed, r.matched) << mode;
+    ASSERT_TRUE(WaitFor([&] { return Pending() == 0; })) << mode;
+  }
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM charges"), charges);
+  ExpectExactlyOnceInOrder();
 }
 
 }  // namespace

@@ -175,7 +175,7 @@ TEST_F(SecurityTest, EveryMethodRefusesAnIdentityThatIsNotAdmitted) {
           << method << ": " << s.error_message();
     }
   }
-  EXPECT_EQ(methods, 4 + 1 + 3 + 4);
+  EXPECT_EQ(methods, 4 + 3 + 3 + 7);
 }
 
 TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
@@ -197,13 +197,32 @@ TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
   EXPECT_NE(CallAnything(As("relay").get(), "/outbox.v1.EventSink/Deliver")
                 .error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
-  // Requeue: the reader may not, ops may.
-  EXPECT_EQ(
-      CallAnything(reader.get(), "/outbox.v1.RelayAdmin/Requeue").error_code(),
-      grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(CallAnything(As("ops").get(), "/outbox.v1.RelayAdmin/Requeue")
+  // The consumer's repair calls: only the relay, as Deliver.
+  for (const char* method :
+       {"/outbox.v1.EventSink/GetCursors", "/outbox.v1.EventSink/Rewind"}) {
+    EXPECT_EQ(CallAnything(reader.get(), method).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED)
+        << method;
+    EXPECT_NE(CallAnything(As("relay").get(), method).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED)
+        << method;
+  }
+  // Requeue, Replay, ResolveDivergence change what is delivered: the
+  // reader may not, ops may (and an empty request is refused as such).
+  for (const char* method :
+       {"/outbox.v1.RelayAdmin/Requeue", "/outbox.v1.RelayAdmin/Replay",
+        "/outbox.v1.RelayAdmin/ResolveDivergence"}) {
+    EXPECT_EQ(CallAnything(reader.get(), method).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED)
+        << method;
+    EXPECT_EQ(CallAnything(As("ops").get(), method).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << method;
+  }
+  // ListDivergences is a read.
+  EXPECT_NE(CallAnything(reader.get(), "/outbox.v1.RelayAdmin/ListDivergences")
                 .error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);  // an empty request
+            grpc::StatusCode::PERMISSION_DENIED);
 }
 
 TEST_F(SecurityTest, HealthAndReflectionAnswerAnyClientThatPassesTls) {
