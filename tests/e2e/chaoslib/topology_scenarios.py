@@ -499,10 +499,10 @@ def healed(run, lost, since, what):
                           "missing": missing,
                           "seconds": round(took, 1) if took is not None
                           else None, "relay_metrics": metrics}
-    run.note(f"healed: {len(back)} of {len(lost)} events the {what} lost "
-             "were applied again"
-             + (f", the last {took:.1f}s after the new database took over"
-                if took is not None else "")
+    run.note(f"healed: {len(back)} events"
+             + (f" in {took:.1f}s" if took is not None else "")
+             + f" (of {len(lost)} applied events lost with the {what}; from "
+             "the new database taking over to the last one applied again)"
              + (" (relay counters: " + ", ".join(
                  f"{k} {v:g}" for k, v in sorted(metrics.items())) + ")"
                 if metrics else ""))
@@ -880,8 +880,11 @@ class LeakSampler:
 
 
 def check_pgbouncer(run, report):
-    bad = check_reconcile(run, report)
     b = run.bouncer
+    if b.popen is None or b.popen.poll() is not None:
+        raise HarnessError(f"pgbouncer exited during the scenario: "
+                           f"{b.log_tail(3)}")
+    bad = check_reconcile(run, report)
     try:
         pools = b.admin("SHOW POOLS")
         with open(os.path.join(run.workdir, "pgbouncer-pools.txt"), "w") as f:
@@ -905,9 +908,13 @@ def check_pgbouncer(run, report):
                                  "first_t": round(s.first[k], 1)}
                                  for k, n in s.leaks.items()}}
         if s.samples == 0:
-            raise HarnessError(f"leak sampler: no sample through the pooler "
-                               f"({s.failures} sessions failed)")
-        if s.leaks:
+            # the pooler ran, yet no session of the sampler got a backend
+            # (each waits up to query_wait_timeout): the services held
+            # every one of them
+            bad.append(f"pooler: the leak sampler got no backend through "
+                       f"PgBouncer in {s.failures} sessions (pool of "
+                       f"{b.pool_size} held by the services?)")
+        elif s.leaks:
             seen = "; ".join(
                 f"{k} {'/'.join(sorted(s.leak_values[k])[:4])} ({n} samples, "
                 f"{len(s.leak_backends[k])} backends)"
@@ -918,6 +925,9 @@ def check_pgbouncer(run, report):
         else:
             run.note(f"leaks seen: none in {s.samples} samples of "
                      f"{len(s.backends)} backends")
+    else:
+        run.note(f"leaks seen: not sampled ({b.pool_mode} mode: each client "
+                 "keeps its backend)")
     return bad
 
 
