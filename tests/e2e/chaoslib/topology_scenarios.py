@@ -814,17 +814,20 @@ class LeakSampler:
         self.first = {}      # setting -> t of the first such sample
         self._stop = threading.Event()
         self._threads = []
-        self.defaults = self._defaults()
+        self.defaults = {db: self._defaults(db)
+                         for db in (run.orders_db, run.billing_db)}
 
-    def _defaults(self):
-        """What a fresh session has (reset_val), from the server itself."""
-        out = self.run.suite.pg.psql("postgres", (
-            "SELECT name, reset_val FROM pg_settings WHERE name IN ("
-            "'synchronous_commit', 'statement_timeout', 'lock_timeout', "
-            "'idle_in_transaction_session_timeout', 'plan_cache_mode')"),
-            timeout=10)
-        # a timeout's reset_val is "0", as current_setting shows it unset
-        return dict(ln.split("|") for ln in out.splitlines() if ln)
+    def _defaults(self, db):
+        """What a fresh session of `db` shows (the server's, the database's
+        and the role's settings; no advisory lock, LISTEN or prepared
+        statement): the same query on a direct session with no option of
+        ours, so that values compare as printed."""
+        out = self.run.pg_of(db).psql(db, LEAK_SQL, timeout=10, options="",
+                                      app="chaos-leak-defaults")
+        f = out.strip().split("|")
+        if len(f) != 1 + len(LEAK_FIELDS):
+            raise HarnessError(f"leak sampler: unexpected {out.strip()!r}")
+        return dict(zip(LEAK_FIELDS, f[1:]))
 
     def start(self):
         for db in (self.run.orders_db, self.run.billing_db):
@@ -855,7 +858,7 @@ class LeakSampler:
                 pid = f[0]
                 self.backends.add((db, pid))
                 for name, value in zip(LEAK_FIELDS, f[1:]):
-                    want = self.defaults.get(name, "0")
+                    want = self.defaults[db].get(name, "0")
                     if value == want:
                         continue
                     self.leaks[name] = self.leaks.get(name, 0) + 1
