@@ -7,15 +7,15 @@ PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 # Debian 12 packages: build tools, gRPC/protobuf, libpqxx, abseil, spdlog,
 # GoogleTest, the PostgreSQL 15 server, and what the tests use (Node.js for
 # `buf curl` and the manifest checks, python3 for the failure-injection
-# suite, prometheus for promtool and a loopback Prometheus in the
-# monitoring tests; kubectl, which renders the manifests, is not a Debian
-# package and must be on the machine).
+# suite and pgbouncer for its pooler scenarios, prometheus for promtool and
+# a loopback Prometheus in the monitoring tests; kubectl, which renders the
+# manifests, is not a Debian package and must be on the machine).
 OUTBOX_PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libpqxx-dev libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   prometheus-cpp-dev
-  postgresql-15 postgresql-client-15
+  postgresql-15 postgresql-client-15 pgbouncer
   nodejs curl iproute2 procps python3 openssl prometheus
 )
 
@@ -52,9 +52,9 @@ ensure_packages() {
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing Debian packages: ${missing[*]}"
   as_root apt-get update -qq
-  # Packages with a service (prometheus, postgresql) must not start it: the
-  # tests start what they need, on free loopback ports. policy-rc.d is how
-  # Debian says so; one already there is left alone.
+  # Packages with a service (prometheus, postgresql, pgbouncer) must not
+  # start it: the tests start what they need, on free loopback ports.
+  # policy-rc.d is how Debian says so; one already there is left alone.
   local policy=/usr/sbin/policy-rc.d added=false rc=0
   if [ ! -e "$policy" ]; then
     as_root sh -c "printf '#!/bin/sh\nexit 101\n' >$policy && chmod 755 $policy"

@@ -27,7 +27,15 @@ from chaoslib import procs as P  # noqa: E402
 from chaoslib.pg import Postgres  # noqa: E402
 from chaoslib.proxy import ProxyLoop  # noqa: E402
 from chaoslib.runner import Run  # noqa: E402
-from chaoslib.scenarios import BY_NAME, SCENARIOS  # noqa: E402
+from chaoslib.scenarios import SCENARIOS as CORE  # noqa: E402
+from chaoslib.topology_scenarios import SCENARIOS as TOPOLOGY  # noqa: E402
+
+# Each scenario's group: "core" (one PostgreSQL for everything) or
+# "topology" (standbys, restores, PgBouncer, a hung server: their own
+# servers, chaoslib/topology_scenarios.py).
+SCENARIOS = CORE + TOPOLOGY
+BY_NAME = {s.name: s for s in SCENARIOS}
+GROUPS = {"core": CORE, "topology": TOPOLOGY}
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CI_SECONDS = 7
@@ -163,6 +171,11 @@ def main():
     ap.add_argument("--scenario", action="append", default=[],
                     help="run only this scenario (repeat, or comma list); "
                          "--list shows them")
+    ap.add_argument("--group", action="append", default=[],
+                    choices=sorted(GROUPS),
+                    help="run the scenarios of this group (repeat): core "
+                         "(one PostgreSQL), topology (standbys, restores, "
+                         "PgBouncer, a hung server)")
     ap.add_argument("--ci", action="store_true",
                     help=f"short: {CI_SECONDS}s of faults per scenario")
     ap.add_argument("--wait", type=int, default=None,
@@ -190,14 +203,20 @@ def main():
 
     if args.list:
         for s in SCENARIOS:
-            print(f"{s.name:28} {s.summary}")
+            group = getattr(s, "group", "core")
+            print(f"{s.name:28} "
+                  + (f"[{group}] " if group != "core" else "") + s.summary)
         return 0
     names = [n for arg in args.scenario for n in arg.split(",") if n]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         ap.error(f"unknown scenario {', '.join(unknown)}; one of: "
                  + ", ".join(BY_NAME))
-    scenarios = [BY_NAME[n] for n in names] if names else list(SCENARIOS)
+    scenarios = [BY_NAME[n] for n in names]
+    for g in args.group:
+        scenarios += [s for s in GROUPS[g] if s not in scenarios]
+    if not scenarios:
+        scenarios = list(SCENARIOS)
     seconds = args.seconds if args.seconds is not None else (
         CI_SECONDS if args.ci else 20.0)
     if seconds <= 0:
@@ -223,6 +242,7 @@ def main():
     print(f"chaos: {mode}", flush=True)
     print(f"chaos: replay with ./scripts/chaos --seconds {seconds:g} --seed "
           f"{seed}" + (f" --scenario {','.join(names)}" if names else "")
+          + "".join(f" --group {g}" for g in args.group)
           + (" --plaintext" if args.plaintext else ""),
           flush=True)
     results = []
@@ -233,7 +253,7 @@ def main():
               f"({suite.pg.dir})", flush=True)
         suite.ploop = ProxyLoop()
         for i, scn in enumerate(scenarios, 1):
-            run = Run(suite, scn, seconds, seed, i)
+            run = getattr(scn, "run_class", Run)(suite, scn, seconds, seed, i)
             r = run.execute()
             results.append(r)
             print(f"[{scn.name}] {r['result']} in {r['wall_seconds']:.0f}s "

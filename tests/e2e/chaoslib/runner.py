@@ -212,11 +212,19 @@ class Run:
             p.set_pass()
         self.log(f"blackhole over on {self._names(proxies)}", quiet=True)
 
+    def pg_of(self, db):
+        """The server that holds database `db` now: the suite's, unless a
+        topology scenario put it on servers of its own
+        (chaoslib/topology_scenarios.py)."""
+        return self.suite.pg
+
     def sql_orders(self, sql, timeout=30):
-        return self.suite.pg.psql(self.orders_db, sql, timeout=timeout)
+        return self.pg_of(self.orders_db).psql(self.orders_db, sql,
+                                               timeout=timeout)
 
     def sql_billing(self, sql, timeout=30):
-        return self.suite.pg.psql(self.billing_db, sql, timeout=timeout)
+        return self.pg_of(self.billing_db).psql(self.billing_db, sql,
+                                                timeout=timeout)
 
     POISON_UPDATE = (
         "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(o.seq) "
@@ -367,7 +375,6 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             name=name)
 
     def setup(self):
-        pg = self.suite.pg
         if self.suite.tls:
             # A CA of its own per scenario: a process left over from an
             # earlier scenario cannot talk to this one's.
@@ -377,8 +384,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             except TlsError as e:
                 raise HarnessError(str(e))
         for db in (self.orders_db, self.billing_db):
-            pg.drop_db(db)
-            pg.create_db(db)
+            self.pg_of(db).drop_db(db)
+            self.pg_of(db).create_db(db)
         scn = self.scn
         for i in range(1, scn.consumers + 1):
             self.consumers.append(self._proc("consumer", i, []))
@@ -611,7 +618,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                  f"{total['gave_up']} given up")
 
     def verify(self):
-        pg = self.suite.pg
+        orders_url = self.pg_of(self.orders_db).db_url(self.orders_db)
+        billing_url = self.pg_of(self.billing_db).db_url(self.billing_db)
         pending = 0  # every subscription's (fan-out: audit's too)
         try:
             out = self.sql_orders(
@@ -629,8 +637,7 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             wait = 120 + pending // 1000
         self.wait = wait
         argv = [os.path.join(self.suite.bin, "outboxctl"), "verify",
-                f"--orders_db={pg.db_url(self.orders_db)}",
-                f"--billing_db={pg.db_url(self.billing_db)}",
+                f"--orders_db={orders_url}", f"--billing_db={billing_url}",
                 f"--wait={wait}s", "--format=json"]
         self.log(f"checking: outboxctl verify --wait={wait}s", quiet=True)
         try:
@@ -817,7 +824,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         verified = False
         try:
             self.setup()
-            self.sampler = Sampler(self, self.consumers, self.suite.pg,
+            self.sampler = Sampler(self, self.consumers,
+                                   self.pg_of(self.billing_db),
                                    self.billing_db)
             self.sampler.start()
             if self.audit is not None:
@@ -909,8 +917,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 print("\n".join(f"[{self.name}]   | {ln}" for ln in lines[:80]),
                       flush=True)
         if not self.suite.keep_dbs:
-            self.suite.pg.drop_db(self.orders_db)
-            self.suite.pg.drop_db(self.billing_db)
+            self.pg_of(self.orders_db).drop_db(self.orders_db)
+            self.pg_of(self.billing_db).drop_db(self.billing_db)
             if self.audit is not None:
                 self.suite.pg.drop_db(self.audit.db)
         if not failed and not self.suite.keep:
