@@ -54,7 +54,8 @@ struct GroupCommitOptions {
   int max_group = 64;  // items in one group, at most
   // Items waiting for a writer, at most (those of groups being written not
   // counted). When that many wait, SubmitAsync first drops those nobody
-  // waits for any more, then refuses the new item if none was.
+  // waits for any more (looking at most once a millisecond), then refuses
+  // the new item if none was.
   size_t max_queued = 256;
 };
 
@@ -135,7 +136,13 @@ class GroupCommit {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (queue_.size() >= options_.max_queued) {
-        DropUnwanted(queue_, absl::Now(), &dropped);
+        // At most once in kDropInterval: a flood of callers refused at once
+        // would otherwise each pay for a look at every queued item.
+        const absl::Time now = absl::Now();
+        if (now - last_drop_ >= kDropInterval) {
+          last_drop_ = now;
+          DropUnwanted(queue_, now, &dropped);
+        }
       }
       if (queue_.size() < options_.max_queued) {
         queue_.push_back({std::move(item), std::move(done), std::move(waiter)});
@@ -171,6 +178,8 @@ class GroupCommit {
   }
 
  private:
+  static constexpr absl::Duration kDropInterval = absl::Milliseconds(1);
+
   struct Pending {
     Item item;
     Done done;
@@ -276,6 +285,8 @@ class GroupCommit {
   std::condition_variable cv_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // When a full queue last looked for items nobody waits for.
+  absl::Time last_drop_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::mutex answers_mu_;
   std::condition_variable answers_cv_;
   // Written groups, and dropped items, to answer.
