@@ -6,9 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <future>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -793,6 +797,257 @@ TEST(GroupCommit, StoppingAnswersEveryCaller) {
     }
   }
   EXPECT_EQ(answered, 200);
+}
+
+// Holds a GroupCommit's writer inside write() until Release(), so that a
+// test can queue items behind a write that does not end (a hung database).
+class WriteGate {
+ public:
+  // Call from write(): tells Entered() and waits for Release().
+  void Pass() {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++entered_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return released_; });
+  }
+  // Waits until `n` writes have entered.
+  void Entered(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return entered_ >= n; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int entered_ = 0;
+  bool released_ = false;
+};
+
+// What a test's items got: each item's answers, and the items written.
+struct Answers {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, std::vector<absl::StatusCode>> codes;
+  std::vector<int> written;
+
+  GroupCommit<int, int>::Done For(int item) {
+    return [this, item](absl::StatusOr<int> r) {
+      std::lock_guard<std::mutex> lock(mu);
+      codes[item].push_back(r.status().code());
+      cv.notify_all();
+    };
+  }
+  // Waits until `n` items have been answered.
+  void Await(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return codes.size() >= n; });
+  }
+  absl::StatusCode Code(int item) {
+    std::lock_guard<std::mutex> lock(mu);
+    return codes[item].empty() ? absl::StatusCode::kUnknown
+                               : codes[item].front();
+  }
+};
+
+// A hung write and a full queue: the next caller is told at once, nothing
+// of it is written, and what was queued is written once the write ends.
+TEST(GroupCommit, AFullQueueRefusesAtOnce) {
+  WriteGate gate;
+  Answers answers;
+  {
+    GroupCommit<int, int> commit(
+        {.writers = 1, .max_group = 2, .max_queued = 3},
+        [&](const std::vector<const int*>& items) {
+          gate.Pass();
+          std::lock_guard<std::mutex> lock(answers.mu);
+          for (const int* i : items) answers.written.push_back(*i);
+          return std::vector<absl::StatusOr<int>>(items.size(), 0);
+        });
+    commit.SubmitAsync(1, answers.For(1));
+    gate.Entered(1);  // 1 is being written; the write hangs
+    for (int i = 2; i <= 4; ++i) commit.SubmitAsync(i, answers.For(i));
+    commit.SubmitAsync(5, answers.For(5));
+    // Answered before SubmitAsync returned, on this thread.
+    EXPECT_EQ(answers.Code(5), absl::StatusCode::kResourceExhausted);
+    gate.Release();
+    answers.Await(5);
+  }
+  for (int i = 1; i <= 4; ++i)
+    EXPECT_EQ(answers.Code(i), absl::StatusCode::kOk);
+  std::sort(answers.written.begin(), answers.written.end());
+  EXPECT_EQ(answers.written, (std::vector<int>{1, 2, 3, 4}));
+}
+
+// Items whose callers stopped waiting while a write hung are dropped from
+// their group, answered, and never written; the others are written.
+TEST(GroupCommit, ItemsNobodyWaitsForAreAnsweredAndNeverWritten) {
+  WriteGate gate;
+  Answers answers;
+  std::atomic<bool> cancelled{false};
+  {
+    GroupCommit<int, int> commit({.writers = 1, .max_group = 8},
+                                 [&](const std::vector<const int*>& items) {
+                                   if (*items[0] == 1) gate.Pass();
+                                   std::lock_guard<std::mutex> lock(answers.mu);
+                                   for (const int* i : items)
+                                     answers.written.push_back(*i);
+                                   return std::vector<absl::StatusOr<int>>(
+                                       items.size(), 0);
+                                 });
+    commit.SubmitAsync(1, answers.For(1));
+    gate.Entered(1);
+    commit.SubmitAsync(2, answers.For(2),
+                       {.deadline = absl::Now() - absl::Seconds(1)});
+    commit.SubmitAsync(3, answers.For(3),
+                       {.cancelled = [&] { return cancelled.load(); }});
+    commit.SubmitAsync(4, answers.For(4),
+                       {.deadline = absl::Now() + absl::Hours(1)});
+    cancelled = true;  // 3's caller goes away while 1's write hangs
+    gate.Release();
+    answers.Await(4);
+  }
+  EXPECT_EQ(answers.Code(1), absl::StatusCode::kOk);
+  EXPECT_EQ(answers.Code(2), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(answers.Code(3), absl::StatusCode::kCancelled);
+  EXPECT_EQ(answers.Code(4), absl::StatusCode::kOk);
+  EXPECT_EQ(answers.written, (std::vector<int>{1, 4}));
+}
+
+// A full queue first drops what nobody waits for: a new caller is queued,
+// not refused, when the queue is full of abandoned items.
+TEST(GroupCommit, AFullQueueMakesRoomByDroppingAbandonedItems) {
+  WriteGate gate;
+  Answers answers;
+  std::atomic<bool> gone{false};
+  {
+    GroupCommit<int, int> commit(
+        {.writers = 1, .max_group = 8, .max_queued = 2},
+        [&](const std::vector<const int*>& items) {
+          if (*items[0] == 1) gate.Pass();
+          std::lock_guard<std::mutex> lock(answers.mu);
+          for (const int* i : items) answers.written.push_back(*i);
+          return std::vector<absl::StatusOr<int>>(items.size(), 0);
+        });
+    commit.SubmitAsync(1, answers.For(1));
+    gate.Entered(1);
+    auto abandoned = [&] { return gone.load(); };
+    commit.SubmitAsync(2, answers.For(2), {.cancelled = abandoned});
+    commit.SubmitAsync(3, answers.For(3), {.cancelled = abandoned});
+    gone = true;
+    commit.SubmitAsync(4, answers.For(4));
+    answers.Await(2);  // 2 and 3, while 1's write still hangs
+    EXPECT_EQ(answers.Code(2), absl::StatusCode::kCancelled);
+    EXPECT_EQ(answers.Code(3), absl::StatusCode::kCancelled);
+    gate.Release();
+    answers.Await(4);
+  }
+  EXPECT_EQ(answers.Code(4), absl::StatusCode::kOk);
+  EXPECT_EQ(answers.written, (std::vector<int>{1, 4}));
+}
+
+// Many callers, some of whom go away: every item is answered exactly once,
+// and an item is written if and only if it was answered with its result.
+TEST(GroupCommit, EveryItemIsAnsweredOnceAndWrittenOnlyIfAnsweredSo) {
+  Answers answers;
+  std::atomic<int> writes{0};
+  {
+    GroupCommit<int, int> commit(
+        {.writers = 2, .max_group = 8, .max_queued = 16},
+        [&](const std::vector<const int*>& items) {
+          ++writes;
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          std::lock_guard<std::mutex> lock(answers.mu);
+          for (const int* i : items) answers.written.push_back(*i);
+          return std::vector<absl::StatusOr<int>>(items.size(), 0);
+        });
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 8; ++t) {
+      callers.emplace_back([&, t] {
+        for (int k = 0; k < 100; ++k) {
+          const int item = t * 1000 + k;
+          // Every third caller has gone away by the time it is looked at.
+          Waiter w;
+          if (item % 3 == 0) w.cancelled = [] { return true; };
+          commit.SubmitAsync(item, answers.For(item), std::move(w));
+        }
+      });
+    }
+    for (auto& c : callers) c.join();
+    answers.Await(800);
+  }
+  std::set<int> written(answers.written.begin(), answers.written.end());
+  EXPECT_EQ(written.size(), answers.written.size());  // none twice
+  int ok = 0, refused = 0, dropped = 0;
+  for (const auto& [item, codes] : answers.codes) {
+    ASSERT_EQ(codes.size(), 1u) << "item " << item;
+    switch (codes[0]) {
+      case absl::StatusCode::kOk:
+        ++ok;
+        EXPECT_EQ(written.count(item), 1u) << "item " << item;
+        break;
+      case absl::StatusCode::kResourceExhausted:
+        ++refused;
+        EXPECT_EQ(written.count(item), 0u) << "item " << item;
+        break;
+      case absl::StatusCode::kCancelled:
+        ++dropped;
+        EXPECT_EQ(item % 3, 0) << "item " << item;
+        EXPECT_EQ(written.count(item), 0u) << "item " << item;
+        break;
+      default:
+        ADD_FAILURE() << "item " << item << ": " << codes[0];
+    }
+  }
+  EXPECT_EQ(ok + refused + dropped, 800);
+  EXPECT_EQ(static_cast<size_t>(ok), written.size());
+  EXPECT_GT(writes, 0);
+}
+
+// Stopping with a write hung and items queued: once the write ends, the
+// items still wanted are written, the others dropped, and every caller is
+// answered before the destructor returns.
+TEST(GroupCommit, StoppingAnswersEveryCallerAndWritesOnlyWhatIsWanted) {
+  WriteGate gate;
+  Answers answers;
+  std::atomic<bool> gone{false};
+  std::thread stopper;
+  {
+    auto commit = std::make_unique<GroupCommit<int, int>>(
+        GroupCommitOptions{.writers = 1, .max_group = 4, .max_queued = 100},
+        [&](const std::vector<const int*>& items) {
+          if (*items[0] == 0) gate.Pass();
+          std::lock_guard<std::mutex> lock(answers.mu);
+          for (const int* i : items) answers.written.push_back(*i);
+          return std::vector<absl::StatusOr<int>>(items.size(), 0);
+        });
+    commit->SubmitAsync(0, answers.For(0));
+    gate.Entered(1);
+    for (int i = 1; i < 40; ++i) {
+      Waiter w;
+      if (i % 2 == 0) w.cancelled = [&] { return gone.load(); };
+      commit->SubmitAsync(i, answers.For(i), std::move(w));
+    }
+    gone = true;
+    stopper = std::thread([&] { commit.reset(); });
+    gate.Release();
+    stopper.join();
+  }
+  ASSERT_EQ(answers.codes.size(), 40u);
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_EQ(answers.Code(i), i > 0 && i % 2 == 0
+                                   ? absl::StatusCode::kCancelled
+                                   : absl::StatusCode::kOk)
+        << "item " << i;
+  }
+  std::sort(answers.written.begin(), answers.written.end());
+  std::vector<int> expected = {0};
+  for (int i = 1; i < 40; i += 2) expected.push_back(i);
+  EXPECT_EQ(answers.written, expected);
 }
 
 }  // namespace

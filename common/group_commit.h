@@ -4,6 +4,17 @@
 // to max_group), write it in one go and hand every caller its own result.
 // Under load the queue fills while a write runs, so groups grow by
 // themselves; alone, an item is written as soon as a writer is free.
+//
+// A database that hangs costs bounded memory and writes nothing nobody
+// waits for: the queue holds at most max_queued items (beyond, a caller is
+// refused at once), and an item whose caller's deadline passed or who went
+// away (its Waiter) is dropped from its group just before the group is
+// written, and answered DeadlineExceeded or Cancelled. What is written
+// after the database comes back is what was being written when it stopped
+// answering (a group per writer) and what is still wanted then. A caller
+// that gives up while its group is being written cannot know whether it
+// was: that takes an idempotency key.
+//
 // When items wait after a write, its callers are answered on an answering
 // thread while the writer starts the next write at once: answering (for a
 // gRPC caller, building and sending its reply) took a sixth of a writer's
@@ -16,9 +27,11 @@
 //       [&](const std::vector<const Row*>& rows) {
 //         return InsertAll(rows);  // one result per row, in order
 //       });
-//   commit.SubmitAsync(row, [](absl::StatusOr<Id> id) { ... });
+//   commit.SubmitAsync(row, [](absl::StatusOr<Id> id) { ... },
+//                      {.deadline = absl::Now() + absl::Milliseconds(200)});
 //   absl::StatusOr<Id> id = commit.Submit(other_row);  // blocks
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -27,14 +40,54 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace outbox {
 
 struct GroupCommitOptions {
   int writers = 1;     // groups written at once (writer threads)
   int max_group = 64;  // items in one group, at most
+  // Items waiting for a writer, at most (those of groups being written not
+  // counted). When that many wait, SubmitAsync first drops those nobody
+  // waits for any more (looking at most once a millisecond), then refuses
+  // the new item if none was.
+  size_t max_queued = 256;
 };
+
+// Who waits for one item's result: until when, and whether they went away.
+// An item nobody waits for is never written.
+//
+// Example (a call of gRPC's callback API, whose IsCancelled() any thread
+// may ask until the call is finished):
+//   Waiter w{.deadline = absl::Now() + absl::Milliseconds(200),
+//            .cancelled = [ctx] { return ctx->IsCancelled(); }};
+struct Waiter {
+  absl::Time deadline = absl::InfiniteFuture();
+  // True once the caller went away. Called from any thread, and only until
+  // the item's `done` runs. Empty: the caller never goes away.
+  std::function<bool()> cancelled;
+};
+
+// OK while `waiter` still waits at `now`; otherwise DeadlineExceeded or
+// Cancelled, saying that the work it waited for was not done.
+inline absl::Status StillWaiting(const Waiter& waiter, absl::Time now) {
+  if (now >= waiter.deadline) {
+    return absl::DeadlineExceededError(
+        "the deadline passed while the call waited for the database; it was "
+        "not carried out");
+  }
+  if (waiter.cancelled && waiter.cancelled()) {
+    return absl::CancelledError(
+        "the call was cancelled while it waited for the database; it was not "
+        "carried out");
+  }
+  return absl::OkStatus();
+}
 
 template <typename Item, typename Result>
 class GroupCommit {
@@ -52,7 +105,8 @@ class GroupCommit {
       answerers_.emplace_back([this] { AnswerLoop(); });
     }
   }
-  // Writes what is queued and answers every caller, then stops.
+  // Writes what is queued (what its waiters still wait for; the rest is
+  // answered as dropped) and answers every caller, then stops.
   ~GroupCommit() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -70,23 +124,51 @@ class GroupCommit {
   GroupCommit(const GroupCommit&) = delete;
   GroupCommit& operator=(const GroupCommit&) = delete;
 
-  // Queues `item`; `done` gets its result, on a writer or answering
-  // thread, once its group committed (or failed). Never blocks on the write.
-  void SubmitAsync(Item item, Done done) {
+  // Queues `item`; `done` gets its result exactly once: on a writer or
+  // answering thread once its group committed (or failed), or once the item
+  // was dropped because `waiter` no longer waits (DeadlineExceeded,
+  // Cancelled; nothing written). If max_queued items wait and all are
+  // still wanted, `done` gets ResourceExhausted at once, on this thread.
+  // Never blocks on the write.
+  void SubmitAsync(Item item, Done done, Waiter waiter = {}) {
+    Written dropped;
+    bool queued = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({std::move(item), std::move(done)});
+      if (queue_.size() >= options_.max_queued) {
+        // At most once in kDropInterval: a flood of callers refused at once
+        // would otherwise each pay for a look at every queued item.
+        const absl::Time now = absl::Now();
+        if (now - last_drop_ >= kDropInterval) {
+          last_drop_ = now;
+          DropUnwanted(queue_, now, &dropped);
+        }
+      }
+      if (queue_.size() < options_.max_queued) {
+        queue_.push_back({std::move(item), std::move(done), std::move(waiter)});
+        queued = true;
+      }
     }
-    cv_.notify_one();
+    if (!dropped.group.empty()) ToAnswerer(std::move(dropped));
+    if (queued) {
+      cv_.notify_one();
+      return;
+    }
+    done(absl::ResourceExhaustedError(absl::StrCat(
+        "the database is not keeping up: ", options_.max_queued,
+        " writes wait for it already; nothing was written, retry later")));
   }
 
   // Queues `item` and waits for its result.
-  absl::StatusOr<Result> Submit(Item item) {
+  absl::StatusOr<Result> Submit(Item item, Waiter waiter = {}) {
     std::promise<absl::StatusOr<Result>> promise;
     std::future<absl::StatusOr<Result>> future = promise.get_future();
-    SubmitAsync(std::move(item), [&promise](absl::StatusOr<Result> r) {
-      promise.set_value(std::move(r));
-    });
+    SubmitAsync(
+        std::move(item),
+        [&promise](absl::StatusOr<Result> r) {
+          promise.set_value(std::move(r));
+        },
+        std::move(waiter));
     return future.get();
   }
 
@@ -96,15 +178,37 @@ class GroupCommit {
   }
 
  private:
+  static constexpr absl::Duration kDropInterval = absl::Milliseconds(1);
+
   struct Pending {
     Item item;
     Done done;
+    Waiter waiter;
   };
-  // A written group and its results, one per item.
+  // Items and their results, one per item: a written group, or items
+  // dropped before they were written.
   struct Written {
     std::vector<Pending> group;
     std::vector<absl::StatusOr<Result>> results;
   };
+
+  // Moves the items of `items` (queue_ or a group) nobody waits for at
+  // `now` into `dropped`; the others stay, in order.
+  template <typename Items>
+  static void DropUnwanted(Items& items, absl::Time now, Written* dropped) {
+    auto kept = items.begin();
+    for (auto it = items.begin(); it != items.end(); ++it) {
+      absl::Status why = StillWaiting(it->waiter, now);
+      if (why.ok()) {
+        if (kept != it) *kept = std::move(*it);
+        ++kept;
+      } else {
+        dropped->group.push_back(std::move(*it));
+        dropped->results.push_back(std::move(why));
+      }
+    }
+    items.erase(kept, items.end());
+  }
 
   void WriterLoop() {
     for (;;) {
@@ -119,6 +223,11 @@ class GroupCommit {
           queue_.pop_front();
         }
       }
+      // Right before the write: what nobody waits for any more is dropped.
+      Written dropped;
+      DropUnwanted(group, absl::Now(), &dropped);
+      if (!dropped.group.empty()) ToAnswerer(std::move(dropped));
+      if (group.empty()) continue;
       std::vector<const Item*> items;
       items.reserve(group.size());
       for (const Pending& p : group) items.push_back(&p.item);
@@ -133,12 +242,16 @@ class GroupCommit {
         Answer(written);
         continue;
       }
-      {
-        std::lock_guard<std::mutex> lock(answers_mu_);
-        answers_.push_back(std::move(written));
-      }
-      answers_cv_.notify_one();
+      ToAnswerer(std::move(written));
     }
+  }
+
+  void ToAnswerer(Written written) {
+    {
+      std::lock_guard<std::mutex> lock(answers_mu_);
+      answers_.push_back(std::move(written));
+    }
+    answers_cv_.notify_one();
   }
 
   void AnswerLoop() {
@@ -170,12 +283,15 @@ class GroupCommit {
   std::function<void(size_t)> on_group_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Pending> queue_;
-  bool stop_ = false;
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // When a full queue last looked for items nobody waits for.
+  absl::Time last_drop_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::mutex answers_mu_;
   std::condition_variable answers_cv_;
-  std::deque<Written> answers_;  // written groups to answer
-  bool answers_stop_ = false;
+  // Written groups, and dropped items, to answer.
+  std::deque<Written> answers_ ABSL_GUARDED_BY(answers_mu_);
+  bool answers_stop_ ABSL_GUARDED_BY(answers_mu_) = false;
   std::vector<std::thread> threads_;
   std::vector<std::thread> answerers_;
 };

@@ -24,6 +24,13 @@ ABSL_FLAG(int, commit_writers, 1,
           "a write each; at most "
           "this many groups of each at once (1 to (--db_pool_size - 1) / 2). "
           "Fewer make larger groups.");
+ABSL_FLAG(int, commit_queue, 256,
+          "CreateOrder calls waiting for their group write, at most, and as "
+          "many PayOrder/CancelOrder calls apart: when the database hangs or "
+          "falls behind, a call beyond them is refused at once with "
+          "RESOURCE_EXHAUSTED (after those whose deadline passed or that were "
+          "cancelled are dropped, unwritten). Bounds the memory a hung "
+          "database costs.");
 ABSL_FLAG(bool, notify, true,
           "NOTIFY relays from each commit that writes events, so delivery "
           "does not wait for their poll.");
@@ -41,6 +48,13 @@ int main(int argc, char** argv) {
     spdlog::critical(
         "outbox-producer: --commit_writers must be 1 to "
         "(--db_pool_size - 1) / 2");
+    return 2;
+  }
+  const int commit_queue = absl::GetFlag(FLAGS_commit_queue);
+  if (commit_queue < 1) {
+    spdlog::critical(
+        "outbox-producer: --commit_queue must be at least 1, not {}",
+        commit_queue);
     return 2;
   }
   auto security = outbox::ServerSecurityFromFlags();
@@ -66,6 +80,8 @@ int main(int argc, char** argv) {
   outbox::producer::OrderStoreOptions store_options;
   store_options.create_groups.writers = absl::GetFlag(FLAGS_commit_writers);
   store_options.change_groups.writers = absl::GetFlag(FLAGS_commit_writers);
+  store_options.create_groups.max_queued = commit_queue;
+  store_options.change_groups.max_queued = commit_queue;
   if (absl::GetFlag(FLAGS_notify)) {
     store_options.notify_channel = outbox::kNotifyChannel;
   }

@@ -1,13 +1,28 @@
 #include "producer/order_service.h"
 
+#include <grpc/support/time.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/ids.h"
 #include "common/server.h"
 #include "producer/order_logic.h"
 
 namespace outbox::producer {
+
+Waiter WaiterOf(grpc::CallbackServerContext* ctx) {
+  Waiter waiter;
+  const gpr_timespec deadline =
+      gpr_convert_clock_type(ctx->raw_deadline(), GPR_CLOCK_REALTIME);
+  if (gpr_time_cmp(deadline, gpr_inf_future(GPR_CLOCK_REALTIME)) != 0) {
+    waiter.deadline = absl::FromUnixSeconds(deadline.tv_sec) +
+                      absl::Nanoseconds(deadline.tv_nsec);
+  }
+  // Safe from any thread, in the callback API, until the call finishes.
+  waiter.cancelled = [ctx] { return ctx->IsCancelled(); };
+  return waiter;
+}
 
 std::string TraceParentFrom(const grpc::ServerContextBase& ctx) {
   auto it = ctx.client_metadata().find("traceparent");
@@ -74,10 +89,13 @@ void OrderServiceImpl::Watch(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kInternal:
-    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kDeadlineExceeded:   // waited for it in vain
+    case absl::StatusCode::kResourceExhausted:  // refused: it keeps no pace
     case absl::StatusCode::kDataLoss:
       watchdog_->Failed(s);
       break;
+    case absl::StatusCode::kCancelled:
+      break;  // the caller went away: nothing said of the database
     default:
       watchdog_->Done();  // the database answered
   }
@@ -96,10 +114,15 @@ OrderStore::Done OrderServiceImpl::Answer(grpc::ServerUnaryReactor* reactor,
 
 void OrderServiceImpl::OnWorker(
     grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start,
-    v1::Order* order, std::function<absl::StatusOr<v1::Order>()> call) {
-  const bool queued = workers_->Post(
-      [call = std::move(call), done = Answer(reactor, method, start, order)] {
-        done(call());
+    v1::Order* order, Waiter waiter,
+    std::function<absl::StatusOr<v1::Order>()> call) {
+  const bool queued =
+      workers_->Post([call = std::move(call), waiter = std::move(waiter),
+                      done = Answer(reactor, method, start, order)] {
+        // A call that waited in the queue past its caller asks nothing of
+        // the database.
+        absl::Status waiting = StillWaiting(waiter, absl::Now());
+        done(waiting.ok() ? call() : absl::StatusOr<v1::Order>(waiting));
       });
   if (!queued) {
     Finish(reactor, method, start,
@@ -123,7 +146,8 @@ grpc::ServerUnaryReactor* OrderServiceImpl::CreateOrder(
   }
   store_->CreateAsync(
       *req, *total, TraceParentFrom(*ctx),
-      Answer(reactor, "CreateOrder", start, resp->mutable_order()));
+      Answer(reactor, "CreateOrder", start, resp->mutable_order()),
+      WaiterOf(ctx));
   return reactor;
 }
 
@@ -138,7 +162,8 @@ grpc::ServerUnaryReactor* OrderServiceImpl::PayOrder(
     Finish(reactor, "PayOrder", start, s);
   } else {
     store_->PayAsync(*req, TraceParentFrom(*ctx),
-                     Answer(reactor, "PayOrder", start, resp->mutable_order()));
+                     Answer(reactor, "PayOrder", start, resp->mutable_order()),
+                     WaiterOf(ctx));
   }
   return reactor;
 }
@@ -155,7 +180,8 @@ grpc::ServerUnaryReactor* OrderServiceImpl::CancelOrder(
   } else {
     store_->CancelAsync(
         *req, TraceParentFrom(*ctx),
-        Answer(reactor, "CancelOrder", start, resp->mutable_order()));
+        Answer(reactor, "CancelOrder", start, resp->mutable_order()),
+        WaiterOf(ctx));
   }
   return reactor;
 }
@@ -170,7 +196,7 @@ grpc::ServerUnaryReactor* OrderServiceImpl::GetOrder(
   } else if (absl::Status s = ValidateOrderId(req->order_id()); !s.ok()) {
     Finish(reactor, "GetOrder", start, s);
   } else {
-    OnWorker(reactor, "GetOrder", start, resp->mutable_order(),
+    OnWorker(reactor, "GetOrder", start, resp->mutable_order(), WaiterOf(ctx),
              [this, req] { return store_->Get(req->order_id()); });
   }
   return reactor;

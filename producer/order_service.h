@@ -1,9 +1,11 @@
 #pragma once
 // outbox.v1.OrderService over gRPC (the callback API): translates requests
 // and statuses; the rules live in order_logic and the writes in OrderStore.
-// No handler waits on the database on gRPC's threads: CreateOrder is queued
-// for the store's group commit and answered from its writer thread; the
-// other calls run on a worker pool.
+// No handler waits on the database on gRPC's threads: CreateOrder, PayOrder
+// and CancelOrder are queued for the store's group commits and answered from
+// their writer threads; GetOrder runs on a worker pool. Each queue is
+// bounded, and a call whose deadline passed (or that was cancelled) while it
+// waited is answered without reaching the database.
 
 #include "common/identity.h"
 #include "common/metrics.h"
@@ -52,9 +54,10 @@ class OrderServiceImpl final : public v1::OrderService::CallbackService {
   OrderStore::Done Answer(grpc::ServerUnaryReactor* reactor, const char* method,
                           absl::Time start, v1::Order* order);
   // Runs `call` (which returns the order or why not) on a worker, then
-  // answers as Answer does.
+  // answers as Answer does; if `waiter` stopped waiting before a worker was
+  // free, answers why instead of running `call`.
   void OnWorker(grpc::ServerUnaryReactor* reactor, const char* method,
-                absl::Time start, v1::Order* order,
+                absl::Time start, v1::Order* order, Waiter waiter,
                 std::function<absl::StatusOr<v1::Order>()> call);
 
   OrderStore* const store_;
@@ -66,5 +69,9 @@ class OrderServiceImpl final : public v1::OrderService::CallbackService {
 
 // The request's W3C traceparent metadata if valid, else a new one.
 std::string TraceParentFrom(const grpc::ServerContextBase& ctx);
+
+// Who waits for the call: its deadline (none if the client set none) and
+// whether it was cancelled. Valid until the call is finished.
+Waiter WaiterOf(grpc::CallbackServerContext* ctx);
 
 }  // namespace outbox::producer

@@ -241,7 +241,8 @@ absl::StatusOr<v1::Order> OrderStore::Create(const v1::CreateOrderRequest& req,
 
 void OrderStore::CreateAsync(const v1::CreateOrderRequest& req,
                              int64_t total_cents,
-                             const std::string& trace_parent, Done done) {
+                             const std::string& trace_parent, Done done,
+                             Waiter waiter) {
   NewOrder o;
   o.req = &req;
   o.total_cents = total_cents;
@@ -280,7 +281,8 @@ void OrderStore::CreateAsync(const v1::CreateOrderRequest& req,
         ToTimestamp(at, order.mutable_created_at());
         ToTimestamp(at, order.mutable_updated_at());
         done(std::move(order));
-      });
+      },
+      std::move(waiter));
 }
 
 absl::StatusOr<v1::Order> OrderStore::OrderForKey(
@@ -431,7 +433,8 @@ absl::Status OrderStore::WriteRound(
 }
 
 void OrderStore::PayAsync(const v1::PayOrderRequest& req,
-                          const std::string& trace_parent, Done done) {
+                          const std::string& trace_parent, Done done,
+                          Waiter waiter) {
   OrderChange c;
   c.order_id = req.order_id();
   c.expected_version = req.expected_version();
@@ -450,11 +453,12 @@ void OrderStore::PayAsync(const v1::PayOrderRequest& req,
     paid.set_currency(current.currency());
     return OrderEvent(order_id, paid, "");
   };
-  change_commit_.SubmitAsync(std::move(c), std::move(done));
+  change_commit_.SubmitAsync(std::move(c), std::move(done), std::move(waiter));
 }
 
 void OrderStore::CancelAsync(const v1::CancelOrderRequest& req,
-                             const std::string& trace_parent, Done done) {
+                             const std::string& trace_parent, Done done,
+                             Waiter waiter) {
   OrderChange c;
   c.order_id = req.order_id();
   c.expected_version = req.expected_version();
@@ -470,7 +474,7 @@ void OrderStore::CancelAsync(const v1::CancelOrderRequest& req,
         current.status() == v1::ORDER_STATUS_PAID ? current.total_cents() : 0);
     return OrderEvent(order_id, cancelled, "");
   };
-  change_commit_.SubmitAsync(std::move(c), std::move(done));
+  change_commit_.SubmitAsync(std::move(c), std::move(done), std::move(waiter));
 }
 
 absl::StatusOr<v1::Order> OrderStore::Pay(const v1::PayOrderRequest& req,

@@ -19,7 +19,8 @@ namespace outbox::producer {
 
 struct OrderStoreOptions {
   // Concurrent CreateOrder calls share one statement and one commit (group
-  // commit); this many groups are written at once, at most.
+  // commit); this many groups are written at once, at most, and this many
+  // calls wait for them, at most.
   GroupCommitOptions create_groups;
   // Concurrent PayOrder and CancelOrder calls share their statements: one
   // reads their orders, one changes them and appends their events.
@@ -55,9 +56,13 @@ class OrderStore {
   using Done = std::function<void(absl::StatusOr<v1::Order>)>;
   // Create without waiting: queues the order for the next group commit;
   // `done` gets the result on the store's writer thread. `req` must stay
-  // valid until then. Never blocks on the database.
+  // valid until then. Never blocks on the database. An order whose `waiter`
+  // stopped waiting before its group was written is not written (`done`
+  // gets DeadlineExceeded or Cancelled); when the queue is full of orders
+  // still wanted, `done` gets ResourceExhausted at once (see GroupCommit).
   void CreateAsync(const v1::CreateOrderRequest& req, int64_t total_cents,
-                   const std::string& trace_parent, Done done);
+                   const std::string& trace_parent, Done done,
+                   Waiter waiter = {});
   // NotFound, Aborted (stale expected_version), FailedPrecondition
   // (illegal transition) or InvalidArgument (amount differs from the total).
   // Each is decided against the order as committed changes and those before
@@ -69,11 +74,12 @@ class OrderStore {
                                    const std::string& trace_parent);
   // Pay and Cancel without waiting: queued for the next group commit;
   // `done` gets the result on the store's writer thread. Never blocks on
-  // the database.
+  // the database. `waiter` and a full queue as for CreateAsync.
   void PayAsync(const v1::PayOrderRequest& req, const std::string& trace_parent,
-                Done done);
+                Done done, Waiter waiter = {});
   void CancelAsync(const v1::CancelOrderRequest& req,
-                   const std::string& trace_parent, Done done);
+                   const std::string& trace_parent, Done done,
+                   Waiter waiter = {});
   absl::StatusOr<v1::Order> Get(const std::string& order_id);
 
  private:

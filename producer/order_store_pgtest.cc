@@ -3,10 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <future>
+#include <memory>
 #include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/ids.h"
 #include "common/schema.h"
 #include "outbox/v1/event.pb.h"
@@ -166,6 +170,62 @@ TEST_F(OrderStoreTest, RefusedChangesWriteNothing) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Events(), 2);  // created + cancelled
   EXPECT_EQ(tdb_.Scalar("SELECT version FROM orders"), 2);
+}
+
+// Calls whose callers stopped waiting before their group was written (a
+// deadline passed, a cancelled call) are answered so and write nothing.
+TEST_F(OrderStoreTest, CallsNobodyWaitsForWriteNothing) {
+  v1::Order o = Create();
+  auto await = [](const std::function<void(OrderStore::Done)>& start) {
+    auto done = std::make_shared<std::promise<absl::StatusOr<v1::Order>>>();
+    start([done](absl::StatusOr<v1::Order> r) { done->set_value(r); });
+    return done->get_future().get();
+  };
+  const Waiter expired{.deadline = absl::Now() - absl::Milliseconds(1)};
+  const Waiter gone{.cancelled = [] { return true; }};
+  auto req = Request();
+  const int64_t total = *ValidateCreate(req);
+  EXPECT_EQ(await([&](OrderStore::Done d) {
+              store_.CreateAsync(req, total, NewTraceParent(), d, expired);
+            })
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(await([&](OrderStore::Done d) {
+              store_.CreateAsync(req, total, NewTraceParent(), d, gone);
+            })
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
+  v1::PayOrderRequest pay;
+  pay.set_order_id(o.order_id());
+  pay.set_expected_version(1);
+  pay.set_amount_cents(2500);
+  EXPECT_EQ(await([&](OrderStore::Done d) {
+              store_.PayAsync(pay, NewTraceParent(), d, expired);
+            })
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  v1::CancelOrderRequest cancel;
+  cancel.set_order_id(o.order_id());
+  cancel.set_expected_version(1);
+  EXPECT_EQ(await([&](OrderStore::Done d) {
+              store_.CancelAsync(cancel, NewTraceParent(), d, gone);
+            })
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM orders"), 1);
+  EXPECT_EQ(tdb_.Scalar("SELECT version FROM orders"), 1);
+  EXPECT_EQ(Events(), 1);
+  // A caller who still waits is written as before.
+  const Waiter waiting{.deadline = absl::Now() + absl::Minutes(1),
+                       .cancelled = [] { return false; }};
+  EXPECT_TRUE(await([&](OrderStore::Done d) {
+                store_.PayAsync(pay, NewTraceParent(), d, waiting);
+              }).ok());
+  EXPECT_EQ(Events(), 2);
 }
 
 TEST_F(OrderStoreTest, FailureAfterTheOrderWriteLeavesNeither) {

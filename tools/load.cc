@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -12,8 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/ids.h"
 #include "outbox/v1/order.grpc.pb.h"
 
@@ -57,15 +60,19 @@ class Pacer {
   std::atomic<int64_t> next_{0};
 };
 
+// Calls by status code (grpc::StatusCode, 0 to 16).
+using CodeCounts = std::array<std::atomic<int64_t>, 17>;
+
 class Client {
  public:
   Client(const LoadOptions& o, std::shared_ptr<grpc::Channel> channel,
          std::atomic<int64_t>* calls, std::atomic<int64_t>* retries,
-         std::atomic<int64_t>* indeterminate)
+         std::atomic<int64_t>* indeterminate, CodeCounts* codes)
       : o_(o),
         calls_(calls),
         retries_(retries),
         indeterminate_(indeterminate),
+        codes_(codes),
         stub_(v1::OrderService::NewStub(std::move(channel))) {}
 
   // Calls from now on wait for `pacer` (may be null: no pacing).
@@ -89,6 +96,8 @@ class Client {
       const absl::Time t0 = absl::Now();
       s = call(&ctx);
       calls_->fetch_add(1);
+      const size_t code = static_cast<size_t>(s.error_code());
+      (*codes_)[code < codes_->size() ? code : 2 /* UNKNOWN */].fetch_add(1);
       {
         std::lock_guard<std::mutex> lock(mu_);
         latencies_.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
@@ -110,6 +119,7 @@ class Client {
   std::atomic<int64_t>* calls_;
   std::atomic<int64_t>* retries_;
   std::atomic<int64_t>* indeterminate_;
+  CodeCounts* codes_;
   Pacer* pacer_ = nullptr;
   std::unique_ptr<v1::OrderService::Stub> stub_;
   std::mutex mu_;
@@ -127,7 +137,7 @@ double ProcessCpuSeconds() {
 
 std::string LoadReport::Summary() const {
   std::string out;
-  if (setup_created > 0 || only == "pay" || only == "cancel") {
+  if (setup_created > 0 || only == "pay" || only == "cancel" || only == "get") {
     out =
         absl::StrFormat("setup (not counted below): orders created %d in %s\n",
                         setup_created, absl::FormatDuration(setup_elapsed));
@@ -140,7 +150,10 @@ std::string LoadReport::Summary() const {
              "%d\ncall latency p50 %.1f ms  p99 %.1f ms\n",
              created, paid, cancelled, absl::FormatDuration(elapsed),
              calls / std::max(1e-3, absl::ToDoubleSeconds(elapsed)), calls,
-             retries, indeterminate, gave_up, call_p50_ms, call_p99_ms);
+             retries, indeterminate, gave_up, call_p50_ms, call_p99_ms) +
+         (only == "get" ? absl::StrFormat("orders read %d\n", read) : "") +
+         "calls by status: " +
+         absl::StrJoin(codes, ", ", absl::PairFormatter(" ")) + "\n";
 }
 
 std::string LoadReport::Json() const {
@@ -149,12 +162,15 @@ std::string LoadReport::Json() const {
       "\"calls\":%d,\"retries\":%d,\"indeterminate\":%d,\"gave_up\":%d,"
       "\"elapsed_s\":%.6f,\"calls_per_s\":%.3f,\"call_p50_ms\":%.3f,"
       "\"call_p99_ms\":%.3f,\"setup_created\":%d,\"setup_elapsed_s\":%.6f,"
-      "\"cpu_s\":%.3f}\n",
+      "\"cpu_s\":%.3f,\"read\":%d,\"codes\":{%s}}\n",
       only.empty() ? "mix" : only, created, paid, cancelled, calls, retries,
       indeterminate, gave_up, absl::ToDoubleSeconds(elapsed),
       calls / std::max(1e-3, absl::ToDoubleSeconds(elapsed)), call_p50_ms,
       call_p99_ms, setup_created, absl::ToDoubleSeconds(setup_elapsed),
-      cpu_seconds);
+      cpu_seconds, read,
+      absl::StrJoin(codes, ",", [](std::string* out, const auto& code) {
+        absl::StrAppend(out, "\"", code.first, "\":", code.second);
+      }));
 }
 
 absl::Status CheckLoadOptions(const LoadOptions& o) {
@@ -190,9 +206,13 @@ absl::Status CheckLoadOptions(const LoadOptions& o) {
     return bad("--duration must not be negative (0: run to --orders), not ",
                absl::FormatDuration(o.duration));
   }
+  if (o.max_tries < 1) {
+    return bad("--max_tries must be at least 1 (1: no retry), not ",
+               o.max_tries);
+  }
   if (!o.only.empty() && o.only != "create" && o.only != "pay" &&
-      o.only != "cancel") {
-    return bad("--only: create, pay or cancel (or empty: the mix), not \"",
+      o.only != "cancel" && o.only != "get") {
+    return bad("--only: create, pay, cancel or get (or empty: the mix), not \"",
                o.only.substr(0, 32), "\"");
   }
   return absl::OkStatus();
@@ -200,12 +220,13 @@ absl::Status CheckLoadOptions(const LoadOptions& o) {
 
 LoadReport RunLoad(const LoadOptions& o) {
   std::atomic<int64_t> calls{0}, retries{0}, indeterminate{0};
-  std::atomic<int64_t> created{0}, paid{0}, cancelled{0}, gave_up{0};
+  std::atomic<int64_t> created{0}, paid{0}, cancelled{0}, read{0}, gave_up{0};
+  CodeCounts codes{};
   std::atomic<int> next{0};
   const std::string prefix =
       o.key_prefix.empty() ? NewUuid().substr(0, 8) + "-" : o.key_prefix;
   std::vector<double> latencies;
-  const bool setup = o.only == "pay" || o.only == "cancel";
+  const bool setup = o.only == "pay" || o.only == "cancel" || o.only == "get";
   const double pay_fraction = o.only.empty() ? o.pay_fraction : 0;
   const double cancel_fraction = o.only.empty() ? o.cancel_fraction : 0;
   // Orders of the setup phase, by index (unset if not created).
@@ -231,8 +252,9 @@ LoadReport RunLoad(const LoadOptions& o) {
   }
   std::vector<std::unique_ptr<Client>> clients;
   for (int w = 0; w < clients_n; ++w) {
-    clients.push_back(std::make_unique<Client>(
-        o, channels[w % channels.size()], &calls, &retries, &indeterminate));
+    clients.push_back(std::make_unique<Client>(o, channels[w % channels.size()],
+                                               &calls, &retries, &indeterminate,
+                                               &codes));
   }
 
   // Pays `order`; true if it is paid (by this call or an earlier try whose
@@ -297,7 +319,7 @@ LoadReport RunLoad(const LoadOptions& o) {
       v1::CreateOrderRequest req;
       req.set_customer_id(absl::StrCat("customer-", i % 97));
       req.set_currency("EUR");
-      req.set_idempotency_key(absl::StrCat(prefix, i));
+      if (o.idempotency_keys) req.set_idempotency_key(absl::StrCat(prefix, i));
       const int items = 1 + rng() % 3;
       for (int k = 0; k < items; ++k) {
         auto* item = req.add_items();
@@ -331,7 +353,7 @@ LoadReport RunLoad(const LoadOptions& o) {
       if (cancel) cancel_op(client, order, reread);
     }
   };
-  // only=pay|cancel, after the setup: each created order once.
+  // only=pay|cancel|get, after the setup: each created order once.
   auto change_worker = [&](int w) {
     Client& client = *clients[w];
     for (int i; (i = next.fetch_add(1)) < o.orders;) {
@@ -344,8 +366,12 @@ LoadReport RunLoad(const LoadOptions& o) {
       auto reread = rereader(client, order);
       if (o.only == "pay") {
         pay_op(client, order, reread);
-      } else {
+      } else if (o.only == "cancel") {
         cancel_op(client, order, reread);
+      } else if (reread()) {
+        ++read;
+      } else {
+        ++gave_up;
       }
     }
   };
@@ -382,6 +408,7 @@ LoadReport RunLoad(const LoadOptions& o) {
     calls = 0;
     retries = 0;
     indeterminate = 0;
+    for (auto& c : codes) c = 0;
     for (auto& c : clients) c->TakeLatencies();
     next = 0;
     in_setup = false;
@@ -405,6 +432,13 @@ LoadReport RunLoad(const LoadOptions& o) {
   r.created = created;
   r.paid = paid;
   r.cancelled = cancelled;
+  r.read = read;
+  for (size_t c = 0; c < codes.size(); ++c) {
+    if (codes[c] > 0) {
+      r.codes[absl::StatusCodeToString(static_cast<absl::StatusCode>(c))] =
+          codes[c];
+    }
+  }
   r.calls = calls;
   r.retries = retries;
   r.indeterminate = indeterminate;

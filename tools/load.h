@@ -7,11 +7,13 @@
 // indeterminate, never guessed.
 //
 // For benchmarks it can also exercise one call alone (`only`): CreateOrder
-// only, or PayOrder / CancelOrder only on orders it first creates in a
-// setup phase that the report does not count; and it can pace its calls
-// (`rate`).
+// only, or PayOrder / CancelOrder / GetOrder only on orders it first creates
+// in a setup phase that the report does not count; and it can pace its calls
+// (`rate`). For fault tests it can be a careless client instead: one try
+// per call (`max_tries` 1) and no idempotency keys.
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
@@ -34,12 +36,16 @@ struct LoadOptions {
   int max_tries = 20;  // per call, then the operation gives up
   uint64_t seed = 1;
   std::string key_prefix;  // idempotency keys: prefix + index
-  bool progress = true;    // a line a second on stderr
-  ClientTlsFiles tls;      // none: plaintext
-  // "": the mix above. "create": CreateOrder only. "pay" / "cancel": first
-  // creates `orders` orders (the setup phase: not paced, not in the
-  // report's calls, rate or latencies), then pays / cancels each of them
-  // (expected_version 1) until done or `duration` passes.
+  // false: CreateOrder without an idempotency key, as a client that cannot
+  // retry it safely (meant with max_tries 1: a retry may create the order
+  // twice).
+  bool idempotency_keys = true;
+  bool progress = true;  // a line a second on stderr
+  ClientTlsFiles tls;    // none: plaintext
+  // "": the mix above. "create": CreateOrder only. "pay" / "cancel" /
+  // "get": first creates `orders` orders (the setup phase: not paced, not
+  // in the report's calls, rate or latencies), then pays / cancels / reads
+  // each of them (expected_version 1) until done or `duration` passes.
   std::string only;
   // Calls started per second at most, all workers together (retries
   // included); 0: as fast as the workers go.
@@ -47,8 +53,11 @@ struct LoadOptions {
 };
 
 struct LoadReport {
-  int64_t created = 0, paid = 0, cancelled = 0;
+  int64_t created = 0, paid = 0, cancelled = 0, read = 0;
   int64_t calls = 0, retries = 0;
+  // Every call of the measured phase by its status, e.g. "OK",
+  // "DEADLINE_EXCEEDED" (codes no call ended with left out).
+  std::map<std::string, int64_t> codes;
   int64_t indeterminate = 0;  // calls whose outcome stayed unknown
   int64_t gave_up = 0;        // operations abandoned after max_tries
   absl::Duration elapsed;
@@ -65,7 +74,7 @@ struct LoadReport {
 
 // OK, or INVALID_ARGUMENT naming the first option (by its outboxctl flag)
 // that RunLoad cannot honour: a negative count, a share outside [0, 1], an
-// unknown `only`, a timeout that is not positive.
+// unknown `only`, a timeout that is not positive, fewer than one try.
 absl::Status CheckLoadOptions(const LoadOptions& options);
 
 // Runs the load that `options` (as CheckLoadOptions accepts them) describe.

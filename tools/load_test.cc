@@ -14,7 +14,7 @@ namespace {
 TEST(CheckLoadOptions, AcceptsTheDefaultsAndEveryKnownOnly) {
   LoadOptions o;
   EXPECT_TRUE(CheckLoadOptions(o).ok());
-  for (const char* only : {"", "create", "pay", "cancel"}) {
+  for (const char* only : {"", "create", "pay", "cancel", "get"}) {
     o.only = only;
     EXPECT_TRUE(CheckLoadOptions(o).ok()) << only;
   }
@@ -24,6 +24,8 @@ TEST(CheckLoadOptions, AcceptsTheDefaultsAndEveryKnownOnly) {
   o.pay_fraction = 1;
   o.cancel_fraction = 0;
   o.duration = absl::ZeroDuration();
+  o.max_tries = 1;  // a client that never retries
+  o.idempotency_keys = false;
   EXPECT_TRUE(CheckLoadOptions(o).ok());
 }
 
@@ -49,6 +51,7 @@ TEST(CheckLoadOptions, NamesTheFlagItRefuses) {
        "--timeout"},
       {[](LoadOptions& o) { o.duration = absl::Seconds(-1); }, "--duration"},
       {[](LoadOptions& o) { o.only = "refund"; }, "--only"},
+      {[](LoadOptions& o) { o.max_tries = 0; }, "--max_tries"},
   };
   for (const Case& c : cases) {
     LoadOptions o;

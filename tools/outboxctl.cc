@@ -5,8 +5,9 @@
 //   outboxctl requeue EVENT_ID | --aggregate ID | --all-dead
 //                     [--since DURATION] [--error SUBSTRING]
 //   outboxctl show EVENT_ID              one outbox row, decoded
-//   outboxctl load --orders N --concurrency C [--only create|pay|cancel]
+//   outboxctl load --orders N --concurrency C [--only create|pay|cancel|get]
 //                  [--rate CALLS_PER_S] [--duration D] [--format json]
+//                  [--max_tries N] [--idempotency_keys=false]
 //   outboxctl verify --orders_db URL --billing_db URL [--wait 60s]
 //   outboxctl demo --orders N ...        load, then verify, with a summary
 //   outboxctl reconcile --orders_db URL --billing_db URL [--window 1h]
@@ -89,9 +90,16 @@ ABSL_FLAG(absl::Duration, grace, absl::Minutes(5),
           "reconcile: ... except the last this long, which may still be on "
           "their way.");
 ABSL_FLAG(std::string, only, "",
-          "load: one call alone: create (CreateOrder only), pay or cancel "
-          "(first creates --orders orders, not counted, then pays or cancels "
-          "them); empty: the mix of --pay_fraction and --cancel_fraction.");
+          "load: one call alone: create (CreateOrder only), pay, cancel or "
+          "get (first creates --orders orders, not counted, then pays, "
+          "cancels or reads them); empty: the mix of --pay_fraction and "
+          "--cancel_fraction.");
+ABSL_FLAG(int, max_tries, 20,
+          "load, demo: tries of each call before the operation gives up (1: "
+          "no retry).");
+ABSL_FLAG(bool, idempotency_keys, true,
+          "load, demo: send an idempotency key with each CreateOrder (false: "
+          "a client that cannot retry safely; use with --max_tries=1).");
 ABSL_FLAG(double, rate, 0,
           "load: calls started per second at most, all clients together "
           "(0: as fast as they go).");
@@ -394,6 +402,8 @@ std::optional<outbox::tools::LoadOptions> LoadFlags(const char* command) {
   o.duration = absl::GetFlag(FLAGS_duration);
   o.only = absl::GetFlag(FLAGS_only);
   o.rate = absl::GetFlag(FLAGS_rate);
+  o.max_tries = absl::GetFlag(FLAGS_max_tries);
+  o.idempotency_keys = absl::GetFlag(FLAGS_idempotency_keys);
   o.tls = TlsFromFlags();
   if (absl::Status s = outbox::tools::CheckLoadOptions(o); !s.ok()) {
     std::fprintf(stderr, "outboxctl: %s: %s\n", command,
@@ -550,7 +560,7 @@ int main(int argc, char** argv) {
       "commands: stats, dead-letters, requeue EVENT_ID|--aggregate ID|"
       "--all-dead [--since D] [--error TEXT], "
       "show EVENT_ID,\n  load --orders N --concurrency C [--only "
-      "create|pay|cancel] "
+      "create|pay|cancel|get] "
       "[--rate R], verify, demo --orders N,\n  reconcile [--window 1h] "
       "[--grace 5m] [--subscription S],\n  replay --event ID|--aggregate "
       "ID|--from_seq N [--to_seq M]|--since D [--until D],\n  diverged "

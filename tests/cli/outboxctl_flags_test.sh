@@ -28,4 +28,5 @@ refused --concurrency demo --concurrency=0
 refused --rate load --orders=10 --rate=-5
 refused --pay_fraction load --pay_fraction=1.5
 refused --only load --only=refund
+refused --max_tries load --max_tries=0
 refused usage no-such-command
