@@ -41,7 +41,14 @@ int main(int argc, char** argv) {
       "outbox-producer: the order service with a "
       "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
   const std::string url = absl::GetFlag(FLAGS_db);
-  const outbox::DbSession session = outbox::DbSessionFromFlags();
+  outbox::DbSession session = outbox::DbSessionFromFlags();
+  outbox::Metrics metrics;
+  // Every session reports the database it reached: a failover or a restore
+  // of the orders database is logged and counted.
+  const std::unique_ptr<outbox::IdentityWatch> identity =
+      outbox::WatchDatabase("producer: the orders database", "outbox",
+                            &metrics);
+  session.identity_watch = identity.get();
   if (absl::GetFlag(FLAGS_commit_writers) < 1 ||
       2 * absl::GetFlag(FLAGS_commit_writers) >=
           absl::GetFlag(FLAGS_db_pool_size)) {
@@ -68,11 +75,11 @@ int main(int argc, char** argv) {
           "outbox-producer", url, outbox::producer::OrdersSchemas(), session)) {
     return *exit_code;
   }
+  outbox::CheckDatabaseIdentity("outbox-producer", url, session);
   outbox::DbSession store_session = session;
   store_session.generic_plans = true;  // each statement a lookup by key
   outbox::Database db(url, absl::GetFlag(FLAGS_db_pool_size), "outbox-producer",
                       store_session);
-  outbox::Metrics metrics;
   // The store's statements NOTIFY the relays themselves, at their commits.
   outbox::Writer writer({.session = session});
   outbox::Watchdog watchdog("producer database writes",

@@ -202,13 +202,17 @@ std::vector<absl::StatusOr<std::optional<int64_t>>> OrderStore::InsertOrders(
     s = db_->Run([&](pqxx::connection& c) -> absl::Status {
       // Autocommit: a crash here leaves nothing written, as before a COMMIT.
       MaybeCrash("producer.before_commit");
-      pqxx::nontransaction tx(c);
+      // Autocommit, or behind a transaction pooler a transaction that sets
+      // the session limits first (common/db.h OpenUnit).
+      auto unit = OpenUnit(c);
+      pqxx::transaction_base& tx = *unit;
       pqxx::result r = ExecPrepared(
           tx, "create_orders", kCreateSql, id.str(), customer.str(),
           items.str(), currency.str(), total.str(), key.str(),
           fingerprint.str(), rows->aggregate_type, rows->aggregate_id,
           rows->event_id, rows->event_type, rows->schema_version, rows->payload,
           rows->trace_parent, rows->partition, notify_channel_);
+      unit->commit();
       for (const auto& row : r) {
         results[index.at(row[0].as<std::string>())] =
             std::optional<int64_t>(row[1].as<int64_t>());
@@ -289,7 +293,8 @@ absl::StatusOr<v1::Order> OrderStore::OrderForKey(
     const v1::CreateOrderRequest& req, const std::string& fingerprint) {
   absl::StatusOr<v1::Order> result;
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::nontransaction tx(c);
+    auto unit = OpenUnit(c);
+    pqxx::transaction_base& tx = *unit;
     pqxx::result first =
         ExecPrepared(tx, "order_by_key", kOrderByKeySql, req.idempotency_key());
     if (first.empty()) {
@@ -363,7 +368,8 @@ absl::Status OrderStore::WriteRound(
   std::set<std::string> ids;
   for (size_t i : round) ids.insert(group[i]->order_id);
   return db_->Run([&](pqxx::connection& conn) -> absl::Status {
-    pqxx::nontransaction tx(conn);
+    auto unit = OpenUnit(conn);
+    pqxx::transaction_base& tx = *unit;
     std::map<std::string, absl::StatusOr<v1::Order>> orders;
     for (const auto& row : ExecPrepared(tx, "read_orders", kReadOrdersSql,
                                         ArrayLiteral(ids).str())) {
@@ -418,6 +424,7 @@ absl::Status OrderStore::WriteRound(
                       rows->partition, notify_channel_)) {
       updated[row[0].as<std::string>()] = row[1].as<int64_t>();
     }
+    unit->commit();
     *wrote |= !updated.empty();
     for (size_t i : changed) {
       auto it = updated.find(group[i]->order_id);
@@ -492,7 +499,8 @@ absl::StatusOr<v1::Order> OrderStore::Cancel(const v1::CancelOrderRequest& req,
 absl::StatusOr<v1::Order> OrderStore::Get(const std::string& order_id) {
   absl::StatusOr<v1::Order> result;
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::nontransaction tx(c);
+    auto unit = OpenUnit(c);
+    pqxx::transaction_base& tx = *unit;
     pqxx::result r = ExecPrepared(tx, "read_order", kReadOrderSql, order_id);
     if (r.empty()) {
       return absl::NotFoundError(
