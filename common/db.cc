@@ -294,13 +294,15 @@ absl::StatusOr<std::unique_ptr<Connection>> Connect(
         tx.exec("BEGIN");
         tx.exec("COMMIT");
       } catch (const std::exception& e) {
-        if (absl::StrContains(e.what(), "statement pooling mode")) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "the database is reached through PgBouncer in "
-              "pool_mode=statement, which runs each statement on its own: "
-              "this needs transactions (use pool_mode=transaction or "
-              "session): ",
-              FirstLine(e.what())));
+        // PgBouncer answers BEGIN in statement mode with a FATAL error and
+        // closes the session; libpqxx may report only the lost connection.
+        if (absl::StrContains(e.what(), "statement pooling mode") ||
+            dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr) {
+          return absl::FailedPreconditionError(
+              "the database is reached through a connection pooler that "
+              "refused a transaction (PgBouncer in pool_mode=statement runs "
+              "each statement on its own): the outbox and the inbox need "
+              "transactions; use pool_mode=transaction or session");
         }
         throw;
       }

@@ -1110,24 +1110,28 @@ bool Relay::WriteRepairs() {
     tx->commit();
     if (consumer_identity_seen_.has_value()) {
       const DatabaseIdentity seen = *consumer_identity_seen_;
-      if (old.has_value() && old->known()) {
-        const IdentityChange c = CompareIdentity(*old, seen);
-        if (c.kind != IdentityChange::kSame) {
-          consumer_changes_[c.kind == IdentityChange::kFailover    ? 0
-                            : c.kind == IdentityChange::kNewServer ? 1
-                                                                   : 2]
-              ->Add();
-        }
+      // What this relay knew, else what the subscription had stored (a
+      // replica that stored it first requested the heal).
+      const DatabaseIdentity before =
+          consumer_identity_.known() ? consumer_identity_
+                                     : old.value_or(DatabaseIdentity{});
+      const IdentityChange c = CompareIdentity(before, seen);
+      if (c.changed()) {
+        consumer_changes_[c.kind == IdentityChange::kFailover    ? 0
+                          : c.kind == IdentityChange::kNewServer ? 1
+                                                                 : 2]
+            ->Add();
         spdlog::error(
             "relay: subscription {}'s consumer database {}; was {}, now {}; "
-            "a heal compares the consumer's cursors with what was delivered "
-            "and delivers again what it lost",
-            options_.subscription, c.Describe(), old->ToString(),
-            seen.ToString());
-      } else if (!old.has_value()) {
-        // Another replica stored it first (and requested the heal).
-        spdlog::info("relay: the consumer's database is now {}",
-                     seen.ToString());
+            "{}",
+            options_.subscription, c.Describe(), before.ToString(),
+            seen.ToString(),
+            old.has_value() && old->known()
+                ? "a heal compares the consumer's cursors with what was "
+                  "delivered and delivers again what it lost"
+                : "another replica saw it first and requested the heal");
+      } else if (!before.known()) {
+        spdlog::info("relay: the consumer's database is {}", seen.ToString());
       }
       consumer_identity_ = seen;
       consumer_identity_seen_.reset();

@@ -623,7 +623,8 @@ def list_divergences(run, d, aggs, commands):
     diverged = None
     if has_diverged:
         rc_d, out_d, err_d = run.outboxctl(
-            ["diverged"] + run.relay_admin_flags(), name="diverged.txt")
+            ["diverged", "--limit=10000"] + run.relay_admin_flags(),
+            name="diverged.txt")
         text += out_d + err_d
         diverged = set(UUID_RE.findall(out_d)) & d["aggregates"]
         if rc_d not in (0, 1):
