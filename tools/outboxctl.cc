@@ -15,7 +15,7 @@
 //   outboxctl replay --event ID | --aggregate ID | --from_seq N [--to_seq M]
 //                    | --since D [--until D]   owe retained events again
 //   outboxctl diverged [--all]           aggregates whose histories diverged
-//   outboxctl resolve --aggregate ID --reason TEXT   adopt the producer's
+//   outboxctl resolve --aggregate ID | --all --reason TEXT   adopt the producer's
 //                                        history for a diverged aggregate
 //
 // verify, demo and reconcile take each database's password from
@@ -112,7 +112,8 @@ ABSL_FLAG(absl::Duration, until, absl::ZeroDuration(),
           "replay with --since: only events committed more than this long "
           "ago (0: up to now).");
 ABSL_FLAG(std::string, event, "", "replay: one event, by its event_id.");
-ABSL_FLAG(bool, all, false, "diverged: resolved ones too.");
+ABSL_FLAG(bool, all, false,
+          "diverged: resolved ones too; resolve: every open divergence.");
 ABSL_FLAG(std::string, reason, "",
           "resolve: why the producer's history is adopted (recorded).");
 ABSL_FLAG(std::string, ca, "",
@@ -366,25 +367,52 @@ int Diverged() {
   return open == 0 ? 0 : 1;
 }
 
-int Resolve() {
-  if (absl::GetFlag(FLAGS_aggregate).empty() ||
-      absl::GetFlag(FLAGS_reason).empty()) {
-    std::fprintf(stderr,
-                 "usage: outboxctl resolve --aggregate ID --reason TEXT\n");
-    return 2;
-  }
-  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+// Resolves one aggregate's divergence; 0 or Fail's code.
+int ResolveOne(RelayAdmin::Stub* stub, const std::string& aggregate) {
   grpc::ClientContext ctx;
-  Deadline(&ctx);
+  // A rewind walks the aggregate's history at both ends.
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(
+                       std::max(absl::GetFlag(FLAGS_timeout), absl::Seconds(30))));
   outbox::v1::ResolveDivergenceRequest req;
   req.set_subscription(absl::GetFlag(FLAGS_subscription));
-  req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
+  req.set_aggregate_id(aggregate);
   req.set_reason(absl::GetFlag(FLAGS_reason));
   outbox::v1::Divergence d;
   grpc::Status st = stub->ResolveDivergence(&ctx, req, &d);
-  if (!st.ok()) return Fail("resolve", st);
+  if (!st.ok()) return Fail(absl::StrCat("resolve ", aggregate), st);
   PrintDivergence(d);
   return 0;
+}
+
+// One aggregate (--aggregate), or every open divergence (--all), each
+// with the same --reason.
+int Resolve() {
+  const bool all = absl::GetFlag(FLAGS_all);
+  if (absl::GetFlag(FLAGS_reason).empty() ||
+      all == !absl::GetFlag(FLAGS_aggregate).empty()) {
+    std::fprintf(stderr,
+                 "usage: outboxctl resolve --aggregate ID | --all --reason "
+                 "TEXT\n");
+    return 2;
+  }
+  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+  if (!all) return ResolveOne(stub.get(), absl::GetFlag(FLAGS_aggregate));
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::ListDivergencesRequest req;
+  req.set_subscription(absl::GetFlag(FLAGS_subscription));
+  req.set_limit(10000);
+  outbox::v1::ListDivergencesResponse resp;
+  grpc::Status st = stub->ListDivergences(&ctx, req, &resp);
+  if (!st.ok()) return Fail("diverged", st);
+  int failed = 0;
+  for (const auto& d : resp.divergences()) {
+    failed += ResolveOne(stub.get(), d.aggregate_id()) != 0;
+  }
+  std::printf("resolved %d of %d diverged aggregates\n",
+              resp.divergences_size() - failed, resp.divergences_size());
+  return failed == 0 ? 0 : 1;
 }
 
 // The load flags of `command` (load, demo), or nullopt after saying on
@@ -564,7 +592,7 @@ int main(int argc, char** argv) {
       "[--rate R], verify, demo --orders N,\n  reconcile [--window 1h] "
       "[--grace 5m] [--subscription S],\n  replay --event ID|--aggregate "
       "ID|--from_seq N [--to_seq M]|--since D [--until D],\n  diverged "
-      "[--all], resolve --aggregate ID --reason TEXT");
+      "[--all], resolve --aggregate ID|--all --reason TEXT");
   const std::string cmd = args.size() > 1 ? args[1] : "";
   if (absl::Status s =
           outbox::CheckClientTls(TlsFromFlags(), {"--ca", "--cert", "--key"});
@@ -593,6 +621,6 @@ int main(int argc, char** argv) {
                "[--error TEXT] | show EVENT_ID | load --orders N "
                "--concurrency C | verify | demo --orders N | reconcile | "
                "replay --event ID|--aggregate ID|--from_seq N|--since D | "
-               "diverged | resolve --aggregate ID --reason TEXT\n");
+               "diverged | resolve --aggregate ID|--all --reason TEXT\n");
   return 2;
 }

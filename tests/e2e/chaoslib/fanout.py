@@ -636,12 +636,11 @@ class AuditSubscription:
           "SELECT h.seq, h.prev_seq, h.aggregate_id, coalesce(c.last_seq, 0) "
           "AS cursor, h.received_at FROM held_events h LEFT JOIN "
           "aggregate_cursors c USING (aggregate_id) ORDER BY h.seq LIMIT 20")
-        q("audit: partitions owned, by session (advisory locks)",
+        q("audit: partitions owned, by lease",
           run.sql_orders,
-          "SELECT l.pid, a.application_name, count(*) FROM pg_locks l LEFT "
-          "JOIN pg_stat_activity a USING (pid) WHERE l.locktype = "
-          "'advisory' AND l.classid = 2830 + 65536 * (SELECT id FROM "
-          f"subscriptions WHERE name = '{NAME}') AND l.granted GROUP BY 1, 2")
+          "SELECT owner, count(*), min(expires_at) - now() AS expires_in "
+          "FROM outbox_partition_leases WHERE subscription = "
+          f"'{NAME}' GROUP BY 1 ORDER BY 1")
         parts.append("-- audit outages (epoch seconds; then what the check "
                      "measured)\n" + "\n".join(
                          f"{o['i']} {o['kind']} {o['t0']:.3f}-{o['t1']:.3f}"

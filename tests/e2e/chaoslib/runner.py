@@ -714,13 +714,15 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
           "o.event_type, o.schema_version, d.status, d.attempts, o.partition, "
           "d.available_at, d.last_error FROM outbox o JOIN outbox_delivery d "
           "USING (seq) ORDER BY seq LIMIT 20")
-        q("partitions owned, by session (advisory locks 0x0b0e)",
+        q("partitions owned, by lease (outbox_partition_leases)",
           self.sql_orders,
-          "SELECT l.pid, a.application_name, a.state, count(*), "
-          "array_agg(l.objid ORDER BY l.objid) FROM pg_locks l LEFT JOIN "
-          "pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND "
-          "l.classid = 2830 + 65536 * (SELECT id FROM subscriptions WHERE "
-          "name = 'billing') AND l.granted GROUP BY 1, 2, 3 ORDER BY 1")
+          "SELECT owner, count(*), array_agg(partition ORDER BY partition), "
+          "min(expires_at) - now() AS expires_in, max(token) FROM "
+          "outbox_partition_leases WHERE subscription = 'billing' GROUP BY 1 "
+          "ORDER BY 1")
+        q("divergences", self.sql_orders,
+          "SELECT aggregate_id, kind, detected_at, resolved_at, detail FROM "
+          "outbox_divergences ORDER BY id LIMIT 20")
         q("held events", self.sql_billing,
           "SELECT h.seq, h.prev_seq, h.aggregate_id, coalesce(c.last_seq, 0) "
           "AS cursor, h.received_at FROM held_events h LEFT JOIN "
