@@ -75,6 +75,15 @@ std::string CallerName(const grpc::ServerContext& ctx) {
   return absl::StrCat("unauthenticated ", ctx.peer());
 }
 
+// The `limit` of a listing: 0 (100) to 10000.
+grpc::Status CheckLimit(int limit) {
+  if (limit < 0 || limit > 10000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "limit: must be 0-10000 (0 means 100)");
+  }
+  return grpc::Status::OK;
+}
+
 // NotFound unless `name` is a subscription.
 absl::Status CheckExists(pqxx::transaction_base& tx, const std::string& name) {
   if (tx.exec_params("SELECT 1 FROM subscriptions WHERE name = $1", name)
@@ -147,10 +156,7 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
       !a.ok()) {
     return a;
   }
-  if (req->limit() < 0 || req->limit() > 10000) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "limit: must be 0-10000 (0 means 100)");
-  }
+  if (grpc::Status bad = CheckLimit(req->limit()); !bad.ok()) return bad;
   auto sub = SubscriptionOf(req->subscription(), relay_);
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
@@ -343,10 +349,7 @@ grpc::Status RelayAdminImpl::ListDivergences(
       !a.ok()) {
     return a;
   }
-  if (req->limit() < 0 || req->limit() > 10000) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "limit: must be 0-10000 (0 means 100)");
-  }
+  if (grpc::Status bad = CheckLimit(req->limit()); !bad.ok()) return bad;
   auto sub = SubscriptionOf(req->subscription(), relay_);
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {

@@ -1,5 +1,7 @@
 #include "relay/delivery_store.h"
 
+#include <spdlog/spdlog.h>
+
 #include <pqxx/pqxx>
 
 #include "absl/strings/str_cat.h"
@@ -180,6 +182,34 @@ bool RecordDivergence(pqxx::transaction_base& tx, const NewDivergence& d) {
                 d.detail.substr(0, 2000), d.consumer_seq, d.consumer_event_id,
                 d.outbox_seq, d.outbox_event_id)
               .empty();
+}
+
+int64_t RecordGaps(pqxx::transaction_base& tx, const std::string& subscription,
+                   const ReOwed& owed,
+                   const std::map<std::string, int64_t>* applied) {
+  int64_t recorded = 0;
+  for (const auto& [agg, missing] : owed.gaps) {
+    NewDivergence d;
+    d.subscription = subscription;
+    d.aggregate_id = agg;
+    d.kind = "lost_beyond_retention";
+    d.detail = absl::StrCat(
+        "the consumer lacks events of this aggregate it was given (its "
+        "database lost commits or was restored), and the outbox no longer "
+        "holds seq ",
+        missing, " to give again (retention deleted it)");
+    if (applied != nullptr) {
+      auto it = applied->find(agg);
+      if (it != applied->end()) d.consumer_seq = it->second;
+    }
+    d.outbox_seq = missing;
+    if (RecordDivergence(tx, d)) {
+      ++recorded;
+      spdlog::error("relay: subscription {}, aggregate {}: {}", subscription,
+                    agg, d.detail);
+    }
+  }
+  return recorded;
 }
 
 std::vector<v1::Divergence> ListDivergences(pqxx::transaction_base& tx,

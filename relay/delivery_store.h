@@ -16,6 +16,7 @@
 //                                     .through = 14}});
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <pqxx/pqxx>
 #include <string>
@@ -82,6 +83,14 @@ struct NewDivergence {
   std::string outbox_event_id;  // "" for none
 };
 bool RecordDivergence(pqxx::transaction_base& tx, const NewDivergence& d);
+
+// Records, for each gap of `owed`, that the consumer lost events the outbox
+// no longer retains (kind lost_beyond_retention), and logs it; `applied`
+// (may be null) gives the consumer's cursor of each aggregate. Returns how
+// many were recorded (not open already).
+int64_t RecordGaps(pqxx::transaction_base& tx, const std::string& subscription,
+                   const ReOwed& owed,
+                   const std::map<std::string, int64_t>* applied = nullptr);
 
 // Open (and, with `include_resolved`, resolved) divergences, oldest first.
 std::vector<v1::Divergence> ListDivergences(pqxx::transaction_base& tx,

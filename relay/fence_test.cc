@@ -25,7 +25,9 @@ StandbyPosition Streaming(std::string name, uint64_t flushed) {
 
 TEST(FenceOf, TheNthHighestFlushOfTheStandbysThatCount) {
   const std::vector<StandbyPosition> s = {
-      Streaming("a", 300), Streaming("b", 100), Streaming("c", 200),
+      Streaming("a", 300),
+      Streaming("b", 100),
+      Streaming("c", 200),
       {"d", 900, false, false}};  // catching up: not streaming
   EXPECT_EQ(FenceOf(s, {.standbys = 1}).flushed, 300u);
   EXPECT_EQ(FenceOf(s, {.standbys = 2}).flushed, 200u);

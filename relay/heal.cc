@@ -196,24 +196,7 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn) {
       if (ranges.empty()) continue;
       auto unit = OpenUnit(conn);
       const ReOwed owed = ReOwe(*unit, subscription_, ranges);
-      for (const auto& [agg, missing] : owed.gaps) {
-        NewDivergence d;
-        d.subscription = subscription_;
-        d.aggregate_id = agg;
-        d.kind = "lost_beyond_retention";
-        d.detail = absl::StrCat(
-            "the consumer lacks events of this aggregate it was given "
-            "(its database lost commits or was restored), and the outbox "
-            "no longer holds seq ",
-            missing, " to give again (retention deleted it)");
-        d.consumer_seq = applied.count(agg) ? applied[agg] : 0;
-        d.outbox_seq = missing;
-        if (RecordDivergence(*unit, d)) {
-          ++report.diverged;
-          spdlog::error("relay: heal of {}: aggregate {}: {}", subscription_,
-                        agg, d.detail);
-        }
-      }
+      report.diverged += RecordGaps(*unit, subscription_, owed, &applied);
       unit->commit();
       report.redelivered += owed.owed;
       report.redelivered_aggregates += ranges.size();

@@ -1093,28 +1093,15 @@ bool Relay::WriteRepairs() {
     }
     ReOwed owed;
     if (!reowe_.empty()) owed = ReOwe(*tx, options_.subscription, reowe_);
-    for (const auto& [agg, missing] : owed.gaps) {
-      NewDivergence d;
-      d.subscription = options_.subscription;
-      d.aggregate_id = agg;
-      d.kind = "lost_beyond_retention";
-      d.detail = absl::StrCat(
-          "the consumer lacks events of this aggregate it was given (its "
-          "database lost commits or was restored), and the outbox no longer "
-          "holds seq ",
-          missing, " to give again (retention deleted it)");
-      d.outbox_seq = missing;
-      if (RecordDivergence(*tx, d)) diverged_->Add();
-      spdlog::error("relay: aggregate {}: {}", agg, d.detail);
-    }
+    diverged_->Add(RecordGaps(*tx, options_.subscription, owed));
     tx->commit();
     if (consumer_identity_seen_.has_value()) {
       const DatabaseIdentity seen = *consumer_identity_seen_;
       // What this relay knew, else what the subscription had stored (a
       // replica that stored it first requested the heal).
-      const DatabaseIdentity before =
-          consumer_identity_.known() ? consumer_identity_
-                                     : old.value_or(DatabaseIdentity{});
+      const DatabaseIdentity before = consumer_identity_.known()
+                                          ? consumer_identity_
+                                          : old.value_or(DatabaseIdentity{});
       const IdentityChange c = CompareIdentity(before, seen);
       if (c.changed()) {
         consumer_changes_[c.kind == IdentityChange::kFailover    ? 0
