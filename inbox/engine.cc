@@ -144,31 +144,49 @@ struct CursorRows {
   }
 };
 
-// Inserts the inbox rows of `events`; false if some event id or position
-// was there already (nothing of the batch may then commit).
-bool InsertInbox(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
+// What inserting a batch's inbox rows did: whether every row went in (else
+// some event id or position was there already, and nothing of the batch
+// may commit), and the apply_id numbers they took.
+struct Inserted {
+  bool all = false;
+  int64_t from = 0, through = 0;
+};
+
+// Inserts the inbox rows of `events`.
+Inserted InsertInbox(pqxx::work& tx,
+                     const std::vector<const v1::Event*>& events) {
   const InboxRows r(events);
-  pqxx::result inserted =
-      ExecPrepared(tx, "insert_inbox", OUTBOX_INSERT_INBOX, r.ev.str(),
-                   r.agg.str(), r.seq.str(), r.type.str(), r.at.str());
-  return inserted.affected_rows() == events.size();
+  const pqxx::result ids = ExecPrepared(
+      tx, "insert_inbox", OUTBOX_INSERT_INBOX " RETURNING apply_id", r.ev.str(),
+      r.agg.str(), r.seq.str(), r.type.str(), r.at.str());
+  Inserted out;
+  out.all = ids.size() == events.size();
+  for (const auto& row : ids) {
+    const int64_t id = row[0].as<int64_t>();
+    out.from = out.from == 0 ? id : std::min(out.from, id);
+    out.through = std::max(out.through, id);
+  }
+  return out;
 }
 
 // InsertInbox and UpdateCursors in one statement (one round trip), for a
 // batch that holds, drains and passes no held event.
-bool InsertInboxAndCursors(
+Inserted InsertInboxAndCursors(
     pqxx::work& tx, const std::vector<const v1::Event*>& events,
     const std::map<std::string, AggregateState>& changed) {
   const InboxRows r(events);
   const CursorRows c(changed);
-  pqxx::result inserted =
+  const pqxx::row inserted =
       ExecPrepared(tx, "insert_inbox_cursors",
                    "WITH i AS (" OUTBOX_INSERT_INBOX
-                   " RETURNING 1), c AS (" OUTBOX_UPSERT_CURSORS(
-                       "$6", "$7", "$8") ") SELECT count(*) FROM i",
+                   " RETURNING apply_id), c AS (" OUTBOX_UPSERT_CURSORS(
+                       "$6", "$7", "$8") ") SELECT count(*), "
+                                         "coalesce(min(apply_id), 0), "
+                                         "coalesce(max(apply_id), 0) FROM i",
                    r.ev.str(), r.agg.str(), r.seq.str(), r.type.str(),
-                   r.at.str(), c.agg.str(), c.last.str(), c.held.str());
-  return inserted[0][0].as<size_t>() == events.size();
+                   r.at.str(), c.agg.str(), c.last.str(), c.held.str())[0];
+  return {inserted[0].as<size_t>() == events.size(), inserted[1].as<int64_t>(),
+          inserted[2].as<int64_t>()};
 }
 
 void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
@@ -339,7 +357,7 @@ void Engine::Count(const Attempt& attempt,
 }
 
 absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyBatch(
-    const std::vector<const v1::Event*>& events, DatabaseIdentity* inbox) {
+    const std::vector<const v1::Event*>& events, BatchOrigin* origin) {
   std::vector<std::string> invalid(events.size());
   for (size_t i = 0; i < events.size(); ++i) {
     absl::Status s = ValidateEnvelope(*events[i]);
@@ -347,7 +365,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyBatch(
     if (!s.ok()) invalid[i] = std::string(s.message());
   }
   if (watchdog_ != nullptr) watchdog_->Working();
-  auto results = ApplyValidated(events, invalid, inbox);
+  auto results = ApplyValidated(events, invalid, origin);
   if (watchdog_ != nullptr) {
     if (results.ok()) {
       watchdog_->Done();
@@ -360,13 +378,13 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyBatch(
 
 absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
     const std::vector<const v1::Event*>& events,
-    std::vector<std::string> invalid, DatabaseIdentity* inbox) {
+    std::vector<std::string> invalid, BatchOrigin* origin) {
   absl::StatusOr<Attempt> attempt;
   bool ask_all = false;
   std::set<std::string> keep_held;
   // Each refusal removes an event from the next attempt, so this ends.
   for (int conflicts = 0;;) {
-    attempt = ApplyOnce(events, invalid, keep_held, ask_all, inbox);
+    attempt = ApplyOnce(events, invalid, keep_held, ask_all, origin);
     if (attempt.ok() && attempt->inbox_collision && !ask_all) {
       ask_all = true;  // an event id the plan did not know was applied
       continue;
@@ -435,7 +453,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
           each.push_back(std::move(r));
           continue;
         }
-        auto one = ApplyValidated({events[i]}, {invalid[i]}, inbox);
+        auto one = ApplyValidated({events[i]}, {invalid[i]}, origin);
         if (!one.ok()) return one.status();
         if ((*one)[0].outcome() == v1::REJECTED)
           rejected.insert(e.aggregate_id());
@@ -464,7 +482,7 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     const std::vector<const v1::Event*>& events,
     const std::vector<std::string>& invalid,
     const std::set<std::string>& keep_held, bool ask_inbox_about_all,
-    DatabaseIdentity* inbox) {
+    BatchOrigin* origin) {
   std::set<std::string> aggregates;
   for (size_t i = 0; i < events.size(); ++i) {
     if (invalid[i].empty()) aggregates.insert(events[i]->aggregate_id());
@@ -479,15 +497,16 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     out = Attempt{};
     Snapshot snap;
-    if (inbox != nullptr) {
+    DatabaseIdentity inbox;
+    {
       const SessionInfo* info = SessionOf(c);
-      if (info != nullptr) *inbox = info->identity;
+      if (info != nullptr) inbox = info->identity;
       const IdentityWatch* w = db_->session().identity_watch;
       if (info != nullptr && info->pooled && w != nullptr &&
           w->current().known()) {
         // Behind a pooler the server may change under the connection: the
         // identity read last (Database::Run reads it every few seconds).
-        *inbox = w->current();
+        inbox = w->current();
       }
     }
     pqxx::work tx(c);
@@ -512,10 +531,12 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     bool holding = !plan.hold.empty() || !plan.unhold.empty();
     for (const auto& [a, st] : snap.aggregates) holding |= st.held_count > 0;
     const bool cursors_with_inbox = !plan.apply.empty() && !holding;
+    Inserted inserted;
     if (!plan.apply.empty()) {
-      if (!(cursors_with_inbox
-                ? InsertInboxAndCursors(tx, plan.apply, plan.changed)
-                : InsertInbox(tx, plan.apply))) {
+      inserted = cursors_with_inbox
+                     ? InsertInboxAndCursors(tx, plan.apply, plan.changed)
+                     : InsertInbox(tx, plan.apply);
+      if (!inserted.all) {
         out.inbox_collision = true;
         return absl::OkStatus();  // rolled back
       }
@@ -544,6 +565,10 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     }
     MaybeCrash("consumer.before_commit");
     tx.commit();
+    if (origin != nullptr) {
+      origin->inbox = inbox;
+      origin->Add(inserted.from, inserted.through);
+    }
     out.results = plan.results;
     plan.apply.clear();  // they point into `snap`, which ends here
     plan.hold.clear();

@@ -14,6 +14,7 @@
 // connection) answers nothing: Unavailable, and the sender resends later
 // without counting an attempt.
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -33,6 +34,21 @@ namespace outbox::inbox {
 // order, as every batch does before it reads or writes their state.
 void LockAggregates(pqxx::transaction_base& tx,
                     const std::set<std::string>& aggregates);
+
+// Where a batch was committed, for its sender (DeliverResponse).
+struct BatchOrigin {
+  DatabaseIdentity inbox;  // the database; unknown if it applied nothing
+  // The inbox's apply_id numbers the batch's rows took (0: none). They only
+  // grow: a batch whose numbers are below those of a batch answered before
+  // it was sent was committed in a database that went back in time.
+  int64_t apply_from = 0, apply_through = 0;
+
+  void Add(int64_t from, int64_t through) {
+    if (from == 0) return;
+    apply_from = apply_from == 0 ? from : std::min(apply_from, from);
+    apply_through = std::max(apply_through, through);
+  }
+};
 
 struct EngineOptions {
   PlanOptions plan;
@@ -54,11 +70,10 @@ class Engine {
   // Validate or Apply refuses them) are REJECTED with the reason.
   // Unavailable when the database fails for a reason that is not the
   // events' (see the class comment): nothing is answered.
-  // `inbox`, when given, gets the identity of the database the batch was
-  // committed in (unknown if it applied nothing).
+  // `origin`, when given, says where the batch was committed.
   absl::StatusOr<std::vector<v1::EventResult>> ApplyBatch(
       const std::vector<const v1::Event*>& events,
-      DatabaseIdentity* inbox = nullptr);
+      BatchOrigin* origin = nullptr);
 
  private:
   struct Attempt {
@@ -71,13 +86,13 @@ class Engine {
   };
   absl::StatusOr<std::vector<v1::EventResult>> ApplyValidated(
       const std::vector<const v1::Event*>& events,
-      std::vector<std::string> invalid, DatabaseIdentity* inbox);
+      std::vector<std::string> invalid, BatchOrigin* origin);
   // `keep_held`: held events (by id) the handler refused; they stay held.
   absl::StatusOr<Attempt> ApplyOnce(const std::vector<const v1::Event*>& events,
                                     const std::vector<std::string>& invalid,
                                     const std::set<std::string>& keep_held,
                                     bool ask_inbox_about_all,
-                                    DatabaseIdentity* inbox);
+                                    BatchOrigin* origin);
   // Counts and logs the outcome of `events` (attempt.plan.results holds
   // one per event, in order).
   void Count(const Attempt& attempt,

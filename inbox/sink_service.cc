@@ -48,8 +48,8 @@ grpc::Status EventSinkImpl::Deliver(
     events.reserve(req.events_size());
     for (const v1::Event& e : req.events()) events.push_back(&e);
     const absl::Time t0 = absl::Now();
-    DatabaseIdentity inbox;
-    auto results = engine_->ApplyBatch(events, &inbox);
+    BatchOrigin origin;
+    auto results = engine_->ApplyBatch(events, &origin);
     if (spdlog::should_log(spdlog::level::debug)) {
       spdlog::debug("consumer: batch {} of {} events in {}", req.batch_id(),
                     events.size(), absl::FormatDuration(absl::Now() - t0));
@@ -69,7 +69,9 @@ grpc::Status EventSinkImpl::Deliver(
       }
       *resp.add_results() = std::move(r);
     }
-    if (inbox.known()) ToProto(inbox, resp.mutable_inbox());
+    if (origin.inbox.known()) ToProto(origin.inbox, resp.mutable_inbox());
+    resp.set_applied_from(origin.apply_from);
+    resp.set_applied_through(origin.apply_through);
     if (!stream->Write(resp)) {
       // Committed but unanswered: the relay redelivers and gets DUPLICATE.
       return grpc::Status(grpc::StatusCode::CANCELLED, "peer went away");

@@ -163,13 +163,14 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   if (options_.fence.enabled()) {
     fence_ = std::make_unique<ReplicationFence>(options_.fence);
   }
-  const char* kinds[3] = {"failover", "new_server", "recreated"};
-  for (int i = 0; i < 3; ++i) {
+  const char* kinds[4] = {"failover", "new_server", "recreated", "went_back"};
+  for (int i = 0; i < 4; ++i) {
     consumer_changes_[i] = metrics->AddCounter(
         absl::StrCat("outbox_relay_consumer_database_changes_total{kind=\"",
                      kinds[i], "\"}"),
         "Times the subscription's consumer database was seen to change "
-        "identity (a failover, another server, a restore); each requests a "
+        "identity (a failover, another server, a restore), or to go back in "
+        "time under the same identity (a restore in place); each requests a "
         "heal.");
   }
   lanes_.resize(std::max(1, options_.lanes));
@@ -844,6 +845,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         batch.full = full || static_cast<int>(rows.size()) >= limit;
         round->full |= batch.full;
         batch_events_->Observe(static_cast<double>(req.events_size()));
+        batch.inbox_high_at_send = inbox_high_;
         if (fence_ != nullptr) {
           // Every row read had committed before this position: the batch
           // goes once the standbys flushed it (ReleaseFenced).
@@ -900,7 +902,25 @@ void Relay::HandleResponses(Lane& lane) {
           !(consumer_identity_seen_.has_value() &&
             *consumer_identity_seen_ == inbox)) {
         consumer_identity_seen_ = inbox;  // stored by WriteRepairs
+        inbox_high_ = 0;                  // another database: its own numbers
       }
+    }
+    if (resp.applied_from() > 0) {
+      // Everything answered before this batch was sent was numbered before
+      // this batch's rows were: a number at or below those went back.
+      if (resp.applied_from() <= it->second.inbox_high_at_send &&
+          inbox_went_back_.empty()) {
+        inbox_went_back_ = absl::StrCat(
+            "numbered an applied event ", resp.applied_from(),
+            " after it had answered for number ", it->second.inbox_high_at_send,
+            ": the consumer's database went back in time under the same "
+            "identity (restored in place?)");
+        inbox_high_ = 0;
+        for (Lane& l : lanes_) {
+          for (auto& [id, b] : l.in_flight) b.inbox_high_at_send = 0;
+        }
+      }
+      inbox_high_ = std::max(inbox_high_, resp.applied_through());
     }
     std::map<int64_t, const v1::EventResult*> by_seq;
     for (const auto& r : resp.results()) by_seq[r.seq()] = &r;
@@ -1083,9 +1103,16 @@ void Relay::MarksWritten(int64_t dead) {
 }
 
 bool Relay::WriteRepairs() {
-  if (!consumer_identity_seen_.has_value() && reowe_.empty()) return true;
+  if (!consumer_identity_seen_.has_value() && reowe_.empty() &&
+      inbox_went_back_.empty()) {
+    return true;
+  }
   try {
     auto tx = OpenUnit(*conn_);
+    if (!inbox_went_back_.empty()) {
+      RequestHeal(*tx, options_.subscription,
+                  absl::StrCat("the consumer ", inbox_went_back_));
+    }
     std::optional<DatabaseIdentity> old;
     if (consumer_identity_seen_.has_value()) {
       old = StoreConsumerIdentity(*tx, options_.subscription,
@@ -1124,6 +1151,14 @@ bool Relay::WriteRepairs() {
       consumer_identity_seen_.reset();
       std::lock_guard<std::mutex> lock(mu_);
       state_.consumer_database = seen.Key();
+    }
+    if (!inbox_went_back_.empty()) {
+      consumer_changes_[3]->Add();
+      spdlog::error(
+          "relay: subscription {}'s consumer {}; a heal compares its cursors "
+          "with what was delivered and delivers again what it lost",
+          options_.subscription, inbox_went_back_);
+      inbox_went_back_.clear();
     }
     if (!reowe_.empty()) {
       std::set<std::string> aggs;

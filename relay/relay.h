@@ -242,6 +242,10 @@ class Relay {
     // and its prev_seq as sent.
     std::vector<EventLogFields> events;
     std::vector<int64_t> prev_seqs;
+    // The highest inbox number (DeliverResponse.applied_through) answered
+    // before this batch was sent: the consumer numbers this batch's rows
+    // above it, unless its database went back in time.
+    int64_t inbox_high_at_send = 0;
     // Its claim returned as many rows as it asked for, or it reached the
     // size limit: more rows were likely ready (a backlog).
     bool full = false;
@@ -412,7 +416,8 @@ class Relay {
   std::mutex change_mu_;
   std::string own_db_change_;                // guarded by change_mu_
   std::unique_ptr<ReplicationFence> fence_;  // null: no fence
-  Counter* consumer_changes_[3];  // by kind: failover, new_server, recreated
+  // By kind: failover, new_server, recreated, went_back.
+  Counter* consumer_changes_[4];
 
   // Worker-thread state.
   std::unique_ptr<Connection> conn_;
@@ -451,6 +456,10 @@ class Relay {
   std::vector<Mark> marks_;  // answered, not yet written
   std::set<int> releasing_;  // partitions being given up: no new claims
   DatabaseIdentity consumer_identity_;  // as stored for the subscription
+  // The highest inbox number answered so far (see InFlight), and why the
+  // consumer's inbox went back when an answer showed it ("" if not).
+  int64_t inbox_high_ = 0;
+  std::string inbox_went_back_;
   std::optional<DatabaseIdentity> consumer_identity_seen_;  // to store
   std::vector<ChainRange> reowe_;  // HELD answers: events the consumer lacks
   std::string fence_waiting_;      // why the fence holds batches, or ""
