@@ -366,6 +366,13 @@ async function staticChecks() {
     "stream reconnects": /outbox_relay_stream_failures_total/,
     "producer RPC rate": /rate\(outbox_producer_requests_total\{/,
     "producer RPC errors": /code!="OK"/,
+    "database failovers": /increase\(outbox_database_failovers_total\b/,
+    "database timelines": /outbox_database_timeline\b/,
+    "consumer database changes": /outbox_relay_consumer_database_changes_total\b/,
+    "heals": /outbox_relay_heals_total\b/,
+    "redeliveries by reason": /by \([^)]*\breason\b[^)]*\) \(increase\(outbox_relay_redelivered_total\b/,
+    "diverged aggregates": /outbox_relay_diverged_aggregates\b/,
+    "delivery paused by the fence": /outbox_relay_paused\b/,
   };
   for (const [topic, re] of Object.entries(topics)) check(re.test(all), `dashboard shows ${topic}`);
 
