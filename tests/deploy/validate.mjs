@@ -36,12 +36,14 @@
 //    scrapes every outbox Deployment's "metrics" port at /metrics, with
 //    job = the Deployment's name (the alerts group consumers by job); each
 //    Grafana dashboard ConfigMap holds dashboard JSON.
-// 7. The CronJob outbox-reconcile (outboxctl reconcile): suspended in the
-//    base (--base=RENDERED.yaml) and every overlay, one run at a time, no
-//    retry, bounded, hardened like the Deployments, its flags and OUTBOX_*
-//    variables those of outboxctl's --helpfull, its databases the relay's
-//    and the billing consumer's Secret keys, and NetworkPolicies that let
-//    it reach DNS and PostgreSQL only.
+// 7. The CronJob outbox-reconcile (outboxctl reconcile): enabled (not
+//    suspended) in the base (--base=RENDERED.yaml) and every overlay, one
+//    run at a time, no retry, bounded, a schedule that compares each event
+//    at least twice within --window after --grace, hardened like the
+//    Deployments, its flags and OUTBOX_* variables those of outboxctl's
+//    --helpfull, its databases the relay's and the billing consumer's
+//    Secret keys, and NetworkPolicies that let it reach DNS and PostgreSQL
+//    only.
 //
 // --bin=DIR: the directory of the built binaries. Each one's --helpfull
 // decides which flags exist and the form of their values; a binary missing
@@ -1060,8 +1062,8 @@ async function validateOverlay(name, file, validator, docker) {
 }
 
 // ---------------------------------------------------------------- CronJobs
-// What a reconcile CronJob must be: outboxctl reconcile, suspended unless
-// an operator enables it, one run at a time, never retried (a failure is a
+// What a reconcile CronJob must be: outboxctl reconcile, enabled (it ships
+// so: a failed Job is what OutboxReconcileFailed reports), one run at a time, never retried (a failure is a
 // finding, or an unreadable database; the next run checks again), bounded
 // in time, hardened like the services, and reading the databases from the
 // very Secret keys the relay (outbox) and the billing consumer (inbox) use.
@@ -1085,7 +1087,7 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
     const js = cj.spec?.jobTemplate?.spec ?? {};
     const tpl = cronPodTemplate(cj) ?? {};
     const spec = tpl.spec ?? {};
-    check(cj.spec?.suspend === true, `suspend is true (enabled by an operator, deploy/README.md; found ${cj.spec?.suspend})`);
+    check(cj.spec?.suspend !== true, `suspend is false (the reconciliation ships enabled, deploy/README.md; found ${cj.spec?.suspend})`);
     check(cj.spec?.concurrencyPolicy === "Forbid", `concurrencyPolicy is Forbid (found ${cj.spec?.concurrencyPolicy ?? "Allow, the default"})`);
     for (const k of ["successfulJobsHistoryLimit", "failedJobsHistoryLimit"]) {
       check(Number.isInteger(cj.spec?.[k]) && cj.spec[k] >= 1, `${k} is set and >= 1 (found ${cj.spec?.[k]})`);
@@ -1140,6 +1142,13 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
     const window = parseDuration(effectiveFlag(args, env, "window", "1h").value);
     const grace = parseDuration(effectiveFlag(args, env, "grace", "5m").value);
     check(window > grace && grace >= 0, `container ${c.name}: --window (${window} s) is longer than --grace (${grace} s) (outboxctl refuses it otherwise)`);
+    // Each event is compared from --grace after its commit until it leaves
+    // --window: at least two runs in that span, so that one missed run (a
+    // node drained, startingDeadlineSeconds passed) leaves none unchecked.
+    const gap = cronMaxGapSeconds(cj.spec?.schedule);
+    if (check(gap !== null, `schedule "${cj.spec?.schedule}" is minutes of every hour (M, M,N, */N or A-B/N, then "* * * *"), which this check reads`)) {
+      check(window - grace >= 2 * gap, `--window (${window} s) - --grace (${grace} s) covers two runs of schedule "${cj.spec.schedule}" (${gap} s apart at most)`);
+    }
     const sub = effectiveFlag(args, env, "subscription", DEFAULT_SUBSCRIPTION).value || DEFAULT_SUBSCRIPTION;
     check(sub === "billing", `container ${c.name}: --subscription is billing, the subscription whose inbox --billing_db holds (found ${sub})`);
     // The databases: from the Secret keys of the services that own them.
@@ -1182,14 +1191,36 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
   return out;
 }
 
-// The base rendered alone: its CronJobs are suspended (the overlays inherit
+// The longest wait in seconds between two runs of a schedule that names
+// minutes of every hour ("4-59/15 * * * *", "*/10 * * * *", "0,30 * * * *");
+// null for any other form.
+function cronMaxGapSeconds(schedule) {
+  const f = String(schedule ?? "").trim().split(/\s+/);
+  if (f.length !== 5 || f.slice(1).some((x) => x !== "*")) return null;
+  const minutes = new Set();
+  for (const part of f[0].split(",")) {
+    const m = /^(\*|(\d+)(?:-(\d+))?)(?:\/(\d+))?$/.exec(part);
+    if (!m) return null;
+    const from = m[1] === "*" ? 0 : Number(m[2]);
+    const to = m[1] === "*" ? 59 : m[3] !== undefined ? Number(m[3]) : m[4] !== undefined ? 59 : from;
+    const step = m[4] !== undefined ? Number(m[4]) : 1;
+    if (from > to || to > 59 || step < 1) return null;
+    for (let x = from; x <= to; x += step) minutes.add(x);
+  }
+  const sorted = [...minutes].sort((a, b) => a - b);
+  let gap = sorted[0] + 60 - sorted[sorted.length - 1];
+  for (let i = 1; i < sorted.length; i++) gap = Math.max(gap, sorted[i] - sorted[i - 1]);
+  return gap * 60;
+}
+
+// The base rendered alone: its CronJobs are enabled (the overlays inherit
 // that unless they patch it).
 function checkBase(file) {
   scope = "base";
   const objs = parseDocs(readFileSync(file, "utf8"), file);
   const cjs = objs.filter((o) => o.kind === "CronJob");
   check(cjs.some((cj) => cj.metadata?.name === RECONCILE.name), `renders the CronJob ${RECONCILE.name}`);
-  for (const cj of cjs) check(cj.spec?.suspend === true, `${ident(cj)}: suspend is true (found ${cj.spec?.suspend})`);
+  for (const cj of cjs) check(cj.spec?.suspend !== true, `${ident(cj)}: suspend is false (found ${cj.spec?.suspend})`);
 }
 
 const expectedProdSecretKeys = [];

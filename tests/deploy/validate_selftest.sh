@@ -258,14 +258,19 @@ mutate "PodMonitor without the job label" "jobLabel \(unset\) gives outbox-consu
 mutate "dashboard that is not JSON" "outbox.json is JSON" deploy/monitoring/dashboard.json \
   's.replace("{", "", 1)'
 
-# The reconcile CronJob (reconcile.yaml): suspended until enabled, one run
-# at a time and no retry, hardened like the services, outboxctl's own
-# flags, the services' Secret keys, and admitted to PostgreSQL only.
+# The reconcile CronJob (reconcile.yaml): enabled, on a schedule that
+# compares each event twice within its window, one run at a time and no
+# retry, hardened like the services, outboxctl's own flags, the services'
+# Secret keys, and admitted to PostgreSQL only.
 R=$B/reconcile.yaml
-mutate "reconcile enabled in the base" "base: CronJob/outbox-reconcile: suspend is true" $R \
-  's.replace("suspend: true", "suspend: false", 1)'
-mutate "reconcile enabled by the prod overlay" "prod CronJob/outbox-reconcile: suspend is true" deploy/k8s/overlays/prod/kustomization.yaml \
-  's + "\npatches:\n  - target:\n      kind: CronJob\n      name: outbox-reconcile\n    patch: |-\n      - op: replace\n        path: /spec/suspend\n        value: false\n" if "\npatches:" not in s else s.replace("\npatches:\n", "\npatches:\n  - target:\n      kind: CronJob\n      name: outbox-reconcile\n    patch: |-\n      - op: replace\n        path: /spec/suspend\n        value: false\n", 1)'
+mutate "reconcile suspended in the base" "base: CronJob/outbox-reconcile: suspend is false" $R \
+  's.replace("suspend: false", "suspend: true", 1)'
+mutate "reconcile suspended by the prod overlay" "prod CronJob/outbox-reconcile: suspend is false" deploy/k8s/overlays/prod/kustomization.yaml \
+  's + "\npatches:\n  - target:\n      kind: CronJob\n      name: outbox-reconcile\n    patch: |-\n      - op: replace\n        path: /spec/suspend\n        value: true\n" if "\npatches:" not in s else s.replace("\npatches:\n", "\npatches:\n  - target:\n      kind: CronJob\n      name: outbox-reconcile\n    patch: |-\n      - op: replace\n        path: /spec/suspend\n        value: true\n", 1)'
+mutate "reconcile too seldom for its window" "covers two runs of schedule \"4 \* \* \* \*\"" $R \
+  's.replace("schedule: \"4-59/15 * * * *\"", "schedule: \"4 * * * *\"", 1)'
+mutate "reconcile on a schedule the check cannot read" "schedule \"4 3 \* \* \*\" is minutes of every hour" $R \
+  's.replace("schedule: \"4-59/15 * * * *\"", "schedule: \"4 3 * * *\"", 1)'
 mutate "reconcile with an unknown flag" "argument --windw is a flag of outboxctl \(per .*outboxctl --helpfull\)" $R \
   's.replace("- --window=1h", "- --windw=1h", 1)'
 mutate "reconcile with a bad duration" "--grace=\"soon\" is a valid value" $R \

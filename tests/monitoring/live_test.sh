@@ -16,7 +16,11 @@
 #     OutboxConsumerRejecting and, once it is a dead letter, OutboxDeadLetters
 #     turn active;
 #   - stops the consumer: OutboxDeliveryStreamDown turns active for the
-#     relay.
+#     relay;
+#   - replaces the billing database by an earlier copy of itself (a
+#     restore): the consumer reports the change (OutboxDatabaseFailover,
+#     database inbox, kind recreated), the relay heals and delivers again
+#     what the copy lacks (OutboxRelayHealing).
 # Every process it starts is stopped by pid on exit.
 #
 # Usage: tests/monitoring/live_test.sh [BIN_DIR]   (exit 0 or 1)
@@ -178,4 +182,66 @@ wait "$consumer" 2>/dev/null || true
 mjs alerts "--prometheus=$prom" --active=OutboxDeliveryStreamDown \
   --labels=subscription=billing,pod=outbox-relay-0,namespace=outbox \
   --allow=OutboxConsumerRejecting,OutboxDeadLetters --timeout=30
+
+# ---------------------------------------------------------------- restore
+# A backup of the billing database (a copy made while the consumer is
+# down), then more orders applied in the database the restore will lose,
+# then the consumer started on the copy. It finds another database behind
+# its URL (the identity the copy recorded names the original's oid) and
+# reports it; the relay sees the consumer's new identity in its answers and
+# heals: it compares the consumer's cursors with what it delivered and
+# delivers again what the copy lacks.
+psql "$orders_db" -qv ON_ERROR_STOP=1 -c 'DROP TRIGGER monitoring_poison ON outbox' >/dev/null ||
+  fail "cannot remove the poison trigger"
+billing_name=${billing_db##*/}
+psql "$OUTBOX_TEST_PG_URL/postgres" -qv ON_ERROR_STOP=1 \
+  -c "CREATE DATABASE ${billing_name}_copy TEMPLATE $billing_name" >/dev/null ||
+  fail "cannot copy the billing database"
+restored_db="${billing_db%/*}/${billing_name}_copy"
+start_consumer() {
+  start consumer outbox-consumer --listen="127.0.0.1:$C" --db="$1" \
+    --metrics_listen="127.0.0.1:$CM"
+  consumer=$LAST_PID
+  wait_serving "$C" 60
+}
+drained() {
+  local deadline=$((SECONDS + 60))
+  until stats | grep 'pending 0,' >/dev/null; do
+    [ $SECONDS -lt $deadline ] || fail "the backlog did not drain within 60 s ($1): $(stats)"
+    sleep 0.5
+  done
+}
+start_consumer "$billing_db"
+"$BIN/outboxctl" load --producer="127.0.0.1:$P" --orders=20 --concurrency=4 \
+  --timeout=10s >"$WORK/load2.out" 2>&1 || fail "load failed: $(cat "$WORK/load2.out")"
+drained "orders after the backup"
+kill -TERM "$consumer"
+wait "$consumer" 2>/dev/null || true
+start_consumer "$restored_db"
+"$BIN/outboxctl" load --producer="127.0.0.1:$P" --orders=5 --concurrency=1 \
+  --timeout=10s >"$WORK/load3.out" 2>&1 || fail "load failed: $(cat "$WORK/load3.out")"
+settled=OutboxConsumerRejecting,OutboxDeadLetters,OutboxDeliveryStreamDown
+mjs alerts "--prometheus=$prom" --active=OutboxDatabaseFailover \
+  --labels=namespace=outbox,job=outbox-consumer,database=inbox,kind=recreated \
+  --allow=$settled,OutboxRelayHealing --timeout=60
+mjs alerts "--prometheus=$prom" --active=OutboxRelayHealing \
+  --labels=namespace=outbox,subscription=billing \
+  --allow=$settled,OutboxDatabaseFailover --timeout=60
+# Everything the original had applied (and the orders since) reaches the
+# copy.
+original=$(psql "$billing_db" -Atc "SELECT count(*) FROM inbox")
+deadline=$((SECONDS + 60))
+until [ "$(psql "$restored_db" -Atc "SELECT count(*) FROM inbox")" -ge "$original" ]; do
+  [ $SECONDS -lt $deadline ] ||
+    fail "the restored billing database holds $(psql "$restored_db" -Atc "SELECT count(*) FROM inbox") applied events after 60 s, the original $original: $(stats)"
+  sleep 0.5
+done
+drained "after the restore"
+grep -qi 'failover' "$WORK/consumer.log" ||
+  fail "the consumer logged no failover for its restored database"
+curl -fsS --max-time 5 "http://127.0.0.1:$RM/metrics" >"$WORK/relay-healed.prom" ||
+  fail "cannot scrape the relay's /metrics"
+grep -E '^outbox_relay_redelivered_total\{[^}]*reason="heal"[^}]*\} [1-9]' "$WORK/relay-healed.prom" >/dev/null ||
+  fail "the heal delivered nothing again: $(grep -E '^outbox_relay_(redelivered|heals)_total' "$WORK/relay-healed.prom")"
+pass "a restored billing database: OutboxDatabaseFailover and OutboxRelayHealing active, the heal delivered again what it lacked"
 pass "live monitoring checks"
