@@ -437,6 +437,11 @@ TEST(DbSession, SettingsNameEveryTimeoutInMilliseconds) {
             "SET LOCAL synchronous_commit = on; SET LOCAL statement_timeout = "
             "3000; SET LOCAL lock_timeout = 250; "
             "SET LOCAL idle_in_transaction_session_timeout = 0");
+  // A server that waits longer already (remote_apply for a synchronous
+  // standby) keeps its setting.
+  EXPECT_EQ(SessionSettingsSql(s, /*local=*/false, /*durable_already=*/true)
+                .find("synchronous_commit"),
+            std::string::npos);
 }
 
 TEST(DatabaseIdentity, KeysRoundTripAndUnknownIsEmpty) {

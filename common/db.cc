@@ -158,17 +158,18 @@ absl::StatusOr<Pooler> ParsePooler(absl::string_view name) {
       "must be auto, none, session or transaction, not \"", name, "\""));
 }
 
-std::string SessionSettingsSql(const DbSession& session, bool local) {
+std::string SessionSettingsSql(const DbSession& session, bool local,
+                               bool durable_already) {
   auto ms = [](absl::Duration d) {
     return absl::StrCat(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
   };
   const char* set = local ? "SET LOCAL " : "SET ";
-  std::string sql =
-      absl::StrCat(set, "synchronous_commit = on; ", set,
-                   "statement_timeout = ", ms(session.statement_timeout), "; ",
-                   set, "lock_timeout = ", ms(session.lock_timeout), "; ", set,
-                   "idle_in_transaction_session_timeout = ",
-                   ms(session.idle_in_transaction_timeout));
+  std::string sql = absl::StrCat(
+      durable_already ? "" : absl::StrCat(set, "synchronous_commit = on; "),
+      set, "statement_timeout = ", ms(session.statement_timeout), "; ", set,
+      "lock_timeout = ", ms(session.lock_timeout), "; ", set,
+      "idle_in_transaction_session_timeout = ",
+      ms(session.idle_in_transaction_timeout));
   if (session.generic_plans && !local) {
     absl::StrAppend(&sql, "; SET plan_cache_mode = force_generic_plan");
   }
@@ -307,12 +308,17 @@ absl::StatusOr<std::unique_ptr<Connection>> Connect(
         throw;
       }
     }
+    // Acknowledged work must survive a server crash, whatever the server's
+    // default; a setting that waits longer (remote_write, remote_apply: a
+    // synchronous standby) is kept.
+    const std::string sync = probe[5].as<std::string>();
+    const bool durable =
+        sync == "on" || sync == "remote_write" || sync == "remote_apply";
     if (info.pooled) {
-      info.local_settings = SessionSettingsSql(session, /*local=*/true);
+      info.local_settings =
+          SessionSettingsSql(session, /*local=*/true, durable);
     } else {
-      // Acknowledged work must survive a server crash, whatever the
-      // server's default.
-      tx.exec(SessionSettingsSql(session));
+      tx.exec(SessionSettingsSql(session, /*local=*/false, durable));
     }
   } catch (const std::exception& e) {
     absl::Status s = StatusFromException(e);

@@ -88,9 +88,11 @@ struct DbSession {
 };
 
 // The SET statements that apply `session` (one string, for one round trip):
-// synchronous_commit on and the limits; with `local`, SET LOCAL (for one
-// transaction).
-std::string SessionSettingsSql(const DbSession& session, bool local = false);
+// synchronous_commit on (unless `durable_already`: the server's setting
+// waits at least as long, e.g. remote_apply for a synchronous standby) and
+// the limits; with `local`, SET LOCAL (for one transaction).
+std::string SessionSettingsSql(const DbSession& session, bool local = false,
+                               bool durable_already = false);
 
 // What Connect learned about a connection's session.
 struct SessionInfo {

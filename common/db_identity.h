@@ -78,16 +78,17 @@ IdentityChange CompareIdentity(const DatabaseIdentity& before,
                                const DatabaseIdentity& after);
 
 // One statement that reads the identity of the session's database (works
-// on a primary and a standby, needs no privilege), then the backend's pid.
-// Columns: system_identifier (text), timeline (int), database_oid (bigint),
-// in_recovery (bool), backend_pid (int).
+// on a primary and a standby, needs no privilege), then the backend's pid
+// and its synchronous_commit. Columns: system_identifier (text), timeline
+// (int), database_oid (bigint), in_recovery (bool), backend_pid (int),
+// synchronous_commit (text).
 inline constexpr char kIdentitySql[] =
     "SELECT s.system_identifier::text, CASE WHEN pg_is_in_recovery() THEN "
     "(SELECT timeline_id FROM pg_control_checkpoint()) ELSE ('x' || "
     "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int "
-    "END, d.oid::bigint, pg_is_in_recovery(), pg_backend_pid() FROM "
-    "pg_control_system() s, pg_database d WHERE d.datname = "
-    "current_database()";
+    "END, d.oid::bigint, pg_is_in_recovery(), pg_backend_pid(), "
+    "current_setting('synchronous_commit') FROM pg_control_system() s, "
+    "pg_database d WHERE d.datname = current_database()";
 
 // The identity in a row of kIdentitySql.
 DatabaseIdentity IdentityFromRow(const pqxx::row& row);
