@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/fault.h"
@@ -443,11 +444,13 @@ void OrderStore::PayAsync(const v1::PayOrderRequest& req,
                           const std::string& trace_parent, Done done,
                           Waiter waiter) {
   OrderChange c;
-  c.order_id = req.order_id();
+  // As the database prints uuids: the group's rounds match orders by it,
+  // and the event names the aggregate the way every other event of it does.
+  c.order_id = absl::AsciiStrToLower(req.order_id());
   c.expected_version = req.expected_version();
   c.to = v1::ORDER_STATUS_PAID;
   c.trace_parent = trace_parent;
-  c.event = [order_id = req.order_id(), amount = req.amount_cents()](
+  c.event = [order_id = c.order_id, amount = req.amount_cents()](
                 const v1::Order& current) -> absl::StatusOr<NewEvent> {
     if (amount != current.total_cents()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -467,11 +470,11 @@ void OrderStore::CancelAsync(const v1::CancelOrderRequest& req,
                              const std::string& trace_parent, Done done,
                              Waiter waiter) {
   OrderChange c;
-  c.order_id = req.order_id();
+  c.order_id = absl::AsciiStrToLower(req.order_id());
   c.expected_version = req.expected_version();
   c.to = v1::ORDER_STATUS_CANCELLED;
   c.trace_parent = trace_parent;
-  c.event = [order_id = req.order_id(), reason = req.reason()](
+  c.event = [order_id = c.order_id, reason = req.reason()](
                 const v1::Order& current) -> absl::StatusOr<NewEvent> {
     v1::OrderCancelled cancelled;
     cancelled.set_order_id(order_id);

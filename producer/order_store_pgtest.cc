@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/ids.h"
@@ -152,6 +153,26 @@ TEST_F(OrderStoreTest, EventsOfAnOrderFormAPrevSeqChain) {
   ASSERT_TRUE(cancel_event.payload().UnpackTo(&cancelled_payload));
   EXPECT_EQ(cancelled_payload.refund_cents(), 2500);
   EXPECT_EQ(Head(o.order_id()), rows[2][0].as<int64_t>());
+}
+
+// An order id is a UUID, whatever its letters' case: GetOrder finds one
+// written in capitals, and so must PayOrder and CancelOrder, and their
+// events must name the aggregate as every other event of it does.
+TEST_F(OrderStoreTest, ChangesFindAnOrderWhoseIdComesInCapitals) {
+  v1::Order o = Create();
+  v1::Order upper = o;
+  upper.set_order_id(absl::AsciiStrToUpper(o.order_id()));
+  ASSERT_NE(upper.order_id(), o.order_id());
+  auto paid = Pay(upper, 1, o.total_cents());
+  ASSERT_TRUE(paid.ok()) << paid.status();
+  EXPECT_EQ(paid->order_id(), o.order_id());
+  auto cancelled = Cancel(upper, 2);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(tdb_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox WHERE aggregate_id = '",
+                o.order_id(), "'")),
+            3);
+  EXPECT_EQ(Head(o.order_id()), tdb_.Scalar("SELECT max(seq) FROM outbox"));
 }
 
 TEST_F(OrderStoreTest, RefusedChangesWriteNothing) {
