@@ -339,7 +339,11 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 f"--shutdown_timeout={SHUTDOWN_TIMEOUT:g}s"] + tls + \
             extra_args + [
                 f"--{k}={v}" for k, v in self.scn.service_flags.items()]
-        env = {"OUTBOX_FAULT": self.scn.fault_env} if self.scn.fault_env else {}
+        # Each binary gets its own crash points only: it refuses a name that
+        # is not one of its points at start-up (common/fault.h).
+        own = ",".join(e for e in (self.scn.fault_env or "").split(",")
+                       if e.startswith(f"{kind}."))
+        env = {"OUTBOX_FAULT": own} if own else {}
         p = P.Proc(self, name, kind, argv, port, mport, env)
         self.sup.add(p)
         return p
