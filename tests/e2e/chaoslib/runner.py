@@ -472,11 +472,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
 
     def _healthy(self, port):
         if self.buf() is None:
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                return True
-            except OSError:
-                return False
+            raise HarnessError("buf curl is missing: no process can be seen "
+                               "SERVING (npm ci in tests/deploy)")
         return self.health(port) == "SERVING"
 
     def wait_serving(self, procs, timeout):
@@ -563,7 +560,10 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 break
             time.sleep(0.1)
         procs = list(self.sup.procs)
-        if self.scn.health_after_heal and self.buf() is not None:
+        if self.scn.health_after_heal:
+            if self.buf() is None:
+                raise HarnessError("buf curl is missing: the after-heal "
+                                   "SERVING check cannot run")
             # Gray faults leave every process up: each must say SERVING
             # again by itself once the database behaves.
             t = time.monotonic()
