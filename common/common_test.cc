@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
 #include <netinet/in.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,17 +11,22 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/db.h"
+#include "common/fault.h"
 #include "common/group_commit.h"
 #include "common/identity.h"
 #include "common/ids.h"
@@ -95,6 +101,34 @@ TEST(Ids, TraceParent) {
       IsTraceParent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
   EXPECT_FALSE(IsTraceParent("garbage"));
   EXPECT_TRUE(IsTraceParent(NewTraceParent()));
+  // W3C: lower-case hex only; version ff is never valid; all-zero ids are.
+  EXPECT_FALSE(
+      IsTraceParent("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"));
+  EXPECT_FALSE(
+      IsTraceParent("00-4bf92f3577b34da6a3ce929d0e0e4736-00F067AA0BA902B7-01"));
+  EXPECT_FALSE(
+      IsTraceParent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0A"));
+  EXPECT_FALSE(
+      IsTraceParent("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+  EXPECT_FALSE(
+      IsTraceParent("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"));
+}
+
+// What the producer accepts and stores is exactly what the logs carry:
+// one traceparent never valid for one and invalid for the other.
+TEST(Ids, TraceIdOfAgreesWithIsTraceParent) {
+  for (const std::string& s : std::vector<std::string>{
+           "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+           "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+           "00-4bf92f3577b34da6a3ce929d0e0e4736-00F067AA0BA902B7-01",
+           "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+           "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+           "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+           "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+           "00-4bf92f3577b34da6a3ce929d0e0e4736+00f067aa0ba902b7-01",
+           NewTraceParent()}) {
+    EXPECT_EQ(TraceIdOf(s), IsTraceParent(s) ? s.substr(3, 32) : "") << s;
+  }
 }
 
 TEST(Ids, PartitionIsStableAndInRange) {
@@ -686,6 +720,37 @@ TEST(PublicMessage, DatabaseInternalsNeverReachCallers) {
             grpc::StatusCode::INTERNAL);
 }
 
+// What the caller gets carries an error id; the log has the full error,
+// internals included, under exactly that id, so an operator finds it.
+TEST(PublicMessage, TheFullErrorIsLoggedUnderTheIdTheCallerGets) {
+  std::ostringstream logged;
+  auto previous = spdlog::default_logger();
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(logged);
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  pqxx::sql_error e("ERROR:  permission denied for table orders",
+                    "INSERT INTO orders ...", "42501");
+  const grpc::Status answer = ToGrpcStatus(StatusFromException(e));
+  const absl::Status other = absl::InternalError("another failure");
+  const std::string other_answer = PublicMessage(other);
+  spdlog::set_default_logger(previous);
+  EXPECT_EQ(answer.error_code(), grpc::StatusCode::UNAVAILABLE);
+  const std::string m = answer.error_message();
+  const size_t at = m.find("[error id ");
+  ASSERT_NE(at, std::string::npos) << m;
+  const std::string id = m.substr(at + 10, 8);
+  EXPECT_EQ(m.substr(at + 18, 1), "]") << m;
+  EXPECT_EQ(m.find("orders"), std::string::npos) << m;
+  const std::string log = logged.str();
+  const size_t line = log.find("error id " + id + ": ");
+  ASSERT_NE(line, std::string::npos) << log;
+  const std::string entry = log.substr(line, log.find('\n', line) - line);
+  EXPECT_NE(entry.find("permission denied for table orders"), std::string::npos)
+      << entry;
+  EXPECT_NE(entry.find("42501"), std::string::npos) << entry;
+  // Each error its own id.
+  EXPECT_EQ(other_answer.find(id), std::string::npos) << other_answer;
+}
+
 TEST(GroupCommit, AloneACallerWritesItsItemAtOnce) {
   std::vector<size_t> groups;
   GroupCommit<int, int> commit(
@@ -1053,6 +1118,61 @@ TEST(GroupCommit, StoppingAnswersEveryCallerAndWritesOnlyWhatIsWanted) {
   std::vector<int> expected = {0};
   for (int i = 1; i < 40; i += 2) expected.push_back(i);
   EXPECT_EQ(answers.written, expected);
+}
+
+// An unknown name in OUTBOX_FAULT (a typo, a renamed point, another
+// binary's point) stops the binary at start-up instead of arming nothing.
+TEST(Fault, UnknownCrashPointsAreRefused) {
+  const char* before = std::getenv("OUTBOX_FAULT");
+  const std::string saved = before ? before : "";
+  unsetenv("OUTBOX_FAULT");
+  EXPECT_TRUE(CheckCrashPoints(kRelayCrashPoints).ok());
+  setenv("OUTBOX_FAULT",
+         "relay.after_claim_before_send:0.1,relay.after_mark_commit:1", 1);
+  EXPECT_TRUE(CheckCrashPoints(kRelayCrashPoints).ok());
+  setenv("OUTBOX_FAULT", "relay.after_claim_befor_send:0.1", 1);
+  absl::Status s = CheckCrashPoints(kRelayCrashPoints);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("relay.after_claim_befor_send"), std::string::npos)
+      << s;
+  setenv("OUTBOX_FAULT", "consumer.before_commit:0.1", 1);
+  EXPECT_FALSE(CheckCrashPoints(kRelayCrashPoints).ok());
+  EXPECT_TRUE(CheckCrashPoints(kConsumerCrashPoints).ok());
+  setenv("OUTBOX_FAULT", "consumer.before_commit:2", 1);
+  EXPECT_FALSE(CheckCrashPoints(kConsumerCrashPoints).ok());
+  if (before) {
+    setenv("OUTBOX_FAULT", saved.c_str(), 1);
+  } else {
+    unsetenv("OUTBOX_FAULT");
+  }
+}
+
+// The lists are what the code passes: every MaybeCrash("...") in the
+// sources names a listed point of its binary, and every listed point is
+// passed somewhere, so a renamed point cannot disarm a test silently.
+TEST(Fault, TheListedCrashPointsAreTheOnesInTheCode) {
+  std::set<std::string> in_code;
+  const std::regex call(R"re(MaybeCrash\("([a-z_.]+)"\))re");
+  for (const char* dir : {"producer", "relay", "inbox", "consumer", "writer"}) {
+    for (const auto& entry : std::filesystem::directory_iterator(
+             std::filesystem::path(OUTBOX_SOURCE_DIR) / dir)) {
+      if (entry.path().extension() != ".cc") continue;
+      std::ifstream in(entry.path());
+      std::stringstream text;
+      text << in.rdbuf();
+      const std::string src = text.str();
+      for (std::sregex_iterator it(src.begin(), src.end(), call), end;
+           it != end; ++it) {
+        in_code.insert((*it)[1].str());
+      }
+    }
+  }
+  std::set<std::string> listed;
+  for (const auto* list :
+       {&kProducerCrashPoints, &kRelayCrashPoints, &kConsumerCrashPoints}) {
+    for (const char* p : *list) listed.insert(p);
+  }
+  EXPECT_EQ(in_code, listed);
 }
 
 }  // namespace

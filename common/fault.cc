@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -12,10 +13,26 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace outbox {
 namespace {
+
+// OUTBOX_FAULT parsed: point -> probability; an error for a malformed entry.
+absl::Status ParseSpec(const char* spec, std::map<std::string, double>* out) {
+  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
+    double p = 0;
+    if (!absl::SimpleAtod(kv.second, &p) || p < 0 || p > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("OUTBOX_FAULT: bad probability in \"", item, "\""));
+    }
+    (*out)[kv.first] = p;
+  }
+  return absl::OkStatus();
+}
 
 // Parsed once from OUTBOX_FAULT; read-only afterwards.
 const std::map<std::string, double>* Armed() {
@@ -23,16 +40,9 @@ const std::map<std::string, double>* Armed() {
     auto* m = new std::map<std::string, double>();
     const char* spec = std::getenv("OUTBOX_FAULT");
     if (spec == nullptr) return m;
-    for (absl::string_view item :
-         absl::StrSplit(spec, ',', absl::SkipEmpty())) {
-      std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
-      double p = 0;
-      if (!absl::SimpleAtod(kv.second, &p) || p < 0 || p > 1) {
-        std::fprintf(stderr, "OUTBOX_FAULT: bad probability in \"%s\"\n",
-                     std::string(item).c_str());
-        std::exit(2);
-      }
-      (*m)[kv.first] = p;
+    if (absl::Status s = ParseSpec(spec, m); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      std::exit(2);
     }
     return m;
   }();
@@ -58,6 +68,24 @@ bool Draw(double p) {
 }
 
 }  // namespace
+
+absl::Status CheckCrashPoints(const std::vector<const char*>& known) {
+  const char* spec = std::getenv("OUTBOX_FAULT");
+  if (spec == nullptr) return absl::OkStatus();
+  std::map<std::string, double> armed;
+  if (absl::Status s = ParseSpec(spec, &armed); !s.ok()) return s;
+  for (const auto& [point, p] : armed) {
+    if (std::find_if(known.begin(), known.end(), [&](const char* k) {
+          return point == k;
+        }) == known.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("OUTBOX_FAULT: \"", point,
+                       "\" is not a crash point of this binary (it has ",
+                       absl::StrJoin(known, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 void MaybeCrash(const char* point) {
   const auto* armed = Armed();

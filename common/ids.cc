@@ -26,9 +26,10 @@ std::string RandomHex(int bytes) {
   return out;
 }
 
-bool AllHex(absl::string_view s) {
+// W3C trace context allows lower-case hex only ("4BF9..." is invalid).
+bool AllLowerHex(absl::string_view s) {
   for (char c : s) {
-    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return false;
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   }
   return true;
 }
@@ -90,8 +91,8 @@ bool IsTraceParent(absl::string_view s) {
   }
   absl::string_view version = s.substr(0, 2), trace = s.substr(3, 32),
                     parent = s.substr(36, 16), flags = s.substr(53, 2);
-  return version == "00" && AllHex(trace) && AllHex(parent) && AllHex(flags) &&
-         !AllZero(trace) && !AllZero(parent);
+  return version == "00" && AllLowerHex(trace) && AllLowerHex(parent) &&
+         AllLowerHex(flags) && !AllZero(trace) && !AllZero(parent);
 }
 
 std::string NewTraceParent() {

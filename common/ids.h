@@ -30,7 +30,9 @@ std::string NewTimeOrderedUuid();
 bool IsUuid(absl::string_view s);
 
 // True for a W3C traceparent of version 00:
-// "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>", ids not all zero.
+// "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>", lower-case hex
+// only, ids not all zero. Any other version (ff is never valid) is refused.
+// TraceIdOf (common/log.h) reads the trace id of exactly these.
 bool IsTraceParent(absl::string_view s);
 
 // A new sampled traceparent with random ids.

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/ids.h"
 
 namespace outbox {
 
@@ -48,13 +49,6 @@ std::string JsonEscape(const std::string& s) {
 namespace {
 
 thread_local const EventLogFields* current_event = nullptr;
-
-bool IsLowerHex(const std::string& s) {
-  for (char c : s) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
 
 void Append(spdlog::memory_buf_t& dest, const std::string& s) {
   dest.append(s.data(), s.data() + s.size());
@@ -130,13 +124,9 @@ void GrpcLog(gpr_log_func_args* args) {
 }  // namespace
 
 std::string TraceIdOf(const std::string& traceparent) {
-  if (traceparent.size() < 55 || traceparent[2] != '-' ||
-      traceparent[35] != '-') {
-    return "";
-  }
-  std::string id = traceparent.substr(3, 32);
-  if (!IsLowerHex(id) || id == std::string(32, '0')) return "";
-  return id;
+  // One definition of a valid traceparent: what the producer stores is
+  // exactly what the logs carry.
+  return IsTraceParent(traceparent) ? traceparent.substr(3, 32) : "";
 }
 
 EventLogFields FieldsOf(const v1::Event& event) {

@@ -20,8 +20,8 @@ struct EventLogFields {
 
 EventLogFields FieldsOf(const v1::Event& event);
 
-// The trace id of a W3C traceparent ("00-<32 hex>-<16 hex>-<2 hex>"), or
-// "" when it is not one.
+// The trace id of `traceparent` if IsTraceParent (common/ids.h) accepts it,
+// else "".
 std::string TraceIdOf(const std::string& traceparent);
 
 // While one lives, every line this thread logs carries `fields`: as JSON

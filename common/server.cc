@@ -49,6 +49,29 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
                       PublicMessage(s));
 }
 
+std::vector<std::pair<std::string, int>> ServerChannelArgs(
+    const ServerOptions& options) {
+  const auto ms = [](absl::Duration d) {
+    return static_cast<int>(absl::ToInt64Milliseconds(d));
+  };
+  return {
+      // Two processes must never share a port silently.
+      {GRPC_ARG_ALLOW_REUSEPORT, 0},
+      // Peers that stop answering pings are dropped within 40 s.
+      {GRPC_ARG_KEEPALIVE_TIME_MS, 30000},
+      {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000},
+      {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+      // Clients (the relay) ping every few seconds to spot a dead peer;
+      // one that pings more often is sent away after two warnings.
+      {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+       ms(options.min_ping_interval)},
+      {GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2},
+      {GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms(options.max_connection_idle)},
+      {GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, ms(options.handshake_timeout)},
+      {GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams},
+  };
+}
+
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const ServerOptions& options, const std::vector<NamedService>& services) {
   // Links health.proto's descriptors into the binary so reflection can
@@ -64,23 +87,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
                                ? options.credentials
                                : grpc::InsecureServerCredentials(),
                            &port);
-  // Two processes must never share a port silently.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Peers that stop answering pings are dropped within 40 s.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Clients (the relay) ping every few seconds to spot a dead peer; one
-  // that pings more often than every 2 s is sent away after two warnings.
-  builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 2000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
-  // A connection with no call for 5 minutes is closed; a handshake that
-  // does not finish in 10 s is abandoned.
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 5 * 60 * 1000);
-  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                             options.max_concurrent_streams);
+  for (const auto& [name, value] : ServerChannelArgs(options)) {
+    builder.AddChannelArgument(name, value);
+  }
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   // The synchronous server keeps this many threads waiting for calls. With
   // gRPC's default (at most 2), every call beyond two at once spawned a

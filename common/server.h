@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -36,6 +37,12 @@ struct ServerOptions {
   // Threads serving calls, and memory for transport buffers, at most.
   int max_threads = 64;
   size_t memory_bytes = 64 << 20;
+  // A client that pings more often than this without sending data is sent
+  // away after two warnings; a connection with no call this long is
+  // closed; a handshake that does not finish this soon is abandoned.
+  absl::Duration min_ping_interval = absl::Seconds(2);
+  absl::Duration max_connection_idle = absl::Minutes(5);
+  absl::Duration handshake_timeout = absl::Seconds(10);
   // host:port of a second, plaintext server that answers grpc.health.v1
   // only (and follows SetServing): for probes that cannot speak TLS, such
   // as Kubernetes' gRPC probes. Empty: none.
@@ -74,6 +81,11 @@ class GrpcServer {
   const std::vector<std::string> names_;
   bool shut_down_ = false;
 };
+
+// The channel arguments Start gives a server for `options` (keepalive,
+// pings, idle connections, handshakes, streams per connection), by name.
+std::vector<std::pair<std::string, int>> ServerChannelArgs(
+    const ServerOptions& options);
 
 // Converts at the service edge: the code is kept, and so is the message
 // unless it carries database internals (see PublicMessage).

@@ -9,6 +9,7 @@
 #include "common/config.h"
 #include "common/db.h"
 #include "common/db_flags.h"
+#include "common/fault.h"
 #include "common/schema.h"
 #include "common/service.h"
 #include "consumer/audit.h"
@@ -45,6 +46,11 @@ int main(int argc, char** argv) {
   outbox::InitProcess(argc, argv,
                       "outbox-consumer: applies delivered events exactly once, "
                       "in order.\nFlags also come from OUTBOX_<FLAG>.");
+  if (absl::Status s = outbox::CheckCrashPoints(outbox::kConsumerCrashPoints);
+      !s.ok()) {
+    spdlog::critical("outbox-consumer: {}", std::string(s.message()));
+    return 2;
+  }
   const std::string url = absl::GetFlag(FLAGS_db);
   outbox::DbSession session = outbox::DbSessionFromFlags();
   outbox::Metrics metrics;

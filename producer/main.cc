@@ -7,6 +7,7 @@
 #include "common/config.h"
 #include "common/db.h"
 #include "common/db_flags.h"
+#include "common/fault.h"
 #include "common/schema.h"
 #include "common/service.h"
 #include "common/worker_pool.h"
@@ -40,6 +41,11 @@ int main(int argc, char** argv) {
       argc, argv,
       "outbox-producer: the order service with a "
       "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
+  if (absl::Status s = outbox::CheckCrashPoints(outbox::kProducerCrashPoints);
+      !s.ok()) {
+    spdlog::critical("outbox-producer: {}", std::string(s.message()));
+    return 2;
+  }
   const std::string url = absl::GetFlag(FLAGS_db);
   outbox::DbSession session = outbox::DbSessionFromFlags();
   outbox::Metrics metrics;

@@ -18,8 +18,9 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
 
-// Counts code points of valid UTF-8; -1 if `s` is not valid UTF-8 or holds
-// a control character (C0, DEL or C1).
+// Counts code points of valid UTF-8; -1 if `s` is not valid UTF-8 (an
+// overlong form, a surrogate or a value above U+10FFFF included, which
+// PostgreSQL would refuse) or holds a control character (C0, DEL or C1).
 int CountCleanChars(absl::string_view s) {
   int count = 0;
   for (size_t i = 0; i < s.size();) {
@@ -42,6 +43,11 @@ int CountCleanChars(absl::string_view s) {
       unsigned char cc = static_cast<unsigned char>(s[i + k]);
       if ((cc >> 6) != 0x2) return -1;
       cp = (cp << 6) | (cc & 0x3f);
+    }
+    static constexpr uint32_t kMinOfLength[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMinOfLength[len] || (cp >= 0xd800 && cp <= 0xdfff) ||
+        cp > 0x10ffff) {
+      return -1;
     }
     if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) return -1;
     i += len;

@@ -52,6 +52,24 @@ TEST(ValidateCreate, NamesTheBadField) {
                 "customer_id");
   ExpectInvalid(CreateStatus([](auto& r) { r.set_customer_id("\xc2\x85"); }),
                 "customer_id");  // NEL, a C1 control
+  // Not UTF-8 at all, though each decodes to a printable value: an
+  // overlong "/", a surrogate, a value above U+10FFFF. PostgreSQL refuses
+  // them, so validation must.
+  ExpectInvalid(
+      CreateStatus([](auto& r) { r.set_customer_id("\xe0\x80\xaf"); }),
+      "customer_id");
+  ExpectInvalid(
+      CreateStatus([](auto& r) { r.set_customer_id("\xed\xa0\x80"); }),
+      "customer_id");
+  ExpectInvalid(
+      CreateStatus([](auto& r) { r.set_customer_id("\xf4\x90\x80\x80"); }),
+      "customer_id");
+  EXPECT_TRUE(ValidateCreate([] {
+                auto r = Valid();
+                r.set_customer_id("\xc3\xa9\xe2\x82\xac\xf0\x9f\x93\xa6");
+                return r;
+              }())
+                  .ok());  // é € 📦
   ExpectInvalid(CreateStatus([](auto& r) { r.clear_items(); }), "items");
   ExpectInvalid(CreateStatus([](auto& r) {
                   for (int i = 0; i < 99; ++i) *r.add_items() = r.items(0);

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
+#include "common/log.h"
 #include "common/schema.h"
 #include "common/server.h"
 #include "producer/order_schema.h"
@@ -162,12 +163,23 @@ TEST_F(OrderServiceTest, StoresTheCallersTraceParent) {
       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
   ASSERT_TRUE(Create(Request(), nullptr, trace).ok());
   ASSERT_TRUE(Create(Request(), nullptr, "not a traceparent").ok());
+  // Upper-case hex is not W3C: stored as sent, the logs would drop it.
+  const std::string upper =
+      "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01";
+  ASSERT_TRUE(Create(Request(), nullptr, upper).ok());
   pqxx::result rows =
       tdb_.Query("SELECT trace_parent FROM outbox ORDER BY seq");
-  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0][0].as<std::string>(), trace);
   // An invalid one is replaced by a fresh trace, never stored as sent.
   EXPECT_TRUE(IsTraceParent(rows[1][0].as<std::string>()));
+  EXPECT_NE(rows[2][0].as<std::string>(), upper);
+  // Every stored trace is one the relay's and consumer's log lines carry.
+  for (const auto& row : rows) {
+    EXPECT_EQ(TraceIdOf(row[0].as<std::string>()),
+              row[0].as<std::string>().substr(3, 32))
+        << row[0].as<std::string>();
+  }
 }
 
 TEST_F(OrderServiceTest, ReflectionAndHealth) {

@@ -8,6 +8,7 @@
 #include "common/config.h"
 #include "common/db.h"
 #include "common/db_flags.h"
+#include "common/fault.h"
 #include "common/ids.h"
 #include "common/schema.h"
 #include "common/service.h"
@@ -75,6 +76,11 @@ int main(int argc, char** argv) {
   outbox::InitProcess(argc, argv,
                       "outbox-relay: delivers outbox events to the consumer.\n"
                       "Flags also come from OUTBOX_<FLAG>.");
+  if (absl::Status s = outbox::CheckCrashPoints(outbox::kRelayCrashPoints);
+      !s.ok()) {
+    spdlog::critical("outbox-relay: {}", std::string(s.message()));
+    return 2;
+  }
   outbox::relay::RelayOptions options;
   options.db_url = absl::GetFlag(FLAGS_db);
   options.consumer = absl::GetFlag(FLAGS_consumer);

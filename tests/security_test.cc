@@ -6,11 +6,15 @@
 // loopback; no database is needed, since every refusal comes before one.
 
 #include <google/protobuf/descriptor.h>
+#include <grpc/support/log.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/identity.h"
@@ -38,7 +42,13 @@ class Certificates {
     const std::string cmd = absl::StrCat(
         "bash -c 'source \"", OUTBOX_SOURCE_DIR, "/scripts/lib/certs.sh\" && ",
         "make_certs \"", dir_.string(),
-        "\" server relay reader ops intruder' >/dev/null");
+        "\" server relay reader ops intruder && ",
+        // Identities without a URI SAN: a DNS SAN, a CN alone, and a DNS
+        // SAN beside a CN that is listed (the SAN wins).
+        "make_cert_san \"", dir_.string(),
+        "\" dnsreader DNS:reader.example.com && make_cert_san \"",
+        dir_.string(), "\" cnreader \"\" && make_cert_san \"", dir_.string(),
+        "\" cnreader-too DNS:unlisted.example.com' >/dev/null");
     ok_ = std::system(cmd.c_str()) == 0;
   }
   ~Certificates() { std::filesystem::remove_all(dir_); }
@@ -139,7 +149,8 @@ class SecurityTest : public ::testing::Test {
   CallerCheck check_{[] {
     AccessRules r;
     r.require_identity = true;
-    r.allowed = {"spiffe://outbox/relay", "spiffe://outbox/reader"};
+    r.allowed = {"spiffe://outbox/relay", "spiffe://outbox/reader",
+                 "reader.example.com", "cnreader", "cnreader-too"};
     r.admin = {"spiffe://outbox/ops"};
     r.delivery = {"spiffe://outbox/relay"};
     return r;
@@ -225,6 +236,30 @@ TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
             grpc::StatusCode::PERMISSION_DENIED);
 }
 
+// Without a URI SAN a certificate is known by its DNS SAN, and without
+// either by its CN (README "Security"): real certificates, made by
+// scripts/lib/certs.sh, through the real TLS stack.
+TEST_F(SecurityTest, IdentityComesFromTheDnsSanElseTheCommonName) {
+  const std::string query = "/outbox.v1.BillingQuery/GetStats";
+  grpc::Status s = CallAnything(As("dnsreader").get(), query);
+  EXPECT_NE(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << s.error_message();
+  s = CallAnything(As("cnreader").get(), query);
+  EXPECT_NE(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << s.error_message();
+  // A DNS SAN hides the CN: this one's CN is listed, its SAN is not.
+  s = CallAnything(As("cnreader-too").get(), query);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("identity unlisted.example.com"),
+            std::string::npos)
+      << s.error_message();
+}
+
 TEST_F(SecurityTest, HealthAndReflectionAnswerAnyClientThatPassesTls) {
   auto intruder = As("intruder");
   EXPECT_EQ(testing::HealthStatus(intruder.get()), "SERVING");
@@ -248,18 +283,50 @@ TEST_F(SecurityTest, ThePlaintextHealthPortAnswersHealthOnly) {
   EXPECT_EQ(testing::HealthStatus(probe.get()), "NOT_SERVING");
 }
 
+// What gRPC core logs (the server's side of a handshake, here in the
+// same process), from the first GrpcLogCapture on; still written to
+// stderr as well.
+class GrpcLogCapture {
+ public:
+  GrpcLogCapture() { gpr_set_log_function(&Capture); }
+  // True once a line containing `text` was logged.
+  static bool Saw(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& line : lines_) {
+      if (line.find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+ private:
+  static void Capture(gpr_log_func_args* args) {
+    std::fprintf(stderr, "grpc: %s\n", args->message);
+    std::lock_guard<std::mutex> lock(mu_);
+    lines_.emplace_back(args->message);
+  }
+  static inline std::mutex mu_;
+  static inline std::vector<std::string> lines_;
+};
+
+// Refused in the handshake, by a server that is up: the server's TLS
+// stack says why (no certificate; not TLS at all), and it answers a client
+// with a certificate meanwhile. A dead port would fail the calls too, but
+// not for these reasons.
 TEST_F(SecurityTest, NoCertificateReachesNothing) {
+  GrpcLogCapture log;
   auto anonymous = As("");
-  EXPECT_NE(testing::HealthStatus(anonymous.get()), "SERVING");
   grpc::Status s =
       CallAnything(anonymous.get(), "/outbox.v1.EventSink/Deliver");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(testing::HealthStatus(anonymous.get()), "SERVING");
+  EXPECT_TRUE(log.Saw("peer did not return a certificate"));
   auto plaintext =
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
                           grpc::InsecureChannelCredentials());
-  EXPECT_EQ(CallAnything(plaintext.get(), "/outbox.v1.EventSink/Deliver")
-                .error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  s = CallAnything(plaintext.get(), "/outbox.v1.EventSink/Deliver");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_TRUE(log.Saw("wrong version number"));
+  EXPECT_EQ(testing::HealthStatus(As("reader").get()), "SERVING");
 }
 
 }  // namespace

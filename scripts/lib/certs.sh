@@ -24,14 +24,24 @@ make_ca() {
 # CA; the identity is URI (default spiffe://outbox/NAME). Overwrites: call
 # it again to rotate.
 make_cert() {
-  local dir="$1" name="$2" uri="${3:-spiffe://outbox/$2}" ext
+  local uri="${3:-spiffe://outbox/$2}"
+  make_cert_san "$1" "$2" "URI:$uri,DNS:localhost,DNS:outbox-$2,IP:127.0.0.1"
+}
+
+# make_cert_san DIR NAME SAN: as make_cert, with CN NAME and the
+# subjectAltName SAN as given (e.g. "DNS:reader.example", or "" for a
+# certificate named by its CN alone).
+make_cert_san() {
+  local dir="$1" name="$2" san="$3" ext
   ext=$(mktemp)
-  cat >"$ext" <<EXT
-subjectAltName=URI:$uri,DNS:localhost,DNS:outbox-$name,IP:127.0.0.1
+  {
+    [ -z "$san" ] || echo "subjectAltName=$san"
+    cat <<EXT
 extendedKeyUsage=serverAuth,clientAuth
 basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 EXT
+  } >"$ext"
   openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
     -keyout "$dir/$name.key.new" -out "$dir/$name.csr" -subj "/CN=$name" 2>/dev/null &&
     openssl x509 -req -in "$dir/$name.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \

@@ -85,6 +85,7 @@ build() {
   for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
     [ -x "$OUTBOX_ROOT/build/bin/$b" ] || die "build/bin/$b is missing"
   done
+  check_test_binaries build gtest
 }
 
 # build_in DIR TYPE TARGET [CMAKE_ARGS...]: configures DIR (once) and builds
@@ -98,9 +99,28 @@ build_in() {
     cmake -S "$OUTBOX_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
   fi
   log "building $name (this takes a few minutes the first time)"
-  cmake --build "$dir" -j"${JOBS:-2}" --target "$target" 2>&1 |
-    grep -E 'error|warning: unused|Error|FAILED|runtime error' || true
-  [ "${PIPESTATUS[0]}" -eq 0 ] || die "build failed; run: cmake --build $name"
+  # The build's own exit status decides, not the filter's: the output goes
+  # to a log first (a pipe's status would be grep's, or `true`'s), then the
+  # lines worth seeing are shown.
+  local rc=0 out="$dir/build.log"
+  cmake --build "$dir" -j"${JOBS:-2}" --target "$target" >"$out" 2>&1 || rc=$?
+  grep -E 'error|warning: unused|Error|FAILED|runtime error' "$out" >&2 || :
+  [ "$rc" -eq 0 ] || die "build of $name failed (exit $rc; full log: $out)"
+}
+
+# check_test_binaries DIR LABEL: every test ctest would run in DIR with
+# LABEL has its executable in DIR/bin (gtests and fuzz targets are named
+# after their binaries), so that a target the build did not make fails
+# here, naming it, instead of a ctest line that is easy to miss.
+check_test_binaries() {
+  local dir="$OUTBOX_ROOT/$1" label="$2" names n=0 t
+  names=$(ctest --test-dir "$dir" -N -L "$label" | sed -n 's/^ *Test *#[0-9]*: //p')
+  [ -n "$names" ] || die "$1: ctest lists no test labelled $label"
+  for t in $names; do
+    [ -x "$dir/bin/$t" ] || die "$1/bin/$t is missing: the build did not make it"
+    n=$((n + 1))
+  done
+  log "$1: all $n test binaries labelled $label are built"
 }
 
 # A port on 127.0.0.1 that nothing listens on now.

@@ -9,7 +9,8 @@
 #
 # Usage: tests/deploy/check_image_libs.sh BIN_DIR   (e.g. build/bin)
 # Needs: a Debian 12 host with the build's libraries installed (ldd must
-# resolve them) and apt lists (apt-get update). Exit 0 or 1.
+# resolve them) and apt lists (fetched with apt-get update when missing and
+# run as root; otherwise a failure). Exit 0 or 1.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -42,14 +43,18 @@ runtime_pkgs=$(read_packages runtime)
 echo "runtime packages: $runtime_pkgs"
 
 failures=0
+# Without package lists neither the availability of the Dockerfile's
+# packages nor the closure below can be known: fetch them (as root, as CI
+# runs), or fail; never pass with the check left out.
 if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
-  echo "note: no apt package lists (run apt-get update); skipping the availability check of the Dockerfile's packages"
-  builder_pkgs=
-  runtime_avail=
-else
-  runtime_avail=$runtime_pkgs
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "no apt package lists: apt-get update"
+    apt-get update -qq >/dev/null || fail "apt-get update failed: cannot check the Dockerfile's packages"
+  fi
+  compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null ||
+    fail "no apt package lists (run apt-get update as root): cannot check the Dockerfile's packages"
 fi
-for p in $builder_pkgs $runtime_avail; do
+for p in $builder_pkgs $runtime_pkgs; do
   cand=$(apt-cache policy "$p" 2>/dev/null | awk '/Candidate:/ {print $2}')
   if [[ -z "$cand" || "$cand" == "(none)" ]]; then
     echo "FAIL package $p is not available from the configured Debian release (apt-get update?)"

@@ -12,6 +12,7 @@ every invariant held. See tests/e2e/README.md; run it as ./scripts/chaos.
 
 import argparse
 import atexit
+import glob
 import json
 import os
 import random
@@ -83,6 +84,13 @@ def preflight(args):
             sys.exit(f"chaos: {tool} is not installed" + (
                 " (postgresql-client-15)" if tool == "psql" else
                 "; or run with --plaintext" if tool == "openssl" else ""))
+    # buf curl polls every process's grpc.health.v1: without it there is no
+    # readiness (a TCP connect is not SERVING) and no after-heal check.
+    nm = os.path.join(ROOT, "tests", "deploy", "node_modules")
+    if not (glob.glob(os.path.join(nm, "@bufbuild", "buf-*", "bin", "buf"))
+            or os.path.exists(os.path.join(nm, ".bin", "buf"))):
+        sys.exit(f"chaos: buf is missing in {nm} (its health checks need it: "
+                 "npm ci in tests/deploy; ./scripts/test installs it)")
     pg_ctl = os.path.join(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"),
                           "pg_ctl")
     if not os.access(pg_ctl, os.X_OK):

@@ -78,6 +78,10 @@ mkdir -p "$d"
 printf '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' >"$d/seed-valid"
 printf '00-00000000000000000000000000000000-00f067aa0ba902b7-01' >"$d/seed-zero"
 printf '123e4567-e89b-12d3-a456-426614174000' >"$d/seed-uuid"
+# Not W3C: upper-case hex, version ff, an all-zero parent id.
+printf '00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01' >"$d/seed-upper"
+printf 'ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' >"$d/seed-ff"
+printf '00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01' >"$d/seed-zero-parent"
 
 d=corpus/consumer_plan_fuzz
 mkdir -p "$d"

@@ -9,12 +9,14 @@ outage, then checks that
   the audit database's `inbox` and `audit_log` (and billing's inbox, for
   the latency) are copied into a scratch schema of the orders database and
   compared with the outbox there;
-- the healthy billing subscription was not held back while audit was down:
-  its delivery latency (billing `inbox.applied_at` - `outbox.created_at`,
-  both stamped by the same PostgreSQL server) of events committed while
-  audit was down is compared with that of the rest of the same run, and
-  only a gross effect fails the run (billing stalled, or its backlog not
-  drained, while audit was down); the figures are reported.
+- the healthy billing subscription kept going while audit was down,
+  judged by progress and never by time: during every audit outage in which
+  events were committed (before its last second), billing applied events
+  (billing `inbox.applied_at` within the outage, stamped by the same
+  PostgreSQL server as the outage's bounds); and billing's backlog at each
+  outage's end was applied afterwards (the checker's I1/I5). Latency
+  figures are reported, never judged: a loaded 2-core machine stretches
+  them both ways.
 """
 
 import os
@@ -31,14 +33,11 @@ DELIVERED_RE = re.compile(
     r'^outbox_relay_delivered_total\{([^}]*)\}\s+([0-9.eE+]+)\s*$', re.M)
 SUBSCRIPTION_RE = re.compile(r'subscription="([^"]*)"')
 
-# Gross effects only (a noisy 2-core machine must not fail the run):
-STALL_MIN = 2.0      # s: a billing stall shorter than this is never one
-STALL_FACTOR = 3.0   # ... nor one within 3x billing's longest quiet pause
-STALL_COVER = 0.75   # ... nor one that covers less than 3/4 of the outage
-BACKLOG_MIN = 2.0    # s: billing's backlog at an outage's start must be
-BACKLOG_FACTOR = 10  # applied within max(2 s, 10 x billing's quiet p99)
-P50_MIN_MS = 1000.0  # billing p50 while audit is down: at most
-P50_FACTOR = 20      # max(1 s, 20 x its p50 while audit is up)
+# An outage whose events were all committed in its last second may end
+# before billing's relay (polling every 200 ms, NOTIFY aside) had them:
+# billing must have applied something only in outages with events
+# committed before then.
+PROGRESS_LEAD = 1.0  # s
 WARM_UP = 1.0        # s: the load's first second is no baseline
 
 SCHEMA = f"""
@@ -193,7 +192,10 @@ SELECT x.i, x.kind, round(extract(epoch FROM x.t1 - x.t0)::numeric, 2),
      FROM b WHERE b.created_at < x.t0 AND b.applied_at > x.t0),
   (SELECT count(*) FROM b WHERE b.created_at < x.t1 AND b.applied_at > x.t1),
   (SELECT round((extract(epoch FROM max(a.applied_at - a.created_at)) * 1000)
-                ::numeric) FROM a WHERE a.created_at BETWEEN x.t0 AND x.t1)
+                ::numeric) FROM a WHERE a.created_at BETWEEN x.t0 AND x.t1),
+  (SELECT count(*) FROM outbox o WHERE o.created_at BETWEEN x.t0 AND
+     x.t1 - make_interval(secs => {PROGRESS_LEAD})),
+  (SELECT count(*) FROM b WHERE b.created_at < x.t1 AND b.applied_at >= x.t1)
 FROM {SCRATCH}.outages x ORDER BY x.i
 """
 
@@ -398,8 +400,9 @@ class AuditSubscription:
                 try:
                     text = scrape(r.metrics_port, timeout=3)
                 except Exception as e:
-                    run.notes.append(f"fan-out: could not scrape {r.name}'s "
-                                     f"metrics: {e}")
+                    # Unread, its labels are unchecked: a failure, not a note.
+                    bad.append(f"metrics: could not scrape {r.name}'s "
+                               f"/metrics: {e}")
                     continue
                 series = DELIVERED_RE.findall(text)
                 subs = {(SUBSCRIPTION_RE.search(labels) or [None, None])[1]
@@ -465,7 +468,7 @@ class AuditSubscription:
             bad.append(f"audit dead letters: {dead} (expected 0; killing or "
                        "pausing a consumer never dead-letters)")
 
-        bad += self._latency_checks()
+        bad += self._outage_checks()
         run.log(f"audit checked: {events} events, {inbox_rows} inbox and "
                 f"{log_rows} audit_log rows, drained in "
                 f"{self.drain_seconds:.1f}s, lost {lost}, missing audit_log "
@@ -475,7 +478,7 @@ class AuditSubscription:
         run.log("fan-out: " + self.figures())
         return bad
 
-    def _latency_checks(self):
+    def _outage_checks(self):
         run = self.run
         bad = []
         if not self.outages:
@@ -494,7 +497,9 @@ class AuditSubscription:
              "billing_backlog_at_start": int(r[7]),
              "billing_backlog_applied_after": _f(r[8]),
              "billing_backlog_at_end": int(r[9]),
-             "audit_max_lag_ms": _f(r[10])}
+             "audit_max_lag_ms": _f(r[10]),
+             "committed_before_last_second": int(r[11]),
+             "billing_applied_after": int(r[12])}
             for r in _rows(run.sql_orders(OUTAGES, 120))]
         gaps = _rows(run.sql_orders(GAPS, 120))
         gap_up = _f(gaps[0][1]) if gaps and gaps[0][0] == "0" else 0.0
@@ -513,49 +518,21 @@ class AuditSubscription:
             run.errors.append(
                 "fan-out: no audit outage left audit events pending: the "
                 "faults never held the audit subscription back")
-        up = self.latency.get("up")
-        down = self.latency.get("down")
-        # 1. billing kept applying while audit was down: no pause longer
-        #    than max(2 s, 3 x its longest pause while audit was up) that
-        #    covers most of an outage during which events were committed
-        gap_up = self.gaps[0] or 0.0
-        stall_bound = max(STALL_MIN, STALL_FACTOR * gap_up)
+        # Billing kept going while audit was down, judged by progress: it
+        # applied events during every outage in which events were committed
+        # (before its last second), and what was committed before an
+        # outage ended was applied after it as much as needed (the
+        # checker's I1 and I5 require all of it). No latency ratio: on a
+        # loaded machine a latency stretches without anything stalling.
         for o in self.outage_rows:
-            pause = o.get("billing_longest_pause") or 0
-            covers = o.get("billing_pause_covers") or 0
-            if o["committed"] and pause > stall_bound and covers >= STALL_COVER:
+            if o["committed_before_last_second"] and not o["billing_applied"]:
                 bad.append(
-                    f"fan-out: billing applied nothing for {pause:.1f}s "
-                    f"during audit outage {o['i']} ({o['kind']}, "
-                    f"{o['seconds']:.1f}s, {covers:.0%} of it; "
-                    f"{o['committed']} events committed meanwhile); its "
-                    f"longest pause while audit was up: {gap_up:.2f}s; bound "
-                    f"{stall_bound:.1f}s")
-        # 2. billing's backlog at each outage's start was applied while
-        #    audit was still down
-        p99_up = up[2] if up else 0
-        backlog_bound = max(BACKLOG_MIN, BACKLOG_FACTOR * (p99_up or 0)
-                            / 1000)
-        for o in self.outage_rows:
-            took = o["billing_backlog_applied_after"]
-            if (o["billing_backlog_at_start"] and o["seconds"] > backlog_bound
-                    and (took is None or took > backlog_bound)):
-                bad.append(
-                    f"fan-out: billing's backlog of "
-                    f"{o['billing_backlog_at_start']} "
-                    f"at the start of audit outage {o['i']} ({o['kind']}, "
-                    f"{o['seconds']:.1f}s) was not applied within "
-                    f"{backlog_bound:.1f}s ("
-                    + ("never" if took is None else f"after {took:.1f}s")
-                    + f"; bound max({BACKLOG_MIN:g}s, {BACKLOG_FACTOR} x "
-                    "billing's p99 while audit was up)")
-        # 3. billing's median latency while audit was down
-        if up and down and down[1] is not None and up[1] is not None:
-            bound = max(P50_MIN_MS, P50_FACTOR * up[1])
-            if down[1] > bound:
-                bad.append(f"fan-out: billing's p50 latency while audit was "
-                           f"down is {down[1]:.0f} ms, {up[1]:.0f} ms while "
-                           f"it was up (bound {bound:.0f} ms)")
+                    f"fan-out: billing applied nothing during audit outage "
+                    f"{o['i']} ({o['kind']}, {o['seconds']:.1f}s), though "
+                    f"{o['committed_before_last_second']} events were "
+                    f"committed in it before its last second; billing's "
+                    f"backlog {o['billing_backlog_at_start']} at its start, "
+                    f"{o['billing_backlog_at_end']} at its end")
         return bad
 
     # -- reporting --------------------------------------------------------

@@ -125,7 +125,9 @@ class FaultProxy:
         self._conns = set()
         self.accepted = 0
         self.resets = 0  # connections reset
-        self.bytes = 0
+        self.bytes = 0  # forwarded
+        self.received = 0  # read from either side (forwarded or not yet)
+        self.delayed = 0  # chunks held back by latency before forwarding
         self._server = None
         self._flowing = None
         self.port = ploop.call(self._start(listen_port))
@@ -240,6 +242,7 @@ class FaultProxy:
                     data = await reader.read(_CHUNK)
                     if not data:
                         break
+                    self.received += len(data)
                     await q.put((loop.time() + self._delay(), data))
             except (ConnectionError, OSError):
                 failed = True
@@ -254,6 +257,7 @@ class FaultProxy:
                 at, data = item
                 wait = at - loop.time()
                 if wait > 0:
+                    self.delayed += 1
                     await asyncio.sleep(wait)
                 await self._flowing.wait()
                 if conn.closed:

@@ -347,7 +347,11 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 f"--shutdown_timeout={SHUTDOWN_TIMEOUT:g}s"] + tls + \
             extra_args + [
                 f"--{k}={v}" for k, v in self.scn.service_flags.items()]
-        env = {"OUTBOX_FAULT": self.scn.fault_env} if self.scn.fault_env else {}
+        # Each binary gets its own crash points only: it refuses a name that
+        # is not one of its points at start-up (common/fault.h).
+        own = ",".join(e for e in (self.scn.fault_env or "").split(",")
+                       if e.startswith(f"{kind}."))
+        env = {"OUTBOX_FAULT": own} if own else {}
         p = P.Proc(self, name, kind, argv, port, mport, env)
         self.sup.add(p)
         return p
@@ -475,11 +479,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
 
     def _healthy(self, port):
         if self.buf() is None:
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                return True
-            except OSError:
-                return False
+            raise HarnessError("buf curl is missing: no process can be seen "
+                               "SERVING (npm ci in tests/deploy)")
         return self.health(port) == "SERVING"
 
     def wait_serving(self, procs, timeout):
@@ -566,7 +567,10 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
                 break
             time.sleep(0.1)
         procs = list(self.sup.procs)
-        if self.scn.health_after_heal and self.buf() is not None:
+        if self.scn.health_after_heal:
+            if self.buf() is None:
+                raise HarnessError("buf curl is missing: the after-heal "
+                                   "SERVING check cannot run")
             # Gray faults leave every process up: each must say SERVING
             # again by itself once the database behaves.
             t = time.monotonic()

@@ -9,9 +9,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 # Crash points armed in the crash-points scenario (probability per pass).
-# A producer passes its points once per write (hundreds a second), a relay
-# once per batch, a consumer once per batch transaction: the numbers make
-# each binary crash a few times in a short window and still progress.
+# A producer passes its points once per group write (a few hundred a
+# second), a relay once per batch, a consumer once per batch transaction:
+# the numbers make each binary crash a few times in a short window and
+# still progress. (At 0.0005 the producer's points once fired in none of
+# the CI's 7 s runs: the scenario now fails when an armed point never
+# fires.)
 CRASH_POINTS = ",".join([
     "relay.after_send_before_mark:0.03",
     "relay.after_claim_before_send:0.02",
@@ -19,8 +22,8 @@ CRASH_POINTS = ",".join([
     "relay.after_mark_commit:0.02",
     "consumer.before_commit:0.03",
     "consumer.after_commit_before_answer:0.04",
-    "producer.before_commit:0.0005",
-    "producer.after_commit_before_answer:0.0005",
+    "producer.before_commit:0.002",
+    "producer.after_commit_before_answer:0.002",
 ])
 
 ACK_TIMEOUT = 2.0  # the relay's --ack_timeout in every scenario
@@ -29,6 +32,9 @@ ROGUE_LOCK_FLAGS = {"lock_timeout": "500ms", "stall_timeout": "2s"}
 ROGUE_LOCK_OVERRUN = 8.0  # s the last rogue lock may end after the window
 AFTER_HEAL = 20.0  # how long a binary may stay NOT_SERVING after the heal
 FAN_OUT_OVERRUN = 5.0  # s fan-out's last audit outage may end after the window
+# crash-points: how long the points stay armed after the window, with the
+# load running, for one that has not fired yet
+CRASH_POINTS_OVERRUN = 10.0
 
 
 @dataclass
@@ -141,10 +147,43 @@ def poison(run):
         pass
 
 
+def armed_points(run):
+    """Crash point -> how often a binary logged that it crashed there."""
+    fired = {e.split(":")[0]: 0 for e in CRASH_POINTS.split(",")}
+    with run.sup.lock:
+        for p in run.sup.procs:
+            for point, n in p.crash_points.items():
+                fired[point] = fired.get(point, 0) + n
+    return fired
+
+
 def crash_points(run):
-    # The faults fire inside the binaries; the supervisor restarts them.
+    """The faults fire inside the binaries; the supervisor restarts them.
+    After the window the points stay armed, while the load still runs, until
+    every one has fired at least once (at most CRASH_POINTS_OVERRUN s more):
+    a point that never fires proves nothing, and check_crash_points fails
+    the run for it."""
     while run.sleep(1.0):
         pass
+    until = time.monotonic() + CRASH_POINTS_OVERRUN
+    while time.monotonic() < until:
+        missing = [k for k, n in armed_points(run).items() if n == 0]
+        if not missing:
+            return
+        time.sleep(0.25)
+    run.log("crash points still not fired after the overrun: "
+            + ", ".join(missing))
+
+
+def check_crash_points(run, report):
+    """Every armed crash point fired at least once (each binary logs
+    "OUTBOX_FAULT: crashing at <point>" before it kills itself)."""
+    fired = armed_points(run)
+    run.log("crashes by point: " + ", ".join(
+        f"{k} x{n}" for k, n in sorted(fired.items())))
+    return [f"crash-points: {k} never fired in {run.seconds:g}s (+"
+            f"{CRASH_POINTS_OVERRUN:g}s): renamed, unreachable, or its binary "
+            "never passed it" for k, n in sorted(fired.items()) if n == 0]
 
 
 def read_only_periods(which):
@@ -368,7 +407,8 @@ SCENARIOS = [
              "OUTBOX_FAULT armed on every binary: each crashes (SIGKILL to "
              "itself) at its crash points; 3 relays, 2 consumers",
              crash_points, relays=3, consumers=2, pairs=True,
-             fault_env=CRASH_POINTS),
+             fault_env=CRASH_POINTS, check=check_crash_points,
+             load_extra=CRASH_POINTS_OVERRUN),
     Scenario("readonly-billing",
              "the billing database turns read-only for seconds at a time (a "
              "failover to a read-only standby, or in place for the whole "
