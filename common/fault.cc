@@ -74,10 +74,9 @@ absl::Status CheckCrashPoints(const std::vector<const char*>& known) {
   if (spec == nullptr) return absl::OkStatus();
   std::map<std::string, double> armed;
   if (absl::Status s = ParseSpec(spec, &armed); !s.ok()) return s;
-  for (const auto& [point, p] : armed) {
-    if (std::find_if(known.begin(), known.end(), [&](const char* k) {
-          return point == k;
-        }) == known.end()) {
+  for (const auto& entry : armed) {
+    const std::string& point = entry.first;
+    if (std::find(known.begin(), known.end(), point) == known.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("OUTBOX_FAULT: \"", point,
                        "\" is not a crash point of this binary (it has ",
