@@ -94,8 +94,12 @@ while :; do
   [ $SECONDS -lt $deadline ] || fail "the relay did not hold the new events: $(cat "$WORK/stats.out")"
   sleep 0.2
 done
-curl -fsS "http://127.0.0.1:$RM/metrics" | grep -q '^outbox_relay_paused{[^}]*} 1$' ||
-  fail "outbox_relay_paused is not 1 while the fence holds events"
+# Into a file first: `curl | grep -q` fails under pipefail when grep stops
+# reading early (curl: (23) Failed writing body).
+curl -fsS "http://127.0.0.1:$RM/metrics" >"$WORK/metrics.out" ||
+  fail "the relay's metrics cannot be read on :$RM"
+grep -q '^outbox_relay_paused{[^}]*} 1$' "$WORK/metrics.out" ||
+  fail "outbox_relay_paused is not 1 while the fence holds events: $(grep outbox_relay_paused "$WORK/metrics.out")"
 [ "$(applied)" = "$before" ] ||
   fail "events went past the fence with no standby: $(applied) applied, $before before"
 grep -q "delivery paused: replication fence" "$WORK/relay.log" ||
