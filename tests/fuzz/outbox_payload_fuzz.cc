@@ -62,8 +62,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Require(e.occurred_at().SerializeAsString() ==
             stored.occurred_at().SerializeAsString());
     std::string kept_e, kept_stored;
-    e.unknown_fields().SerializeToString(&kept_e);
-    stored.unknown_fields().SerializeToString(&kept_stored);
+    e.GetReflection()->GetUnknownFields(e).SerializeToString(&kept_e);
+    stored.GetReflection()->GetUnknownFields(stored).SerializeToString(
+        &kept_stored);
     Require(kept_e == kept_stored);
     // Sent, stored and read again: the same event.
     outbox::v1::Event again;
