@@ -36,7 +36,8 @@ PRIMARY_URL="$PG_URL"
 [ "$(id -u)" -eq 0 ] && chown postgres "$STANDBY"
 chmod 700 "$STANDBY"
 "${run_pg[@]}" "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$PG_PORT" -U postgres \
-  -D "$STANDBY/data" -R -X stream >"$WORK/basebackup.log" 2>&1 ||
+  -D "$STANDBY/data" -R -X stream --checkpoint=fast --no-sync \
+  >"$WORK/basebackup.log" 2>&1 ||
   fail "pg_basebackup: $(tail -3 "$WORK/basebackup.log")"
 S_PORT=$(free_port)
 start_standby() {
