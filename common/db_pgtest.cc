@@ -13,19 +13,12 @@
 #include "common/db.h"
 #include "common/db_flags.h"
 #include "tests/testing/pg.h"
+#include "tests/testing/wait.h"
 
 namespace outbox {
 namespace {
 
-bool WaitFor(const std::function<bool()>& done,
-             absl::Duration limit = absl::Seconds(30)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return done();
-}
+using ::outbox::testing::WaitFor;
 
 std::string Show(pqxx::connection& c, const std::string& setting) {
   pqxx::nontransaction tx(c);

@@ -19,22 +19,14 @@
 #include "producer/order_schema.h"
 #include "producer/order_store.h"
 #include "tests/testing/pg.h"
+#include "tests/testing/wait.h"
 
 namespace outbox::producer {
 namespace {
 
 using testing::TestDatabase;
 
-// Polls `done` every 20 ms for up to `limit`.
-bool WaitFor(const std::function<bool()>& done,
-             absl::Duration limit = absl::Seconds(30)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return done();
-}
+using ::outbox::testing::WaitFor;
 
 // Two books at 12.50 EUR.
 v1::CreateOrderRequest Request(const std::string& key = "") {

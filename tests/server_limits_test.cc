@@ -28,20 +28,12 @@
 #include "common/tls.h"
 #include "outbox/v1/sink.grpc.pb.h"
 #include "tests/testing/grpc.h"
+#include "tests/testing/wait.h"
 
 namespace outbox {
 namespace {
 
-// Polls `done` every 20 ms for up to `limit`.
-bool WaitFor(const std::function<bool()>& done,
-             absl::Duration limit = absl::Seconds(30)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return done();
-}
+using ::outbox::testing::WaitFor;
 
 // An EventSink whose Deliver calls hold their stream (and their server
 // thread) until the test releases them; it counts them.
