@@ -94,6 +94,18 @@ absl::Status CheckExists(pqxx::transaction_base& tx, const std::string& name) {
   return absl::OkStatus();
 }
 
+// Runs `body` in a transaction of type Tx (its limits applied) once
+// subscription `sub` is known to exist; NotFound when it does not.
+template <typename Tx, typename Body>
+absl::Status OnSubscription(Database* db, const std::string& sub, Body body) {
+  return db->Run([&](pqxx::connection& c) -> absl::Status {
+    Tx tx(c);
+    ApplyLimits(tx);
+    if (absl::Status e = CheckExists(tx, sub); !e.ok()) return e;
+    return body(tx);
+  });
+}
+
 }  // namespace
 
 RelayAdminImpl::RelayAdminImpl(Database* db, const Relay* relay,
@@ -109,29 +121,28 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
   }
   auto sub = SubscriptionOf(req->subscription(), relay_);
   if (!sub.ok()) return ToGrpcStatus(sub.status());
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::read_transaction tx(c);
-    ApplyLimits(tx);
-    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
-    // Undelivered rows only: the table of them is small; the delivered
-    // total is what the outbox retains beyond them.
-    pqxx::row r = tx.exec_params1(
-        "SELECT count(*) FILTER (WHERE d.status = 'pending'), "
-        "coalesce(extract(epoch FROM now() - min(o.created_at) FILTER (WHERE "
-        "d.status = 'pending')), 0)::float8, "
-        "count(*) FILTER (WHERE d.status = 'dead'), "
-        "(SELECT count(*) FROM outbox WHERE seq >= (SELECT start_seq FROM "
-        "subscriptions WHERE name = $1)) - count(*) "
-        "FROM outbox_delivery d JOIN outbox o USING (seq) "
-        "WHERE d.subscription = $1",
-        *sub);
-    resp->set_diverged(OpenDivergences(tx, *sub));
-    resp->set_pending(r[0].as<int64_t>());
-    resp->set_oldest_pending_seconds(r[1].as<double>());
-    resp->set_dead_letters(r[2].as<int64_t>());
-    resp->set_delivered_total(r[3].as<int64_t>());
-    return absl::OkStatus();
-  });
+  absl::Status s = OnSubscription<pqxx::read_transaction>(
+      db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
+        // Undelivered rows only: the table of them is small; the delivered
+        // total is what the outbox retains beyond them.
+        pqxx::row r = tx.exec_params1(
+            "SELECT count(*) FILTER (WHERE d.status = 'pending'), "
+            "coalesce(extract(epoch FROM now() - min(o.created_at) FILTER "
+            "(WHERE "
+            "d.status = 'pending')), 0)::float8, "
+            "count(*) FILTER (WHERE d.status = 'dead'), "
+            "(SELECT count(*) FROM outbox WHERE seq >= (SELECT start_seq FROM "
+            "subscriptions WHERE name = $1)) - count(*) "
+            "FROM outbox_delivery d JOIN outbox o USING (seq) "
+            "WHERE d.subscription = $1",
+            *sub);
+        resp->set_diverged(OpenDivergences(tx, *sub));
+        resp->set_pending(r[0].as<int64_t>());
+        resp->set_oldest_pending_seconds(r[1].as<double>());
+        resp->set_dead_letters(r[2].as<int64_t>());
+        resp->set_delivered_total(r[3].as<int64_t>());
+        return absl::OkStatus();
+      });
   if (!s.ok()) return ToGrpcStatus(s);
   resp->set_subscription(*sub);
   resp->set_partitions_total(kPartitionCount);
@@ -159,20 +170,18 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
   if (grpc::Status bad = CheckLimit(req->limit()); !bad.ok()) return bad;
   auto sub = SubscriptionOf(req->subscription(), relay_);
   if (!sub.ok()) return ToGrpcStatus(sub.status());
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::read_transaction tx(c);
-    ApplyLimits(tx);
-    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
-    for (const auto& row : tx.exec_params(
-             absl::StrCat(kRowSelect,
-                          "WHERE d.status = 'dead' AND ($2 = '' OR "
-                          "o.aggregate_id = $2) ORDER BY o.seq LIMIT $3"),
-             *sub, req->aggregate_id(),
-             req->limit() == 0 ? 100 : req->limit())) {
-      RowToProto(row, resp->add_rows());
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s = OnSubscription<pqxx::read_transaction>(
+      db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
+        for (const auto& row : tx.exec_params(
+                 absl::StrCat(kRowSelect,
+                              "WHERE d.status = 'dead' AND ($2 = '' OR "
+                              "o.aggregate_id = $2) ORDER BY o.seq LIMIT $3"),
+                 *sub, req->aggregate_id(),
+                 req->limit() == 0 ? 100 : req->limit())) {
+          RowToProto(row, resp->add_rows());
+        }
+        return absl::OkStatus();
+      });
   return ToGrpcStatus(s);
 }
 
@@ -212,10 +221,8 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "died_after: must be earlier than died_before");
   }
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::work tx(c);
-    ApplyLimits(tx);
-    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
+  absl::Status s = OnSubscription<
+      pqxx::work>(db_, *sub, [&](pqxx::work& tx) -> absl::Status {
     pqxx::result r = tx.exec_params(
         "WITH q AS (UPDATE outbox_delivery SET status = 'pending', "
         "attempts = 0, available_at = now(), last_error = NULL, dead_at = NULL "
@@ -262,20 +269,18 @@ grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext* ctx,
   }
   auto sub = SubscriptionOf(req->subscription(), relay_);
   if (!sub.ok()) return ToGrpcStatus(sub.status());
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::read_transaction tx(c);
-    ApplyLimits(tx);
-    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
-    pqxx::result r =
-        tx.exec_params(absl::StrCat(kRowSelect, "WHERE o.event_id = $2::uuid"),
-                       *sub, req->event_id());
-    if (r.empty()) {
-      return absl::NotFoundError(
-          absl::StrCat("event ", req->event_id(), " is not in the outbox"));
-    }
-    RowToProto(r[0], resp);
-    return absl::OkStatus();
-  });
+  absl::Status s = OnSubscription<pqxx::read_transaction>(
+      db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
+        pqxx::result r = tx.exec_params(
+            absl::StrCat(kRowSelect, "WHERE o.event_id = $2::uuid"), *sub,
+            req->event_id());
+        if (r.empty()) {
+          return absl::NotFoundError(
+              absl::StrCat("event ", req->event_id(), " is not in the outbox"));
+        }
+        RowToProto(r[0], resp);
+        return absl::OkStatus();
+      });
   return ToGrpcStatus(s);
 }
 
@@ -324,14 +329,12 @@ grpc::Status RelayAdminImpl::Replay(grpc::ServerContext* ctx,
   auto sub = SubscriptionOf(req->subscription(), relay_);
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   Replayed done;
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::work tx(c);
-    ApplyLimits(tx);
-    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
-    done = outbox::relay::Replay(tx, *sub, sel);
-    tx.commit();
-    return absl::OkStatus();
-  });
+  absl::Status s = OnSubscription<pqxx::work>(
+      db_, *sub, [&](pqxx::work& tx) -> absl::Status {
+        done = outbox::relay::Replay(tx, *sub, sel);
+        tx.commit();
+        return absl::OkStatus();
+      });
   if (!s.ok()) return ToGrpcStatus(s);
   resp->set_matched(done.matched);
   resp->set_owed(done.owed);
@@ -352,17 +355,15 @@ grpc::Status RelayAdminImpl::ListDivergences(
   if (grpc::Status bad = CheckLimit(req->limit()); !bad.ok()) return bad;
   auto sub = SubscriptionOf(req->subscription(), relay_);
   if (!sub.ok()) return ToGrpcStatus(sub.status());
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::read_transaction tx(c);
-    ApplyLimits(tx);
-    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
-    for (v1::Divergence& d : outbox::relay::ListDivergences(
-             tx, *sub, req->include_resolved(),
-             req->limit() == 0 ? 100 : req->limit())) {
-      *resp->add_divergences() = std::move(d);
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s = OnSubscription<pqxx::read_transaction>(
+      db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
+        for (v1::Divergence& d : outbox::relay::ListDivergences(
+                 tx, *sub, req->include_resolved(),
+                 req->limit() == 0 ? 100 : req->limit())) {
+          *resp->add_divergences() = std::move(d);
+        }
+        return absl::OkStatus();
+      });
   return ToGrpcStatus(s);
 }
 
@@ -394,21 +395,20 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
   const std::string who = CallerName(*ctx);
   // 1. The producer's history of the aggregate, as the outbox holds it.
   std::vector<std::pair<int64_t, std::string>> chain;
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::read_transaction tx(c);
-    ApplyLimits(tx);
-    if (absl::Status e = CheckExists(tx, *sub); !e.ok()) return e;
-    if (tx.exec_params("SELECT 1 FROM outbox_divergences WHERE subscription "
-                       "= $1 AND aggregate_id = $2 AND resolved_at IS NULL",
-                       *sub, req->aggregate_id())
-            .empty()) {
-      return absl::NotFoundError(absl::StrCat("aggregate ", req->aggregate_id(),
-                                              " has no open divergence in ",
-                                              *sub));
-    }
-    chain = ChainOf(tx, req->aggregate_id());
-    return absl::OkStatus();
-  });
+  absl::Status s = OnSubscription<pqxx::read_transaction>(
+      db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
+        if (tx.exec_params(
+                  "SELECT 1 FROM outbox_divergences WHERE subscription "
+                  "= $1 AND aggregate_id = $2 AND resolved_at IS NULL",
+                  *sub, req->aggregate_id())
+                .empty()) {
+          return absl::NotFoundError(
+              absl::StrCat("aggregate ", req->aggregate_id(),
+                           " has no open divergence in ", *sub));
+        }
+        chain = ChainOf(tx, req->aggregate_id());
+        return absl::OkStatus();
+      });
   if (!s.ok()) return ToGrpcStatus(s);
   // 2. The consumer keeps what both share and records what it supersedes.
   v1::RewindRequest rewind;

@@ -28,13 +28,19 @@ use_workdir() {
   trap stop_all EXIT
 }
 
-stop_all() {
+# stop_pids: SIGTERM to every process in PIDS, SIGKILL to any still there
+# 10 s later.
+stop_pids() {
   local pid
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
   done
+}
+
+stop_all() {
+  stop_pids
   if [ -n "${KEEP_WORK:-}" ]; then echo "logs in $WORK"; else rm -rf "$WORK"; fi
 }
 

@@ -41,12 +41,7 @@ cleanup() {
   thaw
   [ -n "$FLOOD" ] && kill -TERM "$FLOOD" 2>/dev/null || true
   [ -n "$SAMPLER" ] && kill -TERM "$SAMPLER" 2>/dev/null || true
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
+  stop_pids
   pg_stop "$PGDIR"
   rm -rf "$PGDIR"
   if [ -n "${KEEP_WORK:-}" ] || [ $rc -ne 0 ]; then

@@ -147,6 +147,15 @@ def _children(pid):
     return out
 
 
+def _log_tail(path, n):
+    """The last n lines of the log at `path`, on one line; "" if none."""
+    try:
+        with open(path, errors="replace") as f:
+            return " | ".join(f.read().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
 def _alive(pid):
     try:
         os.kill(pid, 0)
@@ -333,11 +342,7 @@ class Cluster(Postgres):
         return ok, out
 
     def log_tail(self, n=20):
-        try:
-            with open(self.logfile, errors="replace") as f:
-                return " | ".join(f.read().splitlines()[-n:])
-        except OSError:
-            return ""
+        return _log_tail(self.logfile, n)
 
     # -- freezing: a hung server ---------------------------------------------
 
@@ -667,11 +672,7 @@ class PgBouncer:
                          app="chaos-pooler-admin")
 
     def log_tail(self, n=20):
-        try:
-            with open(self.logfile, errors="replace") as f:
-                return " | ".join(f.read().splitlines()[-n:])
-        except OSError:
-            return ""
+        return _log_tail(self.logfile, n)
 
     def stop(self):
         from . import procs as P  # noqa
