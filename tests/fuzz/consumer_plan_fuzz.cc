@@ -12,8 +12,10 @@
 //   - held events are above their cursor, one per link and position, and
 //     each aggregate's held count is exact;
 //   - APPLIED/DUPLICATE/HELD answers match what the database then holds;
-//     DEFERRED only follows a rejected or deferred event of its aggregate in
-//     the same batch, and writes nothing.
+//     DEFERRED only follows a rejected, diverged or deferred event of its
+//     aggregate in the same batch, and writes nothing; DIVERGED (another
+//     history: a reused position, a broken chain) needs a forgery, writes
+//     nothing and says where the aggregate stands.
 // Without forgeries, no true event is ever REJECTED, and once every true
 // event has been delivered in order at the end, all are applied and
 // nothing is held.
@@ -204,6 +206,22 @@ void Deliver(Store* store, const std::vector<Event>& batch_events,
     }
     std::fprintf(stderr, "--\n");
   }
+  // The answer of event i wrote nothing of it: it is not in the inbox, or
+  // was before, or the same event is applied again elsewhere in the batch.
+  const auto NothingWritten = [&](size_t i) {
+    const std::string& id = batch[i]->event_id();
+    for (size_t j = 0; j < batch.size(); ++j) {
+      if (j != i && batch[j]->event_id() == id &&
+          plan.results[j].outcome() == outbox::v1::APPLIED) {
+        return true;
+      }
+    }
+    return !store->inbox.count(id) || inbox_before.count(id) > 0;
+  };
+  const auto CursorOf = [&](const std::string& aggregate) -> int64_t {
+    auto it = store->cursors.find(aggregate);
+    return it == store->cursors.end() ? 0 : it->second.cursor;
+  };
   for (size_t i = 0; i < batch.size(); ++i) {
     const auto& r = plan.results[i];
     const Event& e = *batch[i];
@@ -225,22 +243,29 @@ void Deliver(Store* store, const std::vector<Event>& batch_events,
         if (!forgeries && invalid[i].empty())
           Require(!true_ids.count(e.event_id()));
         break;
+      case outbox::v1::DIVERGED:
+        // Another history of the aggregate (a reused position, a broken
+        // chain): not the event's fault, never a true event's unless a
+        // forgery came first, nothing of it written, and the answer says
+        // where the aggregate stands.
+        Require(forgeries);
+        Require(!r.reason().empty());
+        Require(NothingWritten(i));
+        Require(r.applied_seq() == CursorOf(e.aggregate_id()));
+        break;
       case outbox::v1::DEFERRED: {
         // Only behind an earlier event of its aggregate in this batch that
-        // was rejected or deferred; nothing of it written.
+        // was rejected, diverged or deferred; nothing of it written.
         Require(forgeries);
         bool behind = false;
-        bool applied_twin = false;  // the same event again in this batch
-        for (size_t j = 0; j < batch.size(); ++j) {
-          behind |= j < i && batch[j]->aggregate_id() == e.aggregate_id() &&
+        for (size_t j = 0; j < i; ++j) {
+          behind |= batch[j]->aggregate_id() == e.aggregate_id() &&
                     (plan.results[j].outcome() == outbox::v1::REJECTED ||
+                     plan.results[j].outcome() == outbox::v1::DIVERGED ||
                      plan.results[j].outcome() == outbox::v1::DEFERRED);
-          applied_twin |= j != i && batch[j]->event_id() == e.event_id() &&
-                          plan.results[j].outcome() == outbox::v1::APPLIED;
         }
         Require(behind);
-        Require(applied_twin || !store->inbox.count(e.event_id()) ||
-                inbox_before.count(e.event_id()));
+        Require(NothingWritten(i));
         break;
       }
       default:
