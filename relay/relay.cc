@@ -664,9 +664,17 @@ std::vector<Relay::Lane*> Relay::ServingLanes() {
   std::vector<int> indexes;
   for (Lane& lane : lanes_) {
     if (!lane.connected()) continue;
+    if (!spread_ && !serving_.empty() && lane.index == serving_.front()) {
+      // A light load stays on the lane that carries it while that lane is
+      // connected: one that connects later (or again) does not send a
+      // second batch beside the one awaiting its answer.
+      open.assign(1, &lane);
+      indexes.assign(1, lane.index);
+      break;
+    }
+    if (!spread_ && !open.empty()) continue;
     open.push_back(&lane);
     indexes.push_back(lane.index);
-    if (!spread_) break;
   }
   if (indexes != serving_) {
     // Partitions moved between lanes: each lane's sent_through says nothing
