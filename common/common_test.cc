@@ -575,21 +575,25 @@ PeerCertificate Cert(std::vector<std::string> uris,
   return {std::move(uris), std::move(dns), std::move(cn)};
 }
 
-TEST(Identity, UriSansComeFirstThenDnsSansThenTheCommonName) {
+TEST(Identity, UriSansComeFirstThenDnsSansThenTheCommonNameIfAllowed) {
   using S = std::vector<std::string>;
-  EXPECT_EQ(
-      IdentitiesOf(Cert({"spiffe://outbox/relay"}, {"relay.svc"}, "relay")),
-      (S{"spiffe://outbox/relay"}));
-  EXPECT_EQ(IdentitiesOf(Cert({}, {"relay.svc", "localhost"}, "relay")),
-            (S{"relay.svc", "localhost"}));
-  EXPECT_EQ(IdentitiesOf(Cert({}, {}, "relay")), (S{"relay"}));
-  EXPECT_TRUE(IdentitiesOf(Cert({}, {}, "")).empty());
+  for (bool cn : {false, true}) {
+    EXPECT_EQ(IdentitiesOf(
+                  Cert({"spiffe://outbox/relay"}, {"relay.svc"}, "relay"), cn),
+              (S{"spiffe://outbox/relay"}));
+    EXPECT_EQ(IdentitiesOf(Cert({}, {"relay.svc", "localhost"}, "relay"), cn),
+              (S{"relay.svc", "localhost"}));
+    EXPECT_TRUE(IdentitiesOf(Cert({}, {}, ""), cn).empty());
+  }
+  EXPECT_EQ(IdentitiesOf(Cert({}, {}, "relay"), true), (S{"relay"}));
+  EXPECT_TRUE(IdentitiesOf(Cert({}, {}, "relay"), false).empty());
 }
 
 AccessRules MutualTls(std::set<std::string> allowed,
                       std::set<std::string> admin) {
   AccessRules r;
   r.require_identity = true;
+  r.tls = true;
   r.allowed = std::move(allowed);
   r.admin = std::move(admin);
   return r;
@@ -599,6 +603,17 @@ TEST(Identity, PlaintextAdmitsEveryCallerForEverything) {
   AccessRules open;
   EXPECT_TRUE(open.Decide(std::nullopt, Access::kCall).ok());
   EXPECT_TRUE(open.Decide(std::nullopt, Access::kAdmin).ok());
+}
+
+TEST(Identity, TlsWithoutClientCertificatesAdmitsCallsButNoDeliveryOrAdmin) {
+  AccessRules tls_only;
+  tls_only.tls = true;
+  EXPECT_TRUE(tls_only.Decide(std::nullopt, Access::kCall).ok());
+  for (Access a : {Access::kDeliver, Access::kAdmin}) {
+    absl::Status s = tls_only.Decide(std::nullopt, a);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+    EXPECT_NE(s.message().find("--tls_client_ca"), std::string::npos) << s;
+  }
 }
 
 TEST(Identity, MutualTlsWithoutACertificateIsUnauthenticated) {
@@ -636,7 +651,25 @@ TEST(Identity, AUriSanHidesDnsSansAndTheCommonName) {
                 .code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(rules.Decide(Cert({}, {"relay.svc"}, "x"), Access::kCall).ok());
+  // A CN alone is no identity unless the server says so.
+  absl::Status s = rules.Decide(Cert({}, {}, "relay"), Access::kCall);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("--tls_cn_identity"), std::string::npos) << s;
+  rules.common_name_identity = true;
   EXPECT_TRUE(rules.Decide(Cert({}, {}, "relay"), Access::kCall).ok());
+  EXPECT_EQ(rules.Decide(Cert({}, {"other.svc"}, "relay"), Access::kCall).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// A CN that looks like the relay's URI is not the relay: CA-signed for some
+// other purpose, it would otherwise deliver forged events.
+TEST(Identity, ACommonNameSpellingAUriDoesNotPassAsIt) {
+  auto rules = MutualTls({}, {});
+  rules.delivery = {"spiffe://outbox/relay"};
+  EXPECT_EQ(
+      rules.Decide(Cert({}, {}, "spiffe://outbox/relay"), Access::kDeliver)
+          .code(),
+      absl::StatusCode::kPermissionDenied);
 }
 
 TEST(Identity, AdminCallsNeedAnAdminIdentityEvenWhenReadsAreAllowed) {

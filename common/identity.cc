@@ -21,19 +21,28 @@ std::vector<std::string> Values(const grpc::AuthContext& auth,
   return out;
 }
 
-std::string Presented(const std::optional<PeerCertificate>& peer) {
+std::string Presented(const std::optional<PeerCertificate>& peer,
+                      bool common_name_counts) {
   if (!peer.has_value()) return "no client certificate";
-  std::vector<std::string> ids = IdentitiesOf(*peer);
-  if (ids.empty()) return "a certificate without URI SAN, DNS SAN or CN";
-  return absl::StrCat("identity ", absl::StrJoin(ids, ", "));
+  std::vector<std::string> ids = IdentitiesOf(*peer, common_name_counts);
+  if (!ids.empty()) return absl::StrCat("identity ", absl::StrJoin(ids, ", "));
+  if (peer->common_name.empty()) {
+    return "a certificate without URI SAN, DNS SAN or CN";
+  }
+  return absl::StrCat("a certificate without URI or DNS SAN (its CN \"",
+                      peer->common_name,
+                      "\" is no identity here without --tls_cn_identity)");
 }
 
 }  // namespace
 
-std::vector<std::string> IdentitiesOf(const PeerCertificate& cert) {
+std::vector<std::string> IdentitiesOf(const PeerCertificate& cert,
+                                      bool common_name_counts) {
   if (!cert.uri_sans.empty()) return cert.uri_sans;
   if (!cert.dns_sans.empty()) return cert.dns_sans;
-  if (!cert.common_name.empty()) return {cert.common_name};
+  if (common_name_counts && !cert.common_name.empty()) {
+    return {cert.common_name};
+  }
   return {};
 }
 
@@ -50,12 +59,20 @@ std::optional<PeerCertificate> PeerCertificateOf(
 
 absl::Status AccessRules::Decide(const std::optional<PeerCertificate>& peer,
                                  Access access) const {
-  if (!require_identity) return absl::OkStatus();
+  if (!require_identity) {
+    if (!tls || access == Access::kCall) return absl::OkStatus();
+    return absl::UnauthenticatedError(absl::StrCat(
+        access == Access::kDeliver ? "delivering events"
+                                   : "this call changes state and",
+        " needs an authenticated client, and this server serves TLS without "
+        "client certificates (--tls_no_client_auth); give it "
+        "--tls_client_ca"));
+  }
   if (!peer.has_value()) {
     return absl::UnauthenticatedError(
         "a client certificate from the server's client CA is required");
   }
-  const std::vector<std::string> ids = IdentitiesOf(*peer);
+  const std::vector<std::string> ids = IdentitiesOf(*peer, common_name_identity);
   auto listed = [&](const std::set<std::string>& set) {
     for (const std::string& id : ids) {
       if (set.count(id)) return true;
@@ -67,20 +84,20 @@ absl::Status AccessRules::Decide(const std::optional<PeerCertificate>& peer,
     return absl::PermissionDeniedError(absl::StrCat(
         "only identities in --delivery_clients may deliver events; the "
         "caller presented ",
-        Presented(peer)));
+        Presented(peer, common_name_identity)));
   }
   if (access == Access::kAdmin) {
     if (listed(admin)) return absl::OkStatus();
     return absl::PermissionDeniedError(absl::StrCat(
         "this call changes state and needs an identity in --admin_clients; "
         "the caller presented ",
-        Presented(peer)));
+        Presented(peer, common_name_identity)));
   }
   if (allowed.empty() || listed(allowed) || listed(admin)) {
     return absl::OkStatus();
   }
   return absl::PermissionDeniedError(
-      absl::StrCat("the caller presented ", Presented(peer),
+      absl::StrCat("the caller presented ", Presented(peer, common_name_identity),
                    ", which is not in --allowed_clients"));
 }
 
@@ -97,7 +114,7 @@ CallerCheck::CallerCheck(AccessRules rules) : rules_(std::move(rules)) {}
 
 grpc::Status CallerCheck::Admit(const grpc::ServerContextBase& ctx,
                                 Access access, const char* method) const {
-  if (!rules_.require_identity) return grpc::Status::OK;
+  if (!rules_.require_identity && !rules_.tls) return grpc::Status::OK;
   std::optional<PeerCertificate> peer;
   if (auto auth = ctx.auth_context(); auth != nullptr) {
     peer = PeerCertificateOf(*auth);
@@ -116,6 +133,18 @@ grpc::Status CallerCheck::Admit(const grpc::ServerContextBase& ctx,
   }
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
                       std::string(s.message()));
+}
+
+std::string CallerName(const CallerCheck* check,
+                       const grpc::ServerContextBase& ctx) {
+  if (auto auth = ctx.auth_context()) {
+    if (auto cert = PeerCertificateOf(*auth)) {
+      const bool cn = check != nullptr && check->rules().common_name_identity;
+      std::vector<std::string> ids = IdentitiesOf(*cert, cn);
+      if (!ids.empty()) return ids.front();
+    }
+  }
+  return absl::StrCat("unauthenticated ", ctx.peer());
 }
 
 }  // namespace outbox

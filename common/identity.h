@@ -5,8 +5,10 @@
 // call's auth context and logs each refusal with the identity presented.
 //
 // A certificate's identity is its URI SANs (e.g. spiffe://outbox/relay);
-// failing those its DNS SANs; failing both its subject CN. A caller is
-// admitted when any of its identities is listed.
+// failing those its DNS SANs; failing both, its subject CN only where the
+// server allows it (--tls_cn_identity): any CA that signs for a name may
+// put any string in a CN, and a certificate without SAN is rarely meant as
+// an identity. A caller is admitted when any of its identities is listed.
 //
 // Example (in a service method):
 //   if (grpc::Status s = Admit(check_, ctx, Access::kAdmin, "Requeue");
@@ -32,8 +34,10 @@ struct PeerCertificate {
   std::string common_name;
 };
 
-// The identities `cert` presents, by the precedence above (empty if none).
-std::vector<std::string> IdentitiesOf(const PeerCertificate& cert);
+// The identities `cert` presents, by the precedence above (empty if none);
+// its CN counts only with `common_name_counts` and no SAN.
+std::vector<std::string> IdentitiesOf(const PeerCertificate& cert,
+                                      bool common_name_counts);
 
 // The certificate gRPC verified for the call's peer; nothing for a
 // plaintext peer or a TLS peer that sent no certificate.
@@ -49,6 +53,13 @@ struct AccessRules {
   // Mutual TLS is on: every caller must present a certificate from the
   // client CA (gRPC enforces it in the handshake; Decide checks it again).
   bool require_identity = false;
+  // TLS is on, with or without client certificates. Without them
+  // (--tls_no_client_auth) kCall is admitted and kDeliver and kAdmin are
+  // refused: what a delivery or an admin call changes must never come from
+  // a caller nobody authenticated.
+  bool tls = false;
+  // A certificate without any SAN is known by its subject CN.
+  bool common_name_identity = false;
   // Identities admitted for kCall; empty admits every verified client.
   // Identities in `admin` are admitted for kCall too.
   std::set<std::string> allowed;
@@ -61,8 +72,9 @@ struct AccessRules {
   std::set<std::string> delivery;
 
   // OK, or PermissionDenied / Unauthenticated naming the identity presented
-  // and the flag that would admit it. Without require_identity (plaintext,
-  // for loopback development) everything is admitted.
+  // and the flag that would admit it. In plaintext (loopback development)
+  // everything is admitted; under TLS without client certificates, kCall
+  // only.
   absl::Status Decide(const std::optional<PeerCertificate>& peer,
                       Access access) const;
 };
@@ -97,5 +109,10 @@ inline grpc::Status Admit(const CallerCheck* check,
   return check == nullptr ? grpc::Status::OK
                           : check->Admit(*ctx, access, method);
 }
+
+// Who is calling, for the record: the identity of the caller's certificate
+// by `check`'s rules (its first), else "unauthenticated <peer address>".
+std::string CallerName(const CallerCheck* check,
+                       const grpc::ServerContextBase& ctx);
 
 }  // namespace outbox

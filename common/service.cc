@@ -28,6 +28,15 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mutual "
           "TLS).");
+ABSL_FLAG(bool, tls_no_client_auth, false,
+          "Serve TLS without client certificates (--tls_cert without "
+          "--tls_client_ca): nobody is authenticated, so delivering events "
+          "and admin calls are refused. Without this flag --tls_cert needs "
+          "--tls_client_ca.");
+ABSL_FLAG(bool, tls_cn_identity, false,
+          "A client certificate without any URI or DNS SAN is known by its "
+          "subject CN (off: it has no identity, and lists admit it by none). "
+          "Needs --tls_client_ca.");
 ABSL_FLAG(std::string, allowed_clients, "",
           "Comma-separated identities admitted (URI SAN such as "
           "spiffe://outbox/relay, else DNS SAN, else CN); empty admits every "
@@ -132,7 +141,32 @@ absl::StatusOr<ServerSecurity> ServerSecurityFromFlags() {
   sec.files = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                absl::GetFlag(FLAGS_tls_client_ca)};
   if (absl::Status s = CheckServerTls(sec.files); !s.ok()) return s;
+  const bool no_client_auth = absl::GetFlag(FLAGS_tls_no_client_auth);
+  if (no_client_auth && !sec.files.tls()) {
+    return absl::InvalidArgumentError(
+        "--tls_no_client_auth: needs --tls_cert and --tls_key (it says how "
+        "TLS is served)");
+  }
+  if (no_client_auth && sec.files.mutual()) {
+    return absl::InvalidArgumentError(
+        "--tls_no_client_auth contradicts --tls_client_ca (which requires "
+        "client certificates): give one of them");
+  }
+  if (sec.files.tls() && !sec.files.mutual() && !no_client_auth) {
+    return absl::InvalidArgumentError(
+        "--tls_cert without --tls_client_ca would serve every client "
+        "unauthenticated: give --tls_client_ca (mutual TLS), or "
+        "--tls_no_client_auth to mean it (delivering events and admin calls "
+        "are then refused)");
+  }
   sec.rules.require_identity = sec.files.mutual();
+  sec.rules.tls = sec.files.tls();
+  sec.rules.common_name_identity = absl::GetFlag(FLAGS_tls_cn_identity);
+  if (sec.rules.common_name_identity && !sec.files.mutual()) {
+    return absl::InvalidArgumentError(
+        "--tls_cn_identity: identities come from client certificates; needs "
+        "--tls_client_ca");
+  }
   sec.rules.allowed = ParseIdentityList(absl::GetFlag(FLAGS_allowed_clients));
   sec.rules.admin = ParseIdentityList(absl::GetFlag(FLAGS_admin_clients));
   if (!sec.files.mutual() && !sec.rules.allowed.empty()) {
@@ -160,17 +194,23 @@ void LogSecurity(const std::string& name, const ServerSecurity* sec) {
     return;
   }
   if (!sec->files.mutual()) {
-    spdlog::info("{}: TLS; clients are not authenticated (no --tls_client_ca)",
-                 name);
+    spdlog::warn(
+        "{}: TLS without client certificates (--tls_no_client_auth): "
+        "nobody is authenticated; delivering events and admin calls are "
+        "refused",
+        name);
     return;
   }
   auto list = [](const std::set<std::string>& s) {
     return s.empty() ? std::string("(none)") : absl::StrJoin(s, ",");
   };
-  spdlog::info("{}: mutual TLS; admitted: {}; admin: {}", name,
+  spdlog::info("{}: mutual TLS; admitted: {}; admin: {}{}", name,
                sec->rules.allowed.empty() ? "any client the CA signed"
                                           : list(sec->rules.allowed),
-               list(sec->rules.admin));
+               list(sec->rules.admin),
+               sec->rules.common_name_identity
+                   ? "; a certificate without SAN is known by its CN"
+                   : "");
 }
 
 }  // namespace

@@ -38,10 +38,12 @@ struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;
 };
 
-// Reads --tls_cert, --tls_key, --tls_client_ca, --allowed_clients and
-// --admin_clients; InvalidArgument naming the flag when they do not fit
-// together (identities need client certificates, so --allowed_clients and
-// --admin_clients need --tls_client_ca) or a file is unreadable.
+// Reads --tls_cert, --tls_key, --tls_client_ca, --tls_no_client_auth,
+// --tls_cn_identity, --allowed_clients and --admin_clients; InvalidArgument
+// naming the flag when they do not fit together (TLS without client
+// certificates only with --tls_no_client_auth; identities need client
+// certificates, so the lists and --tls_cn_identity need --tls_client_ca)
+// or a file is unreadable.
 absl::StatusOr<ServerSecurity> ServerSecurityFromFlags();
 
 struct ServeOptions {

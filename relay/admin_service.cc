@@ -63,18 +63,6 @@ absl::StatusOr<std::string> SubscriptionOf(const std::string& requested,
   return requested;
 }
 
-// Who is calling, for the record: the certificate's identity, else the
-// peer's address.
-std::string CallerName(const grpc::ServerContext& ctx) {
-  if (auto auth = ctx.auth_context()) {
-    if (auto cert = PeerCertificateOf(*auth)) {
-      std::vector<std::string> ids = IdentitiesOf(*cert);
-      if (!ids.empty()) return ids.front();
-    }
-  }
-  return absl::StrCat("unauthenticated ", ctx.peer());
-}
-
 // The `limit` of a listing: 0 (100) to 10000.
 grpc::Status CheckLimit(int limit) {
   if (limit < 0 || limit > 10000) {
@@ -340,7 +328,7 @@ grpc::Status RelayAdminImpl::Replay(grpc::ServerContext* ctx,
   resp->set_owed(done.owed);
   spdlog::info(
       "relay: replay of {} by {}: {} retained events matched, {} owed again",
-      *sub, CallerName(*ctx), done.matched, done.owed);
+      *sub, CallerName(check_, *ctx), done.matched, done.owed);
   return grpc::Status::OK;
 }
 
@@ -392,7 +380,7 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
         absl::StrCat("subscription: this relay delivers ",
                      relay_->subscription(), "; ask a relay of ", *sub));
   }
-  const std::string who = CallerName(*ctx);
+  const std::string who = CallerName(check_, *ctx);
   // 1. The producer's history of the aggregate, as the outbox holds it.
   std::vector<std::pair<int64_t, std::string>> chain;
   absl::Status s = OnSubscription<pqxx::read_transaction>(

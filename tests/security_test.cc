@@ -102,10 +102,31 @@ std::vector<std::string> MethodsOf(const std::string& service) {
   return out;
 }
 
+// How the servers under test are configured: who may call what, and
+// whether client certificates are asked for at all.
+struct Mode {
+  AccessRules rules;
+  bool client_ca = true;
+};
+
+// The deployment's: mutual TLS, lists as the manifests give them.
+Mode MutualTls() {
+  Mode m;
+  m.rules.require_identity = true;
+  m.rules.tls = true;
+  m.rules.allowed = {"spiffe://outbox/relay", "spiffe://outbox/reader",
+                     "reader.example.com", "cnreader", "cnreader-too"};
+  m.rules.admin = {"spiffe://outbox/ops"};
+  m.rules.delivery = {"spiffe://outbox/relay"};
+  return m;
+}
+
 class SecurityTest : public ::testing::Test {
  protected:
-  SecurityTest()
-      : db_("postgresql://127.0.0.1:1/none", 1, "security-test"),
+  explicit SecurityTest(Mode mode = MutualTls())
+      : client_ca_(mode.client_ca),
+        check_(std::move(mode.rules)),
+        db_("postgresql://127.0.0.1:1/none", 1, "security-test"),
         store_(&db_, &writer_),
         workers_(2, 64),
         orders_(&store_, &metrics_, &workers_, nullptr, &check_),
@@ -128,9 +149,9 @@ class SecurityTest : public ::testing::Test {
     options.listen = "127.0.0.1:0";
     options.shutdown_timeout = absl::Seconds(1);
     options.health_listen = "127.0.0.1:0";
-    options.credentials = MakeServerCredentials({certs_.File("server.crt"),
-                                                 certs_.File("server.key"),
-                                                 certs_.File("ca.crt")});
+    options.credentials = MakeServerCredentials(
+        {certs_.File("server.crt"), certs_.File("server.key"),
+         client_ca_ ? certs_.File("ca.crt") : ""});
     auto server = GrpcServer::Start(
         options, {{&orders_, v1::OrderService::service_full_name()},
                   {&sink_, v1::EventSink::service_full_name()},
@@ -146,15 +167,8 @@ class SecurityTest : public ::testing::Test {
   }
 
   Certificates certs_;
-  CallerCheck check_{[] {
-    AccessRules r;
-    r.require_identity = true;
-    r.allowed = {"spiffe://outbox/relay", "spiffe://outbox/reader",
-                 "reader.example.com", "cnreader", "cnreader-too"};
-    r.admin = {"spiffe://outbox/ops"};
-    r.delivery = {"spiffe://outbox/relay"};
-    return r;
-  }()};
+  bool client_ca_;
+  CallerCheck check_;
   Metrics metrics_;
   Database db_;
   Writer writer_;
@@ -236,20 +250,21 @@ TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
             grpc::StatusCode::PERMISSION_DENIED);
 }
 
-// Without a URI SAN a certificate is known by its DNS SAN, and without
-// either by its CN (README "Security"): real certificates, made by
+// Without a URI SAN a certificate is known by its DNS SAN; a CN alone is
+// no identity (README "Security"): real certificates, made by
 // scripts/lib/certs.sh, through the real TLS stack.
-TEST_F(SecurityTest, IdentityComesFromTheDnsSanElseTheCommonName) {
+TEST_F(SecurityTest, IdentityComesFromTheDnsSanAndNeverFromACommonName) {
   const std::string query = "/outbox.v1.BillingQuery/GetStats";
   grpc::Status s = CallAnything(As("dnsreader").get(), query);
   EXPECT_NE(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
       << s.error_message();
   EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
       << s.error_message();
+  // Its CN is listed, but a CN is not an identity here.
   s = CallAnything(As("cnreader").get(), query);
-  EXPECT_NE(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
       << s.error_message();
-  EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+  EXPECT_NE(s.error_message().find("--tls_cn_identity"), std::string::npos)
       << s.error_message();
   // A DNS SAN hides the CN: this one's CN is listed, its SAN is not.
   s = CallAnything(As("cnreader-too").get(), query);
@@ -257,6 +272,77 @@ TEST_F(SecurityTest, IdentityComesFromTheDnsSanElseTheCommonName) {
       << s.error_message();
   EXPECT_NE(s.error_message().find("identity unlisted.example.com"),
             std::string::npos)
+      << s.error_message();
+}
+
+// --tls_cn_identity: a certificate without SAN is known by its CN, and a
+// SAN still hides the CN.
+class CommonNameSecurityTest : public SecurityTest {
+ protected:
+  CommonNameSecurityTest()
+      : SecurityTest([] {
+          Mode m = MutualTls();
+          m.rules.common_name_identity = true;
+          return m;
+        }()) {}
+};
+
+TEST_F(CommonNameSecurityTest, ACommonNameCountsOnlyWithoutSan) {
+  const std::string query = "/outbox.v1.BillingQuery/GetStats";
+  grpc::Status s = CallAnything(As("cnreader").get(), query);
+  EXPECT_NE(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << s.error_message();
+  s = CallAnything(As("cnreader-too").get(), query);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+}
+
+// TLS without client certificates (--tls_no_client_auth): the API is
+// served to anyone, but nothing that delivers events or changes state.
+class ServerTlsOnlySecurityTest : public SecurityTest {
+ protected:
+  ServerTlsOnlySecurityTest()
+      : SecurityTest([] {
+          Mode m;
+          m.rules.tls = true;
+          m.client_ca = false;
+          return m;
+        }()) {}
+};
+
+TEST_F(ServerTlsOnlySecurityTest, DeliveryAndAdminCallsNeedAnAuthenticatedClient) {
+  for (const std::string& who : {std::string(), std::string("relay")}) {
+    auto client = As(who);  // a certificate is not even asked for
+    int refused = 0;
+    for (const char* service : {"outbox.v1.EventSink", "outbox.v1.RelayAdmin"}) {
+      for (const std::string& method : MethodsOf(service)) {
+        grpc::Status s = CallAnything(client.get(), method);
+        const bool admin = method == "/outbox.v1.RelayAdmin/Requeue" ||
+                           method == "/outbox.v1.RelayAdmin/Replay" ||
+                           method == "/outbox.v1.RelayAdmin/ResolveDivergence";
+        if (std::string(service) == "outbox.v1.EventSink" || admin) {
+          ++refused;
+          EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+              << method << ": " << s.error_message();
+          EXPECT_NE(s.error_message().find("--tls_client_ca"),
+                    std::string::npos)
+              << method << ": " << s.error_message();
+        } else {
+          EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+              << method << ": " << s.error_message();
+          EXPECT_NE(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+              << method << ": " << s.error_message();
+        }
+      }
+    }
+    EXPECT_EQ(refused, 3 + 3) << who;
+  }
+  // The order API is served.
+  grpc::Status s =
+      CallAnything(As("").get(), "/outbox.v1.OrderService/GetOrder");
+  EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
       << s.error_message();
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Mutual TLS on every link with real certificates: the relay with its
-# certificate delivers; a client of the same CA with an identity that is
+# certificate delivers; TLS without client certificates is refused at
+# start unless meant (--tls_no_client_auth), and then takes no delivery; a client of the same CA with an identity that is
 # not admitted gets PERMISSION_DENIED on Deliver and writes nothing; a
 # client with no certificate, a certificate of another CA, or plaintext
 # reaches no method, and the server's TLS stack names why; Requeue from a
@@ -64,6 +65,40 @@ echo "$out" | grep -q permission_denied || fail "reader on Deliver: $out"
 [ "$(psql "$billing_db" -qAtc "SELECT count(*) FROM inbox")" = "$applied" ] ||
   fail "the reader's event was written"
 pass "same CA, identity not admitted (or admitted for queries only): PERMISSION_DENIED on Deliver, logged, nothing written"
+
+# TLS that authenticates nobody is refused at start, by every binary,
+# naming both ways out; meant (--tls_no_client_auth), a consumer serves
+# its API but takes no delivery from a client nobody authenticated.
+for spec in producer:outbox-producer relay:outbox-relay consumer:outbox-consumer; do
+  who=${spec%%:*} bin=${spec#*:}
+  rc=0
+  out=$(timeout 30 "$BIN/$bin" --listen="127.0.0.1:$(free_port)" --db="$billing_db" \
+    --tls_cert="$CERTS/$who.crt" --tls_key="$CERTS/$who.key" 2>&1) || rc=$?
+  [ "$rc" = 2 ] || fail "$bin with --tls_cert and no --tls_client_ca exited $rc: $out"
+  grep -q -- "--tls_client_ca" <<<"$out" && grep -q -- "--tls_no_client_auth" <<<"$out" ||
+    fail "$bin's refusal names neither way out: $out"
+done
+C4=$(free_port)
+start consumer4 outbox-consumer --listen="127.0.0.1:$C4" --db="$billing_db" \
+  --tls_cert="$CERTS/consumer.crt" --tls_key="$CERTS/consumer.key" --tls_no_client_auth
+deadline=$((SECONDS + 60))
+until rpc_as - "$C4" grpc.health.v1.Health/Check | grep -q '"SERVING"'; do
+  [ $SECONDS -lt $deadline ] || fail "the consumer with --tls_no_client_auth did not serve: $(tail -3 "$WORK/consumer4.log")"
+  sleep 0.2
+done
+grep -q "TLS without client certificates" "$WORK/consumer4.log" ||
+  fail "the consumer did not warn that nobody is authenticated: $(head -5 "$WORK/consumer4.log")"
+for who in - relay; do
+  out=$(rpc_as "$who" "$C4" outbox.v1.EventSink/Deliver "$forged")
+  echo "$out" | grep -q unauthenticated || fail "Deliver without client authentication ($who): $out"
+  echo "$out" | grep -q -- "--tls_client_ca" || fail "the refusal does not say what is missing: $out"
+done
+[ "$(psql "$billing_db" -qAtc "SELECT count(*) FROM inbox")" = "$applied" ] ||
+  fail "an event from an unauthenticated client was written"
+out=$(rpc_as - "$C4" outbox.v1.BillingQuery/GetStats)
+echo "$out" | grep -qi unauthenticated && fail "the query API refused a TLS client: $out"
+kill "$LAST_PID"
+pass "TLS without client certificates: refused at start unless meant; then no delivery, nothing written"
 
 # refused NAME PORT WHY CALL...: CALL (a health check) does not reach the
 # server on PORT, and the server's log (NAME.log) gains a TLS handshake
