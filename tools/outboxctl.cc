@@ -34,6 +34,8 @@
 #include <optional>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/program_name.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
@@ -582,8 +584,7 @@ void UnderscoreFlagNames(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   UnderscoreFlagNames(argc, argv);
-  std::vector<char*> args = outbox::InitProcess(
-      argc, argv,
+  static constexpr char kUsage[] =
       "outboxctl COMMAND [flags]\n"
       "commands: stats, dead-letters, requeue EVENT_ID|--aggregate ID|"
       "--all-dead [--since D] [--error TEXT], "
@@ -592,7 +593,21 @@ int main(int argc, char** argv) {
       "[--rate R], verify, demo --orders N,\n  reconcile [--window 1h] "
       "[--grace 5m] [--subscription S],\n  replay --event ID|--aggregate "
       "ID|--from_seq N [--to_seq M]|--since D [--until D],\n  diverged "
-      "[--all], resolve --aggregate ID|--all --reason TEXT");
+      "[--all], resolve --aggregate ID|--all --reason TEXT";
+  // Asking for help is not a mistake: the usage and outboxctl's own flags,
+  // exit 0 (abseil's --help exits 1).
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-help" || a == "-h" || (i == 1 && a == "help")) {
+      absl::flags_internal::SetProgramInvocationName("outboxctl");
+      absl::flags_internal::FlagsHelp(
+          std::cout, "outboxctl",
+          absl::flags_internal::HelpFormat::kHumanReadable, kUsage);
+      std::cout << "\nEvery flag: outboxctl --helpfull\n";
+      return 0;
+    }
+  }
+  std::vector<char*> args = outbox::InitProcess(argc, argv, kUsage);
   const std::string cmd = args.size() > 1 ? args[1] : "";
   if (absl::Status s =
           outbox::CheckClientTls(TlsFromFlags(), {"--ca", "--cert", "--key"});

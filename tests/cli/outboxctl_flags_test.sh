@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# outboxctl refuses a flag out of range before it contacts anything: exit 2
-# and a message that names the flag. Nothing listens where it would call
+# outboxctl --help answers with exit 0; no command or an unknown one gets
+# the full usage and exit 2; it refuses a flag out of range before it
+# contacts anything: exit 2 and a message that names the flag. Nothing listens where it would call
 # (port 9 on loopback), so a flag let through fails differently.
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
@@ -17,6 +18,27 @@ refused() {
   grep -q -- "$flag" <<<"$out" || fail "outboxctl $*: does not name $flag: $out"
   pass "outboxctl $*: $out"
 }
+
+# Help is asked for, not a mistake: exit 0, every command and the flags.
+for ask in --help -h help; do
+  rc=0
+  out=$("$BIN/outboxctl" $ask 2>&1) || rc=$?
+  [ "$rc" = 0 ] || fail "outboxctl $ask: exit $rc, not 0: $out"
+  for want in reconcile replay diverged resolve --orders_db --subscription; do
+    grep -q -- "$want" <<<"$out" || fail "outboxctl $ask does not mention $want: $out"
+  done
+  pass "outboxctl $ask: exit 0, every command and the flags"
+done
+# No command, or an unknown one: the usage with every command, exit 2.
+for cmd in "" frobnicate; do
+  rc=0
+  out=$("$BIN/outboxctl" $cmd 2>&1) || rc=$?
+  [ "$rc" = 2 ] || fail "outboxctl $cmd: exit $rc, not 2: $out"
+  for want in stats reconcile replay diverged resolve; do
+    grep -q -- "$want" <<<"$out" || fail "outboxctl $cmd: the usage omits $want: $out"
+  done
+  pass "outboxctl ${cmd:-(no command)}: exit 2 and the usage"
+done
 
 refused --timeout stats --timeout=0s
 refused --timeout show 00000000-0000-0000-0000-000000000000 --timeout=-1s
