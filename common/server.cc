@@ -132,6 +132,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     }
   }
   result->SetServing(true);
+  result->SetLive(true);
   return result;
 }
 
@@ -162,10 +163,19 @@ void GrpcServer::SetServing(bool serving) {
   }
 }
 
+void GrpcServer::SetLive(bool live) {
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    if (server == nullptr) continue;
+    auto* health = server->GetHealthCheckService();
+    if (health != nullptr) health->SetServingStatus(kLivenessService, live);
+  }
+}
+
 void GrpcServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   SetServing(false);
+  SetLive(false);
   const auto deadline = std::chrono::system_clock::now() +
                         absl::ToChronoNanoseconds(options_.shutdown_timeout);
   server_->Shutdown(deadline);

@@ -49,6 +49,9 @@ struct ServerOptions {
   std::string health_listen;
 };
 
+// The health service name that answers liveness (GrpcServer::SetLive).
+inline constexpr char kLivenessService[] = "liveness";
+
 class GrpcServer {
  public:
   // Builds and starts a server for `services` (not owned; they must outlive
@@ -62,8 +65,13 @@ class GrpcServer {
   // "host:port" with the port actually bound.
   std::string address() const;
 
-  // Sets the health of "" and of every registered service.
+  // Sets the health of "" and of every registered service: readiness
+  // (Kubernetes' readinessProbe and startupProbe ask for "").
   void SetServing(bool serving);
+  // Sets the health of kLivenessService: whether the process's work loops
+  // move (a livenessProbe asks for it). A process can be alive and not
+  // ready: a relay that cannot reach its consumer is not restarted for it.
+  void SetLive(bool live);
 
   // Health NOT_SERVING, stop accepting calls, wait for running calls up to
   // the shutdown timeout, then cancel them. Idempotent.

@@ -249,20 +249,29 @@ int ServeUntilSignal(const ServeOptions& options) {
     spdlog::info("{}: health (plaintext) on {}", options.name,
                  absl::GetFlag(FLAGS_health_listen));
   }
-  bool serving = true;
+  bool serving = true, live = true;
   std::optional<std::string> sig;
   while (!(sig = WaitForTerminationSignal(absl::Milliseconds(500)))) {
-    std::string why;
+    std::string stalled, unready;
     for (const Watchdog* w : options.watchdogs) {
-      if (auto stalled = w->Stalled()) why = *stalled;
+      if (auto why = w->Stalled()) stalled = *why;
     }
+    for (const auto& check : options.readiness) {
+      if (auto why = check()) unready = *why;
+    }
+    if (live != stalled.empty()) {
+      live = stalled.empty();
+      (*server)->SetLive(live);
+    }
+    const std::string why = stalled.empty() ? unready : stalled;
     if (serving && !why.empty()) {
-      spdlog::error("{}: health NOT_SERVING: {}", options.name, why);
+      spdlog::error("{}: health NOT_SERVING{}: {}", options.name,
+                    stalled.empty() ? " (readiness; liveness SERVING)" : "",
+                    why);
       (*server)->SetServing(false);
       serving = false;
     } else if (!serving && why.empty()) {
-      spdlog::info("{}: health SERVING again: the work loop moves",
-                   options.name);
+      spdlog::info("{}: health SERVING again", options.name);
       (*server)->SetServing(true);
       serving = true;
     }

@@ -53,9 +53,13 @@ struct ServeOptions {
   int max_receive_message_bytes = kMaxApiMessageBytes;
   std::vector<NamedService> services;
   const Metrics* metrics = nullptr;
-  // Health turns NOT_SERVING while any of these is stalled, and back to
-  // SERVING when all move again. Not owned.
+  // Health (readiness and liveness) turns NOT_SERVING while any of these is
+  // stalled, and back to SERVING when all move again. Not owned.
   std::vector<const Watchdog*> watchdogs;
+  // Readiness only: while any of these gives a reason, health "" (and each
+  // service) is NOT_SERVING and liveness stays SERVING; the process is not
+  // restarted for it (the relay: its consumer does not answer).
+  std::vector<std::function<std::optional<std::string>()>> readiness;
   // Called after health went NOT_SERVING and before the gRPC server drains:
   // stop background work here (the relay stops claiming).
   std::function<void()> before_drain;

@@ -142,7 +142,9 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
   resp->set_replica_id(state.replica_id);
   resp->set_delivered_by_process(state.delivered);
   resp->set_rejected_by_process(state.rejected);
-  resp->set_paused_reason(state.paused_reason);
+  resp->set_paused_reason(state.consumer_unreachable.empty()
+                              ? state.paused_reason
+                              : state.consumer_unreachable);
   resp->set_consumer_database(state.consumer_database);
   return grpc::Status::OK;
 }

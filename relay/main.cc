@@ -55,6 +55,11 @@ ABSL_FLAG(std::string, client_cert, "",
 ABSL_FLAG(std::string, client_key, "", "PEM private key of --client_cert.");
 ABSL_FLAG(absl::Duration, retry_max, absl::Seconds(5),
           "Cap of the backoff after transport or database failures.");
+ABSL_FLAG(absl::Duration, consumer_unready_after, absl::Seconds(15),
+          "When the consumer has answered neither a batch nor a health "
+          "check for this long, readiness turns NOT_SERVING and this relay "
+          "gives its partitions to replicas that reach the consumer, until "
+          "it answers again; 0 disables. At least 2s.");
 ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(5),
           "How long a partition lease lasts without renewal (each second): "
           "a relay that dies or freezes keeps its partitions this long at "
@@ -110,6 +115,15 @@ int main(int argc, char** argv) {
   options.retry_max = absl::GetFlag(FLAGS_retry_max);
   options.retention = absl::GetFlag(FLAGS_retention);
   options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
+  options.consumer_unready_after = absl::GetFlag(FLAGS_consumer_unready_after);
+  if (options.consumer_unready_after != absl::ZeroDuration() &&
+      options.consumer_unready_after < absl::Seconds(2)) {
+    spdlog::critical(
+        "outbox-relay: --consumer_unready_after must be 0 (off) or at least "
+        "2s, not {}",
+        absl::FormatDuration(options.consumer_unready_after));
+    return 2;
+  }
   options.notify_url = absl::GetFlag(FLAGS_notify_db);
   options.fence.standbys = absl::GetFlag(FLAGS_fence_standbys);
   options.fence.names =
@@ -182,6 +196,7 @@ int main(int argc, char** argv) {
        .services = {{&admin, outbox::v1::RelayAdmin::service_full_name()}},
        .metrics = &metrics,
        .watchdogs = {&watchdog},
+       .readiness = {[&relay] { return relay.Unready(); }},
        .before_drain = [&] {
          relay.Stop(absl::GetFlag(FLAGS_shutdown_timeout));
        }});

@@ -44,7 +44,7 @@ int NewMemberKey() {
 }  // namespace
 
 std::string ClaimSql(bool mark, bool lsn) {
-  return absl::StrCat(
+  const std::string with = absl::StrCat(
       "WITH ",
       mark ? "m AS (DELETE FROM outbox_delivery d USING unnest($6::bigint[], "
              "$8::uuid[]) AS k(s, e), outbox o WHERE d.subscription = $1 AND "
@@ -58,14 +58,16 @@ std::string ClaimSql(bool mark, bool lsn) {
       " AND d.available_at <= now() "
       "AND d.aggregate_id NOT IN (SELECT unnest($3::text[])) AND d.seq > $5 "
       "AND d.seq NOT IN (SELECT unnest($6::bigint[])) "
-      "ORDER BY d.seq LIMIT $4) SELECT ",
-      kEventColumns,
+      "ORDER BY d.seq LIMIT $4) ");
+  const std::string select = absl::StrCat(
+      "SELECT ", kEventColumns,
       ", c.partition, "
       "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
       "AND p.seq = o.prev_seq AND NOT (p.seq = ANY($6::bigint[])) OFFSET 0) "
       "AS prev_done",
       lsn ? ", pg_current_wal_insert_lsn()::text AS lsn" : "",
       " FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
+  return absl::StrCat(with, select);
 }
 
 bool IsSubscriptionName(absl::string_view name) {
@@ -195,11 +197,17 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   channel_ = grpc::CreateCustomChannel(
       options_.consumer, MakeChannelCredentials(options_.consumer_tls), args);
   stub_ = v1::EventSink::NewStub(channel_);
+  health_stub_ = grpc::health::v1::Health::NewStub(channel_);
   metrics->AddGauge("outbox_relay_in_flight", "Events sent, not yet answered.",
                     [this] { return static_cast<double>(State().in_flight); });
   metrics->AddGauge(
       "outbox_relay_partitions_owned", "Partitions this replica streams.",
       [this] { return static_cast<double>(State().partitions_owned.size()); });
+  metrics->AddGauge(
+      "outbox_relay_consumer_reachable",
+      "0 while the consumer has not answered for --consumer_unready_after "
+      "(readiness NOT_SERVING, partitions given up), else 1.",
+      [this] { return State().consumer_unreachable.empty() ? 1.0 : 0.0; });
   metrics->AddGauge("outbox_relay_stream_connected",
                     "1 while every delivery stream (--streams) is open.",
                     [this] { return State().stream_connected ? 1.0 : 0.0; });
@@ -273,6 +281,8 @@ Relay::~Relay() { Stop(absl::ZeroDuration()); }
 
 void Relay::Start() {
   spdlog::info("relay {}: delivering to {}", replica_id_, options_.consumer);
+  // The consumer gets --consumer_unready_after from now to answer.
+  consumer_answered_ns_ = absl::ToUnixNanos(absl::Now());
   worker_ = std::thread([this] { Run(); });
   housekeeping_ = std::make_unique<PeriodicTask>(
       absl::Seconds(1), [this] { return Housekeep(); },
@@ -280,6 +290,44 @@ void Relay::Start() {
       // that claims and marks keep their share of the database.
       absl::Milliseconds(250));
   listener_ = std::thread([this] { Listen(); });
+  if (options_.consumer_unready_after > absl::ZeroDuration()) {
+    prober_ = std::make_unique<PeriodicTask>(absl::Seconds(1), [this] {
+      ProbeConsumer();
+      return false;
+    });
+  }
+}
+
+void Relay::ProbeConsumer() {
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(v1::EventSink::service_full_name());
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  const grpc::Status s = health_stub_->Check(&ctx, req, &resp);
+  if (s.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+    consumer_answered_ns_ = absl::ToUnixNanos(absl::Now());
+    return;
+  }
+  std::lock_guard<std::mutex> lock(probe_mu_);
+  probe_error_ =
+      s.ok() ? "its health check answers NOT_SERVING"
+             : absl::StrCat("its health check failed: ",
+                            absl::StatusCodeToString(
+                                static_cast<absl::StatusCode>(s.error_code())),
+                            ": ", s.error_message());
+}
+
+bool Relay::ConsumerUnreachable() const {
+  return options_.consumer_unready_after > absl::ZeroDuration() &&
+         absl::Now() - absl::FromUnixNanos(consumer_answered_ns_) >
+             options_.consumer_unready_after;
+}
+
+std::optional<std::string> Relay::Unready() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.consumer_unreachable.empty()) return std::nullopt;
+  return state_.consumer_unreachable;
 }
 
 void Relay::Stop(absl::Duration drain) {
@@ -292,6 +340,7 @@ void Relay::Stop(absl::Duration drain) {
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  prober_.reset();
   // A retention delete waiting on a lock, or a long vacuum, must not hold
   // up the shutdown: what it had not done is done by the next start.
   // Cancelled until the run in progress ends: a statement that began just
@@ -599,6 +648,22 @@ bool Relay::Rebalance() {
       // identity is read again each round.
       own_watch_->Observe(ReadIdentity(*tx));
     }
+    if (unlinked_) {
+      // Not a member while the consumer does not answer: the replicas that
+      // reach it share every partition. Nothing is in flight (the streams
+      // were dropped) and the marks were written before this round.
+      leases_.ReleaseAll(*tx);
+      tx->commit();
+      if (!owned_.empty()) {
+        spdlog::warn(
+            "relay {}: gave up its {} partitions: its consumer does not "
+            "answer",
+            replica_id_, owned_.size());
+      }
+      owned_.clear();
+      releasing_.clear();
+      return true;
+    }
     const LeaseRound round = leases_.Heartbeat(*tx, owned_, kPartitionCount);
     for (int p : round.lost) {
       spdlog::warn(
@@ -897,6 +962,7 @@ void Relay::HandleResponses(Lane& lane) {
   for (const v1::DeliverResponse& resp : lane.stream->TakeResponses()) {
     // The consumer answers: whatever broke the last stream is over.
     lane.stream_backoff.Reset();
+    consumer_answered_ns_ = absl::ToUnixNanos(absl::Now());
     auto it = lane.in_flight.find(resp.batch_id());
     if (it == lane.in_flight.end()) {
       spdlog::warn("relay: answer for unknown batch {}", resp.batch_id());
@@ -1499,6 +1565,30 @@ void Relay::Run() {
         DropStream(lane, "no answer within --ack_timeout");
       }
     }
+    // A consumer that answers neither batches nor health checks: readiness
+    // NOT_SERVING, and the partitions go to replicas that reach it.
+    if (const bool unreachable = !stopping && ConsumerUnreachable();
+        unreachable != unlinked_) {
+      unlinked_ = unreachable;
+      next_rebalance_ = absl::InfinitePast();  // give up, or take a share
+      if (unlinked_) {
+        for (Lane& lane : lanes_) {
+          if (lane.stream != nullptr) {
+            DropStream(lane, "the consumer does not answer");
+          }
+        }
+        spdlog::error(
+            "relay {}: the consumer {} has not answered for {}: readiness "
+            "NOT_SERVING; its partitions go to replicas that reach it",
+            replica_id_, options_.consumer,
+            absl::FormatDuration(options_.consumer_unready_after));
+      } else {
+        spdlog::info(
+            "relay {}: the consumer {} answers again: readiness SERVING; "
+            "it takes a share of the partitions",
+            replica_id_, options_.consumer);
+      }
+    }
     // The stall clock runs while this pass talks to the database: a
     // statement that never returns (a hung server) shows as a stall.
     if (watchdog_ != nullptr && !stopping) watchdog_->Working();
@@ -1531,7 +1621,9 @@ void Relay::Run() {
         db_ok = Rebalance();
         next_rebalance_ = absl::Now() + options_.rebalance_interval;
       }
-      for (Lane& lane : lanes_) EnsureStream(lane);
+      if (!unlinked_) {
+        for (Lane& lane : lanes_) EnsureStream(lane);
+      }
       const std::vector<Lane*> serving = ServingLanes();
       ClaimRound round;
       notified_ = false;  // the claims below see every row notified so far
@@ -1601,6 +1693,18 @@ void Relay::Run() {
     state_.in_flight = InFlightEvents();
     state_.stream_connected = all_connected;
     state_.paused_reason = fence_waiting_;
+    state_.consumer_unreachable.clear();
+    if (unlinked_) {
+      std::lock_guard<std::mutex> probe_lock(probe_mu_);
+      state_.consumer_unreachable = absl::StrCat(
+          "the consumer ", options_.consumer, " has not answered for ",
+          absl::FormatDuration(absl::Trunc(
+              absl::Now() - absl::FromUnixNanos(consumer_answered_ns_),
+              absl::Seconds(1))),
+          probe_error_.empty() ? "" : " (", probe_error_,
+          probe_error_.empty() ? "" : ")",
+          "; its partitions are left to replicas that reach it");
+    }
     cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), [&] { return woken_; });
     woken_ = false;
   }

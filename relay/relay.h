@@ -56,6 +56,7 @@
 #include "common/periodic.h"
 #include "common/tls.h"
 #include "common/watchdog.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "outbox/v1/relay.pb.h"
 #include "outbox/v1/sink.grpc.pb.h"
 #include "relay/delivery_store.h"
@@ -178,6 +179,12 @@ struct RelayOptions {
   // rebalance_interval): a replica that dies or freezes keeps its
   // partitions this long at most.
   absl::Duration lease_ttl = absl::Seconds(5);
+  // A relay whose consumer has not answered for this long (neither a batch
+  // nor a health check of outbox.v1.EventSink, tried every second) turns
+  // readiness NOT_SERVING and gives its partitions (and its membership) to
+  // the replicas that reach the consumer, until it answers again. Zero
+  // disables.
+  absl::Duration consumer_unready_after = absl::Seconds(15);
   // Where the listener LISTENs; empty: db_url. Behind a transaction pooler
   // LISTEN cannot work: give a direct URL, or the relay polls every
   // fast_poll_interval instead.
@@ -203,6 +210,8 @@ struct RelayState {
   int64_t rejected = 0;           // REJECTED answers this process recorded
   std::string paused_reason;      // why it does not deliver now, or ""
   std::string consumer_database;  // its identity as last seen
+  // Why the consumer counts as unreachable (consumer_unready_after), or "".
+  std::string consumer_unreachable;
 };
 
 class Relay {
@@ -219,6 +228,10 @@ class Relay {
   void Stop(absl::Duration drain);
 
   RelayState State() const;
+
+  // Why this relay is not ready (its consumer does not answer: see
+  // RelayOptions::consumer_unready_after), or nothing. Thread-safe.
+  std::optional<std::string> Unready() const;
 
   const std::string& subscription() const { return options_.subscription; }
 
@@ -407,6 +420,7 @@ class Relay {
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
 
   // The outbox database's identity, as every session of this relay sees it
   // (a change sets own_db_changed_, which the worker handles).
@@ -492,6 +506,18 @@ class Relay {
   std::atomic<bool> listening_works_{true};
   std::thread worker_;
   std::thread listener_;
+
+  // The consumer link (RelayOptions::consumer_unready_after): when the
+  // consumer last answered (a batch, or the prober's health check), the
+  // prober's last failure, and whether the worker gave up its partitions
+  // for it.
+  void ProbeConsumer();
+  bool ConsumerUnreachable() const;
+  std::atomic<int64_t> consumer_answered_ns_{0};
+  mutable std::mutex probe_mu_;
+  std::string probe_error_;  // under probe_mu_
+  bool unlinked_ = false;    // worker thread
+  std::unique_ptr<PeriodicTask> prober_;
 };
 
 }  // namespace outbox::relay

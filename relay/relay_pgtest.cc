@@ -2027,5 +2027,42 @@ TEST_F(RelayTest, AReplayOwesEventsAgainAndNothingHappensTwice) {
   ExpectExactlyOnceInOrder();
 }
 
+// A relay that reaches its database but not its consumer reports itself
+// unready, and leaves its partitions to a replica that reaches the
+// consumer, which then delivers everything; once its consumer answers, it
+// is ready again and takes its share back.
+TEST_F(RelayTest, ARelayThatCannotReachItsConsumerLeavesItsPartitionsToOneThatCan) {
+  ClosingListener down;  // relay a's consumer, down for now
+  Consumer up(billing_.url(), 0);
+  RelayOptions oa = Options(down.port()), ob = Options(up.port());
+  oa.consumer_unready_after = ob.consumer_unready_after = absl::Seconds(2);
+  Relay a(oa, &metrics_), b(ob, &metrics_);
+  a.Start();
+  b.Start();
+  MakeOrders(40);
+  ASSERT_TRUE(WaitFor([&] {
+    return a.Unready().has_value() && a.State().partitions_owned.empty() &&
+           b.State().partitions_owned.size() == kPartitionCount &&
+           Pending() == 0;
+  })) << "a owns " << a.State().partitions_owned.size() << ", b owns "
+      << b.State().partitions_owned.size() << ", pending " << Pending();
+  EXPECT_NE(a.Unready()->find("has not answered"), std::string::npos)
+      << *a.Unready();
+  EXPECT_NE(a.State().consumer_unreachable.find(oa.consumer), std::string::npos)
+      << a.State().consumer_unreachable;
+  EXPECT_FALSE(b.Unready().has_value()) << *b.Unready();
+  // Its consumer comes up: a is ready again and takes a share.
+  down.Close();
+  Consumer back(billing_.url(), down.port());
+  ASSERT_TRUE(WaitFor([&] {
+    return !a.Unready().has_value() && !a.State().partitions_owned.empty() &&
+           b.State().partitions_owned.size() < kPartitionCount;
+  })) << "a owns " << a.State().partitions_owned.size();
+  MakeOrders(40);
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  a.Stop(absl::Seconds(2));
+  b.Stop(absl::Seconds(2));
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -311,7 +311,14 @@ function checkProbes(c, listenPort, healthPort, tls) {
     } else {
       check(p.grpc.port === listenPort || p.grpc.port === healthPort, `container ${c.name}: ${kind}.grpc.port ${p.grpc.port} equals the --listen port ${listenPort} or the --health_listen port ${healthPort}`);
     }
-    check(!p.grpc.service, `container ${c.name}: ${kind} checks the overall health service "" (the binaries report only that one)`);
+    // Readiness is "" (the relay turns it NOT_SERVING while its consumer
+    // does not answer); liveness is "liveness" (the work loops move): a
+    // probe of "" there would restart every relay during a consumer outage.
+    if (kind === "livenessProbe") {
+      check(p.grpc.service === "liveness", `container ${c.name}: livenessProbe checks the health service "liveness" (found "${p.grpc.service ?? ""}"; "" is readiness, which a consumer outage turns NOT_SERVING on the relay)`);
+    } else {
+      check(!p.grpc.service, `container ${c.name}: ${kind} checks the overall health service "" (readiness)`);
+    }
     if (kind !== "readinessProbe") check((p.successThreshold ?? 1) === 1, `container ${c.name}: ${kind}.successThreshold is 1`);
   }
   const s = c.startupProbe;

@@ -76,7 +76,11 @@ mutate "probe on a wrong port" "readinessProbe.grpc.port 8087 equals the --healt
 mutate "probe on the TLS port" "readinessProbe.grpc.port 50051 is not the --listen port 50051, which serves mutual TLS" $B/producer.yaml \
   's.replace("readinessProbe:\n            grpc:\n              port: 8086", "readinessProbe:\n            grpc:\n              port: 50051", 1)'
 mutate "http probe instead of grpc" "livenessProbe is a grpc probe" $B/consumer.yaml \
-  's.replace("livenessProbe:\n            grpc:\n              port: 8086", "livenessProbe:\n            tcpSocket:\n              port: 8086", 1)'
+  's.replace("livenessProbe:\n            grpc:\n              port: 8086\n              service: liveness", "livenessProbe:\n            tcpSocket:\n              port: 8086", 1)'
+mutate "liveness probe on readiness" "livenessProbe checks the health service \"liveness\"" $B/relay.yaml \
+  's.replace("              service: liveness\n", "", 1)'
+mutate "readiness probe on liveness" "readinessProbe checks the overall health service" $B/relay.yaml \
+  's.replace("readinessProbe:\n            grpc:\n              port: 8086\n", "readinessProbe:\n            grpc:\n              port: 8086\n              service: liveness\n", 1)'
 mutate "no health port" "--health_listen is set \(TLS on --listen" $B/relay.yaml \
   's.replace("            - --health_listen=0.0.0.0:8086\n", "", 1)'
 mutate "health port published by a Service" "Service outbox-producer port 8086 does not publish the plaintext health port" $B/producer.yaml \
