@@ -20,4 +20,11 @@ inline constexpr int kMaxDeliverMessageBytes = 4 << 20;
 static_assert(kMaxDeliveryBatchBytes + kMaxEventBytes + (64 << 10) <=
               static_cast<size_t>(kMaxDeliverMessageBytes));
 
+// A listing of events (RelayAdmin.ListDeadLetters) stops adding rows past
+// this much payload, so its answer stays under gRPC's default 4 MiB that
+// clients (grpcurl, outboxctl) accept, whatever its limit.
+inline constexpr size_t kMaxListingPayloadBytes = 512 << 10;
+static_assert(kMaxListingPayloadBytes + kMaxEventBytes + (64 << 10) <=
+              static_cast<size_t>(4 << 20));
+
 }  // namespace outbox

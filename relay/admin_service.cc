@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/ids.h"
 #include "common/schema.h"
 #include "common/server.h"
@@ -162,14 +163,23 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = OnSubscription<pqxx::read_transaction>(
       db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
-        for (const auto& row : tx.exec_params(
-                 absl::StrCat(kRowSelect,
-                              "WHERE d.status = 'dead' AND ($2 = '' OR "
-                              "o.aggregate_id = $2) ORDER BY o.seq LIMIT $3"),
-                 *sub, req->aggregate_id(),
-                 req->limit() == 0 ? 100 : req->limit())) {
+        const int limit = req->limit() == 0 ? 100 : req->limit();
+        // One more row than asked says whether more match.
+        const pqxx::result rows = tx.exec_params(
+            BoundedByPayloadBytes(
+                absl::StrCat(kRowSelect,
+                             "WHERE d.status = 'dead' AND ($2 = '' OR "
+                             "o.aggregate_id = $2) AND o.seq > $4 ORDER BY "
+                             "o.seq LIMIT $3 + 1"),
+                kMaxListingPayloadBytes),
+            *sub, req->aggregate_id(), limit, req->after_seq());
+        for (const auto& row : rows) {
+          if (resp->rows_size() == limit) break;
           RowToProto(row, resp->add_rows());
         }
+        // More match: beyond the limit, or cut by size.
+        resp->set_more(!rows.empty() &&
+                       rows[0]["rows_uncut"].as<int64_t>() > resp->rows_size());
         return absl::OkStatus();
       });
   return ToGrpcStatus(s);

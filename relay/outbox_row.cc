@@ -1,5 +1,7 @@
 #include "relay/outbox_row.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace outbox::relay {
 
 bool DecodeEvent(const EnvelopeColumns& c, absl::string_view payload,
@@ -16,6 +18,15 @@ bool DecodeEvent(const EnvelopeColumns& c, absl::string_view payload,
   out->set_schema_version(c.schema_version);
   out->set_trace_parent(c.trace_parent);
   return parsed;
+}
+
+std::string BoundedByPayloadBytes(absl::string_view select, int64_t budget) {
+  return absl::StrCat(
+      "SELECT * FROM (SELECT b.*, coalesce(sum(octet_length(b.payload)) OVER "
+      "(ORDER BY b.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) "
+      "AS payload_bytes_before, count(*) OVER () AS rows_uncut FROM (",
+      select, ") b) bounded WHERE payload_bytes_before < ", budget,
+      " ORDER BY seq");
 }
 
 bool EventFromRow(const pqxx::row& row, v1::Event* out) {

@@ -33,6 +33,16 @@ struct EnvelopeColumns {
 bool DecodeEvent(const EnvelopeColumns& columns, absl::string_view payload,
                  v1::Event* out);
 
+// `select`, a query whose rows begin with kEventColumns (a column `seq` and
+// one `payload`) in seq order, cut where its payloads reach `budget` bytes:
+// a row comes only while the payloads before it sum to less (the first
+// always comes). So one read of large events holds about `budget` bytes,
+// not its row limit times the largest event (and libpqxx's text form
+// doubles each payload). The rows keep their columns, and two more at the
+// end: payload_bytes_before, and rows_uncut (how many `select` returned:
+// more than the rows here when the cut left some out).
+std::string BoundedByPayloadBytes(absl::string_view select, int64_t budget);
+
 // DecodeEvent for `row`, selected with kEventColumns first.
 bool EventFromRow(const pqxx::row& row, v1::Event* out);
 

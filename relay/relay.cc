@@ -67,7 +67,9 @@ std::string ClaimSql(bool mark, bool lsn) {
       "AS prev_done",
       lsn ? ", pg_current_wal_insert_lsn()::text AS lsn" : "",
       " FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
-  return absl::StrCat(with, select);
+  // The WITH stays at the top, where a data-modifying one must be.
+  return absl::StrCat(with,
+                      BoundedByPayloadBytes(select, kMaxDeliveryBatchBytes));
 }
 
 bool IsSubscriptionName(absl::string_view name) {
@@ -915,6 +917,9 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       }
       if (!batch.seqs.empty()) {
         MaybeCrash("relay.after_claim_before_send");
+        // The claim stops at kMaxDeliveryBatchBytes of payloads: rows it
+        // returned that reach it may have had more behind them.
+        full |= bytes >= kMaxDeliveryBatchBytes;
         batch.full = full || static_cast<int>(rows.size()) >= limit;
         round->full |= batch.full;
         batch_events_->Observe(static_cast<double>(req.events_size()));

@@ -119,6 +119,9 @@ namespace outbox::relay {
 // before a failover that reused its seq never deletes another event's row.
 // With `lsn`, each row also carries the primary's WAL insert position
 // (column `lsn`), past the commit of every row read (relay/fence.h).
+// The rows stop at kMaxDeliveryBatchBytes of payloads, whatever $4 says
+// (BoundedByPayloadBytes): a backlog of large events is read a batch's
+// worth at a time, not $4 full payloads.
 //
 // Prepared once per connection as "claim", "mark_and_claim" and their
 // fenced forms. Columns: kEventColumns, then partition, prev_done (and

@@ -2064,5 +2064,93 @@ TEST_F(RelayTest, ARelayThatCannotReachItsConsumerLeavesItsPartitionsToOneThatCa
   b.Stop(absl::Seconds(2));
 }
 
+
+// Appends to every stored event an unknown field of `bytes` bytes (field
+// 1000, length-delimited; `length_hex` is `bytes` as a varint, in hex),
+// which a consumer ignores: large events.
+std::string EnlargeEventsSql(const char* length_hex, int bytes) {
+  return absl::StrCat(
+      "UPDATE outbox SET payload = payload || '\\xc23e", length_hex,
+      "'::bytea || convert_to(repeat('x', ", bytes, "), 'UTF8')");
+}
+
+// A claim stops at kMaxDeliveryBatchBytes of payloads, whatever the batch
+// size: a backlog of large events is read a few at a time, not a batch of
+// full payloads that the relay would only cut after reading them.
+TEST_F(RelayTest, AClaimReadsAboutABatchOfPayloadBytesAtMost) {
+  MakeOrders(12);
+  orders_.Exec(EnlargeEventsSql("80c025", 614400));  // 600 KiB each
+  Consumer consumer(billing_.url(), 0);
+  RelayOptions o = Options(consumer.port());
+  o.batch_size = 16;
+  std::atomic<size_t> most{0};
+  o.after_claim = [&](size_t rows) {
+    if (rows > most) most = rows;
+  };
+  Relay relay(o, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  relay.Stop(absl::Seconds(2));
+  // The first row always comes; the second (600 KiB before it) too; a
+  // third would have 1.2 MiB before it.
+  EXPECT_GE(most.load(), 1u);
+  EXPECT_LE(most.load(), 2u);
+  ExpectExactlyOnceInOrder();
+}
+
+// A listing of dead letters carries about kMaxListingPayloadBytes of
+// payloads at most, whatever its limit, says when more match, and pages on
+// from the last seq it returned.
+TEST_F(RelayTest, ADeadLetterListingIsBoundedBySizeAndPages) {
+  MakeOrders(5);
+  const int64_t events = Events();
+  orders_.Exec(EnlargeEventsSql("80e012", 307200));  // 300 KiB each
+  orders_.Exec(
+      "UPDATE outbox_delivery SET status = 'dead', dead_at = now(), "
+      "attempts = 3");
+  Relay relay(Options(1), &metrics_);  // not started: the admin API reads
+  Database admin_db(orders_.url(), 2, "relay-test-admin");
+  RelayAdminImpl admin(&admin_db, &relay);
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&admin, v1::RelayAdmin::service_full_name()}});
+  ASSERT_TRUE(server.ok());
+  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  std::vector<int64_t> seen;
+  int64_t after = 0;
+  int pages = 0;
+  for (;;) {
+    grpc::ClientContext ctx;
+    v1::ListDeadLettersRequest req;
+    req.set_limit(1000);
+    req.set_after_seq(after);
+    v1::ListDeadLettersResponse list;
+    grpc::Status st = stub->ListDeadLetters(&ctx, req, &list);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    ASSERT_LT(++pages, 100);
+    // 300 KiB each: the second has 300 KiB before it, a third 600.
+    EXPECT_LE(list.rows_size(), 2);
+    EXPECT_GE(list.rows_size(), 1);
+    for (const auto& row : list.rows()) {
+      EXPECT_GT(row.event().seq(), after);
+      EXPECT_EQ(row.status(), "dead");
+      seen.push_back(row.event().seq());
+    }
+    if (!list.more()) break;
+    after = seen.back();
+  }
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), events);
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), seen.size());
+  // A small limit is a limit, and says that more match.
+  grpc::ClientContext ctx;
+  v1::ListDeadLettersRequest req;
+  req.set_limit(1);
+  v1::ListDeadLettersResponse list;
+  ASSERT_TRUE(stub->ListDeadLetters(&ctx, req, &list).ok());
+  EXPECT_EQ(list.rows_size(), 1);
+  EXPECT_TRUE(list.more());
+}
+
 }  // namespace
 }  // namespace outbox::relay

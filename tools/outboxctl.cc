@@ -71,6 +71,8 @@ ABSL_FLAG(absl::Duration, since, absl::ZeroDuration(),
 ABSL_FLAG(std::string, error, "",
           "requeue: only dead letters whose last_error contains this text.");
 ABSL_FLAG(int, limit, 100, "Rows to list.");
+ABSL_FLAG(int64_t, after_seq, 0,
+          "dead-letters: only those above this seq (the next page).");
 ABSL_FLAG(int, orders, 100, "Orders to create (load, demo).");
 ABSL_FLAG(int, concurrency, 8, "Client threads (load, demo).");
 ABSL_FLAG(int, connections, 0,
@@ -238,6 +240,7 @@ int DeadLetters() {
   req.set_limit(absl::GetFlag(FLAGS_limit));
   req.set_subscription(absl::GetFlag(FLAGS_subscription));
   req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
+  req.set_after_seq(absl::GetFlag(FLAGS_after_seq));
   outbox::v1::ListDeadLettersResponse resp;
   grpc::Status st = stub->ListDeadLetters(&ctx, req, &resp);
   if (!st.ok()) return Fail("dead-letters", st);
@@ -249,6 +252,11 @@ int DeadLetters() {
                 row.event().event_type().c_str(),
                 row.event().aggregate_id().c_str(), row.attempts(),
                 row.last_error().c_str());
+  }
+  if (resp.more() && !resp.rows().empty()) {
+    std::printf("more: outboxctl dead-letters --after_seq %lld\n",
+                static_cast<long long>(
+                    resp.rows(resp.rows_size() - 1).event().seq()));
   }
   return 0;
 }
