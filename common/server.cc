@@ -151,25 +151,22 @@ std::string GrpcServer::address() const {
   return absl::StrCat(host, ":", port_);
 }
 
-void GrpcServer::SetServing(bool serving) {
+void GrpcServer::SetHealth(const std::vector<std::string>& names, bool up) {
   for (grpc::Server* server : {server_.get(), health_server_.get()}) {
     if (server == nullptr) continue;
     auto* health = server->GetHealthCheckService();
     if (health == nullptr) continue;
-    health->SetServingStatus("", serving);
-    for (const std::string& name : names_) {
-      health->SetServingStatus(name, serving);
-    }
+    for (const std::string& name : names) health->SetServingStatus(name, up);
   }
 }
 
-void GrpcServer::SetLive(bool live) {
-  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
-    if (server == nullptr) continue;
-    auto* health = server->GetHealthCheckService();
-    if (health != nullptr) health->SetServingStatus(kLivenessService, live);
-  }
+void GrpcServer::SetServing(bool serving) {
+  std::vector<std::string> names = names_;
+  names.emplace_back("");
+  SetHealth(names, serving);
 }
+
+void GrpcServer::SetLive(bool live) { SetHealth({kLivenessService}, live); }
 
 void GrpcServer::Shutdown() {
   if (shut_down_) return;

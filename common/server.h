@@ -78,6 +78,9 @@ class GrpcServer {
   void Shutdown();
 
  private:
+  // Sets the health of `names` on the API server and the health server.
+  void SetHealth(const std::vector<std::string>& names, bool up);
+
   GrpcServer(ServerOptions options, std::unique_ptr<grpc::Server> server,
              int port, std::vector<std::string> names);
 

@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/limits.h"
 #include "common/ids.h"
+#include "common/limits.h"
 #include "common/schema.h"
 #include "common/server.h"
 

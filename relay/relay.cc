@@ -301,17 +301,23 @@ void Relay::Start() {
 }
 
 void Relay::ProbeConsumer() {
+  // A consumer that answered a batch within the last second needs no probe.
+  if (absl::Now() - absl::FromUnixNanos(consumer_answered_ns_) <
+      absl::Seconds(1)) {
+    return;
+  }
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(v1::EventSink::service_full_name());
   grpc::health::v1::HealthCheckResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   const grpc::Status s = health_stub_->Check(&ctx, req, &resp);
+  std::lock_guard<std::mutex> lock(probe_mu_);
   if (s.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
     consumer_answered_ns_ = absl::ToUnixNanos(absl::Now());
+    probe_error_.clear();
     return;
   }
-  std::lock_guard<std::mutex> lock(probe_mu_);
   probe_error_ =
       s.ok() ? "its health check answers NOT_SERVING"
              : absl::StrCat("its health check failed: ",
