@@ -20,13 +20,18 @@ call's timeout.
 """
 
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
 
 from . import procs as P
+from .observe import scrape
 from .pg import HARNESS_OPTIONS, SqlError
+
+OWNED_RE = re.compile(r"^outbox_relay_partitions_owned(?:\{[^}]*\})?\s+"
+                      r"([0-9.eE+]+)\s*$", re.M)
 
 ROGUE_APP = "chaos-rogue-lock"
 # Statements of the faults and of their undoing: writable and bounded.
@@ -34,6 +39,19 @@ ADMIN_OPTIONS = (HARNESS_OPTIONS +
                  " -c statement_timeout=10s -c lock_timeout=5s")
 ADMIN_TIMEOUT = 20       # the psql call's own bound, seconds
 ROGUE_LOCK_WAIT = 5.0    # the rogue session's lock_timeout, seconds
+
+
+def partitions_owned(relay):
+    """outbox_relay_partitions_owned of `relay` from its /metrics; None
+    when it cannot be read."""
+    if relay.metrics_port is None or relay.pid is None:
+        return None
+    try:
+        text = scrape(relay.metrics_port, timeout=2)
+    except Exception:  # noqa: BLE001 -- unknown, so a stall is expected
+        return None
+    m = OWNED_RE.search(text)
+    return int(float(m.group(1))) if m else None
 
 
 class HealthWatch:
@@ -272,11 +290,15 @@ class GrayFaults:
                         f"{ROGUE_LOCK_WAIT + 3:g}s (see rogue-lock.log)")
                 return None
             start = time.monotonic()
+            owned = {s.name: partitions_owned(s) for s in stalled
+                     if s.kind == "relay"}
             watch = HealthWatch(run, stalled).start()
             run.faults += 1
             run.log(f"rogue lock: {label}.{table} IN ACCESS EXCLUSIVE MODE "
                     f"for {seconds:.1f}s (psql pid {p.pid}); polling the "
-                    f"health of {', '.join(s.name for s in stalled)}")
+                    f"health of {', '.join(s.name for s in stalled)}"
+                    + "".join(f"; {n} owns {k} partitions"
+                              for n, k in sorted(owned.items())))
             try:
                 P.reap(p, seconds + 10)
             finally:
@@ -296,6 +318,14 @@ class GrayFaults:
             if not (h["not_serving"] or loading or s.kind == "relay"):
                 parts.append(f"{s.name} never NOT_SERVING, but the client "
                              "load had ended: no work, no stall")
+                continue
+            if not h["not_serving"] and owned.get(s.name) == 0:
+                # Its peer held every partition and could not hand any
+                # over (it gives one up only once its marks are written):
+                # nothing of this relay's waits on the table.
+                parts.append(f"{s.name} never NOT_SERVING, but it owned no "
+                             "partition when the lock was taken: no work, "
+                             "no stall")
                 continue
             self.stalls_expected[s.name] = \
                 self.stalls_expected.get(s.name, 0) + 1
