@@ -897,6 +897,31 @@ TEST_F(ConsumerTest, AnEventIdAppliedBeforeCannotApplyAgainAtANewPosition) {
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 2);
 }
 
+TEST_F(ConsumerTest, OneEventIdOnTwoAggregatesInABatchAppliesOnce) {
+  // The second copy names another order: the stream goes on, the first is
+  // applied, the second is REJECTED (a fault of the event: it counts
+  // toward its dead letter), and its aggregate's successor defers.
+  auto a = OrderChain(1);
+  auto b = OrderChain(1);
+  b[0].set_event_id(a[0].event_id());
+  grpc::Status status;
+  auto results = Deliver({{a[0], b[0], b[1]}, {a[1]}}, &status);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(Outcomes(results),
+            (V{v1::APPLIED, v1::REJECTED, v1::DEFERRED, v1::APPLIED}));
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_NE(results[1].reason().find("is applied in this batch"),
+            std::string::npos)
+      << results[1].reason();
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 2);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM order_view"), 1);
+  // Sent again, it is rejected again, never applied.
+  auto again = Deliver({{b[0]}});
+  EXPECT_EQ(Outcomes(again), (V{v1::REJECTED}));
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 2);
+  ExpectAppliedInOrder();
+}
+
 TEST(ConsumerHeldCap, BeyondTheCapEventsAreRejected) {
   testing::TestDatabase tdb("heldcap", BillingSchemas());
   Database db(tdb.url(), 2, "cap-test");

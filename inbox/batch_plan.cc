@@ -20,6 +20,12 @@ v1::EventResult Result(const v1::Event& e, v1::DeliveryOutcome outcome,
   return r;
 }
 
+// Whether two events with one id sit at the same place of one chain.
+bool SamePlace(const v1::Event& a, const v1::Event& b) {
+  return a.aggregate_id() == b.aggregate_id() && a.seq() == b.seq() &&
+         a.prev_seq() == b.prev_seq();
+}
+
 bool Valid(const std::vector<std::string>& invalid, size_t i) {
   return invalid.empty() || invalid[i].empty();
 }
@@ -85,12 +91,13 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
     from_snapshot.insert(&h);
   }
   std::map<const v1::Event*, size_t> batch_index;  // held in this batch
-  std::set<std::string> applied_here;              // ids applied in this batch
+  // Ids applied in this batch, with the event applied under each.
+  std::map<std::string, const v1::Event*> applied_here;
   std::set<const v1::Event*> drained_here;         // batch holds drained
 
   auto apply_one = [&](const v1::Event* e, AggregateState* st) {
     plan.apply.push_back(e);
-    applied_here.insert(e->event_id());
+    applied_here.emplace(e->event_id(), e);
     st->cursor = e->seq();
   };
   // Applies the held successors of the aggregate's cursor, in chain order.
@@ -142,8 +149,19 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
     }
     const std::string& agg = e.aggregate_id();
     AggregateState& st = state.at(agg);
+    // The same id applied earlier in this batch at another place: a
+    // different event under a reused id, whatever its own position says.
+    const auto here = applied_here.find(e.event_id());
+    if (here != applied_here.end() && !SamePlace(*here->second, e)) {
+      reject(i, absl::StrCat("event_id ", e.event_id(), " is applied in this "
+                             "batch as seq ", here->second->seq(),
+                             " of aggregate ", here->second->aggregate_id(),
+                             "; seq ", e.seq(), " of aggregate ", agg,
+                             " reuses it"));
+      continue;
+    }
     if (e.seq() <= st.cursor) {
-      if (applied_here.count(e.event_id()) ||
+      if (here != applied_here.end() ||
           snapshot.in_inbox.count(e.event_id())) {
         plan.results[i] = Result(e, v1::DUPLICATE);
         ++plan.duplicates;
@@ -171,8 +189,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       continue;
     }
     if (const v1::Event* same = held.WithId(e.event_id())) {
-      if (same->seq() == e.seq() && same->prev_seq() == e.prev_seq() &&
-          same->aggregate_id() == agg) {
+      if (SamePlace(*same, e)) {
         plan.results[i] = Result(e, v1::HELD);  // a copy of a held event
         ++plan.held;
       } else {

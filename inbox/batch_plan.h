@@ -25,7 +25,10 @@
 // DIVERGED is not the event's fault: this database holds another history
 // of the aggregate; the sender parks the event until an operator decides.
 // HELD and DIVERGED answers carry the aggregate's applied position.
-// Invalid events are REJECTED with their validation reason. An event that
+// An event whose id this batch applied at another place (another
+// aggregate or position) is REJECTED, whatever its own position: two
+// events under one id. Invalid events are REJECTED with their validation
+// reason. An event that
 // would be HELD while an earlier event of its aggregate in the same batch
 // was REJECTED is DEFERRED instead: the relay keeps it pending behind that
 // one (which may become a dead letter) rather than park it here.

@@ -169,6 +169,39 @@ TEST(PlanBatch, ASecondCopyInTheSameBatchIsADuplicate) {
   EXPECT_EQ(p.Applies(), (S{"a/3", "a/5"}));
 }
 
+TEST(PlanBatch, OneIdOnTwoAggregatesInABatchIsAppliedOnceAndThenRejected) {
+  Planner p;
+  v1::Event other = Ev("b", 4, 0);
+  other.set_event_id("a/3");
+  p.Run({Ev("a", 3, 0), other, Ev("b", 6, 4)});
+  EXPECT_EQ(p.Outcomes(), (V{A, R, v1::DEFERRED}));
+  EXPECT_EQ(p.Applies(), (S{"a/3"}));
+  EXPECT_NE(p.Reason(1).find("a/3 is applied in this batch as seq 3 of "
+                             "aggregate a"),
+            std::string::npos)
+      << p.Reason(1);
+  EXPECT_EQ(p.plan().rejected, 1);
+}
+
+TEST(PlanBatch, OneIdAtAPassedPositionOfAnotherAggregateIsNotADuplicate) {
+  // b's cursor is past seq 2, yet a/3 was applied to a, not b: no
+  // DUPLICATE (which would mark it delivered), a rejection.
+  Planner p;
+  v1::Event other = Ev("b", 2, 0);
+  other.set_event_id("a/3");
+  p.Cursor("b", 5).Run({Ev("a", 3, 0), other});
+  EXPECT_EQ(p.Outcomes(), (V{A, R}));
+}
+
+TEST(PlanBatch, OneIdHeldAndAppliedOnTwoAggregatesIsAFork) {
+  Planner p;
+  v1::Event other = Ev("b", 1, 0);
+  other.set_event_id("a/5");
+  p.Run({Ev("a", 5, 3), other});
+  EXPECT_EQ(p.Outcomes(), (V{H, R}));
+  EXPECT_TRUE(p.Applies().empty());
+}
+
 TEST(PlanBatch, AnEarlyEventIsHeldAndCounted) {
   Planner p;
   p.Cursor("a", 3).Run({Ev("a", 9, 7)});
