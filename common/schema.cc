@@ -349,6 +349,27 @@ ALTER FUNCTION outbox_inbox_lock_cursors(text[], int)
   SET plan_cache_mode = force_generic_plan;
 )sql"},
       {5, "superseded events, database identity", kInboxV5},
+      {6, "held events' failures and operators' actions", R"sql(
+-- A held event whose own effect fails as it drains is charged here (its
+-- predecessor applies; the chain waits at it) until an operator releases
+-- it for another try or skips it.
+ALTER TABLE held_events
+  ADD COLUMN IF NOT EXISTS attempts int NOT NULL DEFAULT 0,
+  ADD COLUMN IF NOT EXISTS last_error text,
+  ADD COLUMN IF NOT EXISTS failed_at timestamptz;
+-- Who released or skipped which held event, and why.
+CREATE TABLE IF NOT EXISTS held_actions (
+  id           bigserial PRIMARY KEY,
+  at           timestamptz NOT NULL DEFAULT now(),
+  event_id     uuid NOT NULL,
+  aggregate_id text COLLATE "C" NOT NULL,
+  seq          bigint NOT NULL,
+  action       text NOT NULL CHECK (action IN ('release', 'skip')),
+  actor        text NOT NULL,
+  reason       text NOT NULL,
+  outcome      text NOT NULL
+);
+)sql"},
   };
   return kMigrations;
 }

@@ -806,6 +806,99 @@ TEST_F(GrayFailureTest, BadDataIsPinnedOnItsEventAlone) {
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 0);
 }
 
+TEST_F(GrayFailureTest, AHeldEventThatFailsAsItDrainsIsChargedNotItsPredecessor) {
+  // OrderPaid and OrderCancelled arrive first and are held; the charge
+  // OrderPaid writes breaks a constraint. When OrderCreated arrives, it
+  // applies (it is innocent), OrderPaid stays held with the failure and
+  // an attempt, and OrderCancelled waits behind it.
+  auto applier = MakeApplier(tdb_.url());
+  tdb_.Exec(
+      "ALTER TABLE charges ADD CONSTRAINT sane CHECK (amount_cents < 500)");
+  auto chain = OrderChain(1);
+  auto other = OrderChain(10);
+  auto held = applier->ApplyBatch(Ptrs({chain[1], chain[2]}));
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(Outcomes(*held), (V{v1::HELD, v1::HELD}));
+  for (int round = 1; round <= 2; ++round) {
+    // Its predecessor, twice (a redelivery too): never charged.
+    auto results = applier->ApplyBatch(Ptrs({chain[0], other[0]}));
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(Outcomes(*results),
+              round == 1 ? (V{v1::APPLIED, v1::APPLIED})
+                         : (V{v1::DUPLICATE, v1::DUPLICATE}));
+  }
+  EXPECT_EQ(tdb_.Scalar("SELECT last_seq FROM aggregate_cursors WHERE "
+                        "aggregate_id = '" + chain[0].aggregate_id() + "'"),
+            1);
+  EXPECT_EQ(tdb_.Scalar("SELECT attempts FROM held_events WHERE event_id = '" +
+                        chain[1].event_id() + "'"),
+            1);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_events WHERE last_error "
+                        "LIKE '%23514%' AND event_id = '" +
+                        chain[1].event_id() + "'"),
+            1);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_events"), 2);
+  EXPECT_EQ(Rejected(), 0);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 0);
+
+  // Only the next event of a chain can be released or skipped.
+  auto early = applier->ReleaseHeld(chain[2].event_id(), "ops", "try");
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.status().message().find("gap"), std::string::npos)
+      << early.status();
+  EXPECT_EQ(applier->SkipHeld(NewUuid(), "ops", "x").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(applier->SkipHeld("nope", "ops", "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Released while the constraint holds: charged again, still held.
+  auto again = applier->ReleaseHeld(chain[1].event_id(), "ops", "retry");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->applied);
+  EXPECT_NE(again->last_error.find("23514"), std::string::npos)
+      << again->last_error;
+  EXPECT_EQ(tdb_.Scalar("SELECT attempts FROM held_events WHERE event_id = '" +
+                        chain[1].event_id() + "'"),
+            2);
+  // Fixed, released: it applies and its successor drains behind it.
+  tdb_.Exec("ALTER TABLE charges DROP CONSTRAINT sane");
+  auto fixed = applier->ReleaseHeld(chain[1].event_id(), "ops", "fixed");
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_TRUE(fixed->applied);
+  EXPECT_EQ(fixed->cursor, 3);
+  EXPECT_EQ(fixed->drained, 1);
+  EXPECT_EQ(fixed->held_left, 0);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 2);  // pay, refund
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_actions WHERE action = "
+                        "'release' AND actor = 'ops'"),
+            2);
+  EXPECT_EQ(Rejected(), 0);
+}
+
+TEST_F(GrayFailureTest, ASkippedHeldEventIsDoneWithoutItsEffect) {
+  auto applier = MakeApplier(tdb_.url());
+  tdb_.Exec(
+      "ALTER TABLE charges ADD CONSTRAINT sane CHECK (amount_cents < 500)");
+  auto chain = OrderChain(1);
+  ASSERT_TRUE(applier->ApplyBatch(Ptrs({chain[1], chain[2]})).ok());
+  ASSERT_TRUE(applier->ApplyBatch(Ptrs({chain[0]})).ok());
+  tdb_.Exec("ALTER TABLE charges DROP CONSTRAINT sane");
+  auto skipped = applier->SkipHeld(chain[1].event_id(), "ops", "refunded by hand");
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(skipped->cursor, 3);     // OrderCancelled drained behind it
+  EXPECT_EQ(skipped->drained, 1);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges WHERE kind = 'charge'"),
+            0);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_events"), 0);
+  // A redelivery of the skipped event is a duplicate, with no effect.
+  auto redelivered = applier->ApplyBatch(Ptrs({chain[1]}));
+  ASSERT_TRUE(redelivered.ok());
+  EXPECT_EQ(Outcomes(*redelivered), (V{v1::DUPLICATE}));
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_actions WHERE action = "
+                        "'skip' AND reason = 'refunded by hand'"),
+            1);
+}
+
 TEST_F(GrayFailureTest, StalledApplyTurnsTheWatchdogAndRecovers) {
   Watchdog watchdog("consumer apply path", absl::Milliseconds(400));
   auto applier = MakeApplier(tdb_.url(), &watchdog);

@@ -126,6 +126,10 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       apply_one(h, st);
     }
   };
+  for (const std::string& agg : snapshot.drain) {
+    auto it = state.find(agg);
+    if (it != state.end()) drain(agg, &it->second);
+  }
   std::set<std::string> rejected_aggregates;  // a REJECTED event in this batch
   auto reject = [&](size_t i, std::string reason) {
     plan.results[i] = Result(*batch[i], v1::REJECTED, std::move(reason));

@@ -75,6 +75,10 @@ struct Snapshot {
   // that start at each cursor and at each batch event's seq and prev_seq,
   // and any held event with a batch event's id or (aggregate, seq).
   std::vector<v1::Event> held;
+  // Aggregates whose held chain at the cursor drains before the batch (an
+  // operator released or skipped a held event); each must be in
+  // `aggregates`.
+  std::set<std::string> drain;
 };
 
 struct PlanOptions {

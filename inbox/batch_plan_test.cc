@@ -37,6 +37,10 @@ class Planner {
     snap_.held.push_back(e);
     return *this;
   }
+  Planner& Release(const std::string& agg) {
+    snap_.drain.insert(agg);
+    return *this;
+  }
   Planner& MaxHeld(int64_t n) {
     options_.max_held_per_aggregate = n;
     return *this;
@@ -231,6 +235,16 @@ TEST(PlanBatch, HeldEventsOfEarlierBatchesDrainInChainOrder) {
   EXPECT_EQ(p.plan().unhold, (S{"a/7", "a/9"}));
   EXPECT_EQ(p.plan().drained, 2);
   EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{9, 0}));
+}
+
+TEST(PlanBatch, AReleasedAggregateDrainsWithoutABatchEvent) {
+  Planner p;
+  p.Cursor("a", 2, 2).Held(Ev("a", 3, 2)).Held(Ev("a", 4, 3));
+  p.Release("a").Run({});
+  EXPECT_EQ(p.Applies(), (S{"a/3", "a/4"}));
+  EXPECT_EQ(p.plan().drained, 2);
+  EXPECT_EQ(p.plan().changed.at("a").cursor, 4);
+  EXPECT_EQ(p.plan().changed.at("a").held_count, 0);
 }
 
 TEST(PlanBatch, DrainStopsAtAGap) {

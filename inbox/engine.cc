@@ -365,7 +365,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyBatch(
     if (!s.ok()) invalid[i] = std::string(s.message());
   }
   if (watchdog_ != nullptr) watchdog_->Working();
-  auto results = ApplyValidated(events, invalid, origin);
+  auto results = ApplyValidated(events, invalid, origin, AttemptOptions());
   if (watchdog_ != nullptr) {
     if (results.ok()) {
       watchdog_->Done();
@@ -378,15 +378,17 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyBatch(
 
 absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
     const std::vector<const v1::Event*>& events,
-    std::vector<std::string> invalid, BatchOrigin* origin) {
+    std::vector<std::string> invalid, BatchOrigin* origin,
+    AttemptOptions options) {
   absl::StatusOr<Attempt> attempt;
-  bool ask_all = false;
-  std::set<std::string> keep_held;
-  // Each refusal removes an event from the next attempt, so this ends.
+  std::vector<std::string> drained;
+  // Each refusal, and each held event charged, removes an event from the
+  // next attempt, so this ends.
   for (int conflicts = 0;;) {
-    attempt = ApplyOnce(events, invalid, keep_held, ask_all, origin);
-    if (attempt.ok() && attempt->inbox_collision && !ask_all) {
-      ask_all = true;  // an event id the plan did not know was applied
+    attempt = ApplyOnce(events, invalid, options, origin, &drained);
+    if (attempt.ok() && attempt->inbox_collision &&
+        !options.ask_inbox_about_all) {
+      options.ask_inbox_about_all = true;  // an id the plan did not know
       continue;
     }
     if (attempt.ok() && !attempt->refused.empty()) {
@@ -399,19 +401,46 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
             in_batch = progress = true;
           }
         }
-        if (!in_batch && keep_held.insert(id).second) {
+        if (!in_batch && options.keep_held.insert(id).second) {
           progress = true;
+          if (absl::Status c = ChargeHeld(id, reason); !c.ok()) {
+            attempt = c;
+            break;
+          }
           refused_held_->Add();
           spdlog::warn(
               "consumer: {} refused held event {} ({}); it stays "
-              "held",
+              "held, charged with the failure",
               handler_->name(), id, reason);
         }
       }
+      if (!attempt.ok()) break;
       if (progress) continue;
       attempt = absl::InternalError(
           "the handler refused events that were not in its batch");
       break;
+    }
+    if (!attempt.ok() && OriginOf(attempt.status()) == ErrorOrigin::kData &&
+        !drained.empty()) {
+      // A held event that drained may be the one whose data fails.
+      auto culprit = FindHeldCulprit(events, invalid, options, drained,
+                                     attempt.status());
+      if (!culprit.ok()) {
+        attempt = culprit.status();
+      } else if (culprit->has_value()) {
+        const auto& [id, why] = **culprit;
+        options.keep_held.insert(id);
+        if (absl::Status c = ChargeHeld(id, why); !c.ok()) {
+          attempt = c;
+          break;
+        }
+        refused_held_->Add();
+        spdlog::warn("consumer: held event {} failed as it drained ({}); it "
+                     "stays held, charged with the failure, and its "
+                     "predecessor applies",
+                     id, why);
+        continue;
+      }
     }
     if (!attempt.ok() && OriginOf(attempt.status()) == ErrorOrigin::kConflict &&
         ++conflicts <= options_.conflict_retries) {
@@ -430,7 +459,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
     return std::move(attempt->results);
   }
   const absl::Status& s = attempt.status();
-  if (OriginOf(s) == ErrorOrigin::kData) {
+  if (OriginOf(s) == ErrorOrigin::kData && !events.empty()) {
     if (events.size() > 1) {
       // One event carries data the database refuses. Apply one by one so
       // that only the culprit is rejected.
@@ -453,7 +482,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
           each.push_back(std::move(r));
           continue;
         }
-        auto one = ApplyValidated({events[i]}, {invalid[i]}, origin);
+        auto one = ApplyValidated({events[i]}, {invalid[i]}, origin, options);
         if (!one.ok()) return one.status();
         if ((*one)[0].outcome() == v1::REJECTED)
           rejected.insert(e.aggregate_id());
@@ -480,10 +509,11 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
 
 absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     const std::vector<const v1::Event*>& events,
-    const std::vector<std::string>& invalid,
-    const std::set<std::string>& keep_held, bool ask_inbox_about_all,
-    BatchOrigin* origin) {
-  std::set<std::string> aggregates;
+    const std::vector<std::string>& invalid, const AttemptOptions& options,
+    BatchOrigin* origin, std::vector<std::string>* drained) {
+  const std::set<std::string>& keep_held = options.keep_held;
+  drained->clear();
+  std::set<std::string> aggregates = options.release;
   for (size_t i = 0; i < events.size(); ++i) {
     if (invalid[i].empty()) aggregates.insert(events[i]->aggregate_id());
   }
@@ -496,7 +526,9 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
   const absl::Time t0 = absl::Now();
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     out = Attempt{};
+    drained->clear();
     Snapshot snap;
+    snap.drain = options.release;
     DatabaseIdentity inbox;
     {
       const SessionInfo* info = SessionOf(c);
@@ -524,8 +556,15 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
       }
     }
     snap.in_inbox =
-        InInbox(tx, InboxQuestions(events, invalid, snap, ask_inbox_about_all));
+        InInbox(tx, InboxQuestions(events, invalid, snap,
+                                   options.ask_inbox_about_all));
     Plan plan = PlanBatch(events, invalid, snap, options_.plan);
+    {
+      const std::set<const v1::Event*> own(events.begin(), events.end());
+      for (const v1::Event* e : plan.apply) {
+        if (own.count(e) == 0) drained->push_back(e->event_id());
+      }
+    }
     // The common batch (it applies events and touches no held one): its
     // cursors are written with its inbox rows, a round trip fewer.
     bool holding = !plan.hold.empty() || !plan.unhold.empty();
@@ -563,6 +602,11 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
       out.passed_held = DeletePassedHeld(tx, snap.aggregates, &plan.changed);
       if (!plan.changed.empty()) UpdateCursors(tx, plan.changed);
     }
+    if (options.dry_run) {
+      tx.abort();
+      out.results = plan.results;
+      return absl::OkStatus();  // `out.plan` stays empty: it points into snap
+    }
     MaybeCrash("consumer.before_commit");
     tx.commit();
     if (origin != nullptr) {
@@ -576,8 +620,230 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
-  apply_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+  if (!options.dry_run) {
+    apply_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
   return out;
+}
+
+absl::StatusOr<std::optional<std::pair<std::string, std::string>>>
+Engine::FindHeldCulprit(const std::vector<const v1::Event*>& events,
+                        const std::vector<std::string>& invalid,
+                        const AttemptOptions& options,
+                        const std::vector<std::string>& drained,
+                        const absl::Status& failure) {
+  // Whether a dry run that drains only drained[0, n) goes through; its
+  // failure, if any, in `why`.
+  auto fails = [&](size_t n, absl::Status* why) -> absl::StatusOr<bool> {
+    AttemptOptions trial = options;
+    trial.dry_run = true;
+    for (size_t j = n; j < drained.size(); ++j) {
+      trial.keep_held.insert(drained[j]);
+    }
+    std::vector<std::string> ignored;
+    auto a = ApplyOnce(events, invalid, trial, nullptr, &ignored);
+    if (a.ok()) {
+      if (a->refused.empty()) return false;
+      *why = absl::InvalidArgumentError(a->refused.begin()->second);
+      return true;
+    }
+    if (OriginOf(a.status()) != ErrorOrigin::kData) return a.status();
+    *why = a.status();
+    return true;
+  };
+  absl::Status why;
+  auto alone = fails(0, &why);
+  if (!alone.ok()) return alone.status();
+  if (*alone) return std::nullopt;  // the batch's own events fail
+  // Draining all fails, none does not: the culprit is the first n whose
+  // drain fails (each aggregate's chain drains in order, so any prefix of
+  // `drained` is a set of chain prefixes).
+  size_t lo = 1, hi = drained.size();
+  absl::Status at_hi = failure;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    auto f = fails(mid, &why);
+    if (!f.ok()) return f.status();
+    if (*f) {
+      hi = mid;
+      at_hi = why;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return std::make_pair(drained[lo - 1],
+                        absl::StrCat("cannot apply as it drained: ",
+                                     PublicMessage(at_hi)));
+}
+
+absl::Status Engine::ChargeHeld(const std::string& id,
+                                const std::string& why) {
+  return db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::work tx(c);
+    ApplyLimits(tx);
+    ExecPrepared(tx, "charge_held",
+                 "UPDATE held_events SET attempts = attempts + 1, "
+                 "last_error = $2, failed_at = now() WHERE event_id = $1",
+                 id, why);
+    tx.commit();
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<HeldActionResult> Engine::NextHeld(const std::string& event_id,
+                                                  const char* what) {
+  if (!IsUuid(event_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event_id: \"", event_id, "\" is not a UUID"));
+  }
+  HeldActionResult r;
+  int64_t prev = 0;
+  bool found = false;
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
+    const pqxx::result row = tx.exec_params(
+        "SELECT h.event_id::text, h.aggregate_id, h.seq, h.prev_seq, "
+        "coalesce(c.last_seq, 0), (SELECT count(*) FROM held_events x "
+        "WHERE x.aggregate_id = h.aggregate_id) FROM held_events h LEFT JOIN "
+        "aggregate_cursors c USING (aggregate_id) WHERE h.event_id = $1",
+        event_id);
+    found = !row.empty();
+    if (found) {
+      r.event_id = row[0][0].as<std::string>();
+      r.aggregate_id = row[0][1].as<std::string>();
+      r.seq = row[0][2].as<int64_t>();
+      prev = row[0][3].as<int64_t>();
+      r.cursor = row[0][4].as<int64_t>();
+      r.held_before = row[0][5].as<int64_t>();
+    }
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  if (!found) {
+    return absl::NotFoundError(
+        absl::StrCat("event_id: no held event ", event_id, " here"));
+  }
+  if (prev != r.cursor) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "held event ", event_id, " (seq ", r.seq, " of aggregate ",
+        r.aggregate_id, ") waits for the event after seq ", prev,
+        ", which has not arrived (the aggregate is applied through seq ",
+        r.cursor, "): a gap, not a failure; only the next event of a chain "
+        "can be ", what));
+  }
+  return r;
+}
+
+absl::Status Engine::FinishAction(HeldActionResult* r, const char* action,
+                                  const std::string& actor,
+                                  const std::string& reason) {
+  return db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::work tx(c);
+    ApplyLimits(tx);
+    const pqxx::row st = tx.exec_params1(
+        "SELECT coalesce((SELECT last_seq FROM aggregate_cursors WHERE "
+        "aggregate_id = $1), 0), (SELECT count(*) FROM held_events WHERE "
+        "aggregate_id = $1), (SELECT coalesce(last_error, '') FROM "
+        "held_events WHERE event_id = $2), EXISTS (SELECT 1 FROM held_events "
+        "WHERE event_id = $2)",
+        r->aggregate_id, r->event_id);
+    const int64_t before = r->cursor;
+    r->cursor = st[0].as<int64_t>();
+    r->held_left = st[1].as<int64_t>();
+    const bool still_held = st[3].as<bool>();
+    // Drained, or dropped as a fork the chain passed.
+    r->drained = std::max<int64_t>(
+        0, r->held_before - r->held_left -
+               (std::string(action) == "skip" || !still_held ? 1 : 0));
+    if (std::string(action) == "release") {
+      r->applied = !still_held;
+      if (still_held) r->last_error = st[2].as<std::string>();
+    }
+    const std::string outcome =
+        still_held ? absl::StrCat("still held: ", r->last_error)
+                   : absl::StrCat("cursor ", before, " -> ", r->cursor, ", ",
+                                  r->drained, " drained");
+    tx.exec_params(
+        "INSERT INTO held_actions (event_id, aggregate_id, seq, action, actor, "
+        "reason, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        r->event_id, r->aggregate_id, r->seq, action, actor, reason, outcome);
+    tx.commit();
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<HeldActionResult> Engine::ReleaseHeld(
+    const std::string& event_id, const std::string& actor,
+    const std::string& reason) {
+  auto r = NextHeld(event_id, "released");
+  if (!r.ok()) return r.status();
+  AttemptOptions options;
+  options.release = {r->aggregate_id};
+  auto done = ApplyValidated({}, {}, nullptr, options);
+  if (!done.ok()) return done.status();
+  if (absl::Status s = FinishAction(&*r, "release", actor, reason); !s.ok()) {
+    return s;
+  }
+  spdlog::warn("consumer: {} released held event {} ({}): {}", actor,
+               event_id, reason,
+               r->applied ? "applied" : "still held: " + r->last_error);
+  return r;
+}
+
+absl::StatusOr<HeldActionResult> Engine::SkipHeld(const std::string& event_id,
+                                                  const std::string& actor,
+                                                  const std::string& reason) {
+  auto r = NextHeld(event_id, "skipped");
+  if (!r.ok()) return r.status();
+  bool moved = false;
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::work tx(c);
+    ApplyLimits(tx);
+    LockAggregates(tx, {r->aggregate_id});
+    // Under the lock: still held, still next?
+    const pqxx::result gone = tx.exec_params(
+        "DELETE FROM held_events h USING aggregate_cursors c WHERE "
+        "h.event_id = $1 AND c.aggregate_id = h.aggregate_id AND "
+        "h.prev_seq = c.last_seq RETURNING h.payload",
+        event_id);
+    if (gone.empty()) return absl::OkStatus();  // another action came first
+    v1::Event e;
+    if (!e.ParseFromString(pqxx::binarystring(gone[0][0]).str())) {
+      return absl::DataLossError("a row of held_events is unreadable");
+    }
+    tx.exec_params(
+        "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "
+        "occurred_at) VALUES ($1, $2, $3, $4, $5)",
+        e.event_id(), e.aggregate_id(), e.seq(), e.event_type(),
+        SqlTimestamp(e.occurred_at()));
+    tx.exec_params(
+        "UPDATE aggregate_cursors SET last_seq = $2, held_count = "
+        "greatest(held_count - 1, 0), updated_at = now() WHERE "
+        "aggregate_id = $1",
+        e.aggregate_id(), e.seq());
+    tx.commit();
+    moved = true;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  if (!moved) {
+    return absl::AbortedError(absl::StrCat(
+        "held event ", event_id,
+        " left held_events or its place while this skip ran; list again"));
+  }
+  // The events held behind it drain now.
+  AttemptOptions options;
+  options.release = {r->aggregate_id};
+  auto done = ApplyValidated({}, {}, nullptr, options);
+  if (absl::Status f = FinishAction(&*r, "skip", actor, reason); !f.ok()) {
+    return f;
+  }
+  spdlog::warn("consumer: {} skipped held event {} (seq {} of aggregate {}; "
+               "{}): its effect was never applied",
+               actor, event_id, r->seq, r->aggregate_id, reason);
+  if (!done.ok()) return done.status();
+  return r;
 }
 
 }  // namespace outbox::inbox

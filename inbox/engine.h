@@ -13,9 +13,16 @@
 // read-only or full database, a missing privilege, a timeout, a lost
 // connection) answers nothing: Unavailable, and the sender resends later
 // without counting an attempt.
+//
+// A held event whose effect fails as it drains (the handler refuses it, or
+// the database refuses its data) is charged, never its predecessor: the
+// predecessor applies, the failing event stays held with its attempts and
+// error (held_events), and its aggregate waits behind it until an operator
+// releases it for another try or skips it (ReleaseHeld, SkipHeld).
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -57,6 +64,19 @@ struct EngineOptions {
   int conflict_retries = 5;
 };
 
+// What an operator's action on a held event did.
+struct HeldActionResult {
+  std::string event_id;
+  std::string aggregate_id;
+  int64_t seq = 0;
+  int64_t cursor = 0;      // its aggregate's applied position afterwards
+  bool applied = false;    // release: it drained (applied) this time
+  int64_t drained = 0;     // events held behind it applied by the action
+  int64_t held_before = 0;  // events its aggregate held before
+  int64_t held_left = 0;   // events its aggregate still holds
+  std::string last_error;  // release: why it failed again
+};
+
 class Engine {
  public:
   // `db`, `handler` and `metrics` must outlive the engine; so must
@@ -75,7 +95,35 @@ class Engine {
       const std::vector<const v1::Event*>& events,
       BatchOrigin* origin = nullptr);
 
+  // An operator's retry of held event `event_id` that failed as it
+  // drained: its chain drains again from its aggregate's cursor, and a
+  // failure is charged to it again. FailedPrecondition when it is not the
+  // next event of its chain (it waits for a missing event, not for an
+  // operator); NotFound when nothing with that id is held. Recorded in
+  // held_actions with `actor` and `reason`.
+  absl::StatusOr<HeldActionResult> ReleaseHeld(const std::string& event_id,
+                                               const std::string& actor,
+                                               const std::string& reason);
+  // Gives up on held event `event_id`, the next event of its chain: it is
+  // recorded as done without its effect (an inbox row, so that a
+  // redelivery is a DUPLICATE), its aggregate's cursor moves past it, and
+  // the events held behind it drain. Same errors and record as
+  // ReleaseHeld.
+  absl::StatusOr<HeldActionResult> SkipHeld(const std::string& event_id,
+                                            const std::string& actor,
+                                            const std::string& reason);
+
  private:
+  // How one transaction of a batch goes.
+  struct AttemptOptions {
+    // Held events (by id) not drained: they stay held, and their chains
+    // stop before them.
+    std::set<std::string> keep_held;
+    // Aggregates whose held chains drain from the cursor (ReleaseHeld).
+    std::set<std::string> release;
+    bool ask_inbox_about_all = false;  // after an inbox insert collided
+    bool dry_run = false;              // roll back whatever happens
+  };
   struct Attempt {
     std::vector<v1::EventResult> results;
     Plan plan;
@@ -86,13 +134,36 @@ class Engine {
   };
   absl::StatusOr<std::vector<v1::EventResult>> ApplyValidated(
       const std::vector<const v1::Event*>& events,
-      std::vector<std::string> invalid, BatchOrigin* origin);
-  // `keep_held`: held events (by id) the handler refused; they stay held.
+      std::vector<std::string> invalid, BatchOrigin* origin,
+      AttemptOptions options);
+  // `drained` gets the held events the plan drained, in apply order, even
+  // when the transaction fails.
   absl::StatusOr<Attempt> ApplyOnce(const std::vector<const v1::Event*>& events,
                                     const std::vector<std::string>& invalid,
-                                    const std::set<std::string>& keep_held,
-                                    bool ask_inbox_about_all,
-                                    BatchOrigin* origin);
+                                    const AttemptOptions& options,
+                                    BatchOrigin* origin,
+                                    std::vector<std::string>* drained);
+  // After a data error of an attempt that drained `drained`: the held
+  // event whose effect the database refuses (id, why), found by dry runs
+  // that drain ever fewer of them; nothing when the batch's own events
+  // fail without any drained.
+  absl::StatusOr<std::optional<std::pair<std::string, std::string>>>
+  FindHeldCulprit(const std::vector<const v1::Event*>& events,
+                  const std::vector<std::string>& invalid,
+                  const AttemptOptions& options,
+                  const std::vector<std::string>& drained,
+                  const absl::Status& failure);
+  // Counts a failed try against held event `id`, with `why`, at once and
+  // whatever becomes of the batch that found it.
+  absl::Status ChargeHeld(const std::string& id, const std::string& why);
+  // The held event `event_id` and its aggregate's cursor, checked to be the
+  // next event of its chain (`what` names the action in errors).
+  absl::StatusOr<HeldActionResult> NextHeld(const std::string& event_id,
+                                            const char* what);
+  // Fills `r`'s cursor and held figures after an action, and records it.
+  absl::Status FinishAction(HeldActionResult* r, const char* action,
+                            const std::string& actor,
+                            const std::string& reason);
   // Counts and logs the outcome of `events` (attempt.plan.results holds
   // one per event, in order).
   void Count(const Attempt& attempt,
