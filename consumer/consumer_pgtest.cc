@@ -88,7 +88,7 @@ class ConsumerTest : public ::testing::Test {
         db_(tdb_.url(), 4, "consumer-test"),
         applier_(&db_, Billing(), &metrics_),
         sink_(&applier_),
-        query_(&db_, &metrics_, "billing") {
+        query_(&db_, &metrics_, "billing", nullptr, &applier_) {
     auto server = GrpcServer::Start(
         {"127.0.0.1:0", absl::Seconds(2), nullptr, kMaxDeliverMessageBytes},
         {{&sink_, v1::EventSink::service_full_name()},
@@ -1012,6 +1012,58 @@ TEST_F(ConsumerTest, OneEventIdOnTwoAggregatesInABatchAppliesOnce) {
   auto again = Deliver({{b[0]}});
   EXPECT_EQ(Outcomes(again), (V{v1::REJECTED}));
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 2);
+  ExpectAppliedInOrder();
+}
+
+TEST_F(ConsumerTest, AFailedHeldEventIsListedAndReleasedOverGrpc) {
+  tdb_.Exec(
+      "ALTER TABLE charges ADD CONSTRAINT sane CHECK (amount_cents < 500)");
+  auto chain = OrderChain(1);
+  EXPECT_EQ(Outcomes(Deliver({{chain[1]}, {chain[0]}})),
+            (V{v1::HELD, v1::APPLIED}));
+  auto stub = v1::BillingQuery::NewStub(channel_);
+  v1::ListHeldEventsRequest list;
+  list.set_failed_only(true);
+  v1::ListHeldEventsResponse held;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->ListHeldEvents(&ctx, list, &held).ok());
+  }
+  ASSERT_EQ(held.events_size(), 1);
+  EXPECT_EQ(held.events(0).event_id(), chain[1].event_id());
+  EXPECT_EQ(held.events(0).attempts(), 1);
+  EXPECT_EQ(held.events(0).cursor(), 1);
+  EXPECT_NE(held.events(0).last_error().find("23514"), std::string::npos)
+      << held.events(0).last_error();
+  EXPECT_TRUE(held.events(0).has_failed_at());
+
+  v1::HeldEventActionRequest req;
+  req.set_event_id(chain[1].event_id());
+  v1::HeldEventActionResponse resp;
+  {
+    grpc::ClientContext ctx;  // no reason: refused, nothing changes
+    grpc::Status s = stub->ReleaseHeldEvent(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("reason"), std::string::npos);
+  }
+  tdb_.Exec("ALTER TABLE charges DROP CONSTRAINT sane");
+  req.set_reason("constraint dropped");
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = stub->ReleaseHeldEvent(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_TRUE(resp.applied());
+  EXPECT_EQ(resp.cursor(), 2);
+  {
+    grpc::ClientContext ctx;  // gone now
+    grpc::Status s = stub->SkipHeldEvent(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 1);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM held_actions WHERE reason = "
+                        "'constraint dropped' AND outcome LIKE 'cursor 1 -> 2%'"),
+            1);
   ExpectAppliedInOrder();
 }
 

@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
                             "outbox-consumer-query", session);
   outbox::inbox::InboxGauges gauges(&query_db, &metrics);
   outbox::consumer::BillingQueryImpl query(&query_db, &metrics, handler->name(),
-                                           &check);
+                                           &check, &engine);
   return outbox::ServeUntilSignal(
       {.name = "outbox-consumer",
        .listen = absl::GetFlag(FLAGS_listen),

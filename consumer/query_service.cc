@@ -8,8 +8,13 @@ namespace outbox::consumer {
 
 BillingQueryImpl::BillingQueryImpl(Database* db, Metrics* metrics,
                                    std::string handler,
-                                   const CallerCheck* check)
-    : db_(db), metrics_(metrics), handler_(std::move(handler)), check_(check) {}
+                                   const CallerCheck* check,
+                                   inbox::Engine* engine)
+    : db_(db),
+      metrics_(metrics),
+      handler_(std::move(handler)),
+      check_(check),
+      engine_(engine) {}
 
 grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext* ctx,
                                             const v1::GetOrderViewRequest* req,
@@ -118,10 +123,13 @@ grpc::Status BillingQueryImpl::ListHeldEvents(
     for (const auto& row : tx.exec_params(
              "SELECT h.event_id::text, h.aggregate_id, h.seq, h.prev_seq, "
              "coalesce(c.last_seq, 0), "
-             "(extract(epoch FROM h.received_at) * 1000000)::bigint "
-             "FROM held_events h LEFT JOIN aggregate_cursors c USING "
-             "(aggregate_id) ORDER BY h.received_at LIMIT $1",
-             limit)) {
+             "(extract(epoch FROM h.received_at) * 1000000)::bigint, "
+             "h.attempts, coalesce(h.last_error, ''), "
+             "coalesce((extract(epoch FROM h.failed_at) * 1000000)::bigint, "
+             "0) FROM held_events h LEFT JOIN aggregate_cursors c USING "
+             "(aggregate_id) WHERE h.attempts > 0 OR NOT $2 "
+             "ORDER BY h.received_at LIMIT $1",
+             limit, req->failed_only())) {
       v1::HeldEvent* h = resp->add_events();
       h->set_event_id(row[0].as<std::string>());
       h->set_aggregate_id(row[1].as<std::string>());
@@ -130,10 +138,62 @@ grpc::Status BillingQueryImpl::ListHeldEvents(
       h->set_cursor(row[4].as<int64_t>());
       ToTimestamp(absl::FromUnixMicros(row[5].as<int64_t>()),
                   h->mutable_received_at());
+      h->set_attempts(row[6].as<int>());
+      h->set_last_error(row[7].as<std::string>());
+      if (const int64_t at = row[8].as<int64_t>(); at != 0) {
+        ToTimestamp(absl::FromUnixMicros(at), h->mutable_failed_at());
+      }
     }
     return absl::OkStatus();
   });
   return ToGrpcStatus(s);
+}
+
+grpc::Status BillingQueryImpl::ReleaseHeldEvent(
+    grpc::ServerContext* ctx, const v1::HeldEventActionRequest* req,
+    v1::HeldEventActionResponse* resp) {
+  return Act(ctx, "BillingQuery.ReleaseHeldEvent", false, req, resp);
+}
+
+grpc::Status BillingQueryImpl::SkipHeldEvent(
+    grpc::ServerContext* ctx, const v1::HeldEventActionRequest* req,
+    v1::HeldEventActionResponse* resp) {
+  return Act(ctx, "BillingQuery.SkipHeldEvent", true, req, resp);
+}
+
+grpc::Status BillingQueryImpl::Act(grpc::ServerContext* ctx,
+                                   const char* method, bool skip,
+                                   const v1::HeldEventActionRequest* req,
+                                   v1::HeldEventActionResponse* resp) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kAdmin, method); !a.ok()) {
+    return a;
+  }
+  if (engine_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "this server does not apply events");
+  }
+  if (!IsUuid(req->event_id())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "event_id: must be a UUID");
+  }
+  if (req->reason().empty() || req->reason().size() > 2000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "reason: must be 1-2000 bytes (why; it is recorded "
+                        "with your identity)");
+  }
+  const std::string who = CallerName(check_, *ctx);
+  auto done = skip ? engine_->SkipHeld(req->event_id(), who, req->reason())
+                   : engine_->ReleaseHeld(req->event_id(), who, req->reason());
+  if (!done.ok()) return ToGrpcStatus(done.status());
+  resp->set_event_id(done->event_id);
+  resp->set_aggregate_id(done->aggregate_id);
+  resp->set_seq(done->seq);
+  resp->set_cursor(done->cursor);
+  resp->set_applied(done->applied);
+  resp->set_drained(done->drained);
+  resp->set_held_left(done->held_left);
+  resp->set_last_error(done->last_error);
+  return grpc::Status::OK;
 }
 
 }  // namespace outbox::consumer

@@ -1,10 +1,14 @@
 #pragma once
 // What a consumer's database holds now, as gauges: held events and the age
-// of the oldest, and the aggregates it tracks. Read every `interval` on a
+// of the oldest, those whose effect failed as they drained, the oldest gap
+// (by its aggregate and the position missing), and the aggregates it
+// tracks. Read every `interval` on a
 // thread of its own with cheap queries (an index's minimum, the statistics'
 // live row count), never on a scrape.
 
 #include <atomic>
+#include <mutex>
+#include <string>
 
 #include "absl/time/time.h"
 #include "common/db.h"
@@ -25,7 +29,14 @@ class InboxGauges {
   bool Refresh();
 
   Database* const db_;
-  std::atomic<double> held_{0}, oldest_held_seconds_{0}, aggregates_{0};
+  std::atomic<double> held_{0}, oldest_held_seconds_{0}, aggregates_{0},
+      held_failed_{0};
+  std::mutex gap_mu_;
+  // The oldest gap: an aggregate holding events while the one after its
+  // cursor has not arrived. Empty aggregate: none.
+  std::string gap_aggregate_;
+  int64_t gap_after_seq_ = 0;
+  double gap_seconds_ = 0;
   PeriodicTask task_;  // last: starts after the members it uses
 };
 

@@ -132,7 +132,7 @@ class SecurityTest : public ::testing::Test {
         orders_(&store_, &metrics_, &workers_, nullptr, &check_),
         applier_(&db_, &billing_, &metrics_),
         sink_(&applier_, &check_),
-        query_(&db_, &metrics_, "billing", &check_),
+        query_(&db_, &metrics_, "billing", &check_, &applier_),
         relay_(RelayOptionsForTest(), &metrics_),
         admin_(&db_, &relay_, &check_) {}
 
@@ -184,6 +184,20 @@ class SecurityTest : public ::testing::Test {
   std::unique_ptr<GrpcServer> server_;
 };
 
+// The calls that change what is delivered or applied behind the pipeline.
+constexpr const char* kAdminMethods[] = {
+    "/outbox.v1.RelayAdmin/Requeue", "/outbox.v1.RelayAdmin/Replay",
+    "/outbox.v1.RelayAdmin/ResolveDivergence",
+    "/outbox.v1.BillingQuery/ReleaseHeldEvent",
+    "/outbox.v1.BillingQuery/SkipHeldEvent"};
+
+bool IsAdminMethod(const std::string& method) {
+  for (const char* m : kAdminMethods) {
+    if (method == m) return true;
+  }
+  return false;
+}
+
 TEST_F(SecurityTest, EveryMethodRefusesAnIdentityThatIsNotAdmitted) {
   auto intruder = As("intruder");
   int methods = 0;
@@ -200,7 +214,7 @@ TEST_F(SecurityTest, EveryMethodRefusesAnIdentityThatIsNotAdmitted) {
           << method << ": " << s.error_message();
     }
   }
-  EXPECT_EQ(methods, 4 + 3 + 3 + 7);
+  EXPECT_EQ(methods, 4 + 3 + 5 + 7);
 }
 
 TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
@@ -208,6 +222,7 @@ TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
   // anything but PERMISSION_DENIED / UNAUTHENTICATED.
   auto reader = As("reader");
   for (const std::string& method : MethodsOf("outbox.v1.BillingQuery")) {
+    if (IsAdminMethod(method)) continue;
     grpc::Status s = CallAnything(reader.get(), method);
     EXPECT_NE(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << method;
     // UNAVAILABLE from the absent database, not from the handshake.
@@ -232,11 +247,10 @@ TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
               grpc::StatusCode::PERMISSION_DENIED)
         << method;
   }
-  // Requeue, Replay, ResolveDivergence change what is delivered: the
+  // Requeue, Replay, ResolveDivergence change what is delivered, and the
+  // actions on held events what is applied: the
   // reader may not, ops may (and an empty request is refused as such).
-  for (const char* method :
-       {"/outbox.v1.RelayAdmin/Requeue", "/outbox.v1.RelayAdmin/Replay",
-        "/outbox.v1.RelayAdmin/ResolveDivergence"}) {
+  for (const char* method : kAdminMethods) {
     EXPECT_EQ(CallAnything(reader.get(), method).error_code(),
               grpc::StatusCode::PERMISSION_DENIED)
         << method;
@@ -316,12 +330,11 @@ TEST_F(ServerTlsOnlySecurityTest, DeliveryAndAdminCallsNeedAnAuthenticatedClient
   for (const std::string& who : {std::string(), std::string("relay")}) {
     auto client = As(who);  // a certificate is not even asked for
     int refused = 0;
-    for (const char* service : {"outbox.v1.EventSink", "outbox.v1.RelayAdmin"}) {
+    for (const char* service : {"outbox.v1.EventSink", "outbox.v1.RelayAdmin",
+                                "outbox.v1.BillingQuery"}) {
       for (const std::string& method : MethodsOf(service)) {
         grpc::Status s = CallAnything(client.get(), method);
-        const bool admin = method == "/outbox.v1.RelayAdmin/Requeue" ||
-                           method == "/outbox.v1.RelayAdmin/Replay" ||
-                           method == "/outbox.v1.RelayAdmin/ResolveDivergence";
+        const bool admin = IsAdminMethod(method);
         if (std::string(service) == "outbox.v1.EventSink" || admin) {
           ++refused;
           EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
@@ -337,7 +350,7 @@ TEST_F(ServerTlsOnlySecurityTest, DeliveryAndAdminCallsNeedAnAuthenticatedClient
         }
       }
     }
-    EXPECT_EQ(refused, 3 + 3) << who;
+    EXPECT_EQ(refused, 3 + 3 + 2) << who;
   }
   // The order API is served.
   grpc::Status s =

@@ -119,7 +119,10 @@ ABSL_FLAG(std::string, event, "", "replay: one event, by its event_id.");
 ABSL_FLAG(bool, all, false,
           "diverged: resolved ones too; resolve: every open divergence.");
 ABSL_FLAG(std::string, reason, "",
-          "resolve: why the producer's history is adopted (recorded).");
+          "resolve: why the producer's history is adopted; held release, "
+          "held skip: why (recorded with your identity).");
+ABSL_FLAG(bool, failed, false,
+          "held: only events whose effect failed as they drained.");
 ABSL_FLAG(std::string, ca, "",
           "PEM CA bundle the servers' certificates must chain to: call every "
           "address with TLS.");
@@ -425,6 +428,75 @@ int Resolve() {
   return failed == 0 ? 0 : 1;
 }
 
+// outboxctl held [--failed] | held release|skip EVENT_ID --reason TEXT:
+// the consumer's held events, and an operator's actions on one whose
+// effect failed as it drained.
+int Held(const std::vector<char*>& args) {
+  auto stub = BillingQuery::NewStub(Channel(absl::GetFlag(FLAGS_consumer)));
+  const std::string action = args.size() > 2 ? args[2] : "";
+  if (action.empty() || action == "list") {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    outbox::v1::ListHeldEventsRequest req;
+    req.set_limit(absl::GetFlag(FLAGS_limit));
+    req.set_failed_only(absl::GetFlag(FLAGS_failed));
+    outbox::v1::ListHeldEventsResponse resp;
+    grpc::Status st = stub->ListHeldEvents(&ctx, req, &resp);
+    if (!st.ok()) return Fail("held", st);
+    for (const auto& h : resp.events()) {
+      const bool next = h.prev_seq() == h.cursor();
+      std::printf(
+          "%s  aggregate %s seq %lld prev_seq %lld (applied through %lld)  "
+          "%s\n",
+          h.event_id().c_str(), h.aggregate_id().c_str(),
+          static_cast<long long>(h.seq()), static_cast<long long>(h.prev_seq()),
+          static_cast<long long>(h.cursor()),
+          h.attempts() > 0
+              ? absl::StrCat("FAILED x", h.attempts(), ": ", h.last_error(),
+                             "; release or skip it")
+                    .c_str()
+          : next ? "next, drains with the next batch of its aggregate"
+                 : absl::StrCat("waits for the event after seq ", h.prev_seq(),
+                                " (missing)")
+                       .c_str());
+    }
+    std::printf("%d held event(s)%s\n", resp.events_size(),
+                absl::GetFlag(FLAGS_failed) ? " whose effect failed" : "");
+    return 0;
+  }
+  if ((action != "release" && action != "skip") || args.size() != 4 ||
+      absl::GetFlag(FLAGS_reason).empty()) {
+    std::fprintf(stderr,
+                 "usage: outboxctl held [--failed] | held release|skip "
+                 "EVENT_ID --reason TEXT\n");
+    return 2;
+  }
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::HeldEventActionRequest req;
+  req.set_event_id(args[3]);
+  req.set_reason(absl::GetFlag(FLAGS_reason));
+  outbox::v1::HeldEventActionResponse resp;
+  grpc::Status st = action == "release"
+                        ? stub->ReleaseHeldEvent(&ctx, req, &resp)
+                        : stub->SkipHeldEvent(&ctx, req, &resp);
+  if (!st.ok()) return Fail(absl::StrCat("held ", action), st);
+  if (action == "release" && !resp.applied()) {
+    std::printf("%s still held: %s\n", resp.event_id().c_str(),
+                resp.last_error().c_str());
+    return 1;
+  }
+  std::printf(
+      "%s %s: aggregate %s applied through seq %lld, %lld behind it "
+      "drained, %lld still held\n",
+      resp.event_id().c_str(),
+      action == "release" ? "applied" : "skipped (its effect never applied)",
+      resp.aggregate_id().c_str(), static_cast<long long>(resp.cursor()),
+      static_cast<long long>(resp.drained()),
+      static_cast<long long>(resp.held_left()));
+  return 0;
+}
+
 // The load flags of `command` (load, demo), or nullopt after saying on
 // stderr which flag is wrong.
 std::optional<outbox::tools::LoadOptions> LoadFlags(const char* command) {
@@ -601,7 +673,8 @@ int main(int argc, char** argv) {
       "[--rate R], verify, demo --orders N,\n  reconcile [--window 1h] "
       "[--grace 5m] [--subscription S],\n  replay --event ID|--aggregate "
       "ID|--from_seq N [--to_seq M]|--since D [--until D],\n  diverged "
-      "[--all], resolve --aggregate ID|--all --reason TEXT";
+      "[--all], resolve --aggregate ID|--all --reason TEXT,\n  held "
+      "[--failed], held release|skip EVENT_ID --reason TEXT";
   // Asking for help is not a mistake: the usage and outboxctl's own flags,
   // exit 0 (abseil's --help exits 1).
   for (int i = 1; i < argc; ++i) {
@@ -638,12 +711,15 @@ int main(int argc, char** argv) {
   if (cmd == "replay") return ReplayCommand();
   if (cmd == "diverged") return Diverged();
   if (cmd == "resolve") return Resolve();
+  if (cmd == "held") return Held(args);
   std::fprintf(stderr,
                "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
                "requeue --aggregate ID | requeue --all-dead [--since D] "
                "[--error TEXT] | show EVENT_ID | load --orders N "
                "--concurrency C | verify | demo --orders N | reconcile | "
                "replay --event ID|--aggregate ID|--from_seq N|--since D | "
-               "diverged | resolve --aggregate ID|--all --reason TEXT\n");
+               "diverged | resolve --aggregate ID|--all --reason TEXT | "
+               "held [--failed] | held release|skip EVENT_ID --reason "
+               "TEXT\n");
   return 2;
 }
