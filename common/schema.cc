@@ -231,6 +231,29 @@ CREATE INDEX IF NOT EXISTS outbox_delivery_dead_idx
   ON outbox_delivery (subscription, dead_at) WHERE status = 'dead';
 )sql"},
       {3, "partition leases, diverged histories, database identity", kOutboxV3},
+      {4, "subscriptions paused, dropped, and who did it", R"sql(
+-- An operator's pause: the subscription's relays claim nothing until it
+-- is resumed (events keep being owed to it).
+ALTER TABLE subscriptions
+  ADD COLUMN IF NOT EXISTS paused_at timestamptz,
+  ADD COLUMN IF NOT EXISTS paused_by text,
+  ADD COLUMN IF NOT EXISTS paused_reason text;
+-- Who paused, resumed or dropped which subscription, and why; a relay
+-- refuses to make a dropped subscription again unless told to
+-- (--resubscribe, recorded here too).
+CREATE TABLE IF NOT EXISTS subscription_actions (
+  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  at           timestamptz NOT NULL DEFAULT now(),
+  subscription text NOT NULL,
+  action       text NOT NULL
+               CHECK (action IN ('pause', 'resume', 'drop', 'resubscribe')),
+  actor        text NOT NULL,
+  reason       text NOT NULL,
+  detail       text NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS subscription_actions_by_name
+  ON subscription_actions (subscription, id);
+)sql"},
   };
   return kMigrations;
 }

@@ -483,4 +483,123 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
   return grpc::Status::OK;
 }
 
+namespace {
+
+void ToProto(const SubscriptionInfo& s, v1::Subscription* p) {
+  p->set_name(s.name);
+  ToTimestamp(s.created_at, p->mutable_created_at());
+  p->set_start_seq(s.start_seq);
+  p->set_pending(s.pending);
+  p->set_dead_letters(s.dead_letters);
+  p->set_diverged(s.diverged);
+  p->set_oldest_pending_seconds(s.oldest_pending_seconds);
+  p->set_relays_alive(s.relays_alive);
+  p->set_lowest_undelivered_seq(s.lowest_seq);
+  p->set_lowest_undelivered_status(s.lowest_status);
+  p->set_paused(s.paused);
+  p->set_paused_by(s.paused_by);
+  p->set_paused_reason(s.paused_reason);
+  if (s.paused) ToTimestamp(s.paused_at, p->mutable_paused_at());
+  p->set_retention_pinned_seconds(s.retention_pinned_seconds);
+  p->set_pinned_by(s.pinned_by);
+  p->set_pins(s.PinDescription());
+}
+
+}  // namespace
+
+grpc::Status RelayAdminImpl::ListSubscriptions(
+    grpc::ServerContext* ctx, const v1::ListSubscriptionsRequest*,
+    v1::ListSubscriptionsResponse* resp) {
+  if (grpc::Status a =
+          Admit(check_, ctx, Access::kCall, "RelayAdmin.ListSubscriptions");
+      !a.ok()) {
+    return a;
+  }
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::read_transaction tx(c);
+    ApplyLimits(tx);
+    for (const SubscriptionInfo& info :
+         ReadSubscriptions(tx, relay_->retention(), true)) {
+      ToProto(info, resp->add_subscriptions());
+    }
+    return absl::OkStatus();
+  });
+  resp->set_retention(absl::FormatDuration(relay_->retention()));
+  return ToGrpcStatus(s);
+}
+
+grpc::Status RelayAdminImpl::PauseSubscription(
+    grpc::ServerContext* ctx, const v1::SubscriptionActionRequest* req,
+    v1::Subscription* resp) {
+  return Act(ctx, "RelayAdmin.PauseSubscription", SubscriptionAction::kPause,
+             req, resp, nullptr);
+}
+
+grpc::Status RelayAdminImpl::ResumeSubscription(
+    grpc::ServerContext* ctx, const v1::SubscriptionActionRequest* req,
+    v1::Subscription* resp) {
+  return Act(ctx, "RelayAdmin.ResumeSubscription", SubscriptionAction::kResume,
+             req, resp, nullptr);
+}
+
+grpc::Status RelayAdminImpl::DropSubscription(
+    grpc::ServerContext* ctx, const v1::SubscriptionActionRequest* req,
+    v1::DropSubscriptionResponse* resp) {
+  return Act(ctx, "RelayAdmin.DropSubscription", SubscriptionAction::kDrop,
+             req, nullptr, resp->mutable_detail());
+}
+
+grpc::Status RelayAdminImpl::Act(grpc::ServerContext* ctx, const char* method,
+                                 SubscriptionAction action,
+                                 const v1::SubscriptionActionRequest* req,
+                                 v1::Subscription* info, std::string* detail) {
+  if (grpc::Status a = Admit(check_, ctx, Access::kAdmin, method); !a.ok()) {
+    return a;
+  }
+  if (!IsSubscriptionName(req->subscription())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "subscription: required (no default for an action); "
+                        "a-z first, then a-z, 0-9, _ or -; at most 63");
+  }
+  if (req->reason().empty() || req->reason().size() > 2000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "reason: must be 1-2000 bytes (why; it is recorded "
+                        "with your identity)");
+  }
+  if (req->force() && action != SubscriptionAction::kDrop) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "force: only a drop can be forced");
+  }
+  const std::string who = CallerName(check_, *ctx);
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    pqxx::work tx(c);
+    ApplyLimits(tx);
+    if (absl::Status a = ActOnSubscription(tx, req->subscription(), action,
+                                           who, req->reason(), req->force());
+        !a.ok()) {
+      return a;
+    }
+    if (detail != nullptr) {
+      *detail = tx.exec_params1(
+                      "SELECT detail FROM subscription_actions WHERE "
+                      "subscription = $1 ORDER BY id DESC LIMIT 1",
+                      req->subscription())[0]
+                    .as<std::string>();
+    }
+    if (info != nullptr) {
+      for (const SubscriptionInfo& i :
+           ReadSubscriptions(tx, relay_->retention(), false)) {
+        if (i.name == req->subscription()) ToProto(i, info);
+      }
+    }
+    tx.commit();
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return ToGrpcStatus(s);
+  spdlog::warn("relay: {} by {}: subscription {} ({}){}", method, who,
+               req->subscription(), req->reason(),
+               detail != nullptr ? absl::StrCat("; ", *detail) : "");
+  return grpc::Status::OK;
+}
+
 }  // namespace outbox::relay

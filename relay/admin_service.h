@@ -1,7 +1,7 @@
 #pragma once
 // outbox.v1.RelayAdmin: the relay's state, dead letters, requeue, a decoded
 // look at any outbox row, replay, and the diverged aggregates an operator
-// resolves.
+// resolves; the subscriptions of the database, paused, resumed or dropped.
 
 #include "common/db.h"
 #include "common/identity.h"
@@ -37,8 +37,27 @@ class RelayAdminImpl final : public v1::RelayAdmin::Service {
   grpc::Status ResolveDivergence(grpc::ServerContext* ctx,
                                  const v1::ResolveDivergenceRequest* req,
                                  v1::Divergence* resp) override;
+  grpc::Status ListSubscriptions(grpc::ServerContext* ctx,
+                                 const v1::ListSubscriptionsRequest* req,
+                                 v1::ListSubscriptionsResponse* resp) override;
+  grpc::Status PauseSubscription(grpc::ServerContext* ctx,
+                                 const v1::SubscriptionActionRequest* req,
+                                 v1::Subscription* resp) override;
+  grpc::Status ResumeSubscription(grpc::ServerContext* ctx,
+                                  const v1::SubscriptionActionRequest* req,
+                                  v1::Subscription* resp) override;
+  grpc::Status DropSubscription(grpc::ServerContext* ctx,
+                                const v1::SubscriptionActionRequest* req,
+                                v1::DropSubscriptionResponse* resp) override;
 
  private:
+  // Pause, resume or drop, after the checks; `info` (pause, resume) gets
+  // the subscription afterwards, `detail` (drop) what was deleted.
+  grpc::Status Act(grpc::ServerContext* ctx, const char* method,
+                   SubscriptionAction action,
+                   const v1::SubscriptionActionRequest* req,
+                   v1::Subscription* info, std::string* detail);
+
   Database* const db_;
   const Relay* const relay_;
   const CallerCheck* const check_;

@@ -27,6 +27,11 @@ ABSL_FLAG(std::string, subscription, "billing",
           "progress, attempts, dead letters and partitions. Replicas of one "
           "subscription share its work; each subscription needs relays of "
           "its own.");
+ABSL_FLAG(bool, resubscribe, false,
+          "Make --subscription anew (per --start_from) even though an "
+          "operator dropped it; without it, a dropped subscription is "
+          "refused: the relay delivers nothing and reports NOT_SERVING, its "
+          "log saying who dropped it and why.");
 ABSL_FLAG(std::string, start_from, "oldest",
           "Where a subscription that does not exist yet starts: oldest (every "
           "retained event) or now (events written from its creation on).");
@@ -97,6 +102,7 @@ int main(int argc, char** argv) {
         options.subscription);
     return 2;
   }
+  options.resubscribe = absl::GetFlag(FLAGS_resubscribe);
   if (absl::GetFlag(FLAGS_start_from) == "oldest") {
     options.start_from = outbox::relay::StartFrom::kOldest;
   } else if (absl::GetFlag(FLAGS_start_from) == "now") {

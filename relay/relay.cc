@@ -254,6 +254,53 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                       return backlog_.Age(backlog_.oldest_dead_seconds,
                                           backlog_.dead_letters > 0);
                     });
+  // Every subscription of the database, as this replica last read them:
+  // one that no relay delivers any more, or that an operator paused, shows
+  // from any relay left, and so does what holds retention back.
+  auto each_subscription =
+      [this](double (*value)(const SubscriptionInfo&), bool with_kind) {
+        std::vector<std::pair<Labels, double>> out;
+        std::lock_guard<std::mutex> lock(backlog_mu_);
+        for (const SubscriptionInfo& s : backlog_.subscriptions) {
+          Labels l{{"of_subscription", s.name}};
+          if (with_kind) {
+            l["kind"] = s.pinned_by.empty() ? "none" : s.pinned_by;
+          }
+          out.push_back({std::move(l), value(s)});
+        }
+        return out;
+      };
+  metrics->AddGaugeFamily(
+      "outbox_subscription_relays_alive",
+      "Relays delivering each subscription of the database (their "
+      "membership not expired), as of the last refresh.",
+      [each_subscription] {
+        return each_subscription(
+            [](const SubscriptionInfo& s) {
+              return static_cast<double>(s.relays_alive);
+            },
+            false);
+      });
+  metrics->AddGaugeFamily(
+      "outbox_subscription_paused",
+      "1 while an operator has paused the subscription (outboxctl "
+      "subscriptions pause).",
+      [each_subscription] {
+        return each_subscription(
+            [](const SubscriptionInfo& s) { return s.paused ? 1.0 : 0.0; },
+            false);
+      });
+  metrics->AddGaugeFamily(
+      "outbox_retention_pinned_seconds",
+      "How long past --retention the subscription's oldest undelivered "
+      "event is: retention deletes nothing from there while it stays; kind "
+      "says why (dead_letter, diverged, paused, abandoned, pending; none "
+      "and 0 when it pins nothing).",
+      [each_subscription] {
+        return each_subscription(
+            [](const SubscriptionInfo& s) { return s.retention_pinned_seconds; },
+            true);
+      });
   metrics->AddGauge(
       "outbox_relay_backlog_figures_age_seconds",
       "Since this replica last read its backlog figures (pending events, "
@@ -476,6 +523,22 @@ bool Relay::EnsureSubscription(pqxx::connection& conn) {
       return SettleSubscription(conn, start);
     }
   }
+  // One an operator dropped is not made again behind their back.
+  {
+    auto tx = OpenUnit(conn);
+    std::optional<std::string> dropped = LastDrop(*tx, options_.subscription);
+    tx->commit();
+    if (dropped.has_value() && !options_.resubscribe) {
+      std::string why = absl::StrCat(
+          "subscription ", options_.subscription, " was dropped ", *dropped,
+          "; this relay does not make it again (start it with --resubscribe "
+          "to deliver it anew, per --start_from)");
+      if (why != subscription_refused_) spdlog::error("relay: {}", why);
+      subscription_refused_ = std::move(why);
+      return false;
+    }
+    subscription_refused_.clear();
+  }
   // A new subscription: created with the deliveries it is owed, in one
   // transaction, so that no replica ever sees it half made. From now: the
   // events after the newest, and chains start there. From the oldest:
@@ -491,6 +554,14 @@ bool Relay::EnsureSubscription(pqxx::connection& conn) {
         "END AS x) s "
         "ON CONFLICT DO NOTHING RETURNING id, start_seq, chain_from",
         options_.subscription, options_.start_from == StartFrom::kNow);
+    if (!r.empty() && options_.resubscribe) {
+      tx.exec_params(
+          "INSERT INTO subscription_actions (subscription, action, actor, "
+          "reason) SELECT $1, 'resubscribe', $2, 'outbox-relay "
+          "--resubscribe' WHERE EXISTS (SELECT 1 FROM subscription_actions "
+          "WHERE subscription = $1)",
+          options_.subscription, replica_id_);
+    }
     if (r.empty()) {
       // Another replica made it meanwhile; it is visible once that commits.
       tx.abort();
@@ -606,8 +677,11 @@ bool Relay::EnsureConnection() {
             "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
       }
       if (!EnsureSubscription(**conn)) {
-        last_db_error_ = absl::StrCat("subscription ", options_.subscription,
-                                      " is being created");
+        last_db_error_ = !subscription_refused_.empty()
+                             ? subscription_refused_
+                             : absl::StrCat("subscription ",
+                                            options_.subscription,
+                                            " is being created");
       } else {
         auto tx = OpenUnit(**conn);
         // The database's own record of its identity: a failover or restore
@@ -655,6 +729,35 @@ bool Relay::Rebalance() {
       // Behind a pooler a failover breaks no connection of ours: the
       // identity is read again each round.
       own_watch_->Observe(ReadIdentity(*tx));
+    }
+    {
+      const pqxx::result sub = tx->exec_params(
+          "SELECT paused_at IS NOT NULL, coalesce(paused_by, ''), "
+          "coalesce(paused_reason, '') FROM subscriptions WHERE name = $1",
+          options_.subscription);
+      if (sub.empty()) {
+        // Dropped: the next session finds out how (EnsureSubscription).
+        last_db_error_ = absl::StrCat("subscription ", options_.subscription,
+                                      " is gone from the database");
+        spdlog::error("relay: {}", last_db_error_);
+        return false;
+      }
+      std::string paused;
+      if (sub[0][0].as<bool>()) {
+        paused = absl::StrCat("subscription ", options_.subscription,
+                              " paused by ", sub[0][1].as<std::string>(), ": ",
+                              sub[0][2].as<std::string>());
+      }
+      if (paused != paused_) {
+        if (paused.empty()) {
+          spdlog::info("relay {}: subscription {} resumed: claiming again",
+                       replica_id_, options_.subscription);
+        } else {
+          spdlog::warn("relay {}: {}; it claims nothing until resumed",
+                       replica_id_, paused);
+        }
+        paused_ = paused;
+      }
     }
     if (unlinked_) {
       // Not a member while the consumer does not answer: the replicas that
@@ -1362,6 +1465,7 @@ void Relay::RefreshBacklog(pqxx::connection& conn,
   b.dead_letters = dead[0].as<int64_t>();
   b.oldest_dead_seconds = std::max(0.0, dead[1].as<double>());
   b.diverged = OpenDivergences(tx, options_.subscription);
+  b.subscriptions = ReadSubscriptions(tx, options_.retention, false);
   unit->commit();
   b.as_of = absl::Now();
   std::lock_guard<std::mutex> lock(backlog_mu_);
@@ -1635,7 +1739,9 @@ void Relay::Run() {
       if (!unlinked_) {
         for (Lane& lane : lanes_) EnsureStream(lane);
       }
-      const std::vector<Lane*> serving = ServingLanes();
+      // Paused: what is in flight is answered, nothing more is claimed.
+      const std::vector<Lane*> serving =
+          paused_.empty() ? ServingLanes() : std::vector<Lane*>{};
       ClaimRound round;
       notified_ = false;  // the claims below see every row notified so far
       for (size_t i = 0; db_ok && i < serving.size(); ++i) {
@@ -1703,7 +1809,7 @@ void Relay::Run() {
     state_.partitions_owned.assign(owned_.begin(), owned_.end());
     state_.in_flight = InFlightEvents();
     state_.stream_connected = all_connected;
-    state_.paused_reason = fence_waiting_;
+    state_.paused_reason = paused_.empty() ? fence_waiting_ : paused_;
     state_.consumer_unreachable.clear();
     if (unlinked_) {
       std::lock_guard<std::mutex> probe_lock(probe_mu_);

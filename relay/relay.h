@@ -66,6 +66,7 @@
 #include "relay/leases.h"
 #include "relay/outbox_row.h"
 #include "relay/policy.h"
+#include "relay/subscriptions.h"
 
 namespace outbox::relay {
 
@@ -145,6 +146,9 @@ struct RelayOptions {
   // StartFrom); replicas of one subscription share its partitions.
   std::string subscription = "billing";
   StartFrom start_from = StartFrom::kOldest;
+  // Make the subscription anew (per start_from) even if an operator dropped
+  // it; otherwise a dropped subscription is refused, loudly.
+  bool resubscribe = false;
   DbSession session;            // limits of every database session
   std::string consumer;         // host:port of EventSink
   ClientTlsFiles consumer_tls;  // none: plaintext
@@ -237,6 +241,7 @@ class Relay {
   std::optional<std::string> Unready() const;
 
   const std::string& subscription() const { return options_.subscription; }
+  absl::Duration retention() const { return options_.retention; }
 
   // application_name of the relay's database session, unique to it.
   const std::string& session_name() const { return session_name_; }
@@ -407,6 +412,9 @@ class Relay {
     int64_t dead_letters = 0;
     double oldest_dead_seconds = 0;
     int64_t diverged = 0;            // open divergences of the subscription
+    // Every subscription of the database, without counts (for the gauges
+    // of retention and of abandoned or paused subscriptions).
+    std::vector<SubscriptionInfo> subscriptions;
     absl::Time as_of = absl::Now();  // when they were read (or none yet)
     // A refresh was due and failed: the ages are reported as grown since
     // as_of (their events assumed still there), so that an alert on them
@@ -446,6 +454,11 @@ class Relay {
   int64_t chain_from_ = 0;
 
   std::string last_db_error_;  // of the last failed step, for the watchdog
+  // Why the subscription is not delivered: an operator paused it ("" when
+  // not), read every rebalance round.
+  std::string paused_;
+  // Why EnsureSubscription refused: the subscription was dropped.
+  std::string subscription_refused_;
   std::set<int> owned_;
   std::vector<Lane> lanes_;
   absl::Time next_db_attempt_ = absl::InfinitePast();

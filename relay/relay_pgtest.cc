@@ -2152,5 +2152,140 @@ TEST_F(RelayTest, ADeadLetterListingIsBoundedBySizeAndPages) {
   EXPECT_TRUE(list.more());
 }
 
+// Subscriptions as an operator sees and moves them: the listing names what
+// pins retention; a pause stops claims until resumed; a drop is refused
+// while relays deliver it, and a dropped subscription is not made again
+// by a relay without --resubscribe.
+TEST_F(RelayTest, SubscriptionsAreListedPausedResumedAndDropped) {
+  Consumer consumer(billing_.url(), 0);
+  RelayOptions options = Options(consumer.port());
+  options.retention = absl::Hours(24);
+  options.backlog_refresh = absl::Milliseconds(100);
+  Relay relay(options, &metrics_);
+  relay.Start();
+  Database admin_db(orders_.url(), 2, "relay-test-admin");
+  RelayAdminImpl admin(&admin_db, &relay);
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&admin, v1::RelayAdmin::service_full_name()}});
+  ASSERT_TRUE(server.ok());
+  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  const auto act = [&](const char* what, const std::string& sub,
+                       const std::string& reason, bool force = false) {
+    grpc::ClientContext ctx;
+    v1::SubscriptionActionRequest req;
+    req.set_subscription(sub);
+    req.set_reason(reason);
+    req.set_force(force);
+    v1::Subscription info;
+    v1::DropSubscriptionResponse dropped;
+    const std::string w = what;
+    return w == "pause"    ? stub->PauseSubscription(&ctx, req, &info)
+           : w == "resume" ? stub->ResumeSubscription(&ctx, req, &info)
+                           : stub->DropSubscription(&ctx, req, &dropped);
+  };
+  const auto list = [&] {
+    grpc::ClientContext ctx;
+    v1::ListSubscriptionsResponse resp;
+    EXPECT_TRUE(stub->ListSubscriptions(&ctx, {}, &resp).ok());
+    std::map<std::string, v1::Subscription> out;
+    for (const auto& s : resp.subscriptions()) out[s.name()] = s;
+    return out;
+  };
+
+  // An abandoned subscription (no relay) with an old dead letter pins
+  // retention, and says so.
+  orders_.Exec("INSERT INTO subscriptions (name) VALUES ('audit')");
+  MakeOrders(4);
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  orders_.Exec(
+      "UPDATE outbox SET created_at = now() - interval '3 days'; "
+      "UPDATE outbox_delivery SET status = 'dead', dead_at = now() WHERE "
+      "subscription = 'audit' AND seq = (SELECT min(seq) FROM outbox)");
+  auto subs = list();
+  ASSERT_EQ(subs.size(), 2u);
+  EXPECT_EQ(subs["billing"].pending(), 0);
+  EXPECT_EQ(subs["billing"].relays_alive(), 1);
+  EXPECT_EQ(subs["billing"].retention_pinned_seconds(), 0);
+  EXPECT_EQ(subs["audit"].relays_alive(), 0);
+  EXPECT_EQ(subs["audit"].dead_letters(), 1);
+  EXPECT_EQ(subs["audit"].pinned_by(), "abandoned");
+  EXPECT_GT(subs["audit"].retention_pinned_seconds(), 47 * 3600.0);
+  EXPECT_NE(subs["audit"].pins().find("no relay delivers"), std::string::npos)
+      << subs["audit"].pins();
+  // ... and the gauges of every relay say it too.
+  EXPECT_TRUE(WaitFor([&] {
+    const std::string m = metrics_.Render();
+    return m.find("outbox_retention_pinned_seconds{kind=\"abandoned\","
+                  "of_subscription=\"audit\"} 1728") != std::string::npos &&
+           m.find("outbox_subscription_relays_alive{of_subscription="
+                  "\"audit\"} 0") != std::string::npos;
+  })) << metrics_.Render();
+
+  // Actions need a name and a reason, and name what they refuse.
+  EXPECT_EQ(act("pause", "", "x").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(act("pause", "billing", "").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(act("pause", "nope", "x").error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(act("resume", "billing", "x").error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  // Paused: nothing new is delivered; resumed: it all is.
+  ASSERT_TRUE(act("pause", "billing", "consumer migration").ok());
+  EXPECT_EQ(act("pause", "billing", "again").error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(WaitFor([&] {
+    return relay.State().paused_reason.find("consumer migration") !=
+           std::string::npos;
+  }));
+  const int64_t applied = Applied();
+  MakeOrders(3);
+  WaitForRelayPasses(relay, 5);
+  EXPECT_EQ(Applied(), applied);
+  EXPECT_GT(Pending(), 0);
+  EXPECT_TRUE(list()["billing"].paused());
+  ASSERT_TRUE(act("resume", "billing", "migration done").ok());
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  EXPECT_EQ(Applied(), Events());
+
+  // A drop while relays deliver it is refused unless forced.
+  const grpc::Status busy = act("drop", "billing", "gone");
+  EXPECT_EQ(busy.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(busy.error_message().find("1 relay(s)"), std::string::npos)
+      << busy.error_message();
+  // The abandoned one goes: its deliveries with it, so retention moves.
+  ASSERT_TRUE(act("drop", "audit", "audit service retired").ok());
+  EXPECT_EQ(Pending("audit"), 0);
+  EXPECT_EQ(list().count("audit"), 0u);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM subscription_actions WHERE "
+                           "subscription = 'audit' AND action = 'drop' AND "
+                           "reason = 'audit service retired'"),
+            1);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM subscription_actions"), 3);
+
+  // A relay of the dropped subscription does not make it again...
+  RelayOptions audit_options = options;
+  audit_options.subscription = "audit";
+  Metrics audit_metrics(Labels{{"subscription", "audit"}});
+  {
+    Relay audit_relay(audit_options, &audit_metrics);
+    audit_relay.Start();
+    WaitForRelayPasses(relay, 3);
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_EQ(list().count("audit"), 0u);
+    audit_relay.Stop(absl::ZeroDuration());
+  }
+  // ... unless told to, which is recorded.
+  audit_options.resubscribe = true;
+  Relay audit_relay(audit_options, &audit_metrics);
+  audit_relay.Start();
+  EXPECT_TRUE(WaitFor([&] { return list().count("audit") == 1; }));
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM subscription_actions WHERE "
+                           "subscription = 'audit' AND action = "
+                           "'resubscribe'"),
+            1);
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -188,6 +188,9 @@ class SecurityTest : public ::testing::Test {
 constexpr const char* kAdminMethods[] = {
     "/outbox.v1.RelayAdmin/Requeue", "/outbox.v1.RelayAdmin/Replay",
     "/outbox.v1.RelayAdmin/ResolveDivergence",
+    "/outbox.v1.RelayAdmin/PauseSubscription",
+    "/outbox.v1.RelayAdmin/ResumeSubscription",
+    "/outbox.v1.RelayAdmin/DropSubscription",
     "/outbox.v1.BillingQuery/ReleaseHeldEvent",
     "/outbox.v1.BillingQuery/SkipHeldEvent"};
 
@@ -214,7 +217,7 @@ TEST_F(SecurityTest, EveryMethodRefusesAnIdentityThatIsNotAdmitted) {
           << method << ": " << s.error_message();
     }
   }
-  EXPECT_EQ(methods, 4 + 3 + 5 + 7);
+  EXPECT_EQ(methods, 4 + 3 + 5 + 11);
 }
 
 TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
@@ -247,8 +250,9 @@ TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
               grpc::StatusCode::PERMISSION_DENIED)
         << method;
   }
-  // Requeue, Replay, ResolveDivergence change what is delivered, and the
-  // actions on held events what is applied: the
+  // Requeue, Replay, ResolveDivergence and the actions on subscriptions
+  // change what is delivered, and the actions on held events what is
+  // applied: the
   // reader may not, ops may (and an empty request is refused as such).
   for (const char* method : kAdminMethods) {
     EXPECT_EQ(CallAnything(reader.get(), method).error_code(),
@@ -350,7 +354,7 @@ TEST_F(ServerTlsOnlySecurityTest, DeliveryAndAdminCallsNeedAnAuthenticatedClient
         }
       }
     }
-    EXPECT_EQ(refused, 3 + 3 + 2) << who;
+    EXPECT_EQ(refused, 3 + 6 + 2) << who;
   }
   // The order API is served.
   grpc::Status s =

@@ -1,0 +1,188 @@
+#include "relay/subscriptions.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace outbox::relay {
+
+std::string SubscriptionInfo::PinDescription() const {
+  if (retention_pinned_seconds <= 0) return "";
+  const std::string what =
+      pinned_by == "dead_letter"  ? "a dead letter"
+      : pinned_by == "diverged"   ? "a diverged event"
+      : pinned_by == "paused"     ? "a paused subscription's event"
+      : pinned_by == "abandoned"  ? "an event no relay delivers"
+                                  : "a pending event";
+  return absl::StrCat(what, ", seq ", lowest_seq, ", for ",
+                      absl::FormatDuration(absl::Trunc(
+                          absl::Seconds(retention_pinned_seconds),
+                          absl::Seconds(1))),
+                      " past the retention");
+}
+
+std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
+                                                absl::Duration retention,
+                                                bool counts) {
+  std::vector<SubscriptionInfo> out;
+  // The counts read every delivery row of a subscription: an admin's
+  // question, bounded by the session's statement_timeout.
+  const std::string count_rows =
+      counts ? "CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE status = "
+               "'pending') AS pending, count(*) FILTER (WHERE status = "
+               "'dead') AS dead, count(*) FILTER (WHERE status = 'diverged') "
+               "AS diverged FROM outbox_delivery d WHERE d.subscription = "
+               "s.name) c "
+             : "CROSS JOIN (SELECT 0 AS pending, 0 AS dead, 0 AS diverged) c ";
+  for (const auto& row : tx.exec(
+           "SELECT s.name, extract(epoch FROM s.created_at)::float8, "
+           "s.start_seq, c.pending, c.dead, c.diverged, "
+           "(SELECT count(*) FROM outbox_relay_members m WHERE "
+           "m.subscription = s.name AND m.expires_at > now()), "
+           "coalesce(u.seq, 0), coalesce(u.status, ''), "
+           "coalesce(extract(epoch FROM o.created_at), 0)::float8, "
+           "coalesce(extract(epoch FROM now() - op.created_at), 0)::float8, "
+           "s.paused_at IS NOT NULL, coalesce(s.paused_by, ''), "
+           "coalesce(s.paused_reason, ''), "
+           "coalesce(extract(epoch FROM s.paused_at), 0)::float8, "
+           "coalesce(extract(epoch FROM now() - o.created_at), 0)::float8 "
+           "FROM subscriptions s " +
+           count_rows +
+           "LEFT JOIN LATERAL (SELECT d.seq, d.status FROM outbox_delivery d "
+           "WHERE d.subscription = s.name ORDER BY d.seq LIMIT 1) u ON true "
+           "LEFT JOIN outbox o ON o.seq = u.seq "
+           "LEFT JOIN LATERAL (SELECT d.seq FROM outbox_delivery d WHERE "
+           "d.subscription = s.name AND d.status = 'pending' ORDER BY d.seq "
+           "LIMIT 1) p ON true "
+           "LEFT JOIN outbox op ON op.seq = p.seq "
+           "ORDER BY s.name")) {
+    SubscriptionInfo s;
+    s.name = row[0].as<std::string>();
+    s.created_at = absl::FromUnixMicros(
+        static_cast<int64_t>(row[1].as<double>() * 1e6));
+    s.start_seq = row[2].as<int64_t>();
+    s.pending = row[3].as<int64_t>();
+    s.dead_letters = row[4].as<int64_t>();
+    s.diverged = row[5].as<int64_t>();
+    s.relays_alive = row[6].as<int64_t>();
+    s.lowest_seq = row[7].as<int64_t>();
+    s.lowest_status = row[8].as<std::string>();
+    if (s.lowest_seq > 0) {
+      s.lowest_created_at = absl::FromUnixMicros(
+          static_cast<int64_t>(row[9].as<double>() * 1e6));
+    }
+    s.oldest_pending_seconds = std::max(0.0, row[10].as<double>());
+    s.paused = row[11].as<bool>();
+    s.paused_by = row[12].as<std::string>();
+    s.paused_reason = row[13].as<std::string>();
+    if (s.paused) {
+      s.paused_at = absl::FromUnixMicros(
+          static_cast<int64_t>(row[14].as<double>() * 1e6));
+    }
+    const double lowest_age = row[15].as<double>();
+    if (retention > absl::ZeroDuration() && s.lowest_seq > 0 &&
+        lowest_age > absl::ToDoubleSeconds(retention)) {
+      s.retention_pinned_seconds =
+          lowest_age - absl::ToDoubleSeconds(retention);
+      s.pinned_by = s.paused                   ? "paused"
+                    : s.relays_alive == 0      ? "abandoned"
+                    : s.lowest_status == "dead" ? "dead_letter"
+                    : s.lowest_status == "diverged" ? "diverged"
+                                                    : "pending";
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::Status ActOnSubscription(pqxx::transaction_base& tx,
+                               const std::string& name,
+                               SubscriptionAction action,
+                               const std::string& actor,
+                               const std::string& reason, bool force) {
+  const pqxx::result cur = tx.exec_params(
+      "SELECT paused_at IS NOT NULL, coalesce(paused_by, ''), "
+      "(SELECT count(*) FROM outbox_relay_members m WHERE m.subscription = "
+      "s.name AND m.expires_at > now()) FROM subscriptions s WHERE name = $1 "
+      "FOR UPDATE",
+      name);
+  if (cur.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("subscription: no subscription \"", name, "\""));
+  }
+  const bool paused = cur[0][0].as<bool>();
+  const int64_t relays = cur[0][2].as<int64_t>();
+  const char* verb = "pause";
+  std::string detail;
+  switch (action) {
+    case SubscriptionAction::kPause:
+      if (paused) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("subscription ", name, " is paused already (by ",
+                         cur[0][1].as<std::string>(), ")"));
+      }
+      tx.exec_params(
+          "UPDATE subscriptions SET paused_at = now(), paused_by = $2, "
+          "paused_reason = $3 WHERE name = $1",
+          name, actor, reason);
+      break;
+    case SubscriptionAction::kResume:
+      verb = "resume";
+      if (!paused) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("subscription ", name, " is not paused"));
+      }
+      tx.exec_params(
+          "UPDATE subscriptions SET paused_at = NULL, paused_by = NULL, "
+          "paused_reason = NULL WHERE name = $1",
+          name);
+      break;
+    case SubscriptionAction::kDrop: {
+      verb = "drop";
+      if (relays > 0 && !force) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            relays, " relay(s) deliver subscription ", name,
+            " now: stop them first (a relay of a dropped subscription "
+            "refuses to make it again without --resubscribe), or force"));
+      }
+      const pqxx::row gone = tx.exec_params1(
+          "WITH d AS (DELETE FROM outbox_delivery WHERE subscription = $1 "
+          "RETURNING status) SELECT count(*) FILTER (WHERE status = "
+          "'pending'), count(*) FILTER (WHERE status = 'dead'), count(*) "
+          "FILTER (WHERE status = 'diverged') FROM d",
+          name);
+      tx.exec_params(
+          "DELETE FROM outbox_partition_leases WHERE subscription = $1", name);
+      tx.exec_params("DELETE FROM outbox_relay_members WHERE subscription = $1",
+                     name);
+      tx.exec_params(
+          "DELETE FROM outbox_divergences WHERE subscription = $1 AND "
+          "resolved_at IS NULL",
+          name);
+      tx.exec_params("DELETE FROM subscriptions WHERE name = $1", name);
+      detail = absl::StrCat("owed then: ", gone[0].as<int64_t>(), " pending, ",
+                            gone[1].as<int64_t>(), " dead, ",
+                            gone[2].as<int64_t>(), " diverged; ", relays,
+                            " relay(s) alive");
+      break;
+    }
+  }
+  tx.exec_params(
+      "INSERT INTO subscription_actions (subscription, action, actor, reason, "
+      "detail) VALUES ($1, $2, $3, $4, $5)",
+      name, verb, actor, reason, detail);
+  return absl::OkStatus();
+}
+
+std::optional<std::string> LastDrop(pqxx::transaction_base& tx,
+                                    const std::string& name) {
+  const pqxx::result r = tx.exec_params(
+      "SELECT action, actor, to_char(at, 'YYYY-MM-DD HH24:MI:SS TZ'), reason "
+      "FROM subscription_actions WHERE subscription = $1 AND action IN "
+      "('drop', 'resubscribe') ORDER BY id DESC LIMIT 1",
+      name);
+  if (r.empty() || r[0][0].as<std::string>() != "drop") return std::nullopt;
+  return absl::StrCat("by ", r[0][1].as<std::string>(), " at ",
+                      r[0][2].as<std::string>(), ": ",
+                      r[0][3].as<std::string>());
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,80 @@
+#pragma once
+// Subscriptions as an operator sees them: for each, what it still owes
+// (pending, dead, diverged), its oldest undelivered event, its live relays,
+// whether an operator paused it, and whether it holds retention back; and
+// the operator's actions on one (pause, resume, drop), each recorded in
+// subscription_actions with who and why.
+//
+// Retention deletes only events every subscription has passed, so the
+// subscription whose lowest undelivered event is the oldest pins it: by a
+// dead letter, a diverged event, a pending one (a slow or paused
+// subscription), or a subscription nobody delivers any more.
+//
+// Example:
+//   auto unit = OpenUnit(conn);
+//   for (const SubscriptionInfo& s : ReadSubscriptions(*unit, retention))
+//     if (s.retention_pinned_seconds > 0) ...;
+
+#include <pqxx/pqxx>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace outbox::relay {
+
+struct SubscriptionInfo {
+  std::string name;
+  absl::Time created_at;
+  int64_t start_seq = 0;
+  int64_t pending = 0, dead_letters = 0, diverged = 0;  // delivery rows
+  int64_t relays_alive = 0;  // relays whose membership has not expired
+  // Its lowest undelivered event (0: none) and that row's status.
+  int64_t lowest_seq = 0;
+  std::string lowest_status;
+  absl::Time lowest_created_at = absl::InfinitePast();
+  double oldest_pending_seconds = 0;
+  bool paused = false;
+  std::string paused_by, paused_reason;
+  absl::Time paused_at = absl::InfinitePast();
+  // It holds retention back: its lowest undelivered event is the oldest of
+  // all subscriptions' and older than `retention`, for this long.
+  double retention_pinned_seconds = 0;
+  // Why (with retention_pinned_seconds > 0): "dead_letter", "diverged",
+  // "paused", "abandoned" (no relay alive) or "pending".
+  std::string pinned_by;
+
+  // "dead letter seq 42 (...)": what holds it back, for people.
+  std::string PinDescription() const;
+};
+
+// Every subscription, by name. `retention` 0: nothing is pinned. Without
+// `counts` the pending, dead and diverged figures stay 0 and it costs a few
+// index probes per subscription; with them it reads every delivery row.
+// Throws as libpqxx does.
+std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
+                                                absl::Duration retention,
+                                                bool counts);
+
+enum class SubscriptionAction { kPause, kResume, kDrop };
+
+// Pauses (its relays stop claiming; what is in flight is answered), resumes
+// or drops (its deliveries, leases and membership deleted; its relays then
+// refuse to create it again without --resubscribe) `name`, recording `actor`
+// and `reason`. NotFound for an unknown subscription; FailedPrecondition
+// for dropping one with live relays unless `force`, and for pausing a
+// paused or resuming a running one. The caller commits.
+absl::Status ActOnSubscription(pqxx::transaction_base& tx,
+                               const std::string& name,
+                               SubscriptionAction action,
+                               const std::string& actor,
+                               const std::string& reason, bool force);
+
+// The last drop of `name` recorded ("by WHO at WHEN: REASON"), if the
+// subscription was dropped and not made again since.
+std::optional<std::string> LastDrop(pqxx::transaction_base& tx,
+                                    const std::string& name);
+
+}  // namespace outbox::relay
