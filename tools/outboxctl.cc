@@ -120,7 +120,10 @@ ABSL_FLAG(bool, all, false,
           "diverged: resolved ones too; resolve: every open divergence.");
 ABSL_FLAG(std::string, reason, "",
           "resolve: why the producer's history is adopted; held release, "
-          "held skip: why (recorded with your identity).");
+          "held skip, subscriptions pause|resume|drop: why (recorded with "
+          "your identity).");
+ABSL_FLAG(bool, force, false,
+          "subscriptions drop: even while relays deliver it.");
 ABSL_FLAG(bool, failed, false,
           "held: only events whose effect failed as they drained.");
 ABSL_FLAG(std::string, ca, "",
@@ -497,6 +500,74 @@ int Held(const std::vector<char*>& args) {
   return 0;
 }
 
+// outboxctl subscriptions | subscriptions pause|resume|drop NAME --reason
+// TEXT [--force]: every subscription of the orders database, what it
+// owes and what pins retention; an operator's actions on one.
+int Subscriptions(const std::vector<char*>& args) {
+  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+  const std::string action = args.size() > 2 ? args[2] : "";
+  if (action.empty() || action == "list") {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    outbox::v1::ListSubscriptionsResponse resp;
+    grpc::Status st = stub->ListSubscriptions(&ctx, {}, &resp);
+    if (!st.ok()) return Fail("subscriptions", st);
+    int pinning = 0;
+    for (const auto& s : resp.subscriptions()) {
+      std::printf(
+          "%s%s: %lld pending (oldest %.0f s), %lld dead, %lld diverged; %lld "
+          "relay(s) alive\n",
+          s.name().c_str(),
+          s.paused() ? absl::StrCat(" [PAUSED by ", s.paused_by(), ": ",
+                                    s.paused_reason(), "]")
+                           .c_str()
+                     : "",
+          static_cast<long long>(s.pending()), s.oldest_pending_seconds(),
+          static_cast<long long>(s.dead_letters()),
+          static_cast<long long>(s.diverged()),
+          static_cast<long long>(s.relays_alive()));
+      if (!s.pins().empty()) {
+        ++pinning;
+        std::printf("  pins retention: %s\n", s.pins().c_str());
+      }
+    }
+    std::printf("%d subscription(s); retention %s%s\n",
+                resp.subscriptions_size(), resp.retention().c_str(),
+                pinning > 0 ? absl::StrCat(", pinned by ", pinning).c_str()
+                            : "");
+    return pinning > 0 ? 1 : 0;
+  }
+  if ((action != "pause" && action != "resume" && action != "drop") ||
+      args.size() != 4 || absl::GetFlag(FLAGS_reason).empty()) {
+    std::fprintf(stderr,
+                 "usage: outboxctl subscriptions | subscriptions "
+                 "pause|resume|drop NAME --reason TEXT [--force]\n");
+    return 2;
+  }
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  outbox::v1::SubscriptionActionRequest req;
+  req.set_subscription(args[3]);
+  req.set_reason(absl::GetFlag(FLAGS_reason));
+  req.set_force(absl::GetFlag(FLAGS_force));
+  outbox::v1::Subscription info;
+  outbox::v1::DropSubscriptionResponse dropped;
+  grpc::Status st = action == "pause"
+                        ? stub->PauseSubscription(&ctx, req, &info)
+                    : action == "resume"
+                        ? stub->ResumeSubscription(&ctx, req, &info)
+                        : stub->DropSubscription(&ctx, req, &dropped);
+  if (!st.ok()) return Fail(absl::StrCat("subscriptions ", action), st);
+  if (action == "drop") {
+    std::printf("dropped %s (%s)\n", args[3], dropped.detail().c_str());
+  } else {
+    std::printf("%s %s\n", info.name().c_str(),
+                info.paused() ? "paused: its relays claim nothing until resumed"
+                              : "resumed");
+  }
+  return 0;
+}
+
 // The load flags of `command` (load, demo), or nullopt after saying on
 // stderr which flag is wrong.
 std::optional<outbox::tools::LoadOptions> LoadFlags(const char* command) {
@@ -674,7 +745,9 @@ int main(int argc, char** argv) {
       "[--grace 5m] [--subscription S],\n  replay --event ID|--aggregate "
       "ID|--from_seq N [--to_seq M]|--since D [--until D],\n  diverged "
       "[--all], resolve --aggregate ID|--all --reason TEXT,\n  held "
-      "[--failed], held release|skip EVENT_ID --reason TEXT";
+      "[--failed], held release|skip EVENT_ID --reason TEXT,\n  "
+      "subscriptions, subscriptions pause|resume|drop NAME --reason TEXT "
+      "[--force]";
   // Asking for help is not a mistake: the usage and outboxctl's own flags,
   // exit 0 (abseil's --help exits 1).
   for (int i = 1; i < argc; ++i) {
@@ -712,6 +785,7 @@ int main(int argc, char** argv) {
   if (cmd == "diverged") return Diverged();
   if (cmd == "resolve") return Resolve();
   if (cmd == "held") return Held(args);
+  if (cmd == "subscriptions") return Subscriptions(args);
   std::fprintf(stderr,
                "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
                "requeue --aggregate ID | requeue --all-dead [--since D] "
@@ -720,6 +794,7 @@ int main(int argc, char** argv) {
                "replay --event ID|--aggregate ID|--from_seq N|--since D | "
                "diverged | resolve --aggregate ID|--all --reason TEXT | "
                "held [--failed] | held release|skip EVENT_ID --reason "
-               "TEXT\n");
+               "TEXT | subscriptions | subscriptions pause|resume|drop NAME "
+               "--reason TEXT [--force]\n");
   return 2;
 }

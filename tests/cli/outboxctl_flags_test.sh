@@ -24,7 +24,7 @@ for ask in --help -h help; do
   rc=0
   out=$("$BIN/outboxctl" $ask 2>&1) || rc=$?
   [ "$rc" = 0 ] || fail "outboxctl $ask: exit $rc, not 0: $out"
-  for want in reconcile replay diverged resolve held --orders_db --subscription; do
+  for want in reconcile replay diverged resolve held subscriptions --orders_db --subscription; do
     grep -q -- "$want" <<<"$out" || fail "outboxctl $ask does not mention $want: $out"
   done
   pass "outboxctl $ask: exit 0, every command and the flags"
@@ -34,7 +34,7 @@ for cmd in "" frobnicate; do
   rc=0
   out=$("$BIN/outboxctl" $cmd 2>&1) || rc=$?
   [ "$rc" = 2 ] || fail "outboxctl $cmd: exit $rc, not 2: $out"
-  for want in stats reconcile replay diverged resolve held; do
+  for want in stats reconcile replay diverged resolve held subscriptions; do
     grep -q -- "$want" <<<"$out" || fail "outboxctl $cmd: the usage omits $want: $out"
   done
   pass "outboxctl ${cmd:-(no command)}: exit 2 and the usage"
@@ -44,6 +44,8 @@ done
 refused --reason held release 0b4e6a5c-2f1d-4c6e-9a1b-3c5d7e9f1a2b
 refused --reason held skip
 refused "held release|skip" held frobnicate x --reason=y
+refused --reason subscriptions pause billing
+refused "pause|resume|drop" subscriptions rename billing --reason=y
 refused --timeout stats --timeout=0s
 refused --timeout show 00000000-0000-0000-0000-000000000000 --timeout=-1s
 refused --wait verify --wait=-1s

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Subscriptions through outboxctl and the real binaries: an abandoned
+# subscription (no relay) with old events pins retention, and both
+# `outboxctl subscriptions` (exit 1) and the relay's metrics say by what;
+# a pause stops delivery until resumed; a drop is refused while a relay
+# delivers the subscription, and dropping the abandoned one frees
+# retention (exit 0); the checker then finds every invariant intact.
+set -euo pipefail
+source "$(dirname "$0")/../lib.sh"
+use_workdir subscriptions
+
+orders_db=$(new_db subs_orders)
+billing_db=$(new_db subs_billing)
+P=$(free_port) R=$(free_port) RM=$(free_port) C=$(free_port)
+start consumer outbox-consumer --listen="127.0.0.1:$C" --db="$billing_db"
+start producer outbox-producer --listen="127.0.0.1:$P" --db="$orders_db"
+start relay outbox-relay --listen="127.0.0.1:$R" --db="$orders_db" \
+  --consumer="127.0.0.1:$C" --retention=1h --metrics_listen="127.0.0.1:$RM"
+for port in "$P" "$R" "$C"; do wait_serving "$port"; done
+ctl() { "$BIN/outboxctl" --relay="127.0.0.1:$R" --producer="127.0.0.1:$P" "$@"; }
+pending() { psql "$orders_db" -XAtc "SELECT count(*) FROM outbox_delivery WHERE subscription = '$1'"; }
+wait_pending() {  # wait_pending SUB N: until SUB owes exactly N, 60 s at most
+  local deadline=$((SECONDS + 60))
+  until [ "$(pending "$1")" = "$2" ]; do
+    [ $SECONDS -lt $deadline ] || fail "$1 still owes $(pending "$1"), not $2"
+    sleep 0.2
+  done
+}
+
+# audit exists from the start, yet no relay ever delivers it.
+psql "$orders_db" -Xqc "INSERT INTO subscriptions (name) VALUES ('audit')"
+ctl load --orders=40 --concurrency=4 >"$WORK/load1.out"
+wait_pending billing 0
+psql "$orders_db" -Xqc "UPDATE outbox SET created_at = now() - interval '3 hours'"
+rc=0
+ctl subscriptions >"$WORK/list1.out" || rc=$?
+cat "$WORK/list1.out"
+[ "$rc" = 1 ] || fail "subscriptions exits $rc while retention is pinned, not 1"
+grep -q '^audit: [1-9][0-9]* pending .* 0 relay(s) alive' "$WORK/list1.out" ||
+  fail "audit's line: $(cat "$WORK/list1.out")"
+grep -q 'pins retention: an event no relay delivers, seq' "$WORK/list1.out" ||
+  fail "nothing says what pins retention: $(cat "$WORK/list1.out")"
+deadline=$((SECONDS + 30))
+until curl -sf "http://127.0.0.1:$RM/metrics" >"$WORK/metrics" &&
+  grep -Eq '^outbox_retention_pinned_seconds\{kind="abandoned",of_subscription="audit",subscription="billing"\} [0-9.e+]+$' "$WORK/metrics" &&
+  grep -q '^outbox_subscription_relays_alive{of_subscription="audit",subscription="billing"} 0$' "$WORK/metrics"; do
+  [ $SECONDS -lt $deadline ] || fail "the relay's metrics do not say audit pins retention: $(grep -E 'pinned|relays_alive' "$WORK/metrics")"
+  sleep 1
+done
+pass "an abandoned subscription pins retention: outboxctl exits 1 and names it; the relay's metrics too"
+
+ctl subscriptions pause billing --reason="consumer maintenance" | tee "$WORK/pause.out"
+grep -q "billing paused" "$WORK/pause.out" || fail "pause: $(cat "$WORK/pause.out")"
+sleep 2  # a rebalance round (every second) reads the pause
+ctl load --orders=10 --concurrency=2 >"$WORK/load2.out"
+sleep 2
+n=$(pending billing)
+[ "$n" -ge 10 ] || fail "billing paused, yet only $n of 10+ events wait"
+ctl subscriptions >"$WORK/list-paused.out" || true  # exit 1: audit still pins
+grep -q '^billing \[PAUSED by .*: consumer maintenance\]' "$WORK/list-paused.out" ||
+  fail "the listing does not show the pause: $(cat "$WORK/list-paused.out")"
+ctl subscriptions resume billing --reason="maintenance done" >/dev/null
+wait_pending billing 0
+pass "a paused subscription waits ($n events) and drains once resumed"
+
+rc=0
+out=$(ctl subscriptions drop billing --reason=oops 2>&1) || rc=$?
+[ "$rc" = 1 ] && grep -q "relay(s) deliver subscription billing" <<<"$out" ||
+  fail "drop of a delivered subscription: exit $rc: $out"
+ctl subscriptions drop audit --reason="audit retired" | tee "$WORK/drop.out"
+grep -q "dropped audit (owed then: [1-9][0-9]* pending" "$WORK/drop.out" ||
+  fail "drop: $(cat "$WORK/drop.out")"
+ctl subscriptions >"$WORK/list2.out" || fail "still pinned after the drop: $(cat "$WORK/list2.out")"
+actions=$(psql "$orders_db" -XAtc "SELECT string_agg(action || ':' || reason, ',' ORDER BY id) FROM subscription_actions")
+[ "$actions" = "pause:consumer maintenance,resume:maintenance done,drop:audit retired" ] ||
+  fail "recorded actions: $actions"
+pass "a drop is refused while a relay delivers; the abandoned one goes and retention is free; each action recorded"
+
+"$BIN/outboxctl" verify --orders_db="$orders_db" --billing_db="$billing_db" \
+  --wait=60s >"$WORK/verify.out" || fail "invariants: $(cat "$WORK/verify.out")"
+pass "every invariant holds"
