@@ -778,10 +778,7 @@ absl::StatusOr<HeldActionResult> Engine::ReleaseHeld(
     const std::string& reason) {
   auto r = NextHeld(event_id, "released");
   if (!r.ok()) return r.status();
-  AttemptOptions options;
-  options.release = {r->aggregate_id};
-  auto done = ApplyValidated({}, {}, nullptr, options);
-  if (!done.ok()) return done.status();
+  if (absl::Status d = DrainAggregate(r->aggregate_id); !d.ok()) return d;
   if (absl::Status s = FinishAction(&*r, "release", actor, reason); !s.ok()) {
     return s;
   }
@@ -833,17 +830,21 @@ absl::StatusOr<HeldActionResult> Engine::SkipHeld(const std::string& event_id,
         " left held_events or its place while this skip ran; list again"));
   }
   // The events held behind it drain now.
-  AttemptOptions options;
-  options.release = {r->aggregate_id};
-  auto done = ApplyValidated({}, {}, nullptr, options);
+  const absl::Status done = DrainAggregate(r->aggregate_id);
   if (absl::Status f = FinishAction(&*r, "skip", actor, reason); !f.ok()) {
     return f;
   }
   spdlog::warn("consumer: {} skipped held event {} (seq {} of aggregate {}; "
                "{}): its effect was never applied",
                actor, event_id, r->seq, r->aggregate_id, reason);
-  if (!done.ok()) return done.status();
+  if (!done.ok()) return done;
   return r;
+}
+
+absl::Status Engine::DrainAggregate(const std::string& aggregate_id) {
+  AttemptOptions options;
+  options.release = {aggregate_id};
+  return ApplyValidated({}, {}, nullptr, options).status();
 }
 
 }  // namespace outbox::inbox

@@ -153,6 +153,9 @@ class Engine {
                   const AttemptOptions& options,
                   const std::vector<std::string>& drained,
                   const absl::Status& failure);
+  // Drains the held chain of `aggregate_id` from its cursor (a failure is
+  // charged to the held event that fails).
+  absl::Status DrainAggregate(const std::string& aggregate_id);
   // Counts a failed try against held event `id`, with `why`, at once and
   // whatever becomes of the batch that found it.
   absl::Status ChargeHeld(const std::string& id, const std::string& why);
