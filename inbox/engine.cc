@@ -558,6 +558,37 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     snap.in_inbox =
         InInbox(tx, InboxQuestions(events, invalid, snap,
                                    options.ask_inbox_about_all));
+    bool skip_done = false;
+    if (!options.skip.empty()) {
+      // An operator's skip, in the transaction that drains what follows:
+      // the held event at its aggregate's cursor is done without its effect
+      // (an inbox row, so a redelivery is a DUPLICATE).
+      auto it = std::find_if(snap.held.begin(), snap.held.end(),
+                             [&](const v1::Event& h) {
+                               return h.event_id() == options.skip;
+                             });
+      if (it != snap.held.end() &&
+          it->prev_seq() == snap.aggregates[it->aggregate_id()].cursor) {
+        const v1::Event skipped = *it;
+        snap.held.erase(std::remove_if(snap.held.begin(), snap.held.end(),
+                                       [&](const v1::Event& h) {
+                                         return h.event_id() == options.skip;
+                                       }),
+                        snap.held.end());
+        if (!InsertInbox(tx, {&skipped}).all) {
+          out.inbox_collision = true;
+          return absl::OkStatus();  // rolled back
+        }
+        ExecPrepared(tx, "unhold",
+                     "DELETE FROM held_events WHERE event_id = ANY($1::uuid[])",
+                     ArrayLiteral(std::vector<std::string>{options.skip}).str());
+        AggregateState& st = snap.aggregates[skipped.aggregate_id()];
+        st.cursor = skipped.seq();
+        st.held_count = std::max<int64_t>(0, st.held_count - 1);
+        UpdateCursors(tx, {{skipped.aggregate_id(), st}});
+        skip_done = true;
+      }
+    }
     Plan plan = PlanBatch(events, invalid, snap, options_.plan);
     {
       const std::set<const v1::Event*> own(events.begin(), events.end());
@@ -609,6 +640,7 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     }
     MaybeCrash("consumer.before_commit");
     tx.commit();
+    if (skip_done && options.skipped != nullptr) *options.skipped = true;
     if (origin != nullptr) {
       origin->inbox = inbox;
       origin->Add(inserted.from, inserted.through);
@@ -793,57 +825,31 @@ absl::StatusOr<HeldActionResult> Engine::SkipHeld(const std::string& event_id,
                                                   const std::string& reason) {
   auto r = NextHeld(event_id, "skipped");
   if (!r.ok()) return r.status();
-  bool moved = false;
-  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
-    pqxx::work tx(c);
-    ApplyLimits(tx);
-    LockAggregates(tx, {r->aggregate_id});
-    // Under the lock: still held, still next?
-    const pqxx::result gone = tx.exec_params(
-        "DELETE FROM held_events h USING aggregate_cursors c WHERE "
-        "h.event_id = $1 AND c.aggregate_id = h.aggregate_id AND "
-        "h.prev_seq = c.last_seq RETURNING h.payload",
-        event_id);
-    if (gone.empty()) return absl::OkStatus();  // another action came first
-    v1::Event e;
-    if (!e.ParseFromString(pqxx::binarystring(gone[0][0]).str())) {
-      return absl::DataLossError("a row of held_events is unreadable");
-    }
-    tx.exec_params(
-        "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "
-        "occurred_at) VALUES ($1, $2, $3, $4, $5)",
-        e.event_id(), e.aggregate_id(), e.seq(), e.event_type(),
-        SqlTimestamp(e.occurred_at()));
-    tx.exec_params(
-        "UPDATE aggregate_cursors SET last_seq = $2, held_count = "
-        "greatest(held_count - 1, 0), updated_at = now() WHERE "
-        "aggregate_id = $1",
-        e.aggregate_id(), e.seq());
-    tx.commit();
-    moved = true;
-    return absl::OkStatus();
-  });
-  if (!s.ok()) return s;
-  if (!moved) {
+  bool skipped = false;
+  if (absl::Status d = DrainAggregate(r->aggregate_id, event_id, &skipped);
+      !d.ok()) {
+    return d;
+  }
+  if (!skipped) {
     return absl::AbortedError(absl::StrCat(
         "held event ", event_id,
         " left held_events or its place while this skip ran; list again"));
   }
-  // The events held behind it drain now.
-  const absl::Status done = DrainAggregate(r->aggregate_id);
   if (absl::Status f = FinishAction(&*r, "skip", actor, reason); !f.ok()) {
     return f;
   }
   spdlog::warn("consumer: {} skipped held event {} (seq {} of aggregate {}; "
                "{}): its effect was never applied",
                actor, event_id, r->seq, r->aggregate_id, reason);
-  if (!done.ok()) return done;
   return r;
 }
 
-absl::Status Engine::DrainAggregate(const std::string& aggregate_id) {
+absl::Status Engine::DrainAggregate(const std::string& aggregate_id,
+                                    const std::string& skip, bool* skipped) {
   AttemptOptions options;
   options.release = {aggregate_id};
+  options.skip = skip;
+  options.skipped = skipped;
   return ApplyValidated({}, {}, nullptr, options).status();
 }
 

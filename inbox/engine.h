@@ -121,6 +121,11 @@ class Engine {
     std::set<std::string> keep_held;
     // Aggregates whose held chains drain from the cursor (ReleaseHeld).
     std::set<std::string> release;
+    // A held event (by id) that is done without its effect first, if it is
+    // still the next event of its chain (SkipHeld; its aggregate must be
+    // in `release`); a committed attempt that did it sets *skipped.
+    std::string skip;
+    bool* skipped = nullptr;
     bool ask_inbox_about_all = false;  // after an inbox insert collided
     bool dry_run = false;              // roll back whatever happens
   };
@@ -154,8 +159,11 @@ class Engine {
                   const std::vector<std::string>& drained,
                   const absl::Status& failure);
   // Drains the held chain of `aggregate_id` from its cursor (a failure is
-  // charged to the held event that fails).
-  absl::Status DrainAggregate(const std::string& aggregate_id);
+  // charged to the held event that fails), after skipping held event
+  // `skip` when not empty (*skipped says whether it was).
+  absl::Status DrainAggregate(const std::string& aggregate_id,
+                              const std::string& skip = "",
+                              bool* skipped = nullptr);
   // Counts a failed try against held event `id`, with `why`, at once and
   // whatever becomes of the batch that found it.
   absl::Status ChargeHeld(const std::string& id, const std::string& why);
