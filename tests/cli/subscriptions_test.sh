@@ -17,7 +17,7 @@ start producer outbox-producer --listen="127.0.0.1:$P" --db="$orders_db"
 start relay outbox-relay --listen="127.0.0.1:$R" --db="$orders_db" \
   --consumer="127.0.0.1:$C" --retention=1h --metrics_listen="127.0.0.1:$RM"
 for port in "$P" "$R" "$C"; do wait_serving "$port"; done
-ctl() { "$BIN/outboxctl" --relay="127.0.0.1:$R" --producer="127.0.0.1:$P" "$@"; }
+ctl() { "$BIN/outboxctl" --relay="127.0.0.1:$R" --producer="127.0.0.1:$P" --consumer="127.0.0.1:$C" "$@"; }
 pending() { psql "$orders_db" -XAtc "SELECT count(*) FROM outbox_delivery WHERE subscription = '$1'"; }
 wait_pending() {  # wait_pending SUB N: until SUB owes exactly N, 60 s at most
   local deadline=$((SECONDS + 60))
@@ -51,9 +51,14 @@ pass "an abandoned subscription pins retention: outboxctl exits 1 and names it; 
 
 ctl subscriptions pause billing --reason="consumer maintenance" | tee "$WORK/pause.out"
 grep -q "billing paused" "$WORK/pause.out" || fail "pause: $(cat "$WORK/pause.out")"
-sleep 2  # a rebalance round (every second) reads the pause
+# The relay reads the pause in its next rebalance round (every second).
+deadline=$((SECONDS + 30))
+until ctl stats 2>/dev/null | grep -q "PAUSED: subscription billing paused by"; do
+  [ $SECONDS -lt $deadline ] || fail "the relay never reported the pause: $(ctl stats 2>&1)"
+  sleep 0.2
+done
 ctl load --orders=10 --concurrency=2 >"$WORK/load2.out"
-sleep 2
+sleep 2  # a relay that still claimed would have delivered them by now
 n=$(pending billing)
 [ "$n" -ge 10 ] || fail "billing paused, yet only $n of 10+ events wait"
 ctl subscriptions >"$WORK/list-paused.out" || true  # exit 1: audit still pins
