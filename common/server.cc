@@ -49,6 +49,12 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
                       PublicMessage(s));
 }
 
+grpc::Status CheckReason(const std::string& reason, const char* hint) {
+  if (!reason.empty() && reason.size() <= 2000) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("reason: must be 1-2000 bytes (", hint, ")"));
+}
+
 std::vector<std::pair<std::string, int>> ServerChannelArgs(
     const ServerOptions& options) {
   const auto ms = [](absl::Duration d) {

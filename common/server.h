@@ -102,6 +102,10 @@ std::vector<std::pair<std::string, int>> ServerChannelArgs(
 // unless it carries database internals (see PublicMessage).
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
+// OK, or INVALID_ARGUMENT when an operator's `reason` (recorded with the
+// action) is empty or over 2000 bytes; `hint` says what it should say.
+grpc::Status CheckReason(const std::string& reason, const char* hint);
+
 // The message a caller may see for `s`: its own, unless it comes from the
 // database (a SQLSTATE) or is Unavailable, Internal, Unknown or DataLoss;
 // then a short sentence and an error id, under which the full status is

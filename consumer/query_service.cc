@@ -176,10 +176,10 @@ grpc::Status BillingQueryImpl::Act(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "event_id: must be a UUID");
   }
-  if (req->reason().empty() || req->reason().size() > 2000) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "reason: must be 1-2000 bytes (why; it is recorded "
-                        "with your identity)");
+  if (grpc::Status r =
+          CheckReason(req->reason(), "why; it is recorded with your identity");
+      !r.ok()) {
+    return r;
   }
   const std::string who = CallerName(check_, *ctx);
   auto done = skip ? engine_->SkipHeld(req->event_id(), who, req->reason())

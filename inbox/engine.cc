@@ -590,7 +590,7 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
       }
     }
     Plan plan = PlanBatch(events, invalid, snap, options_.plan);
-    {
+    if (!snap.held.empty()) {  // the common batch reads no held event
       const std::set<const v1::Event*> own(events.begin(), events.end());
       for (const v1::Event* e : plan.apply) {
         if (own.count(e) == 0) drained->push_back(e->event_id());

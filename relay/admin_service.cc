@@ -379,10 +379,10 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "aggregate_id: must be 1-128 bytes");
   }
-  if (req->reason().empty() || req->reason().size() > 2000) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "reason: must be 1-2000 bytes (why the producer's "
-                        "history is adopted)");
+  if (grpc::Status r =
+          CheckReason(req->reason(), "why the producer's history is adopted");
+      !r.ok()) {
+    return r;
   }
   auto sub = SubscriptionOf(req->subscription(), relay_);
   if (!sub.ok()) return ToGrpcStatus(sub.status());
@@ -561,10 +561,10 @@ grpc::Status RelayAdminImpl::Act(grpc::ServerContext* ctx, const char* method,
                         "subscription: required (no default for an action); "
                         "a-z first, then a-z, 0-9, _ or -; at most 63");
   }
-  if (req->reason().empty() || req->reason().size() > 2000) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "reason: must be 1-2000 bytes (why; it is recorded "
-                        "with your identity)");
+  if (grpc::Status r =
+          CheckReason(req->reason(), "why; it is recorded with your identity");
+      !r.ok()) {
+    return r;
   }
   if (req->force() && action != SubscriptionAction::kDrop) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

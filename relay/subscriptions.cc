@@ -38,7 +38,6 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
            "(SELECT count(*) FROM outbox_relay_members m WHERE "
            "m.subscription = s.name AND m.expires_at > now()), "
            "coalesce(u.seq, 0), coalesce(u.status, ''), "
-           "coalesce(extract(epoch FROM o.created_at), 0)::float8, "
            "coalesce(extract(epoch FROM now() - op.created_at), 0)::float8, "
            "s.paused_at IS NOT NULL, coalesce(s.paused_by, ''), "
            "coalesce(s.paused_reason, ''), "
@@ -65,19 +64,15 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
     s.relays_alive = row[6].as<int64_t>();
     s.lowest_seq = row[7].as<int64_t>();
     s.lowest_status = row[8].as<std::string>();
-    if (s.lowest_seq > 0) {
-      s.lowest_created_at = absl::FromUnixMicros(
-          static_cast<int64_t>(row[9].as<double>() * 1e6));
-    }
-    s.oldest_pending_seconds = std::max(0.0, row[10].as<double>());
-    s.paused = row[11].as<bool>();
-    s.paused_by = row[12].as<std::string>();
-    s.paused_reason = row[13].as<std::string>();
+    s.oldest_pending_seconds = std::max(0.0, row[9].as<double>());
+    s.paused = row[10].as<bool>();
+    s.paused_by = row[11].as<std::string>();
+    s.paused_reason = row[12].as<std::string>();
     if (s.paused) {
       s.paused_at = absl::FromUnixMicros(
-          static_cast<int64_t>(row[14].as<double>() * 1e6));
+          static_cast<int64_t>(row[13].as<double>() * 1e6));
     }
-    const double lowest_age = row[15].as<double>();
+    const double lowest_age = row[14].as<double>();
     if (retention > absl::ZeroDuration() && s.lowest_seq > 0 &&
         lowest_age > absl::ToDoubleSeconds(retention)) {
       s.retention_pinned_seconds =

@@ -34,7 +34,6 @@ struct SubscriptionInfo {
   // Its lowest undelivered event (0: none) and that row's status.
   int64_t lowest_seq = 0;
   std::string lowest_status;
-  absl::Time lowest_created_at = absl::InfinitePast();
   double oldest_pending_seconds = 0;
   bool paused = false;
   std::string paused_by, paused_reason;
