@@ -4,6 +4,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace outbox {
@@ -97,6 +98,55 @@ bool IsTraceParent(absl::string_view s) {
 
 std::string NewTraceParent() {
   return "00-" + RandomHex(16) + "-" + RandomHex(8) + "-01";
+}
+
+std::string ChainKey(absl::string_view source, absl::string_view type,
+                     absl::string_view id) {
+  return absl::StrCat(source.size(), ":", source, type.size(), ":", type, id);
+}
+
+namespace {
+bool TakeCounted(absl::string_view* in, std::string* out) {
+  const size_t colon = in->find(':');
+  if (colon == absl::string_view::npos || colon == 0 || colon > 6) return false;
+  size_t n = 0;
+  for (char ch : in->substr(0, colon)) {
+    if (ch < '0' || ch > '9') return false;
+    n = n * 10 + static_cast<size_t>(ch - '0');
+  }
+  in->remove_prefix(colon + 1);
+  if (n > in->size()) return false;
+  out->assign(in->data(), n);
+  in->remove_prefix(n);
+  return true;
+}
+}  // namespace
+
+bool ParseChainKey(absl::string_view key, ChainId* out) {
+  if (!TakeCounted(&key, &out->source) || !TakeCounted(&key, &out->type)) {
+    return false;
+  }
+  out->id.assign(key.data(), key.size());
+  return true;
+}
+
+bool IsSourceName(absl::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char ch : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '.' &&
+        ch != '_' && ch != '-') {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string ChainLabel(absl::string_view key) {
+  ChainId c;
+  if (!ParseChainKey(key, &c)) return std::string(key);
+  std::string out = c.type.empty() ? c.id : absl::StrCat(c.type, " ", c.id);
+  if (!c.source.empty()) absl::StrAppend(&out, " of source ", c.source);
+  return out;
 }
 
 int PartitionOf(absl::string_view aggregate_id) {

@@ -38,6 +38,33 @@ bool IsTraceParent(absl::string_view s);
 // A new sampled traceparent with random ids.
 std::string NewTraceParent();
 
+// A chain of events (one aggregate's history, linked by prev_seq) is
+// named by the outbox it comes from (its source: the relay's --source,
+// "" for events that carry none), the aggregate's type and its id. The
+// same id under two types, or in two outbox databases, is two chains.
+struct ChainId {
+  std::string source, type, id;
+};
+// `c` as one string, for a map key: lengths prefix the source and the
+// type, so different chains never share a key. ParseChainKey reverses it.
+std::string ChainKey(absl::string_view source, absl::string_view type,
+                     absl::string_view id);
+inline std::string ChainKey(const ChainId& c) {
+  return ChainKey(c.source, c.type, c.id);
+}
+bool ParseChainKey(absl::string_view key, ChainId* out);
+// The chain of an event-like message (aggregate_type(), aggregate_id()
+// and, where it has one, source()).
+template <typename E>
+std::string ChainKeyOf(const E& e) {
+  return ChainKey(e.source(), e.aggregate_type(), e.aggregate_id());
+}
+// A source's name: 1-64 bytes of ASCII letters, digits, '.', '_', '-'.
+bool IsSourceName(absl::string_view name);
+// For people: "order X", "order X of source S", "X" (a chain recorded
+// before chains had a type: source and type empty).
+std::string ChainLabel(absl::string_view key);
+
 // The partition of `aggregate_id`: FNV-1a, stable across builds and hosts.
 int PartitionOf(absl::string_view aggregate_id);
 

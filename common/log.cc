@@ -131,7 +131,7 @@ std::string TraceIdOf(const std::string& traceparent) {
 
 EventLogFields FieldsOf(const v1::Event& event) {
   return {event.event_id(), event.aggregate_id(), event.seq(),
-          TraceIdOf(event.trace_parent())};
+          TraceIdOf(event.trace_parent()), event.aggregate_type()};
 }
 
 LogEventScope::LogEventScope(EventLogFields fields)

@@ -16,6 +16,7 @@ struct EventLogFields {
   std::string aggregate_id;
   int64_t seq = 0;
   std::string trace_id;  // from the event's W3C traceparent; "" if none
+  std::string aggregate_type;
 };
 
 EventLogFields FieldsOf(const v1::Event& event);

@@ -96,6 +96,115 @@ CREATE TABLE IF NOT EXISTS inbox_superseded (
 );
 )sql" OUTBOX_DATABASE_IDENTITY_SQL;
 
+constexpr char kInboxV7[] = R"sql(
+-- A chain is (source, aggregate_type, aggregate_id): the same id under
+-- two types, or from two outbox databases, is two chains. Rows recorded
+-- before keep '' for both (no table is rewritten: the columns have a
+-- constant default); the first source to send an event of such an id
+-- takes its rows over (outbox_inbox_lock_chains), and only that source
+-- (inbox_legacy_source) may take the others.
+ALTER TABLE inbox
+  ADD COLUMN IF NOT EXISTS source text COLLATE "C" NOT NULL DEFAULT '',
+  ADD COLUMN IF NOT EXISTS aggregate_type text COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE aggregate_cursors
+  ADD COLUMN IF NOT EXISTS source text COLLATE "C" NOT NULL DEFAULT '',
+  ADD COLUMN IF NOT EXISTS aggregate_type text COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE held_events
+  ADD COLUMN IF NOT EXISTS source text COLLATE "C" NOT NULL DEFAULT '',
+  ADD COLUMN IF NOT EXISTS aggregate_type text COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE inbox_superseded
+  ADD COLUMN IF NOT EXISTS source text COLLATE "C" NOT NULL DEFAULT '',
+  ADD COLUMN IF NOT EXISTS aggregate_type text COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE held_actions
+  ADD COLUMN IF NOT EXISTS source text COLLATE "C" NOT NULL DEFAULT '',
+  ADD COLUMN IF NOT EXISTS aggregate_type text COLLATE "C" NOT NULL DEFAULT '';
+
+ALTER TABLE aggregate_cursors DROP CONSTRAINT IF EXISTS aggregate_cursors_pkey;
+ALTER TABLE aggregate_cursors
+  ADD PRIMARY KEY (source, aggregate_type, aggregate_id);
+CREATE UNIQUE INDEX IF NOT EXISTS inbox_chain_position_idx
+  ON inbox (source, aggregate_type, aggregate_id, seq);
+ALTER TABLE inbox DROP CONSTRAINT IF EXISTS inbox_aggregate_id_seq_key;
+DROP INDEX IF EXISTS held_events_link_idx, held_events_position_idx;
+CREATE UNIQUE INDEX IF NOT EXISTS held_events_chain_link_idx
+  ON held_events (source, aggregate_type, aggregate_id, prev_seq);
+CREATE UNIQUE INDEX IF NOT EXISTS held_events_chain_position_idx
+  ON held_events (source, aggregate_type, aggregate_id, seq);
+
+-- The source that takes over the rows recorded before chains had one:
+-- a row only where there are such rows; source NULL until the first
+-- source sends one of their ids.
+CREATE TABLE IF NOT EXISTS inbox_legacy_source (
+  id     int PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+  source text,
+  since  timestamptz
+);
+INSERT INTO inbox_legacy_source (id)
+  SELECT 1 WHERE EXISTS (SELECT 1 FROM aggregate_cursors WHERE aggregate_type = '')
+  ON CONFLICT DO NOTHING;
+
+-- Locks the chains of a batch (transaction-scoped advisory locks of class
+-- lock_class keyed by the aggregate id: chains of one id serialize, as
+-- they did when the id alone named a chain, and in byte order of the id,
+-- so that replicas never deadlock), then reads their cursors, with a
+-- snapshot taken after the locks are held (the function is VOLATILE).
+-- A chain without a cursor takes over a cursor of its id recorded before
+-- chains had a source and type, with its inbox and held rows, when its
+-- source may (the first to ask; see inbox_legacy_source).
+CREATE OR REPLACE FUNCTION outbox_inbox_lock_chains(sources text[],
+                                                    types text[],
+                                                    ids text[],
+                                                    lock_class int)
+RETURNS TABLE (source text, aggregate_type text, aggregate_id text,
+               last_seq bigint, held_count int, pruned_through bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+  legacy text;
+  legacy_open boolean;
+  r record;
+BEGIN
+  PERFORM pg_advisory_xact_lock(lock_class, hashtext(a))
+     FROM (SELECT DISTINCT a FROM unnest(ids) AS a) d ORDER BY a COLLATE "C";
+  SELECT true, l.source INTO legacy_open, legacy FROM inbox_legacy_source l;
+  IF legacy_open THEN
+    FOR r IN
+      SELECT k.s, k.t, k.a FROM unnest(sources, types, ids) AS k(s, t, a)
+       WHERE (legacy IS NULL OR legacy = k.s)
+         AND NOT EXISTS (SELECT 1 FROM aggregate_cursors x
+                          WHERE x.source = k.s AND x.aggregate_type = k.t
+                            AND x.aggregate_id = k.a)
+         AND EXISTS (SELECT 1 FROM aggregate_cursors x
+                      WHERE x.source = '' AND x.aggregate_type = ''
+                        AND x.aggregate_id = k.a)
+    LOOP
+      UPDATE aggregate_cursors x SET source = r.s, aggregate_type = r.t
+       WHERE x.source = '' AND x.aggregate_type = '' AND x.aggregate_id = r.a;
+      IF FOUND THEN
+        UPDATE inbox x SET source = r.s, aggregate_type = r.t
+         WHERE x.source = '' AND x.aggregate_type = '' AND x.aggregate_id = r.a;
+        UPDATE held_events x SET source = r.s, aggregate_type = r.t
+         WHERE x.source = '' AND x.aggregate_type = '' AND x.aggregate_id = r.a;
+        IF legacy IS NULL THEN
+          legacy := r.s;
+          UPDATE inbox_legacy_source SET source = r.s, since = now();
+        END IF;
+      END IF;
+    END LOOP;
+  END IF;
+  RETURN QUERY
+    SELECT c.source::text, c.aggregate_type::text, c.aggregate_id::text,
+           c.last_seq, c.held_count, c.pruned_through
+      FROM unnest(sources, types, ids) AS k(s, t, a)
+      JOIN LATERAL (SELECT * FROM aggregate_cursors x
+                     WHERE x.source = k.s AND x.aggregate_type = k.t
+                       AND x.aggregate_id = k.a LIMIT 1) c ON true;
+END $$;
+ALTER FUNCTION outbox_inbox_lock_chains(text[], text[], text[], int)
+  SET plan_cache_mode = force_generic_plan;
+DROP FUNCTION IF EXISTS outbox_inbox_lock_cursors(text[], int);
+)sql";
+
 #undef OUTBOX_DATABASE_IDENTITY_SQL
 
 }  // namespace
@@ -254,6 +363,28 @@ CREATE TABLE IF NOT EXISTS subscription_actions (
 CREATE INDEX IF NOT EXISTS subscription_actions_by_name
   ON subscription_actions (subscription, id);
 )sql"},
+      {5, "the outbox's source name, divergences by chain", R"sql(
+-- The name events of this outbox carry (Event.source): with the aggregate
+-- type and id it names a chain at a consumer that takes events from
+-- several outboxes. Recorded once, by the first relay (its --source, or
+-- the database's name and a random suffix, so that two shards of one name
+-- on two servers still differ), and kept through failovers, dumps and
+-- restores with the events.
+CREATE TABLE IF NOT EXISTS outbox_source (
+  id          int PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+  name        text NOT NULL CHECK (name ~ '^[A-Za-z0-9._-]{1,64}$'),
+  recorded_at timestamptz NOT NULL DEFAULT now(),
+  recorded_by text NOT NULL
+);
+-- A divergence is of a chain: (aggregate_type, aggregate_id). Rows from
+-- before keep '' (any type of the id).
+ALTER TABLE outbox_divergences
+  ADD COLUMN IF NOT EXISTS aggregate_type text COLLATE "C" NOT NULL DEFAULT '';
+DROP INDEX IF EXISTS outbox_divergences_open_idx;
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_divergences_open_chain_idx
+  ON outbox_divergences (subscription, aggregate_type, aggregate_id)
+  WHERE resolved_at IS NULL;
+)sql"},
   };
   return kMigrations;
 }
@@ -393,6 +524,7 @@ CREATE TABLE IF NOT EXISTS held_actions (
   outcome      text NOT NULL
 );
 )sql"},
+      {7, "chains named by source, aggregate type and id", kInboxV7},
   };
   return kMigrations;
 }

@@ -463,17 +463,17 @@ TEST(ConsumerPlans, KeyLookupsStayIndexProbesInGenericPlans) {
   const std::string id = "'{" + NewUuid() + "}'";
   absl::Status s = db.Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::nontransaction tx(c);
-    // The cursors are read inside outbox_inbox_lock_cursors, whose cached
+    // The cursors are read inside outbox_inbox_lock_chains, whose cached
     // plans follow the same rules: its query, prepared on its own. The
     // function forces generic plans itself (library users' sessions may
     // not).
     EXPECT_EQ(tx.exec("SELECT array_to_string(proconfig, ',') FROM pg_proc "
-                      "WHERE proname = 'outbox_inbox_lock_cursors'")[0][0]
+                      "WHERE proname = 'outbox_inbox_lock_chains'")[0][0]
                   .as<std::string>(""),
               "plan_cache_mode=force_generic_plan");
     std::string src = tx.exec(
                             "SELECT prosrc FROM pg_proc WHERE proname = "
-                            "'outbox_inbox_lock_cursors'")[0][0]
+                            "'outbox_inbox_lock_chains'")[0][0]
                           .as<std::string>();
     const size_t from = src.find("RETURN QUERY");
     const size_t to = src.find(';', from);
@@ -481,14 +481,17 @@ TEST(ConsumerPlans, KeyLookupsStayIndexProbesInGenericPlans) {
       return absl::InternalError("no RETURN QUERY in: " + src);
     }
     std::string query = src.substr(from + 12, to - from - 12);
-    const size_t arg = query.find("unnest(aggregates)");
+    const std::string args = "unnest(sources, types, ids)";
+    const size_t arg = query.find(args);
     if (arg == std::string::npos) {
-      return absl::InternalError("no unnest(aggregates) in: " + query);
+      return absl::InternalError("no " + args + " in: " + query);
     }
-    query.replace(arg, 18, "unnest($1::text[])");
-    tx.exec("PREPARE read_cursors(text[]) AS " + query);
+    query.replace(arg, args.size(),
+                  "unnest($1::text[], $2::text[], $3::text[])");
+    tx.exec("PREPARE read_cursors(text[], text[], text[]) AS " + query);
     const std::vector<std::string> calls = {
-        "read_cursors('{x}')", "read_views('{x}')", "in_inbox(" + id + ")"};
+        "read_cursors('{s}', '{order}', '{x}')", "read_views('{x}')",
+        "in_inbox(" + id + ")"};
     for (const std::string& call : calls) {
       std::string plan;
       for (const auto& row : tx.exec("EXPLAIN EXECUTE " + call)) {
@@ -1156,6 +1159,146 @@ TEST(AuditHandlerTest, RecordsEveryEventOnceInChainOrder) {
   v1::OrderPaid paid;
   ASSERT_TRUE(paid.ParseFromString(pqxx::binarystring(row[0][1]).str()));
   EXPECT_EQ(paid.amount_cents(), 700);
+}
+
+// A chain is (source, aggregate_type, aggregate_id): the same id under
+// another type, or from another outbox, starts a chain of its own, and
+// their seqs and prev_seqs never meet.
+TEST(ChainIdentity, OneIdUnderTwoTypesAndTwoSourcesIsFourChains) {
+  AuditHandler audit;
+  testing::TestDatabase tdb("chains",
+                            {InboxSchema(), {"audit", &audit.migrations()}});
+  Database db(tdb.url(), 2, "chains-test");
+  Metrics metrics;
+  Engine engine(&db, &audit, &metrics);
+  auto event = [](const std::string& source, const std::string& type,
+                  int64_t seq, int64_t prev) {
+    v1::Event e;
+    e.set_event_id(NewUuid());
+    e.set_source(source);
+    e.set_aggregate_type(type);
+    e.set_aggregate_id("X");
+    e.set_seq(seq);
+    e.set_prev_seq(prev);
+    e.set_event_type("Happened");
+    return e;
+  };
+  // Shard a's order X (seqs 1, 3), its parcel X (2, 4), and shard b's
+  // order X, whose seqs collide with shard a's (1, 2).
+  v1::Event a_order1 = event("a", "order", 1, 0);
+  v1::Event a_parcel2 = event("a", "parcel", 2, 0);
+  v1::Event a_order3 = event("a", "order", 3, 1);
+  v1::Event a_parcel4 = event("a", "parcel", 4, 2);
+  v1::Event b_order1 = event("b", "order", 1, 0);
+  v1::Event b_order2 = event("b", "order", 2, 1);
+  auto r = engine.ApplyBatch({&a_order1});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].outcome(), v1::APPLIED);
+  // Successors first: each is held for its own chain's predecessor only.
+  r = engine.ApplyBatch({&a_parcel4, &b_order2});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Outcomes(*r),
+            std::vector<v1::DeliveryOutcome>({v1::HELD, v1::HELD}));
+  r = engine.ApplyBatch({&a_parcel2, &b_order1, &a_order3});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Outcomes(*r), std::vector<v1::DeliveryOutcome>(
+                              {v1::APPLIED, v1::APPLIED, v1::APPLIED}));
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM held_events"), 0);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM inbox"), 6);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM aggregate_cursors"), 3);
+  EXPECT_EQ(tdb.Scalar("SELECT last_seq FROM aggregate_cursors WHERE source "
+                       "= 'a' AND aggregate_type = 'parcel'"),
+            4);
+  EXPECT_EQ(tdb.Scalar("SELECT last_seq FROM aggregate_cursors WHERE source "
+                       "= 'b' AND aggregate_type = 'order'"),
+            2);
+  v1::Event again = b_order1;
+  r = engine.ApplyBatch({&again});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].outcome(), v1::DUPLICATE);
+  // A bad source name is the event's fault.
+  v1::Event bad = event("no spaces", "order", 9, 0);
+  r = engine.ApplyBatch({&bad});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].outcome(), v1::REJECTED);
+  EXPECT_NE((*r)[0].reason().find("source"), std::string::npos);
+}
+
+// A database from before chains had a source and a type: its rows keep ''
+// for both, and the first source to send one of their ids takes them over
+// (cursor, inbox rows, held events); another source never does.
+TEST(ChainIdentity, RowsFromBeforeAreTakenOverByTheFirstSource) {
+  AuditHandler audit;
+  testing::TestDatabase tdb("legacy",
+                            {InboxSchema(), {"audit", &audit.migrations()}});
+  Database db(tdb.url(), 2, "legacy-test");
+  Metrics metrics;
+  Engine engine(&db, &audit, &metrics);
+  const std::string e1 = NewUuid(), e2 = NewUuid();
+  // As the previous release left them: X applied through 2 (and inbox
+  // rows for both), seq 5 held for seq 4; Y applied through 7.
+  v1::Event held;
+  held.set_event_id(NewUuid());
+  held.set_aggregate_type("order");
+  held.set_aggregate_id("X");
+  held.set_seq(5);
+  held.set_prev_seq(4);
+  held.set_event_type("Happened");
+  tdb.Exec("INSERT INTO inbox (event_id, aggregate_id, seq, event_type) "
+           "VALUES ('" + e1 + "', 'X', 1, 'A'), ('" + e2 + "', 'X', 2, 'B')");
+  tdb.Exec("INSERT INTO aggregate_cursors (aggregate_id, last_seq, "
+           "held_count) VALUES ('X', 2, 1), ('Y', 7, 0)");
+  tdb.Exec("INSERT INTO held_events (event_id, aggregate_id, seq, prev_seq, "
+           "payload) VALUES ('" + held.event_id() + "', 'X', 5, 4, decode('" +
+           [&] {
+             static const char kHex[] = "0123456789abcdef";
+             std::string hex;
+             for (unsigned char c : held.SerializeAsString()) {
+               hex.push_back(kHex[c >> 4]);
+               hex.push_back(kHex[c & 15]);
+             }
+             return hex;
+           }() + "', 'hex'))");
+  tdb.Exec("INSERT INTO inbox_legacy_source (id) VALUES (1) ON CONFLICT DO "
+           "NOTHING");
+  auto event = [](const std::string& source, const std::string& id,
+                  int64_t seq, int64_t prev, const std::string& event_id) {
+    v1::Event e;
+    e.set_event_id(event_id.empty() ? NewUuid() : event_id);
+    e.set_source(source);
+    e.set_aggregate_type("order");
+    e.set_aggregate_id(id);
+    e.set_seq(seq);
+    e.set_prev_seq(prev);
+    e.set_event_type("Happened");
+    return e;
+  };
+  // A redelivery of an applied event from source s: a duplicate of the
+  // adopted chain; then its successor drains the held one.
+  v1::Event dup = event("s", "X", 2, 1, e2);
+  v1::Event next = event("s", "X", 4, 2, "");
+  auto r = engine.ApplyBatch({&dup, &next});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Outcomes(*r),
+            std::vector<v1::DeliveryOutcome>({v1::DUPLICATE, v1::APPLIED}));
+  EXPECT_EQ(tdb.Scalar("SELECT last_seq FROM aggregate_cursors WHERE source "
+                       "= 's' AND aggregate_type = 'order' AND aggregate_id "
+                       "= 'X'"),
+            5);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM inbox WHERE source = 's'"), 4);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM held_events"), 0);
+  // Y belongs to s too: another source's Y is a new chain.
+  v1::Event other = event("t", "Y", 8, 7, "");
+  r = engine.ApplyBatch({&other});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].outcome(), v1::HELD);
+  v1::Event mine = event("s", "Y", 8, 7, "");
+  r = engine.ApplyBatch({&mine});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].outcome(), v1::APPLIED);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM aggregate_cursors WHERE "
+                       "aggregate_type = ''"),
+            0);
 }
 
 // A handler that refuses, at apply time, the events whose type is

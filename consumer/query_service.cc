@@ -126,13 +126,16 @@ grpc::Status BillingQueryImpl::ListHeldEvents(
              "(extract(epoch FROM h.received_at) * 1000000)::bigint, "
              "h.attempts, coalesce(h.last_error, ''), "
              "coalesce((extract(epoch FROM h.failed_at) * 1000000)::bigint, "
-             "0) FROM held_events h LEFT JOIN aggregate_cursors c USING "
-             "(aggregate_id) WHERE h.attempts > 0 OR NOT $2 "
+             "0), h.aggregate_type, h.source FROM held_events h LEFT JOIN "
+             "aggregate_cursors c USING (source, aggregate_type, aggregate_id) "
+             "WHERE h.attempts > 0 OR NOT $2 "
              "ORDER BY h.received_at LIMIT $1",
              limit, req->failed_only())) {
       v1::HeldEvent* h = resp->add_events();
       h->set_event_id(row[0].as<std::string>());
       h->set_aggregate_id(row[1].as<std::string>());
+      h->set_aggregate_type(row[9].as<std::string>());
+      h->set_source(row[10].as<std::string>());
       h->set_seq(row[2].as<int64_t>());
       h->set_prev_seq(row[3].as<int64_t>());
       h->set_cursor(row[4].as<int64_t>());

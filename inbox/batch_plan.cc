@@ -4,11 +4,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/ids.h"
 
 namespace outbox::inbox {
 namespace {
 
-using Key = std::pair<std::string, int64_t>;  // (aggregate, position)
+using Key = std::pair<std::string, int64_t>;  // (chain, position)
 
 v1::EventResult Result(const v1::Event& e, v1::DeliveryOutcome outcome,
                        std::string reason = "") {
@@ -22,7 +23,9 @@ v1::EventResult Result(const v1::Event& e, v1::DeliveryOutcome outcome,
 
 // Whether two events with one id sit at the same place of one chain.
 bool SamePlace(const v1::Event& a, const v1::Event& b) {
-  return a.aggregate_id() == b.aggregate_id() && a.seq() == b.seq() &&
+  return a.aggregate_id() == b.aggregate_id() &&
+         a.aggregate_type() == b.aggregate_type() &&
+         a.source() == b.source() && a.seq() == b.seq() &&
          a.prev_seq() == b.prev_seq();
 }
 
@@ -37,16 +40,17 @@ class HeldIndex {
  public:
   void Add(const v1::Event* e) {
     // A legacy fork (two rows for one link) keeps the lowest seq.
-    auto [it, inserted] =
-        by_link_.emplace(Key{e->aggregate_id(), e->prev_seq()}, e);
+    const std::string chain = ChainKeyOf(*e);
+    auto [it, inserted] = by_link_.emplace(Key{chain, e->prev_seq()}, e);
     if (!inserted && e->seq() < it->second->seq()) it->second = e;
-    by_position_.emplace(Key{e->aggregate_id(), e->seq()}, e);
+    by_position_.emplace(Key{chain, e->seq()}, e);
     by_id_.emplace(e->event_id(), e);
   }
   void Remove(const v1::Event* e) {
-    auto link = by_link_.find({e->aggregate_id(), e->prev_seq()});
+    const std::string chain = ChainKeyOf(*e);
+    auto link = by_link_.find({chain, e->prev_seq()});
     if (link != by_link_.end() && link->second == e) by_link_.erase(link);
-    auto pos = by_position_.find({e->aggregate_id(), e->seq()});
+    auto pos = by_position_.find({chain, e->seq()});
     if (pos != by_position_.end() && pos->second == e) by_position_.erase(pos);
     auto id = by_id_.find(e->event_id());
     if (id != by_id_.end() && id->second == e) by_id_.erase(id);
@@ -133,7 +137,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
   std::set<std::string> rejected_aggregates;  // a REJECTED event in this batch
   auto reject = [&](size_t i, std::string reason) {
     plan.results[i] = Result(*batch[i], v1::REJECTED, std::move(reason));
-    rejected_aggregates.insert(batch[i]->aggregate_id());
+    rejected_aggregates.insert(ChainKeyOf(*batch[i]));
     ++plan.rejected;
   };
   // Not the event's fault: this database holds another history of its
@@ -141,7 +145,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
   // a rejection.
   auto diverge = [&](size_t i, std::string reason) {
     plan.results[i] = Result(*batch[i], v1::DIVERGED, std::move(reason));
-    rejected_aggregates.insert(batch[i]->aggregate_id());
+    rejected_aggregates.insert(ChainKeyOf(*batch[i]));
     ++plan.diverged;
   };
 
@@ -151,7 +155,8 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       reject(i, invalid[i]);
       continue;
     }
-    const std::string& agg = e.aggregate_id();
+    const std::string agg = ChainKeyOf(e);
+    const std::string name = ChainLabel(agg);  // for people
     AggregateState& st = state.at(agg);
     // The same id applied earlier in this batch at another place: a
     // different event under a reused id, whatever its own position says.
@@ -159,8 +164,9 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
     if (here != applied_here.end() && !SamePlace(*here->second, e)) {
       reject(i, absl::StrCat("event_id ", e.event_id(), " is applied in this "
                              "batch as seq ", here->second->seq(),
-                             " of aggregate ", here->second->aggregate_id(),
-                             "; seq ", e.seq(), " of aggregate ", agg,
+                             " of aggregate ",
+                             ChainLabel(ChainKeyOf(*here->second)), "; seq ",
+                             e.seq(), " of aggregate ", name,
                              " reuses it"));
       continue;
     }
@@ -178,7 +184,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       } else {
         ++plan.position_reused;
         diverge(i, absl::StrCat(
-                       "position reused: seq ", e.seq(), " of aggregate ", agg,
+                       "position reused: seq ", e.seq(), " of aggregate ", name,
                        " is at or below its applied position ", st.cursor,
                        ", but event ", e.event_id(),
                        " was never applied here; the outbox reused a position "
@@ -213,7 +219,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
                               " while seq ", e.seq(),
                               " is ahead of it: the outbox's history of "
                               "aggregate ",
-                              agg, " differs from the one applied here"));
+                              name, " differs from the one applied here"));
       continue;
     }
     const v1::Event* link = held.AtLink(agg, e.prev_seq());
@@ -221,7 +227,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
     if (link != nullptr || position != nullptr) {
       const v1::Event* other = link != nullptr ? link : position;
       ++plan.forks;
-      reject(i, absl::StrCat("fork: aggregate ", agg, " already holds event ",
+      reject(i, absl::StrCat("fork: aggregate ", name, " already holds event ",
                              other->event_id(), " (seq ", other->seq(),
                              ", prev_seq ", other->prev_seq(), ") for ",
                              link != nullptr ? "prev_seq " : "seq ",
@@ -245,7 +251,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
     }
     if (st.held_count >= options.max_held_per_aggregate) {
       ++plan.over_cap;
-      reject(i, absl::StrCat("aggregate ", agg, " holds ", st.held_count,
+      reject(i, absl::StrCat("aggregate ", name, " holds ", st.held_count,
                              " events waiting for seq ", st.cursor,
                              "'s successor (--max_held_per_aggregate=",
                              options.max_held_per_aggregate, ")"));
@@ -262,7 +268,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
   for (size_t i = 0; i < batch.size(); ++i) {
     v1::EventResult& r = plan.results[i];
     if (r.outcome() != v1::HELD && r.outcome() != v1::DIVERGED) continue;
-    auto it = state.find(batch[i]->aggregate_id());
+    auto it = state.find(ChainKeyOf(*batch[i]));
     if (it != state.end()) r.set_applied_seq(it->second.cursor);
   }
 
@@ -280,10 +286,11 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
   // HELD answer for one becomes REJECTED; the writer deletes any others.
   std::map<std::string, std::string> passed;  // event id -> why
   for (const v1::Event* h : held.All()) {
-    AggregateState& st = state.at(h->aggregate_id());
+    const std::string chain = ChainKeyOf(*h);
+    AggregateState& st = state.at(chain);
     if (h->seq() > st.cursor) continue;
     passed[h->event_id()] =
-        absl::StrCat("fork: aggregate ", h->aggregate_id(), " reached seq ",
+        absl::StrCat("fork: aggregate ", ChainLabel(chain), " reached seq ",
                      st.cursor, " by another event; this event (seq ", h->seq(),
                      ", prev_seq ", h->prev_seq(), ") can never apply");
     held.Remove(h);
@@ -323,7 +330,7 @@ std::vector<std::string> InboxQuestions(
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!Valid(invalid, i)) continue;
     const v1::Event& e = *batch[i];
-    if (all || e.seq() <= snapshot.aggregates.at(e.aggregate_id()).cursor) {
+    if (all || e.seq() <= snapshot.aggregates.at(ChainKeyOf(e)).cursor) {
       ids.push_back(e.event_id());
     }
   }
@@ -349,10 +356,11 @@ HeldQuery HeldQuestions(const std::vector<const v1::Event*>& batch,
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!Valid(invalid, i)) continue;
     const v1::Event& e = *batch[i];
-    if (!holding.count(e.aggregate_id())) continue;
-    q.links.push_back({e.aggregate_id(), e.seq()});
-    q.links.push_back({e.aggregate_id(), e.prev_seq()});
-    q.positions.push_back({e.aggregate_id(), e.seq()});
+    const std::string chain = ChainKeyOf(e);
+    if (!holding.count(chain)) continue;
+    q.links.push_back({chain, e.seq()});
+    q.links.push_back({chain, e.prev_seq()});
+    q.positions.push_back({chain, e.seq()});
     q.ids.push_back(e.event_id());
   }
   for (auto* v : {&q.links, &q.positions}) {

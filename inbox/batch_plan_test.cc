@@ -4,12 +4,17 @@
 
 #include "inbox/batch_plan.h"
 
+#include "common/ids.h"
+
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 
 namespace outbox::inbox {
 namespace {
+
+// The chain of Ev's events (no source, no type).
+std::string K(const std::string& agg) { return ChainKey("", "", agg); }
 
 // An event of aggregate `agg` at `seq` after `prev`; its id names both.
 v1::Event Ev(const std::string& agg, int64_t seq, int64_t prev,
@@ -26,7 +31,7 @@ class Planner {
  public:
   Planner& Cursor(const std::string& agg, int64_t cursor, int64_t held = 0,
                   int64_t pruned_through = 0) {
-    snap_.aggregates[agg] = {cursor, held, pruned_through};
+    snap_.aggregates[K(agg)] = {cursor, held, pruned_through};
     return *this;
   }
   Planner& Applied(const v1::Event& e) {
@@ -38,7 +43,7 @@ class Planner {
     return *this;
   }
   Planner& Release(const std::string& agg) {
-    snap_.drain.insert(agg);
+    snap_.drain.insert(K(agg));
     return *this;
   }
   Planner& MaxHeld(int64_t n) {
@@ -50,7 +55,7 @@ class Planner {
     std::vector<const v1::Event*> ptrs;
     for (const auto& e : batch_) {
       ptrs.push_back(&e);
-      snap_.aggregates.emplace(e.aggregate_id(), AggregateState{});
+      snap_.aggregates.emplace(ChainKeyOf(e), AggregateState{});
     }
     plan_ = PlanBatch(ptrs, invalid_, snap_, options_);
     return plan_;
@@ -100,7 +105,7 @@ TEST(PlanBatch, AppliesAChainInOrderAndMovesTheCursor) {
   p.Run({Ev("a", 3, 0), Ev("a", 7, 3), Ev("a", 9, 7)});
   EXPECT_EQ(p.Outcomes(), (V{A, A, A}));
   EXPECT_EQ(p.Applies(), (S{"a/3", "a/7", "a/9"}));
-  EXPECT_EQ(p.plan().changed.at("a").cursor, 9);
+  EXPECT_EQ(p.plan().changed.at(K("a")).cursor, 9);
   EXPECT_TRUE(p.Holds().empty());
 }
 
@@ -108,7 +113,7 @@ TEST(PlanBatch, ContinuesFromTheCursor) {
   Planner p;
   p.Cursor("a", 7).Run({Ev("a", 9, 7)});
   EXPECT_EQ(p.Outcomes(), (V{A}));
-  EXPECT_EQ(p.plan().changed.at("a").cursor, 9);
+  EXPECT_EQ(p.plan().changed.at(K("a")).cursor, 9);
 }
 
 TEST(PlanBatch, DuplicateOnlyWhenTheInboxHoldsTheEvent) {
@@ -211,8 +216,8 @@ TEST(PlanBatch, AnEarlyEventIsHeldAndCounted) {
   p.Cursor("a", 3).Run({Ev("a", 9, 7)});
   EXPECT_EQ(p.Outcomes(), (V{H}));
   EXPECT_EQ(p.Holds(), (S{"a/9"}));
-  EXPECT_EQ(p.plan().changed.at("a").held_count, 1);
-  EXPECT_EQ(p.plan().changed.at("a").cursor, 3);
+  EXPECT_EQ(p.plan().changed.at(K("a")).held_count, 1);
+  EXPECT_EQ(p.plan().changed.at(K("a")).cursor, 3);
 }
 
 TEST(PlanBatch, HeldThenDrainedInOneBatchIsAppliedAndNeverWrittenAsHeld) {
@@ -221,8 +226,8 @@ TEST(PlanBatch, HeldThenDrainedInOneBatchIsAppliedAndNeverWrittenAsHeld) {
   EXPECT_EQ(p.Outcomes(), (V{A, A, A}));
   EXPECT_EQ(p.Applies(), (S{"a/3", "a/7", "a/9"}));
   EXPECT_TRUE(p.Holds().empty());
-  EXPECT_EQ(p.plan().changed.at("a").held_count, 0);
-  EXPECT_EQ(p.plan().changed.at("a").cursor, 9);
+  EXPECT_EQ(p.plan().changed.at(K("a")).held_count, 0);
+  EXPECT_EQ(p.plan().changed.at(K("a")).cursor, 9);
   EXPECT_EQ(p.plan().drained, 0);  // none came from earlier batches
 }
 
@@ -234,7 +239,7 @@ TEST(PlanBatch, HeldEventsOfEarlierBatchesDrainInChainOrder) {
   EXPECT_EQ(p.Applies(), (S{"a/3", "a/7", "a/9"}));
   EXPECT_EQ(p.plan().unhold, (S{"a/7", "a/9"}));
   EXPECT_EQ(p.plan().drained, 2);
-  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{9, 0}));
+  EXPECT_EQ(p.plan().changed.at(K("a")), (AggregateState{9, 0}));
 }
 
 TEST(PlanBatch, AReleasedAggregateDrainsWithoutABatchEvent) {
@@ -243,8 +248,8 @@ TEST(PlanBatch, AReleasedAggregateDrainsWithoutABatchEvent) {
   p.Release("a").Run({});
   EXPECT_EQ(p.Applies(), (S{"a/3", "a/4"}));
   EXPECT_EQ(p.plan().drained, 2);
-  EXPECT_EQ(p.plan().changed.at("a").cursor, 4);
-  EXPECT_EQ(p.plan().changed.at("a").held_count, 0);
+  EXPECT_EQ(p.plan().changed.at(K("a")).cursor, 4);
+  EXPECT_EQ(p.plan().changed.at(K("a")).held_count, 0);
 }
 
 TEST(PlanBatch, DrainStopsAtAGap) {
@@ -252,7 +257,7 @@ TEST(PlanBatch, DrainStopsAtAGap) {
   p.Cursor("a", 0, 2).Held(Ev("a", 7, 3)).Held(Ev("a", 12, 10));
   p.Run({Ev("a", 3, 0)});
   EXPECT_EQ(p.Applies(), (S{"a/3", "a/7"}));
-  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{7, 1}));
+  EXPECT_EQ(p.plan().changed.at(K("a")), (AggregateState{7, 1}));
 }
 
 TEST(PlanBatch, ACopyOfAHeldEventIsHeldAgainAndNotWrittenTwice) {
@@ -296,7 +301,7 @@ TEST(PlanBatch, AForkWithinOneBatchKeepsTheFirst) {
   p.Cursor("a", 3).Run({Ev("a", 9, 7), Ev("a", 10, 7)});
   EXPECT_EQ(p.Outcomes(), (V{H, R}));
   EXPECT_EQ(p.Holds(), (S{"a/9"}));
-  EXPECT_EQ(p.plan().changed.at("a").held_count, 1);
+  EXPECT_EQ(p.plan().changed.at(K("a")).held_count, 1);
 }
 
 TEST(PlanBatch, ANextEventWhoseLinkIsHeldByAnotherIsAFork) {
@@ -325,7 +330,7 @@ TEST(PlanBatch, AHeldForkThatTheChainPassesInTheSameBatchIsRejected) {
   EXPECT_EQ(p.Outcomes(), (V{R, A, A}));
   EXPECT_NE(p.Reason(0).find("fork"), std::string::npos) << p.Reason(0);
   EXPECT_TRUE(p.Holds().empty());
-  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{6, 0}));
+  EXPECT_EQ(p.plan().changed.at(K("a")), (AggregateState{6, 0}));
 }
 
 TEST(PlanBatch, HeldEventsPerAggregateAreCapped) {
@@ -335,7 +340,7 @@ TEST(PlanBatch, HeldEventsPerAggregateAreCapped) {
   EXPECT_EQ(p.Outcomes(), (V{H, R, H}));
   EXPECT_NE(p.Reason(1).find("max_held_per_aggregate"), std::string::npos);
   EXPECT_EQ(p.plan().over_cap, 1);
-  EXPECT_EQ(p.plan().changed.at("a").held_count, 2);
+  EXPECT_EQ(p.plan().changed.at(K("a")).held_count, 2);
 }
 
 TEST(PlanBatch, TheCapDoesNotStopTheNextEvent) {
@@ -343,7 +348,7 @@ TEST(PlanBatch, TheCapDoesNotStopTheNextEvent) {
   p.MaxHeld(1).Cursor("a", 1, 1).Held(Ev("a", 5, 4));
   p.Run({Ev("a", 4, 1)});
   EXPECT_EQ(p.Outcomes(), (V{A}));
-  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{5, 0}));
+  EXPECT_EQ(p.plan().changed.at(K("a")), (AggregateState{5, 0}));
 }
 
 // The outbox's chain left this one before its last applied event (seq 5
@@ -375,7 +380,7 @@ TEST(PlanBatch, AHeldEventAlreadyInTheInboxIsDiscardedNotApplied) {
   p.Run({Ev("a", 7, 3)});
   EXPECT_EQ(p.Applies(), (S{"a/7"}));
   EXPECT_EQ(p.plan().unhold, (S{"x/1"}));
-  EXPECT_EQ(p.plan().changed.at("a"), (AggregateState{7, 0}));
+  EXPECT_EQ(p.plan().changed.at(K("a")), (AggregateState{7, 0}));
 }
 
 TEST(PlanBatch, InvalidEventsAreRejectedWithTheirReasonAndOthersFlow) {
@@ -397,7 +402,7 @@ TEST(PlanBatch, EventsBehindARejectedOneInTheBatchAreDeferredNotHeld) {
   EXPECT_EQ(p.Outcomes(), (V{R, v1::DEFERRED, v1::DEFERRED, A}));
   EXPECT_TRUE(p.Holds().empty());
   EXPECT_EQ(p.plan().deferred, 2);
-  EXPECT_FALSE(p.plan().changed.count("a"));
+  EXPECT_FALSE(p.plan().changed.count(K("a")));
 }
 
 TEST(PlanBatch, AggregatesAreIndependent) {
@@ -408,9 +413,28 @@ TEST(PlanBatch, AggregatesAreIndependent) {
   EXPECT_EQ(p.Applies(), (S{"b/2", "a/7", "a/9"}));
 }
 
+TEST(PlanBatch, OneIdUnderTwoTypesOrSourcesIsTwoChains) {
+  Planner p;
+  v1::Event order = Ev("x", 5, 0), parcel = Ev("x", 6, 0, "-parcel"),
+            shard = Ev("x", 5, 0, "-shard"), late = Ev("x", 9, 8, "-late");
+  order.set_aggregate_type("order");
+  parcel.set_aggregate_type("parcel");
+  shard.set_aggregate_type("order");
+  shard.set_source("b");
+  late.set_aggregate_type("parcel");
+  p.Cursor("x", 0);  // a chain of neither (no type): untouched
+  p.Run({order, parcel, shard, late});
+  EXPECT_EQ(p.Outcomes(), (V{A, A, A, v1::HELD}));
+  EXPECT_EQ(p.plan().changed.at(ChainKey("", "order", "x")).cursor, 5);
+  EXPECT_EQ(p.plan().changed.at(ChainKey("", "parcel", "x")),
+            (AggregateState{6, 1}));
+  EXPECT_EQ(p.plan().changed.at(ChainKey("b", "order", "x")).cursor, 5);
+  EXPECT_FALSE(p.plan().changed.count(K("x")));
+}
+
 TEST(Questions, InboxIsAskedOnlyAboutPassedPositionsUnlessAll) {
   Snapshot snap;
-  snap.aggregates["a"] = {5, 0};
+  snap.aggregates[K("a")] = {5, 0};
   v1::Event old = Ev("a", 3, 0), next = Ev("a", 7, 5);
   std::vector<const v1::Event*> batch = {&old, &next};
   EXPECT_EQ(InboxQuestions(batch, {}, snap, false), (S{"a/3"}));
@@ -420,15 +444,15 @@ TEST(Questions, InboxIsAskedOnlyAboutPassedPositionsUnlessAll) {
 
 TEST(Questions, HeldEventsAreReadOnlyForAggregatesThatHoldSome) {
   Snapshot snap;
-  snap.aggregates["a"] = {5, 0};
-  snap.aggregates["b"] = {2, 3};
+  snap.aggregates[K("a")] = {5, 0};
+  snap.aggregates[K("b")] = {2, 3};
   v1::Event ea = Ev("a", 7, 5), eb = Ev("b", 9, 6);
   HeldQuery q = HeldQuestions({&ea, &eb}, {}, snap);
   using L = std::vector<std::pair<std::string, int64_t>>;
-  EXPECT_EQ(q.links, (L{{"b", 2}, {"b", 6}, {"b", 9}}));
-  EXPECT_EQ(q.positions, (L{{"b", 9}}));
+  EXPECT_EQ(q.links, (L{{K("b"), 2}, {K("b"), 6}, {K("b"), 9}}));
+  EXPECT_EQ(q.positions, (L{{K("b"), 9}}));
   EXPECT_EQ(q.ids, (S{"b/9"}));
-  snap.aggregates["b"].held_count = 0;
+  snap.aggregates[K("b")].held_count = 0;
   EXPECT_TRUE(HeldQuestions({&ea, &eb}, {}, snap).empty());
 }
 

@@ -15,8 +15,8 @@
 namespace outbox::inbox {
 namespace {
 
-// Advisory lock class (first key) of an aggregate's apply lock; the
-// second key is hashtext(aggregate_id).
+// Advisory lock class (first key) of a chain's apply lock; the second key
+// is hashtext(aggregate_id): the chains of one id share it.
 constexpr int kAggregateLockClass = 0x0b10;
 
 // Locks every aggregate of the batch for the rest of the transaction, in
@@ -40,13 +40,21 @@ constexpr int kAggregateLockClass = 0x0b10;
 // which the index wins even on an empty table's estimates.
 void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
                  Snapshot* snap) {
-  for (const std::string& a : aggregates) snap->aggregates[a] = {0, 0};
-  for (const auto& row :
-       ExecPrepared(tx, "lock_read_cursors",
-                    "SELECT * FROM outbox_inbox_lock_cursors($1::text[], $2)",
-                    ArrayLiteral(aggregates).str(), kAggregateLockClass)) {
-    snap->aggregates[row[0].as<std::string>()] = {
-        row[1].as<int64_t>(), row[2].as<int64_t>(), row[3].as<int64_t>()};
+  ChainColumns keys;
+  for (const std::string& a : aggregates) {
+    snap->aggregates[a] = {0, 0};
+    keys.Add(a);
+  }
+  for (const auto& row : ExecPrepared(
+           tx, "lock_read_chains",
+           "SELECT * FROM outbox_inbox_lock_chains($1::text[], $2::text[], "
+           "$3::text[], $4)",
+           keys.source.str(), keys.type.str(), keys.id.str(),
+           kAggregateLockClass)) {
+    snap->aggregates[ChainKey(row[0].as<std::string>(),
+                              row[1].as<std::string>(),
+                              row[2].as<std::string>())] = {
+        row[3].as<int64_t>(), row[4].as<int64_t>(), row[5].as<int64_t>()};
   }
 }
 
@@ -54,38 +62,48 @@ void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
 // event, then its successor's, ...), and those at its positions or ids. A
 // held event may come more than once; the planner reads each once.
 absl::Status ReadHeld(pqxx::work& tx, const HeldQuery& q, Snapshot* snap) {
-  ArrayLiteral link_agg, link_prev, pos_agg, pos_seq;
+  ChainColumns link, pos;
+  ArrayLiteral link_prev, pos_seq;
   for (const auto& [a, p] : q.links) {
-    link_agg.Add(a);
+    link.Add(a);
     link_prev.Add(p);
   }
   for (const auto& [a, s] : q.positions) {
-    pos_agg.Add(a);
+    pos.Add(a);
     pos_seq.Add(s);
   }
+  // A row's chain is its columns' (a row held before chains had a source
+  // kept none in its payload, and took its chain over with its cursor).
   for (const auto& row : ExecPrepared(
-           tx, "read_held",
+           tx, "read_held_chains",
            "WITH RECURSIVE chain AS ("
-           " SELECT h.event_id, h.aggregate_id, h.seq FROM held_events h"
-           " JOIN unnest($1::text[], $2::bigint[]) AS l(a, p)"
-           " ON h.aggregate_id = l.a AND h.prev_seq = l.p"
+           " SELECT h.event_id, h.source, h.aggregate_type, h.aggregate_id,"
+           " h.seq FROM held_events h"
+           " JOIN unnest($1::text[], $2::text[], $3::text[], $4::bigint[])"
+           " AS l(s, t, a, p) ON h.source = l.s AND h.aggregate_type = l.t"
+           " AND h.aggregate_id = l.a AND h.prev_seq = l.p"
            " UNION ALL"
-           " SELECT h.event_id, h.aggregate_id, h.seq FROM held_events h"
-           " JOIN chain c ON h.aggregate_id = c.aggregate_id"
-           " AND h.prev_seq = c.seq) "
-           "SELECT payload FROM held_events WHERE event_id IN "
-           "(SELECT event_id FROM chain) "
-           "UNION ALL SELECT payload FROM held_events "
-           "WHERE event_id = ANY($3::uuid[]) "
-           "UNION ALL SELECT h.payload FROM held_events h "
-           "JOIN unnest($4::text[], $5::bigint[]) AS q(a, s) "
-           "ON h.aggregate_id = q.a AND h.seq = q.s",
-           link_agg.str(), link_prev.str(), ArrayLiteral(q.ids).str(),
-           pos_agg.str(), pos_seq.str())) {
+           " SELECT h.event_id, h.source, h.aggregate_type, h.aggregate_id,"
+           " h.seq FROM held_events h JOIN chain c ON h.source = c.source"
+           " AND h.aggregate_type = c.aggregate_type"
+           " AND h.aggregate_id = c.aggregate_id AND h.prev_seq = c.seq) "
+           "SELECT source, aggregate_type, payload FROM held_events WHERE "
+           "event_id IN (SELECT event_id FROM chain) "
+           "UNION ALL SELECT source, aggregate_type, payload FROM held_events "
+           "WHERE event_id = ANY($5::uuid[]) "
+           "UNION ALL SELECT h.source, h.aggregate_type, h.payload FROM "
+           "held_events h JOIN unnest($6::text[], $7::text[], $8::text[], "
+           "$9::bigint[]) AS q(s, t, a, n) ON h.source = q.s AND "
+           "h.aggregate_type = q.t AND h.aggregate_id = q.a AND h.seq = q.n",
+           link.source.str(), link.type.str(), link.id.str(), link_prev.str(),
+           ArrayLiteral(q.ids).str(), pos.source.str(), pos.type.str(),
+           pos.id.str(), pos_seq.str())) {
     v1::Event h;
-    if (!h.ParseFromString(pqxx::binarystring(row[0]).str())) {
+    if (!h.ParseFromString(pqxx::binarystring(row[2]).str())) {
       return absl::DataLossError("a row of held_events is unreadable");
     }
+    h.set_source(row[0].as<std::string>());
+    h.set_aggregate_type(row[1].as<std::string>());
     snap->held.push_back(std::move(h));
   }
   return absl::OkStatus();
@@ -105,27 +123,30 @@ std::set<std::string> InInbox(pqxx::work& tx,
   return found;
 }
 
-// The inbox rows of a batch: $1-$5 event_id, aggregate_id, seq,
-// event_type, occurred_at.
-#define OUTBOX_INSERT_INBOX                                                  \
-  "INSERT INTO inbox (event_id, aggregate_id, seq, event_type, "             \
-  "occurred_at) SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], " \
-  "$4::text[], $5::timestamptz[]) ON CONFLICT DO NOTHING"
-// The new cursors and held counts of aggregates: $N aggregate_id, $N+1
-// last_seq, $N+2 held_count.
-#define OUTBOX_UPSERT_CURSORS(a, b, c)                                      \
-  "INSERT INTO aggregate_cursors (aggregate_id, last_seq, held_count) "     \
-  "SELECT * FROM unnest(" a "::text[], " b "::bigint[], " c                 \
-  "::int[]) "                                                               \
-  "ON CONFLICT (aggregate_id) DO UPDATE SET last_seq = EXCLUDED.last_seq, " \
-  "held_count = EXCLUDED.held_count, updated_at = now()"
+// The inbox rows of a batch: $1-$7 event_id, source, aggregate_type,
+// aggregate_id, seq, event_type, occurred_at.
+#define OUTBOX_INSERT_INBOX                                                \
+  "INSERT INTO inbox (event_id, source, aggregate_type, aggregate_id, "    \
+  "seq, event_type, occurred_at) SELECT * FROM unnest($1::uuid[], "        \
+  "$2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], "         \
+  "$7::timestamptz[]) ON CONFLICT DO NOTHING"
+// The new cursors and held counts of chains: $N-$N+2 source,
+// aggregate_type, aggregate_id, $N+3 last_seq, $N+4 held_count.
+#define OUTBOX_UPSERT_CURSORS(s, t, a, b, c)                                \
+  "INSERT INTO aggregate_cursors (source, aggregate_type, aggregate_id, "   \
+  "last_seq, held_count) SELECT * FROM unnest(" s "::text[], " t            \
+  "::text[], " a "::text[], " b "::bigint[], " c "::int[]) "                \
+  "ON CONFLICT (source, aggregate_type, aggregate_id) DO UPDATE SET "       \
+  "last_seq = EXCLUDED.last_seq, held_count = EXCLUDED.held_count, "        \
+  "updated_at = now()"
 
 struct InboxRows {
-  ArrayLiteral ev, agg, seq, type, at;
+  ArrayLiteral ev, seq, type, at;
+  ChainColumns chain;
   explicit InboxRows(const std::vector<const v1::Event*>& events) {
     for (const v1::Event* e : events) {
       ev.Add(e->event_id());
-      agg.Add(e->aggregate_id());
+      chain.Add(*e);
       seq.Add(e->seq());
       type.Add(e->event_type());
       at.Add(SqlTimestamp(e->occurred_at()));
@@ -134,10 +155,11 @@ struct InboxRows {
 };
 
 struct CursorRows {
-  ArrayLiteral agg, last, held;
+  ChainColumns chain;
+  ArrayLiteral last, held;
   explicit CursorRows(const std::map<std::string, AggregateState>& changed) {
     for (const auto& [a, st] : changed) {
-      agg.Add(a);
+      chain.Add(a);
       last.Add(st.cursor);
       held.Add(st.held_count);
     }
@@ -157,8 +179,9 @@ Inserted InsertInbox(pqxx::work& tx,
                      const std::vector<const v1::Event*>& events) {
   const InboxRows r(events);
   const pqxx::result ids = ExecPrepared(
-      tx, "insert_inbox", OUTBOX_INSERT_INBOX " RETURNING apply_id", r.ev.str(),
-      r.agg.str(), r.seq.str(), r.type.str(), r.at.str());
+      tx, "insert_inbox_chains", OUTBOX_INSERT_INBOX " RETURNING apply_id",
+      r.ev.str(), r.chain.source.str(), r.chain.type.str(), r.chain.id.str(),
+      r.seq.str(), r.type.str(), r.at.str());
   Inserted out;
   out.all = ids.size() == events.size();
   for (const auto& row : ids) {
@@ -177,33 +200,41 @@ Inserted InsertInboxAndCursors(
   const InboxRows r(events);
   const CursorRows c(changed);
   const pqxx::row inserted =
-      ExecPrepared(tx, "insert_inbox_cursors",
-                   "WITH i AS (" OUTBOX_INSERT_INBOX
-                   " RETURNING apply_id), c AS (" OUTBOX_UPSERT_CURSORS(
-                       "$6", "$7", "$8") ") SELECT count(*), "
-                                         "coalesce(min(apply_id), 0), "
-                                         "coalesce(max(apply_id), 0) FROM i",
-                   r.ev.str(), r.agg.str(), r.seq.str(), r.type.str(),
-                   r.at.str(), c.agg.str(), c.last.str(), c.held.str())[0];
+      ExecPrepared(
+          tx, "insert_inbox_cursors_chains",
+          "WITH i AS (" OUTBOX_INSERT_INBOX
+          " RETURNING apply_id), c AS (" OUTBOX_UPSERT_CURSORS(
+              "$8", "$9", "$10", "$11", "$12") ") SELECT count(*), "
+                                               "coalesce(min(apply_id), 0), "
+                                               "coalesce(max(apply_id), 0) "
+                                               "FROM i",
+          r.ev.str(), r.chain.source.str(), r.chain.type.str(),
+          r.chain.id.str(), r.seq.str(), r.type.str(), r.at.str(),
+          c.chain.source.str(), c.chain.type.str(), c.chain.id.str(),
+          c.last.str(), c.held.str())[0];
   return {inserted[0].as<size_t>() == events.size(), inserted[1].as<int64_t>(),
           inserted[2].as<int64_t>()};
 }
 
 void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
-  ArrayLiteral ev, agg, seq, prev, pay;
+  ArrayLiteral ev, seq, prev, pay;
+  ChainColumns chain;
   for (const v1::Event* e : events) {
     ev.Add(e->event_id());
-    agg.Add(e->aggregate_id());
+    chain.Add(*e);
     seq.Add(e->seq());
     prev.Add(e->prev_seq());
     pay.AddHex(e->SerializeAsString());
   }
   ExecPrepared(
-      tx, "insert_held",
-      "INSERT INTO held_events (event_id, aggregate_id, seq, prev_seq, "
-      "payload) SELECT e, a, s, p, decode(h, 'hex') FROM unnest($1::uuid[], "
-      "$2::text[], $3::bigint[], $4::bigint[], $5::text[]) AS t(e, a, s, p, h)",
-      ev.str(), agg.str(), seq.str(), prev.str(), pay.str());
+      tx, "insert_held_chains",
+      "INSERT INTO held_events (event_id, source, aggregate_type, "
+      "aggregate_id, seq, prev_seq, payload) SELECT e, c, t, a, s, p, "
+      "decode(h, 'hex') FROM unnest($1::uuid[], $2::text[], $3::text[], "
+      "$4::text[], $5::bigint[], $6::bigint[], $7::text[]) AS t(e, c, t, a, "
+      "s, p, h)",
+      ev.str(), chain.source.str(), chain.type.str(), chain.id.str(),
+      seq.str(), prev.str(), pay.str());
 }
 
 // Deletes the held events that the chains of `changed` passed: they were
@@ -213,22 +244,28 @@ void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
 std::vector<std::string> DeletePassedHeld(
     pqxx::work& tx, const std::map<std::string, AggregateState>& before,
     std::map<std::string, AggregateState>* changed) {
-  ArrayLiteral agg, cursor;
+  ChainColumns chain;
+  ArrayLiteral cursor;
   for (const auto& [a, st] : *changed) {
     if (before.at(a).held_count == 0 || st.held_count == 0) continue;
-    agg.Add(a);
+    chain.Add(a);
     cursor.Add(st.cursor);
   }
   std::vector<std::string> gone;
-  if (agg.empty()) return gone;
+  if (chain.id.empty()) return gone;
   for (const auto& row : ExecPrepared(
-           tx, "delete_passed_held",
-           "DELETE FROM held_events h USING unnest($1::text[], $2::bigint[]) "
-           "AS m(a, s) WHERE h.aggregate_id = m.a AND h.seq <= m.s "
-           "RETURNING h.aggregate_id, h.event_id::text",
-           agg.str(), cursor.str())) {
-    --(*changed)[row[0].as<std::string>()].held_count;
-    gone.push_back(row[1].as<std::string>());
+           tx, "delete_passed_held_chains",
+           "DELETE FROM held_events h USING unnest($1::text[], $2::text[], "
+           "$3::text[], $4::bigint[]) AS m(c, t, a, s) WHERE h.source = m.c "
+           "AND h.aggregate_type = m.t AND h.aggregate_id = m.a AND h.seq <= "
+           "m.s RETURNING h.source, h.aggregate_type, h.aggregate_id, "
+           "h.event_id::text",
+           chain.source.str(), chain.type.str(), chain.id.str(),
+           cursor.str())) {
+    --(*changed)[ChainKey(row[0].as<std::string>(), row[1].as<std::string>(),
+                          row[2].as<std::string>())]
+          .held_count;
+    gone.push_back(row[3].as<std::string>());
   }
   return gone;
 }
@@ -236,8 +273,10 @@ std::vector<std::string> DeletePassedHeld(
 void UpdateCursors(pqxx::work& tx,
                    const std::map<std::string, AggregateState>& changed) {
   const CursorRows c(changed);
-  ExecPrepared(tx, "upsert_cursors", OUTBOX_UPSERT_CURSORS("$1", "$2", "$3"),
-               c.agg.str(), c.last.str(), c.held.str());
+  ExecPrepared(tx, "upsert_cursors_chains",
+               OUTBOX_UPSERT_CURSORS("$1", "$2", "$3", "$4", "$5"),
+               c.chain.source.str(), c.chain.type.str(), c.chain.id.str(),
+               c.last.str(), c.held.str());
 }
 
 #undef OUTBOX_INSERT_INBOX
@@ -245,12 +284,32 @@ void UpdateCursors(pqxx::work& tx,
 
 }  // namespace
 
+void ChainColumns::Add(const std::string& key) {
+  ChainId c;
+  ParseChainKey(key, &c);
+  source.Add(c.source);
+  type.Add(c.type);
+  id.Add(c.id);
+}
+
+void ChainColumns::Add(const v1::Event& e) {
+  source.Add(e.source());
+  type.Add(e.aggregate_type());
+  id.Add(e.aggregate_id());
+}
+
 void LockAggregates(pqxx::transaction_base& tx,
-                    const std::set<std::string>& aggregates) {
+                    const std::set<std::string>& chains) {
+  std::set<std::string> ids;
+  for (const std::string& key : chains) {
+    ChainId c;
+    ParseChainKey(key, &c);
+    ids.insert(c.id);
+  }
   ExecPrepared(tx, "lock_aggregates",
                "SELECT pg_advisory_xact_lock($2, hashtext(a)) "
                "FROM unnest($1::text[]) AS a",
-               ArrayLiteral(aggregates).str(), kAggregateLockClass);
+               ArrayLiteral(ids).str(), kAggregateLockClass);
 }
 
 Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
@@ -471,7 +530,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
       std::set<std::string> rejected;  // as in one plan: later events defer
       for (size_t i = 0; i < events.size(); ++i) {
         const v1::Event& e = *events[i];
-        if (rejected.count(e.aggregate_id())) {
+        if (rejected.count(ChainKeyOf(e))) {
           v1::EventResult r;
           r.set_event_id(e.event_id());
           r.set_seq(e.seq());
@@ -485,7 +544,7 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
         auto one = ApplyValidated({events[i]}, {invalid[i]}, origin, options);
         if (!one.ok()) return one.status();
         if ((*one)[0].outcome() == v1::REJECTED)
-          rejected.insert(e.aggregate_id());
+          rejected.insert(ChainKeyOf(e));
         each.push_back(std::move((*one)[0]));
       }
       return each;
@@ -515,7 +574,7 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
   drained->clear();
   std::set<std::string> aggregates = options.release;
   for (size_t i = 0; i < events.size(); ++i) {
-    if (invalid[i].empty()) aggregates.insert(events[i]->aggregate_id());
+    if (invalid[i].empty()) aggregates.insert(ChainKeyOf(*events[i]));
   }
   Attempt out;
   if (aggregates.empty()) {
@@ -568,7 +627,7 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
                                return h.event_id() == options.skip;
                              });
       if (it != snap.held.end() &&
-          it->prev_seq() == snap.aggregates[it->aggregate_id()].cursor) {
+          it->prev_seq() == snap.aggregates[ChainKeyOf(*it)].cursor) {
         const v1::Event skipped = *it;
         snap.held.erase(std::remove_if(snap.held.begin(), snap.held.end(),
                                        [&](const v1::Event& h) {
@@ -582,10 +641,10 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
         ExecPrepared(tx, "unhold",
                      "DELETE FROM held_events WHERE event_id = ANY($1::uuid[])",
                      ArrayLiteral(std::vector<std::string>{options.skip}).str());
-        AggregateState& st = snap.aggregates[skipped.aggregate_id()];
+        AggregateState& st = snap.aggregates[ChainKeyOf(skipped)];
         st.cursor = skipped.seq();
         st.held_count = std::max<int64_t>(0, st.held_count - 1);
-        UpdateCursors(tx, {{skipped.aggregate_id(), st}});
+        UpdateCursors(tx, {{ChainKeyOf(skipped), st}});
         skip_done = true;
       }
     }
@@ -737,13 +796,17 @@ absl::StatusOr<HeldActionResult> Engine::NextHeld(const std::string& event_id,
     const pqxx::result row = tx.exec_params(
         "SELECT h.event_id::text, h.aggregate_id, h.seq, h.prev_seq, "
         "coalesce(c.last_seq, 0), (SELECT count(*) FROM held_events x "
-        "WHERE x.aggregate_id = h.aggregate_id) FROM held_events h LEFT JOIN "
-        "aggregate_cursors c USING (aggregate_id) WHERE h.event_id = $1",
+        "WHERE (x.source, x.aggregate_type, x.aggregate_id) = (h.source, "
+        "h.aggregate_type, h.aggregate_id)), h.source, h.aggregate_type FROM "
+        "held_events h LEFT JOIN aggregate_cursors c USING (source, "
+        "aggregate_type, aggregate_id) WHERE h.event_id = $1",
         event_id);
     found = !row.empty();
     if (found) {
       r.event_id = row[0][0].as<std::string>();
       r.aggregate_id = row[0][1].as<std::string>();
+      r.source = row[0][6].as<std::string>();
+      r.aggregate_type = row[0][7].as<std::string>();
       r.seq = row[0][2].as<int64_t>();
       prev = row[0][3].as<int64_t>();
       r.cursor = row[0][4].as<int64_t>();
@@ -759,7 +822,7 @@ absl::StatusOr<HeldActionResult> Engine::NextHeld(const std::string& event_id,
   if (prev != r.cursor) {
     return absl::FailedPreconditionError(absl::StrCat(
         "held event ", event_id, " (seq ", r.seq, " of aggregate ",
-        r.aggregate_id, ") waits for the event after seq ", prev,
+        ChainLabel(r.chain()), ") waits for the event after seq ", prev,
         ", which has not arrived (the aggregate is applied through seq ",
         r.cursor, "): a gap, not a failure; only the next event of a chain "
         "can be ", what));
@@ -775,11 +838,12 @@ absl::Status Engine::FinishAction(HeldActionResult* r, const char* action,
     ApplyLimits(tx);
     const pqxx::row st = tx.exec_params1(
         "SELECT coalesce((SELECT last_seq FROM aggregate_cursors WHERE "
-        "aggregate_id = $1), 0), (SELECT count(*) FROM held_events WHERE "
-        "aggregate_id = $1), (SELECT coalesce(last_error, '') FROM "
-        "held_events WHERE event_id = $2), EXISTS (SELECT 1 FROM held_events "
-        "WHERE event_id = $2)",
-        r->aggregate_id, r->event_id);
+        "(source, aggregate_type, aggregate_id) = ($3, $4, $1)), 0), (SELECT "
+        "count(*) FROM held_events WHERE (source, aggregate_type, "
+        "aggregate_id) = ($3, $4, $1)), (SELECT coalesce(last_error, '') "
+        "FROM held_events WHERE event_id = $2), EXISTS (SELECT 1 FROM "
+        "held_events WHERE event_id = $2)",
+        r->aggregate_id, r->event_id, r->source, r->aggregate_type);
     const int64_t before = r->cursor;
     r->cursor = st[0].as<int64_t>();
     r->held_left = st[1].as<int64_t>();
@@ -798,8 +862,10 @@ absl::Status Engine::FinishAction(HeldActionResult* r, const char* action,
                                   r->drained, " drained");
     tx.exec_params(
         "INSERT INTO held_actions (event_id, aggregate_id, seq, action, actor, "
-        "reason, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        r->event_id, r->aggregate_id, r->seq, action, actor, reason, outcome);
+        "reason, outcome, source, aggregate_type) VALUES ($1, $2, $3, $4, $5, "
+        "$6, $7, $8, $9)",
+        r->event_id, r->aggregate_id, r->seq, action, actor, reason, outcome,
+        r->source, r->aggregate_type);
     tx.commit();
     return absl::OkStatus();
   });
@@ -810,7 +876,7 @@ absl::StatusOr<HeldActionResult> Engine::ReleaseHeld(
     const std::string& reason) {
   auto r = NextHeld(event_id, "released");
   if (!r.ok()) return r.status();
-  if (absl::Status d = DrainAggregate(r->aggregate_id); !d.ok()) return d;
+  if (absl::Status d = DrainAggregate(r->chain()); !d.ok()) return d;
   if (absl::Status s = FinishAction(&*r, "release", actor, reason); !s.ok()) {
     return s;
   }
@@ -826,7 +892,7 @@ absl::StatusOr<HeldActionResult> Engine::SkipHeld(const std::string& event_id,
   auto r = NextHeld(event_id, "skipped");
   if (!r.ok()) return r.status();
   bool skipped = false;
-  if (absl::Status d = DrainAggregate(r->aggregate_id, event_id, &skipped);
+  if (absl::Status d = DrainAggregate(r->chain(), event_id, &skipped);
       !d.ok()) {
     return d;
   }
@@ -840,14 +906,14 @@ absl::StatusOr<HeldActionResult> Engine::SkipHeld(const std::string& event_id,
   }
   spdlog::warn("consumer: {} skipped held event {} (seq {} of aggregate {}; "
                "{}): its effect was never applied",
-               actor, event_id, r->seq, r->aggregate_id, reason);
+               actor, event_id, r->seq, ChainLabel(r->chain()), reason);
   return r;
 }
 
-absl::Status Engine::DrainAggregate(const std::string& aggregate_id,
+absl::Status Engine::DrainAggregate(const std::string& chain,
                                     const std::string& skip, bool* skipped) {
   AttemptOptions options;
-  options.release = {aggregate_id};
+  options.release = {chain};
   options.skip = skip;
   options.skipped = skipped;
   return ApplyValidated({}, {}, nullptr, options).status();

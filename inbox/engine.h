@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/db.h"
+#include "common/ids.h"
 #include "common/metrics.h"
 #include "common/watchdog.h"
 #include "inbox/batch_plan.h"
@@ -37,10 +38,18 @@
 
 namespace outbox::inbox {
 
-// Takes the apply locks of `aggregates` for the rest of `tx`, in sorted
-// order, as every batch does before it reads or writes their state.
+// Chains (their ChainKey, common/ids.h) as three array parameters:
+// source, aggregate_type and aggregate_id, one element each per chain.
+struct ChainColumns {
+  ArrayLiteral source, type, id;
+  void Add(const std::string& key);
+  void Add(const v1::Event& e);
+};
+
+// Takes the apply locks of `chains` (ChainKeys) for the rest of `tx`, in
+// sorted order, as every batch does before it reads or writes their state.
 void LockAggregates(pqxx::transaction_base& tx,
-                    const std::set<std::string>& aggregates);
+                    const std::set<std::string>& chains);
 
 // Where a batch was committed, for its sender (DeliverResponse).
 struct BatchOrigin {
@@ -67,7 +76,7 @@ struct EngineOptions {
 // What an operator's action on a held event did.
 struct HeldActionResult {
   std::string event_id;
-  std::string aggregate_id;
+  std::string source, aggregate_type, aggregate_id;  // its chain
   int64_t seq = 0;
   int64_t cursor = 0;      // its aggregate's applied position afterwards
   bool applied = false;    // release: it drained (applied) this time
@@ -75,6 +84,9 @@ struct HeldActionResult {
   int64_t held_before = 0;  // events its aggregate held before
   int64_t held_left = 0;   // events its aggregate still holds
   std::string last_error;  // release: why it failed again
+  std::string chain() const {
+    return ChainKey(source, aggregate_type, aggregate_id);
+  }
 };
 
 class Engine {
@@ -158,10 +170,10 @@ class Engine {
                   const AttemptOptions& options,
                   const std::vector<std::string>& drained,
                   const absl::Status& failure);
-  // Drains the held chain of `aggregate_id` from its cursor (a failure is
+  // Drains the held chain `chain` (a ChainKey) from its cursor (a failure is
   // charged to the held event that fails), after skipping held event
   // `skip` when not empty (*skipped says whether it was).
-  absl::Status DrainAggregate(const std::string& aggregate_id,
+  absl::Status DrainAggregate(const std::string& chain,
                               const std::string& skip = "",
                               bool* skipped = nullptr);
   // Counts a failed try against held event `id`, with `why`, at once and

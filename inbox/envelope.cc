@@ -16,6 +16,10 @@ absl::Status ValidateEnvelope(const v1::Event& e) {
   if (e.aggregate_id().empty() || e.aggregate_id().size() > 128) {
     return bad("aggregate_id: must be 1-128 bytes");
   }
+  if (!e.source().empty() && !IsSourceName(e.source())) {
+    return bad("source: must be 1-64 bytes of letters, digits, '.', '_' and "
+               "'-', or empty");
+  }
   if (e.seq() <= 0) return bad("seq: must be positive, got ", e.seq());
   if (e.prev_seq() < 0 || e.prev_seq() >= e.seq()) {
     return bad("prev_seq: must be in [0, seq), got ", e.prev_seq(),

@@ -30,6 +30,8 @@ InboxGauges::InboxGauges(Database* db, Metrics* metrics,
         std::lock_guard<std::mutex> lock(gap_mu_);
         return std::vector<std::pair<Labels, double>>{
             {{{"aggregate_id", gap_aggregate_},
+              {"aggregate_type", gap_type_},
+              {"source", gap_source_},
               {"missing_after_seq",
                gap_aggregate_.empty() ? "" : std::to_string(gap_after_seq_)}},
              gap_seconds_}};
@@ -57,16 +59,20 @@ bool InboxGauges::Refresh() {
     // (a failed one there is not a gap; it has its own gauge).
     const pqxx::result gap = tx.exec(
         "SELECT h.aggregate_id, coalesce(c.last_seq, 0), extract(epoch FROM "
-        "now() - min(h.received_at))::float8 FROM held_events h LEFT JOIN "
-        "aggregate_cursors c USING (aggregate_id) WHERE NOT EXISTS (SELECT 1 "
-        "FROM held_events n WHERE n.aggregate_id = h.aggregate_id AND "
-        "n.prev_seq = coalesce(c.last_seq, 0)) GROUP BY 1, 2 ORDER BY 3 DESC "
+        "now() - min(h.received_at))::float8, h.aggregate_type, h.source FROM "
+        "held_events h LEFT JOIN aggregate_cursors c USING (source, "
+        "aggregate_type, aggregate_id) WHERE NOT EXISTS (SELECT 1 FROM "
+        "held_events n WHERE n.source = h.source AND n.aggregate_type = "
+        "h.aggregate_type AND n.aggregate_id = h.aggregate_id AND n.prev_seq "
+        "= coalesce(c.last_seq, 0)) GROUP BY 1, 2, 4, 5 ORDER BY 3 DESC "
         "LIMIT 1");
     const pqxx::row failed = tx.exec1(
         "SELECT count(*) FROM held_events WHERE attempts > 0");
     {
       std::lock_guard<std::mutex> lock(gap_mu_);
       gap_aggregate_ = gap.empty() ? "" : gap[0][0].as<std::string>();
+      gap_type_ = gap.empty() ? "" : gap[0][3].as<std::string>();
+      gap_source_ = gap.empty() ? "" : gap[0][4].as<std::string>();
       gap_after_seq_ = gap.empty() ? 0 : gap[0][1].as<int64_t>();
       gap_seconds_ = gap.empty() ? 0 : std::max(0.0, gap[0][2].as<double>());
     }

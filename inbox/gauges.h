@@ -34,7 +34,7 @@ class InboxGauges {
   std::mutex gap_mu_;
   // The oldest gap: an aggregate holding events while the one after its
   // cursor has not arrived. Empty aggregate: none.
-  std::string gap_aggregate_;
+  std::string gap_aggregate_, gap_type_, gap_source_;
   int64_t gap_after_seq_ = 0;
   double gap_seconds_ = 0;
   PeriodicTask task_;  // last: starts after the members it uses

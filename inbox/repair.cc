@@ -14,17 +14,24 @@ namespace {
 
 constexpr int kMaxCursors = 5000;
 
-// Each cursor with the inbox's event at its position (a probe by the
-// unique (aggregate_id, seq) index), by name in CursorFromRow.
+// Each cursor of source $1 (and those from before chains had a source
+// that it may take over) with the inbox's event at its position (a probe
+// by the unique chain and position index), by name in CursorFromRow.
 constexpr char kCursorColumns[] =
-    "SELECT c.aggregate_id::text AS aggregate_id, c.last_seq, "
+    "SELECT c.source::text AS source, c.aggregate_type::text AS "
+    "aggregate_type, c.aggregate_id::text AS aggregate_id, c.last_seq, "
     "coalesce(i.event_id::text, '') AS event_id, c.pruned_through, "
     "c.held_count FROM aggregate_cursors c LEFT JOIN LATERAL (SELECT "
-    "event_id FROM inbox WHERE aggregate_id = c.aggregate_id AND seq = "
-    "c.last_seq LIMIT 1) i ON true ";
+    "event_id FROM inbox WHERE source = c.source AND aggregate_type = "
+    "c.aggregate_type AND aggregate_id = c.aggregate_id AND seq = "
+    "c.last_seq LIMIT 1) i ON true WHERE (c.source = $1 OR (c.source = '' "
+    "AND c.aggregate_type = '' AND EXISTS (SELECT 1 FROM "
+    "inbox_legacy_source l WHERE l.source IS NULL OR l.source = $1))) ";
 
 Cursor CursorFromRow(const pqxx::row& row) {
   Cursor c;
+  c.source = row["source"].as<std::string>();
+  c.aggregate_type = row["aggregate_type"].as<std::string>();
   c.aggregate_id = row["aggregate_id"].as<std::string>();
   c.applied_seq = row["last_seq"].as<int64_t>();
   c.applied_event_id = row["event_id"].as<std::string>();
@@ -55,15 +62,20 @@ absl::StatusOr<CursorPage> InboxRepair::Cursors(const CursorQuery& q) {
     ApplyLimits(tx);
     pqxx::result r =
         q.only.empty()
-            ? tx.exec_params(absl::StrCat(kCursorColumns,
-                                          "WHERE c.aggregate_id > $1 ORDER BY "
-                                          "c.aggregate_id LIMIT $2"),
-                             q.after, q.limit + 1)
+            // Without after_type, after every chain of the id `after`.
+            ? tx.exec_params(
+                  absl::StrCat(kCursorColumns,
+                               "AND (c.aggregate_id > $2 OR (c.aggregate_id "
+                               "= $2 AND $3 <> '' AND c.aggregate_type > $3)) "
+                               "ORDER BY c.aggregate_id, c.aggregate_type, "
+                               "c.source LIMIT $4"),
+                  q.source, q.after, q.after_type, q.limit + 1)
             : tx.exec_params(absl::StrCat(kCursorColumns,
-                                          "WHERE c.aggregate_id = "
-                                          "ANY($1::text[]) ORDER BY "
-                                          "c.aggregate_id"),
-                             ArrayLiteral(q.only).str());
+                                          "AND c.aggregate_id = "
+                                          "ANY($2::text[]) ORDER BY "
+                                          "c.aggregate_id, c.aggregate_type, "
+                                          "c.source"),
+                             q.source, ArrayLiteral(q.only).str());
     for (const auto& row : r) page.cursors.push_back(CursorFromRow(row));
     if (q.only.empty() && page.cursors.size() > static_cast<size_t>(q.limit)) {
       page.cursors.pop_back();
@@ -75,7 +87,7 @@ absl::StatusOr<CursorPage> InboxRepair::Cursors(const CursorQuery& q) {
   return page;
 }
 
-absl::StatusOr<RewindResult> InboxRepair::Rewind(const RewindRequest& req) {
+absl::StatusOr<RewindResult> InboxRepair::Rewind(RewindRequest req) {
   if (req.aggregate_id.empty() || req.aggregate_id.size() > 128) {
     return absl::InvalidArgumentError("aggregate_id: must be 1-128 bytes");
   }
@@ -93,25 +105,44 @@ absl::StatusOr<RewindResult> InboxRepair::Rewind(const RewindRequest& req) {
     }
     keep.insert(absl::AsciiStrToLower(id));
   }
+  std::string chain;
   RewindResult out;
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     out = RewindResult{};
     pqxx::work tx(c);
     ApplyLimits(tx);
-    LockAggregates(tx, {req.aggregate_id});
+    if (req.aggregate_type.empty()) {
+      // The source's one chain of that id (or one from before chains had a
+      // type).
+      const pqxx::result types = tx.exec_params(
+          "SELECT aggregate_type FROM aggregate_cursors WHERE aggregate_id = "
+          "$1 AND (source = $2 OR (source = '' AND aggregate_type = ''))",
+          req.aggregate_id, req.source);
+      if (types.size() > 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "aggregate_type: ", types.size(), " chains of aggregate ",
+            req.aggregate_id, " are here; name the type to rewind"));
+      }
+      if (types.size() == 1 && !types[0][0].as<std::string>().empty()) {
+        req.aggregate_type = types[0][0].as<std::string>();
+      }
+    }
+    chain = ChainKey(req.source, req.aggregate_type, req.aggregate_id);
+    LockAggregates(tx, {chain});
     int64_t pruned_through = 0;
     if (pqxx::result cur = tx.exec_params(
-            "SELECT pruned_through FROM aggregate_cursors WHERE aggregate_id "
-            "= $1",
-            req.aggregate_id);
+            "SELECT pruned_through FROM aggregate_cursors WHERE source = $2 "
+            "AND aggregate_type = $3 AND aggregate_id = $1",
+            req.aggregate_id, req.source, req.aggregate_type);
         !cur.empty()) {
       pruned_through = cur[0][0].as<int64_t>();
     }
     const pqxx::result rows = tx.exec_params(
         "SELECT event_id::text, seq, event_type, "
         "(extract(epoch FROM applied_at) * 1000000)::bigint FROM inbox "
-        "WHERE aggregate_id = $1 ORDER BY seq",
-        req.aggregate_id);
+        "WHERE source = $2 AND aggregate_type = $3 AND aggregate_id = $1 "
+        "ORDER BY seq",
+        req.aggregate_id, req.source, req.aggregate_type);
     // The shared history is the longest prefix of the applied chain whose
     // events the producer holds; rows below pruned_through are gone and
     // count as shared (retention deletes only old, settled rows).
@@ -136,23 +167,26 @@ absl::StatusOr<RewindResult> InboxRepair::Rewind(const RewindRequest& req) {
     }
     if (!out.superseded.empty()) {
       tx.exec_params(
-          "INSERT INTO inbox_superseded (event_id, aggregate_id, seq, "
-          "event_type, applied_at, operator, reason) SELECT event_id, "
-          "aggregate_id, seq, event_type, applied_at, $2, $3 FROM inbox WHERE "
+          "INSERT INTO inbox_superseded (event_id, source, aggregate_type, "
+          "aggregate_id, seq, event_type, applied_at, operator, reason) "
+          "SELECT event_id, source, aggregate_type, aggregate_id, seq, "
+          "event_type, applied_at, $2, $3 FROM inbox WHERE "
           "event_id = ANY($1::uuid[])",
           ids.str(), req.operator_name, req.reason);
       tx.exec_params("DELETE FROM inbox WHERE event_id = ANY($1::uuid[])",
                      ids.str());
     }
     out.held_dropped =
-        tx.exec_params("DELETE FROM held_events WHERE aggregate_id = $1",
-                       req.aggregate_id)
+        tx.exec_params("DELETE FROM held_events WHERE source = $2 AND "
+                       "aggregate_type = $3 AND aggregate_id = $1",
+                       req.aggregate_id, req.source, req.aggregate_type)
             .affected_rows();
     tx.exec_params(
-        "INSERT INTO aggregate_cursors (aggregate_id, last_seq, held_count) "
-        "VALUES ($1, $2, 0) ON CONFLICT (aggregate_id) DO UPDATE SET "
+        "INSERT INTO aggregate_cursors (source, aggregate_type, aggregate_id, "
+        "last_seq, held_count) VALUES ($3, $4, $1, $2, 0) ON CONFLICT "
+        "(source, aggregate_type, aggregate_id) DO UPDATE SET "
         "last_seq = EXCLUDED.last_seq, held_count = 0, updated_at = now()",
-        req.aggregate_id, out.applied_seq);
+        req.aggregate_id, out.applied_seq, req.source, req.aggregate_type);
     if (handler_ != nullptr && !gone.empty()) {
       handler_->Rewound(tx, req.aggregate_id, kept, gone);
     }
@@ -163,7 +197,7 @@ absl::StatusOr<RewindResult> InboxRepair::Rewind(const RewindRequest& req) {
   spdlog::warn(
       "consumer: aggregate {} rewound to seq {} by {} ({}): {} applied "
       "events superseded, {} held events dropped",
-      req.aggregate_id, out.applied_seq, req.operator_name, req.reason,
+      ChainLabel(chain), out.applied_seq, req.operator_name, req.reason,
       out.superseded.size(), out.held_dropped);
   return out;
 }

@@ -23,13 +23,16 @@
 namespace outbox::inbox {
 
 struct CursorQuery {
-  std::string after;              // a page of aggregates after this one
+  // The chains of this source, and those recorded before chains had a
+  // source that it may take over (inbox_legacy_source).
+  std::string source;
+  std::string after, after_type;  // a page of chains after this id and type
   int limit = 1000;               // 1-5000
-  std::vector<std::string> only;  // or exactly these (at most 5000)
+  std::vector<std::string> only;  // or exactly these ids (at most 5000)
 };
 
 struct Cursor {
-  std::string aggregate_id;
+  std::string source, aggregate_type, aggregate_id;
   int64_t applied_seq = 0;
   std::string applied_event_id;  // "" when inbox retention deleted its row
   int64_t pruned_through = 0;
@@ -43,7 +46,7 @@ struct CursorPage {
 };
 
 struct RewindRequest {
-  std::string aggregate_id;
+  std::string source, aggregate_type, aggregate_id;  // the chain
   // The producer's retained history of the aggregate, by event id.
   std::vector<std::string> keep_event_ids;
   std::string reason;
@@ -78,7 +81,7 @@ class InboxRepair {
   // set its own state back (Handler::Rewound), all in one transaction under
   // the aggregate's apply lock. FailedPrecondition when
   // inbox retention deleted rows that the comparison needs.
-  absl::StatusOr<RewindResult> Rewind(const RewindRequest& r);
+  absl::StatusOr<RewindResult> Rewind(RewindRequest r);
 
  private:
   Database* const db_;

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "common/ids.h"
 #include "inbox/engine.h"
 
 namespace outbox::inbox {
@@ -16,7 +17,8 @@ int64_t PruneInboxOnce(pqxx::connection& conn, absl::Duration keep, int batch) {
   // A BRIN index on applied_at finds the old pages; no order is needed, so
   // the scan stops after `batch` rows.
   const pqxx::result old = tx.exec_params(
-      "SELECT event_id::text, aggregate_id, seq FROM inbox "
+      "SELECT event_id::text, source, aggregate_type, aggregate_id, seq FROM "
+      "inbox "
       "WHERE applied_at < now() - make_interval(secs => $1::float8) LIMIT $2",
       absl::ToDoubleSeconds(keep), batch);
   if (old.empty()) return 0;
@@ -25,10 +27,12 @@ int64_t PruneInboxOnce(pqxx::connection& conn, absl::Duration keep, int batch) {
   ArrayLiteral ids;
   for (const auto& row : old) {
     ids.Add(row[0].as<std::string>());
-    const std::string agg = row[1].as<std::string>();
+    const std::string agg =
+        ChainKey(row[1].as<std::string>(), row[2].as<std::string>(),
+                 row[3].as<std::string>());
     aggregates.insert(agg);
     int64_t& t = through[agg];
-    t = std::max(t, row[2].as<int64_t>());
+    t = std::max(t, row[4].as<int64_t>());
   }
   // A batch applying these aggregates reads the inbox and the cursor
   // together: it sees both before or both after this transaction.
@@ -37,17 +41,19 @@ int64_t PruneInboxOnce(pqxx::connection& conn, absl::Duration keep, int batch) {
       tx.exec_params("DELETE FROM inbox WHERE event_id = ANY($1::uuid[])",
                      ids.str())
           .affected_rows();
-  ArrayLiteral aggs, seqs;
+  ChainColumns chains;
+  ArrayLiteral seqs;
   for (const auto& [agg, seq] : through) {
-    aggs.Add(agg);
+    chains.Add(agg);
     seqs.Add(seq);
   }
   tx.exec_params(
       "UPDATE aggregate_cursors c SET pruned_through = "
-      "greatest(c.pruned_through, t.s) "
-      "FROM unnest($1::text[], $2::bigint[]) AS t(a, s) "
-      "WHERE c.aggregate_id = t.a",
-      aggs.str(), seqs.str());
+      "greatest(c.pruned_through, t.n) "
+      "FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS "
+      "t(s, y, a, n) WHERE c.source = t.s AND c.aggregate_type = t.y AND "
+      "c.aggregate_id = t.a",
+      chains.source.str(), chains.type.str(), chains.id.str(), seqs.str());
   tx.commit();
   return deleted;
 }

@@ -96,7 +96,9 @@ grpc::Status EventSinkImpl::GetCursors(grpc::ServerContext* ctx,
                         "this consumer cannot list cursors");
   }
   CursorQuery q;
+  q.source = req->source();
   q.after = req->after_aggregate_id();
+  q.after_type = req->after_aggregate_type();
   q.limit = req->limit() == 0 ? 1000 : req->limit();
   q.only.assign(req->aggregate_ids().begin(), req->aggregate_ids().end());
   auto page = repair_->Cursors(q);
@@ -104,6 +106,8 @@ grpc::Status EventSinkImpl::GetCursors(grpc::ServerContext* ctx,
   for (const Cursor& c : page->cursors) {
     v1::AggregateCursor* out = resp->add_cursors();
     out->set_aggregate_id(c.aggregate_id);
+    out->set_aggregate_type(c.aggregate_type);
+    out->set_source(c.source);
     out->set_applied_seq(c.applied_seq);
     out->set_applied_event_id(c.applied_event_id);
     out->set_pruned_through(c.pruned_through);
@@ -127,6 +131,8 @@ grpc::Status EventSinkImpl::Rewind(grpc::ServerContext* ctx,
   }
   RewindRequest r;
   r.aggregate_id = req->aggregate_id();
+  r.aggregate_type = req->aggregate_type();
+  r.source = req->source();
   r.keep_event_ids.assign(req->keep_event_ids().begin(),
                           req->keep_event_ids().end());
   r.reason = req->reason();
