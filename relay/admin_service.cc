@@ -294,6 +294,7 @@ grpc::Status RelayAdminImpl::Replay(grpc::ServerContext* ctx,
   ReplaySelector sel;
   sel.event_id = req->event_id();
   sel.aggregate_id = req->aggregate_id();
+  sel.aggregate_type = req->aggregate_type();
   sel.by_seq = req->from_seq() != 0 || req->to_seq() != 0;
   sel.by_time = req->has_since() || req->has_until();
   const int selectors = !sel.event_id.empty() + !sel.aggregate_id.empty() +
@@ -393,26 +394,38 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
                      relay_->subscription(), "; ask a relay of ", *sub));
   }
   const std::string who = CallerName(check_, *ctx);
-  // 1. The producer's history of the aggregate, as the outbox holds it.
+  // 1. The producer's history of the chain, as the outbox holds it.
   std::vector<std::pair<int64_t, std::string>> chain;
+  std::string type = req->aggregate_type();
   absl::Status s = OnSubscription<pqxx::read_transaction>(
       db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
-        if (tx.exec_params(
-                  "SELECT 1 FROM outbox_divergences WHERE subscription "
-                  "= $1 AND aggregate_id = $2 AND resolved_at IS NULL",
-                  *sub, req->aggregate_id())
-                .empty()) {
+        const pqxx::result open = tx.exec_params(
+            "SELECT aggregate_type FROM outbox_divergences WHERE subscription "
+            "= $1 AND aggregate_id = $2 AND ($3 = '' OR aggregate_type = $3) "
+            "AND resolved_at IS NULL",
+            *sub, req->aggregate_id(), req->aggregate_type());
+        if (open.empty()) {
           return absl::NotFoundError(
               absl::StrCat("aggregate ", req->aggregate_id(),
                            " has no open divergence in ", *sub));
         }
-        chain = ChainOf(tx, req->aggregate_id());
+        if (open.size() > 1) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "aggregate_type: ", open.size(), " chains of aggregate ",
+              req->aggregate_id(), " diverged; name the type of the one "
+              "to resolve"));
+        }
+        type = open[0][0].as<std::string>();
+        chain = ChainOf(tx, type, req->aggregate_id());
         return absl::OkStatus();
       });
   if (!s.ok()) return ToGrpcStatus(s);
+  const std::string name = ChainLabel(OutboxChain(type, req->aggregate_id()));
   // 2. The consumer keeps what both share and records what it supersedes.
   v1::RewindRequest rewind;
   rewind.set_aggregate_id(req->aggregate_id());
+  rewind.set_aggregate_type(type);
+  if (!type.empty()) rewind.set_source(relay_->source());
   for (const auto& [seq, id] : chain) rewind.add_keep_event_ids(id);
   rewind.set_reason(req->reason());
   rewind.set_operator_(who);
@@ -428,8 +441,8 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
                   r.error_code() == grpc::StatusCode::FAILED_PRECONDITION
               ? r.error_code()
               : grpc::StatusCode::UNAVAILABLE,
-          absl::StrCat("the consumer could not rewind aggregate ",
-                       req->aggregate_id(), ": ", r.error_message()));
+          absl::StrCat("the consumer could not rewind aggregate ", name,
+                       ": ", r.error_message()));
     }
   }
   // 3. The producer's events after the shared history are owed again, the
@@ -457,17 +470,16 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
   s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::work tx(c);
     ApplyLimits(tx);
-    closed = outbox::relay::ResolveDivergence(tx, *sub, req->aggregate_id(),
-                                              who, resolution);
+    closed = outbox::relay::ResolveDivergence(
+        tx, *sub, type, req->aggregate_id(), who, resolution);
     if (!closed.has_value()) {
-      return absl::NotFoundError(
-          absl::StrCat("aggregate ", req->aggregate_id(),
-                       "'s divergence was resolved meanwhile"));
+      return absl::NotFoundError(absl::StrCat(
+          "aggregate ", name, "'s divergence was resolved meanwhile"));
     }
     if (!chain.empty() && chain.back().first > rewound.applied_seq()) {
       owed = ReOwe(tx, *sub,
-                   {{req->aggregate_id(), rewound.applied_seq(),
-                     chain.back().first}})
+                   {{OutboxChain(type, req->aggregate_id()),
+                     rewound.applied_seq(), chain.back().first}})
                  .owed;
     }
     tx.exec_params("SELECT pg_notify($1, '')", kNotifyChannel);
@@ -478,7 +490,7 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
   spdlog::warn(
       "relay: divergence of aggregate {} in {} resolved by {}: {}; "
       "{} events owed again",
-      req->aggregate_id(), *sub, who, resolution, owed);
+      name, *sub, who, resolution, owed);
   *resp = std::move(*closed);
   return grpc::Status::OK;
 }

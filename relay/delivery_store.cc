@@ -12,20 +12,25 @@
 namespace outbox::relay {
 namespace {
 
-// The chain walk of ReOwe: $2-$4 the ranges (aggregate, after, through).
+// The chain walk of ReOwe: $2-$5 the ranges (aggregate type and id,
+// after, through).
 // Each range's events are found from `through` back along prev_seq; the
 // walk stops at `after`, or where the outbox no longer holds the next
 // predecessor (a gap, reported when that predecessor was owed).
 constexpr char kReOweSql[] = R"sql(
 WITH RECURSIVE r AS (
-  SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(a, lo, hi)
+  SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[])
+      AS r(t, a, lo, hi)
   WHERE hi > lo),
 s AS (SELECT start_seq, chain_from FROM subscriptions WHERE name = $1),
 chain AS (
-  SELECT o.seq, o.prev_seq, o.aggregate_id, o.partition, r.lo
-    FROM r JOIN outbox o ON o.seq = r.hi AND o.aggregate_id = r.a
+  SELECT o.seq, o.prev_seq, o.aggregate_type, o.aggregate_id, o.partition,
+         r.lo
+    FROM r JOIN outbox o ON o.seq = r.hi AND o.aggregate_type = r.t
+                         AND o.aggregate_id = r.a
   UNION ALL
-  SELECT o.seq, o.prev_seq, o.aggregate_id, o.partition, c.lo
+  SELECT o.seq, o.prev_seq, o.aggregate_type, o.aggregate_id, o.partition,
+         c.lo
     FROM chain c JOIN outbox o ON o.seq = c.prev_seq
    WHERE c.prev_seq > c.lo),
 ins AS (
@@ -33,13 +38,14 @@ ins AS (
   SELECT $1, c.seq, c.aggregate_id, c.partition FROM chain c, s
    WHERE c.seq > c.lo AND c.seq >= s.start_seq
   ON CONFLICT DO NOTHING RETURNING 1)
-SELECT 'owed' AS what, '' AS aggregate_id, count(*) AS n FROM ins
+SELECT 'owed' AS what, '' AS aggregate_type, '' AS aggregate_id,
+       count(*) AS n FROM ins
 UNION ALL
-SELECT 'gap', c.aggregate_id, c.prev_seq FROM chain c, s
+SELECT 'gap', c.aggregate_type, c.aggregate_id, c.prev_seq FROM chain c, s
  WHERE c.prev_seq > c.lo AND c.prev_seq >= greatest(s.chain_from, s.start_seq)
    AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.seq = c.prev_seq)
 UNION ALL
-SELECT 'gap', r.a, r.hi FROM r, s
+SELECT 'gap', r.t, r.a, r.hi FROM r, s
  WHERE r.hi >= greatest(s.chain_from, s.start_seq)
    AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.seq = r.hi)
 )sql";
@@ -47,7 +53,7 @@ SELECT 'gap', r.a, r.hi FROM r, s
 // The columns of a divergence, by name in DivergenceFromRow.
 constexpr char kDivergenceColumns[] =
     "id, subscription::text AS subscription, aggregate_id::text AS "
-    "aggregate_id, kind, detail, "
+    "aggregate_id, aggregate_type::text AS aggregate_type, kind, detail, "
     "(extract(epoch FROM detected_at) * 1000000)::bigint AS detected_us, "
     "coalesce(consumer_seq, 0) AS consumer_seq, "
     "coalesce(consumer_event_id::text, '') AS consumer_event_id, "
@@ -62,6 +68,7 @@ v1::Divergence DivergenceFromRow(const pqxx::row& row) {
   d.set_id(row["id"].as<int64_t>());
   d.set_subscription(row["subscription"].as<std::string>());
   d.set_aggregate_id(row["aggregate_id"].as<std::string>());
+  d.set_aggregate_type(row["aggregate_type"].as<std::string>());
   d.set_kind(row["kind"].as<std::string>());
   d.set_detail(row["detail"].as<std::string>());
   ToTimestamp(absl::FromUnixMicros(row["detected_us"].as<int64_t>()),
@@ -84,19 +91,24 @@ ReOwed ReOwe(pqxx::transaction_base& tx, const std::string& subscription,
              const std::vector<ChainRange>& ranges) {
   ReOwed out;
   if (ranges.empty()) return out;
-  ArrayLiteral aggs, los, his;
+  ArrayLiteral types, ids, los, his;
   for (const ChainRange& r : ranges) {
-    aggs.Add(r.aggregate_id);
+    ChainId c;
+    ParseChainKey(r.chain, &c);
+    types.Add(c.type);
+    ids.Add(c.id);
     los.Add(r.after);
     his.Add(r.through);
   }
-  for (const auto& row : tx.exec_params(kReOweSql, subscription, aggs.str(),
-                                        los.str(), his.str())) {
+  for (const auto& row : tx.exec_params(kReOweSql, subscription, types.str(),
+                                        ids.str(), los.str(), his.str())) {
     if (row["what"].as<std::string>() == "owed") {
       out.owed += row["n"].as<int64_t>();
     } else {
-      out.gaps.emplace_back(row["aggregate_id"].as<std::string>(),
-                            row["n"].as<int64_t>());
+      out.gaps.emplace_back(
+          OutboxChain(row["aggregate_type"].as<std::string>(),
+                      row["aggregate_id"].as<std::string>()),
+          row["n"].as<int64_t>());
     }
   }
   if (out.owed > 0) {
@@ -106,16 +118,19 @@ ReOwed ReOwe(pqxx::transaction_base& tx, const std::string& subscription,
 }
 
 std::vector<std::pair<int64_t, std::string>> ChainOf(
-    pqxx::transaction_base& tx, const std::string& aggregate_id) {
+    pqxx::transaction_base& tx, const std::string& aggregate_type,
+    const std::string& aggregate_id) {
   std::vector<std::pair<int64_t, std::string>> chain;
   for (const auto& row : tx.exec_params(
            "WITH RECURSIVE chain AS (SELECT o.seq, o.prev_seq, o.event_id "
-           "FROM outbox o WHERE o.seq = (SELECT max(last_seq) FROM "
-           "outbox_heads WHERE aggregate_id = $1) AND o.aggregate_id = $1 "
+           "FROM outbox_heads h JOIN outbox o ON o.seq = h.last_seq AND "
+           "o.aggregate_type = h.aggregate_type AND o.aggregate_id = "
+           "h.aggregate_id WHERE h.aggregate_id = $1 AND ($2 = '' OR "
+           "h.aggregate_type = $2) "
            "UNION ALL SELECT o.seq, o.prev_seq, o.event_id FROM chain c JOIN "
            "outbox o ON o.seq = c.prev_seq WHERE c.prev_seq > 0) "
-           "SELECT seq, event_id::text FROM chain ORDER BY seq",
-           aggregate_id)) {
+           "SELECT DISTINCT seq, event_id::text FROM chain ORDER BY seq",
+           aggregate_id, aggregate_type)) {
     chain.emplace_back(row[0].as<int64_t>(), row[1].as<std::string>());
   }
   return chain;
@@ -139,7 +154,10 @@ Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
                        subscription, sel.event_id);
   } else if (!sel.aggregate_id.empty()) {
     ArrayLiteral seqs;
-    for (const auto& [seq, id] : ChainOf(tx, sel.aggregate_id)) seqs.Add(seq);
+    for (const auto& [seq, id] :
+         ChainOf(tx, sel.aggregate_type, sel.aggregate_id)) {
+      seqs.Add(seq);
+    }
     r = tx.exec_params(absl::StrCat(kHead, "o.seq = ANY($2::bigint[])", kTail),
                        subscription, seqs.str());
   } else if (sel.by_seq) {
@@ -174,13 +192,14 @@ bool RecordDivergence(pqxx::transaction_base& tx, const NewDivergence& d) {
   return !tx.exec_params(
                 "INSERT INTO outbox_divergences (subscription, aggregate_id, "
                 "kind, detail, consumer_seq, consumer_event_id, outbox_seq, "
-                "outbox_event_id) VALUES ($1, $2, $3, $4, nullif($5, 0), "
-                "nullif($6, '')::uuid, nullif($7, 0), nullif($8, '')::uuid) "
-                "ON CONFLICT (subscription, aggregate_id) WHERE resolved_at "
-                "IS NULL DO NOTHING RETURNING id",
+                "outbox_event_id, aggregate_type) VALUES ($1, $2, $3, $4, "
+                "nullif($5, 0), nullif($6, '')::uuid, nullif($7, 0), "
+                "nullif($8, '')::uuid, $9) ON CONFLICT (subscription, "
+                "aggregate_type, aggregate_id) WHERE resolved_at IS NULL DO "
+                "NOTHING RETURNING id",
                 d.subscription, d.aggregate_id, d.kind,
                 d.detail.substr(0, 2000), d.consumer_seq, d.consumer_event_id,
-                d.outbox_seq, d.outbox_event_id)
+                d.outbox_seq, d.outbox_event_id, d.aggregate_type)
               .empty();
 }
 
@@ -189,9 +208,7 @@ int64_t RecordGaps(pqxx::transaction_base& tx, const std::string& subscription,
                    const std::map<std::string, int64_t>* applied) {
   int64_t recorded = 0;
   for (const auto& [agg, missing] : owed.gaps) {
-    NewDivergence d;
-    d.subscription = subscription;
-    d.aggregate_id = agg;
+    NewDivergence d = NewDivergence::Of(subscription, agg);
     d.kind = "lost_beyond_retention";
     d.detail = absl::StrCat(
         "the consumer lacks events of this aggregate it was given (its "
@@ -206,7 +223,7 @@ int64_t RecordGaps(pqxx::transaction_base& tx, const std::string& subscription,
     if (RecordDivergence(tx, d)) {
       ++recorded;
       spdlog::error("relay: subscription {}, aggregate {}: {}", subscription,
-                    agg, d.detail);
+                    ChainLabel(agg), d.detail);
     }
   }
   return recorded;
@@ -236,23 +253,26 @@ int64_t OpenDivergences(pqxx::transaction_base& tx,
       .as<int64_t>();
 }
 
-std::optional<v1::Divergence> ResolveDivergence(pqxx::transaction_base& tx,
-                                                const std::string& subscription,
-                                                const std::string& aggregate_id,
-                                                const std::string& resolved_by,
-                                                const std::string& resolution) {
+std::optional<v1::Divergence> ResolveDivergence(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const std::string& aggregate_type, const std::string& aggregate_id,
+    const std::string& resolved_by, const std::string& resolution) {
   pqxx::result r = tx.exec_params(
       absl::StrCat("UPDATE outbox_divergences SET resolved_at = now(), "
                    "resolved_by = $3, resolution = $4 WHERE subscription = $1 "
-                   "AND aggregate_id = $2 AND resolved_at IS NULL RETURNING ",
+                   "AND aggregate_id = $2 AND aggregate_type = $5 AND "
+                   "resolved_at IS NULL RETURNING ",
                    kDivergenceColumns),
-      subscription, aggregate_id, resolved_by, resolution.substr(0, 100000));
+      subscription, aggregate_id, resolved_by, resolution.substr(0, 100000),
+      aggregate_type);
   if (r.empty()) return std::nullopt;
+  // A divergence from before chains had a type ('') is of every type.
   tx.exec_params(
-      "UPDATE outbox_delivery SET status = 'pending', attempts = 0, "
-      "last_error = NULL, dead_at = NULL, available_at = now() WHERE "
-      "subscription = $1 AND aggregate_id = $2 AND status = 'diverged'",
-      subscription, aggregate_id);
+      "UPDATE outbox_delivery d SET status = 'pending', attempts = 0, "
+      "last_error = NULL, dead_at = NULL, available_at = now() FROM outbox o "
+      "WHERE d.subscription = $1 AND d.aggregate_id = $2 AND d.status = "
+      "'diverged' AND o.seq = d.seq AND ($3 = '' OR o.aggregate_type = $3)",
+      subscription, aggregate_id, aggregate_type);
   return DivergenceFromRow(r[0]);
 }
 

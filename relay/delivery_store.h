@@ -24,21 +24,29 @@
 
 #include "absl/time/time.h"
 #include "common/db_identity.h"
+#include "common/ids.h"
 #include "outbox/v1/relay.pb.h"
 
 namespace outbox::relay {
 
-// The part of an aggregate's chain after seq `after` up to and including
-// seq `through` (an event of that aggregate).
+// The chains of one outbox: (aggregate_type, aggregate_id), as a ChainKey
+// without a source (common/ids.h); the relay's maps are keyed by it.
+inline std::string OutboxChain(absl::string_view aggregate_type,
+                               absl::string_view aggregate_id) {
+  return ChainKey("", aggregate_type, aggregate_id);
+}
+
+// The part of a chain (OutboxChain) after seq `after` up to and including
+// seq `through` (an event of that chain).
 struct ChainRange {
-  std::string aggregate_id;
+  std::string chain;
   int64_t after = 0;
   int64_t through = 0;
 };
 
 struct ReOwed {
   int64_t owed = 0;  // delivery rows written (not pending already)
-  // Aggregates whose range reaches back to events the outbox no longer
+  // Chains (OutboxChain) whose range reaches back to events the outbox no longer
   // holds (retention deleted them, or a failover lost them): the missing
   // predecessor's seq of each. They cannot be delivered again.
   std::vector<std::pair<std::string, int64_t>> gaps;
@@ -51,15 +59,18 @@ struct ReOwed {
 ReOwed ReOwe(pqxx::transaction_base& tx, const std::string& subscription,
              const std::vector<ChainRange>& ranges);
 
-// An aggregate's retained chain, oldest first: (seq, event_id), walked back
-// from its newest event (outbox_heads). Empty for an unknown aggregate.
+// A chain's retained events, oldest first: (seq, event_id), walked back
+// from its newest event (outbox_heads); with aggregate_type "", those of
+// every chain of the id. Empty for an unknown aggregate.
 std::vector<std::pair<int64_t, std::string>> ChainOf(
-    pqxx::transaction_base& tx, const std::string& aggregate_id);
+    pqxx::transaction_base& tx, const std::string& aggregate_type,
+    const std::string& aggregate_id);
 
 // What a replay owes again: exactly one selector.
 struct ReplaySelector {
   std::string event_id;
   std::string aggregate_id;
+  std::string aggregate_type;  // with aggregate_id: that chain only
   int64_t from_seq = 0, to_seq = 0;  // inclusive; 0: open
   absl::Time since = absl::InfinitePast(), until = absl::InfiniteFuture();
   bool by_seq = false, by_time = false;
@@ -76,7 +87,17 @@ Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
 // Records an open divergence of `aggregate_id` unless one is open already;
 // true if recorded.
 struct NewDivergence {
-  std::string subscription, aggregate_id, kind, detail;
+  std::string subscription, aggregate_type, aggregate_id, kind, detail;
+  // Of the chain `chain` (OutboxChain).
+  static NewDivergence Of(std::string subscription, const std::string& chain) {
+    NewDivergence d;
+    d.subscription = std::move(subscription);
+    ChainId c;
+    ParseChainKey(chain, &c);
+    d.aggregate_type = std::move(c.type);
+    d.aggregate_id = std::move(c.id);
+    return d;
+  }
   int64_t consumer_seq = 0;
   std::string consumer_event_id;  // "" for none
   int64_t outbox_seq = 0;
@@ -86,7 +107,7 @@ bool RecordDivergence(pqxx::transaction_base& tx, const NewDivergence& d);
 
 // Records, for each gap of `owed`, that the consumer lost events the outbox
 // no longer retains (kind lost_beyond_retention), and logs it; `applied`
-// (may be null) gives the consumer's cursor of each aggregate. Returns how
+// (may be null) gives the consumer's cursor of each chain. Returns how
 // many were recorded (not open already).
 int64_t RecordGaps(pqxx::transaction_base& tx, const std::string& subscription,
                    const ReOwed& owed,
@@ -102,11 +123,10 @@ int64_t OpenDivergences(pqxx::transaction_base& tx,
 // Marks the open divergence of `aggregate_id` resolved and puts its
 // diverged deliveries back to pending; the divergence as it now reads, or
 // nothing when none was open.
-std::optional<v1::Divergence> ResolveDivergence(pqxx::transaction_base& tx,
-                                                const std::string& subscription,
-                                                const std::string& aggregate_id,
-                                                const std::string& resolved_by,
-                                                const std::string& resolution);
+std::optional<v1::Divergence> ResolveDivergence(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const std::string& aggregate_type, const std::string& aggregate_id,
+    const std::string& resolved_by, const std::string& resolution);
 
 // Stores the consumer's database identity for the subscription. When it
 // differs from a stored one, also requests a heal (and returns the old

@@ -39,7 +39,8 @@ Healer::Healer(std::string subscription, v1::EventSink::Stub* stub,
       stub_(stub),
       rpc_timeout_(rpc_timeout) {}
 
-absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn) {
+absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
+                                       const std::string& source) {
   const absl::Time t0 = absl::Now();
   HealReport report;
   auto cursors =
@@ -48,19 +49,29 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn) {
     ctx.set_deadline(std::chrono::system_clock::now() +
                      absl::ToChronoMilliseconds(rpc_timeout_));
     v1::GetCursorsResponse resp;
+    req.set_source(source);
     grpc::Status s = stub_->GetCursors(&ctx, req, &resp);
     if (!s.ok()) return FromGrpc(s, "the consumer's cursors");
     return resp;
   };
   try {
     // What is known already: open divergences wait for an operator.
+    // By chain (OutboxChain); one recorded before chains had a type is
+    // of every chain of its id, as is a consumer's cursor from then.
     std::set<std::string> diverged;
+    std::set<std::string> diverged_ids;
+    auto is_diverged = [&](const std::string& type, const std::string& id) {
+      return diverged.count(OutboxChain(type, id)) ||
+             diverged.count(OutboxChain("", id)) ||
+             (type.empty() && diverged_ids.count(id));
+    };
     int64_t min_retained = 0, start_seq = 0;
     {
       auto unit = OpenUnit(conn);
       for (const v1::Divergence& d :
            ListDivergences(*unit, subscription_, false, 1000000)) {
-        diverged.insert(d.aggregate_id());
+        diverged.insert(OutboxChain(d.aggregate_type(), d.aggregate_id()));
+        diverged_ids.insert(d.aggregate_id());
       }
       const pqxx::row r = unit->exec_params1(
           "SELECT coalesce((SELECT min(seq) FROM outbox), 0), start_seq FROM "
@@ -94,12 +105,12 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn) {
       for (const v1::AggregateCursor& c : page->cursors()) {
         if (c.applied_event_id().empty() || c.applied_seq() < min_retained ||
             held_here.count(c.applied_event_id()) ||
-            diverged.count(c.aggregate_id())) {
+            is_diverged(c.aggregate_type(), c.aggregate_id())) {
           continue;
         }
-        NewDivergence d;
-        d.subscription = subscription_;
-        d.aggregate_id = c.aggregate_id();
+        const std::string chain =
+            OutboxChain(c.aggregate_type(), c.aggregate_id());
+        NewDivergence d = NewDivergence::Of(subscription_, chain);
         d.kind = "consumer_ahead";
         d.detail = absl::StrCat(
             "the consumer applied event ", c.applied_event_id(), " (seq ",
@@ -112,15 +123,18 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn) {
         d.consumer_event_id = c.applied_event_id();
         if (RecordDivergence(*unit, d)) {
           ++report.diverged;
-          diverged.insert(c.aggregate_id());
+          diverged.insert(chain);
+          diverged_ids.insert(c.aggregate_id());
           spdlog::error("relay: heal of {}: aggregate {} diverged: {}",
-                        subscription_, c.aggregate_id(), d.detail);
+                        subscription_, ChainLabel(chain), d.detail);
         }
       }
       unit->commit();
       if (!page->more() || page->cursors_size() == 0) break;
       page_req.set_after_aggregate_id(
           page->cursors(page->cursors_size() - 1).aggregate_id());
+      page_req.set_after_aggregate_type(
+          page->cursors(page->cursors_size() - 1).aggregate_type());
     }
 
     // 2. From the outbox on: each aggregate's delivered events (its chain
@@ -130,10 +144,13 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn) {
     {
       auto unit = OpenUnit(conn);
       for (const auto& row : unit->exec_params(
-               "SELECT aggregate_id, min(seq) FROM outbox_delivery WHERE "
-               "subscription = $1 GROUP BY aggregate_id",
+               "SELECT o.aggregate_type, d.aggregate_id, min(d.seq) FROM "
+               "outbox_delivery d JOIN outbox o ON o.seq = d.seq WHERE "
+               "d.subscription = $1 GROUP BY 1, 2",
                subscription_)) {
-        first_undelivered[row[0].as<std::string>()] = row[1].as<int64_t>();
+        first_undelivered[OutboxChain(row[0].as<std::string>(),
+                                      row[1].as<std::string>())] =
+            row[2].as<int64_t>();
       }
       unit->commit();
     }
@@ -152,7 +169,8 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn) {
         after_id = heads[heads.size() - 1][1].as<std::string>();
         ArrayLiteral firsts;
         for (const auto& h : heads) {
-          const std::string agg = h[1].as<std::string>();
+          const std::string agg =
+              OutboxChain(h[0].as<std::string>(), h[1].as<std::string>());
           int64_t& d = delivered_through[agg];
           auto f = first_undelivered.find(agg);
           if (f == first_undelivered.end()) {
@@ -162,33 +180,46 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn) {
           }
         }
         for (const auto& row : unit->exec_params(
-                 "SELECT aggregate_id, prev_seq FROM outbox WHERE seq = "
-                 "ANY($1::bigint[])",
+                 "SELECT aggregate_type, aggregate_id, prev_seq FROM outbox "
+                 "WHERE seq = ANY($1::bigint[])",
                  firsts.str())) {
-          int64_t& d = delivered_through[row[0].as<std::string>()];
-          d = std::max(d, row[1].as<int64_t>());
+          int64_t& d = delivered_through[OutboxChain(
+              row[0].as<std::string>(), row[1].as<std::string>())];
+          d = std::max(d, row[2].as<int64_t>());
         }
         unit->commit();
         report.outbox_aggregates += heads.size();
       }
       std::vector<std::string> ask;
+      std::set<std::string> ask_ids;
       for (const auto& [agg, through] : delivered_through) {
-        if (through >= start_seq && through > 0 && !diverged.count(agg)) {
+        ChainId c;
+        ParseChainKey(agg, &c);
+        if (through >= start_seq && through > 0 && !is_diverged(c.type, c.id)) {
           ask.push_back(agg);
+          ask_ids.insert(c.id);
         }
       }
       if (ask.empty()) continue;
       v1::GetCursorsRequest only;
-      for (const std::string& a : ask) only.add_aggregate_ids(a);
+      for (const std::string& a : ask_ids) only.add_aggregate_ids(a);
       auto page = cursors(only);
       if (!page.ok()) return page.status();
+      // A cursor recorded before chains had a type (aggregate_type "")
+      // stands for each chain of its id that has no cursor of its own.
       std::map<std::string, int64_t> applied;
       for (const v1::AggregateCursor& c : page->cursors()) {
-        applied[c.aggregate_id()] = c.applied_seq();
+        applied[OutboxChain(c.aggregate_type(), c.aggregate_id())] =
+            c.applied_seq();
       }
       std::vector<ChainRange> ranges;
       for (const std::string& a : ask) {
         auto it = applied.find(a);
+        if (it == applied.end()) {
+          ChainId c;
+          ParseChainKey(a, &c);
+          it = applied.find(OutboxChain("", c.id));
+        }
         const int64_t at = it == applied.end() ? 0 : it->second;
         const int64_t through = delivered_through[a];
         if (at < through) ranges.push_back({a, at, through});

@@ -15,7 +15,7 @@
 //
 // Example:
 //   Healer healer("billing", stub);
-//   absl::StatusOr<HealReport> r = healer.Run(conn);
+//   absl::StatusOr<HealReport> r = healer.Run(conn, relay_source);
 
 #include <cstdint>
 #include <pqxx/pqxx>
@@ -47,7 +47,8 @@ class Healer {
   // One full comparison. Unavailable when the consumer or the database
   // cannot be reached (try again later); nothing half done matters, as
   // owing an event twice costs a DUPLICATE.
-  absl::StatusOr<HealReport> Run(pqxx::connection& conn);
+  absl::StatusOr<HealReport> Run(pqxx::connection& conn,
+                                 const std::string& source);
 
  private:
   const std::string subscription_;

@@ -22,6 +22,12 @@ ABSL_FLAG(std::string, db, "postgresql://127.0.0.1:5432/outbox_orders",
           "PGPASSWORD).");
 ABSL_FLAG(std::string, consumer, "127.0.0.1:50053",
           "host:port of the consumer's EventSink.");
+ABSL_FLAG(std::string, source, "",
+          "The name this outbox's events carry (Event.source): a consumer "
+          "that takes events from several outbox databases tells their "
+          "chains apart by it. Recorded in the outbox by the first relay "
+          "(empty: the database's name and a random suffix) and kept; a "
+          "relay whose --source names another refuses to deliver.");
 ABSL_FLAG(std::string, subscription, "billing",
           "The subscription delivered to --consumer: its own delivery "
           "progress, attempts, dead letters and partitions. Replicas of one "
@@ -100,6 +106,14 @@ int main(int argc, char** argv) {
         "outbox-relay: --subscription: \"{}\" is not a name "
         "(a-z first, then a-z, 0-9, _ or -; at most 63)",
         options.subscription);
+    return 2;
+  }
+  options.source = absl::GetFlag(FLAGS_source);
+  if (!options.source.empty() && !outbox::IsSourceName(options.source)) {
+    spdlog::critical(
+        "outbox-relay: --source: \"{}\" is not a name (1-64 of A-Z, a-z, "
+        "0-9, '.', '_', '-')",
+        options.source);
     return 2;
   }
   options.resubscribe = absl::GetFlag(FLAGS_resubscribe);

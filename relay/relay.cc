@@ -506,7 +506,43 @@ void Relay::Listen() {
   }
 }
 
+bool Relay::EnsureSource(pqxx::connection& conn) {
+  auto tx = OpenUnit(conn);
+  const pqxx::row r = tx->exec_params1(
+      "WITH n AS (INSERT INTO outbox_source (name, recorded_by) SELECT "
+      "coalesce(nullif($1, ''), left(coalesce(nullif(regexp_replace("
+      "current_database(), '[^A-Za-z0-9._-]+', '-', 'g'), ''), 'outbox'), "
+      "55) || '-' || substr(md5(random()::text || clock_timestamp()::text), "
+      "1, 8)), $2 WHERE NOT EXISTS (SELECT 1 FROM outbox_source) ON CONFLICT "
+      "DO NOTHING RETURNING name) SELECT coalesce((SELECT name FROM n), "
+      "(SELECT name FROM outbox_source))",
+      options_.source, replica_id_);
+  tx->commit();
+  if (r[0].is_null()) return false;  // another relay's insert: next time
+  const std::string name = r[0].as<std::string>();
+  if (!options_.source.empty() && name != options_.source) {
+    std::string why = absl::StrCat(
+        "--source=", options_.source, ": this outbox's events carry source ",
+        name, " (outbox_source); consumers name each chain by it, so it "
+        "cannot change under them: start the relay with --source=", name,
+        " or without --source");
+    if (why != subscription_refused_) spdlog::error("relay: {}", why);
+    subscription_refused_ = std::move(why);
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (source_ != name) spdlog::info("relay: events carry source {}", name);
+  source_ = name;
+  return true;
+}
+
+std::string Relay::source() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return source_;
+}
+
 bool Relay::EnsureSubscription(pqxx::connection& conn) {
+  if (!EnsureSource(conn)) return false;
   int64_t start = 0;
   {
     auto tx = OpenUnit(conn);
@@ -827,8 +863,8 @@ bool Relay::Rebalance() {
   }
 }
 
-void Relay::Untrack(const std::string& aggregate_id) {
-  auto it = busy_aggregates_.find(aggregate_id);
+void Relay::Untrack(const std::string& chain) {
+  auto it = busy_aggregates_.find(chain);
   if (it != busy_aggregates_.end() && --it->second <= 0) {
     busy_aggregates_.erase(it);
     ++freed_;
@@ -877,9 +913,9 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     // Answered deliveries (only those: MarksRideWithClaim) are deleted by
     // the next claim statement, which frees their aggregates unless more of
     // their events are out: as if marked before this claim began.
-    std::map<std::string, int> riding;  // events of each aggregate
+    std::map<std::string, int> riding;  // events of each chain
     if (MarksRideWithClaim()) {
-      for (const Mark& m : marks_) ++riding[m.aggregate_id];
+      for (const Mark& m : marks_) ++riding[m.chain];
     }
     bool frees = false;
     for (const auto& [agg, n] : riding) {
@@ -911,10 +947,17 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
           marking_ids.Add(m.event_id);
         }
       }
+      // By id: a busy chain keeps the other chains of its id (other types)
+      // out of this claim too, which only delays them.
       ArrayLiteral excluded;
+      std::set<std::string> excluded_ids;
       for (const auto& [agg, n] : busy_aggregates_) {
         auto it = riding.find(agg);
-        if (n > (it == riding.end() ? 0 : it->second)) excluded.Add(agg);
+        ChainId c;
+        if (n > (it == riding.end() ? 0 : it->second) &&
+            ParseChainKey(agg, &c) && excluded_ids.insert(c.id).second) {
+          excluded.Add(c.id);
+        }
       }
       pqxx::result rows;
       const absl::Time t0 = absl::Now();
@@ -966,11 +1009,13 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         continue;
       }
       after = std::max(after, rows[rows.size() - 1][0].as<int64_t>());
-      // An aggregate goes when its first row here is its first undelivered
+      // A chain goes when its first row here is its first undelivered
       // event; then all its rows here go, in chain order.
       std::map<std::string, bool> goes;
       for (const auto& row : rows) {
-        goes.emplace(row[4].as<std::string>(), row["prev_done"].as<bool>());
+        goes.emplace(OutboxChain(row[3].as<std::string>(),
+                                 row[4].as<std::string>()),
+                     row["prev_done"].as<bool>());
       }
       v1::DeliverRequest req;
       InFlight batch;
@@ -980,7 +1025,8 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       bool full = false;
       size_t bytes = 0;  // of req, kept as events are added
       for (const auto& row : rows) {
-        const std::string agg = row[4].as<std::string>();
+        const std::string agg =
+            OutboxChain(row[3].as<std::string>(), row[4].as<std::string>());
         if (!goes.at(agg)) continue;  // waits for its predecessor
         if (cut.count(agg)) continue;
         // Below the consumer's message limit, whatever --batch_size says;
@@ -994,6 +1040,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         size_t size = 0;
         v1::Event* event = req.add_events();
         const bool parsed = EventFromRow(row, event);
+        event->set_source(source_);
         if (event->prev_seq() < chain_from_) {
           // Its predecessor was gone before the subscription began: for
           // this subscriber the chain starts here.
@@ -1115,7 +1162,8 @@ void Relay::HandleResponses(Lane& lane) {
     const InFlight& batch = it->second;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
       const int64_t seq = batch.seqs[i];
-      const std::string& agg = batch.events[i].aggregate_id;
+      const std::string agg = OutboxChain(batch.events[i].aggregate_type,
+                                          batch.events[i].aggregate_id);
       const std::string& event_id = batch.events[i].event_id;
       lane.in_flight_seqs.erase(seq);
       auto r = by_seq.find(seq);
@@ -1239,9 +1287,7 @@ bool Relay::FlushMarks() {
             "= $4::uuid) RETURNING 1",
             options_.subscription, m.seq, m.reason.substr(0, 2000), m.event_id);
         if (r.empty()) continue;
-        NewDivergence d;
-        d.subscription = options_.subscription;
-        d.aggregate_id = m.aggregate_id;
+        NewDivergence d = NewDivergence::Of(options_.subscription, m.chain);
         d.kind = absl::StartsWith(m.reason, "position reused")
                      ? "position_reused"
                      : "chain_broken";
@@ -1254,7 +1300,7 @@ bool Relay::FlushMarks() {
         spdlog::error(
             "relay: aggregate {} diverged at row {}: {}; it waits for an "
             "operator (outboxctl diverged, outboxctl resolve)",
-            m.aggregate_id, m.seq, m.reason);
+            ChainLabel(m.chain), m.seq, m.reason);
       }
     }
     if (!autocommit) MaybeCrash("relay.before_mark_commit");
@@ -1286,7 +1332,7 @@ void Relay::MarksWritten(int64_t dead) {
   deleted_since_vacuum_ += delivered;
   rejected_->Add(rejected);
   dead_->Add(dead);
-  for (const Mark& m : marks_) Untrack(m.aggregate_id);
+  for (const Mark& m : marks_) Untrack(m.chain);
   marks_.clear();
 }
 
@@ -1350,7 +1396,7 @@ bool Relay::WriteRepairs() {
     }
     if (!reowe_.empty()) {
       std::set<std::string> aggs;
-      for (const ChainRange& r : reowe_) aggs.insert(r.aggregate_id);
+      for (const ChainRange& r : reowe_) aggs.insert(r.chain);
       redelivered_held_->Add(owed.owed);
       spdlog::warn(
           "relay: the consumer answered HELD for events whose predecessors "
@@ -1549,7 +1595,7 @@ void Relay::HealIfDue(pqxx::connection& conn) {
   }
   spdlog::warn("relay: heal of subscription {}: {}", options_.subscription,
                due->reason);
-  absl::StatusOr<HealReport> report = healer_->Run(conn);
+  absl::StatusOr<HealReport> report = healer_->Run(conn, source());
   if (!report.ok()) {
     // The consumer or the database is away: the next round tries again.
     spdlog::warn("relay: heal of subscription {}: {}; trying again",
@@ -1633,7 +1679,9 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   lane.stream->Cancel();
   lane.stream.reset();
   for (const auto& [id, batch] : lane.in_flight) {
-    for (const EventLogFields& e : batch.events) Untrack(e.aggregate_id);
+    for (const EventLogFields& e : batch.events) {
+      Untrack(OutboxChain(e.aggregate_type, e.aggregate_id));
+    }
   }
   lane.in_flight.clear();
   lane.in_flight_seqs.clear();

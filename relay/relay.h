@@ -145,6 +145,10 @@ struct RelayOptions {
   // The subscription this relay delivers (created on first use, see
   // StartFrom); replicas of one subscription share its partitions.
   std::string subscription = "billing";
+  // The name events of this outbox carry (Event.source), recorded in the
+  // outbox by the first relay; "" takes what is recorded, or records a
+  // default (the database's name and a random suffix).
+  std::string source;
   StartFrom start_from = StartFrom::kOldest;
   // Make the subscription anew (per start_from) even if an operator dropped
   // it; otherwise a dropped subscription is refused, loudly.
@@ -241,6 +245,9 @@ class Relay {
   std::optional<std::string> Unready() const;
 
   const std::string& subscription() const { return options_.subscription; }
+  // The name this outbox's events carry (Event.source); "" until the
+  // relay first reached its database.
+  std::string source() const;
   absl::Duration retention() const { return options_.retention; }
 
   // application_name of the relay's database session, unique to it.
@@ -275,7 +282,7 @@ class Relay {
     enum Kind { kDelivered, kRejected, kDiverged };
     int64_t seq;
     std::string event_id;  // the row is marked only if its event is this
-    std::string aggregate_id;
+    std::string chain;     // OutboxChain of its aggregate
     Kind kind;
     std::string reason;  // for rejected and diverged
     EventLogFields log_fields;
@@ -331,7 +338,11 @@ class Relay {
   // Waits out the writes in flight when `options_.subscription` was made,
   // gives it those events, and fixes where its chains start (chain_from).
   bool SettleSubscription(pqxx::connection& conn, int64_t start);
-  void Untrack(const std::string& aggregate_id);
+  void Untrack(const std::string& chain);
+  // Reads the source name events carry (outbox_source), recording
+  // --source (or a default) on an outbox that has none; false, with
+  // subscription_refused_ saying why, if --source names another.
+  bool EnsureSource(pqxx::connection& conn);
   bool Rebalance();
   // What one cycle's claims found (for choosing the lanes of the next).
   struct ClaimRound {
@@ -459,6 +470,7 @@ class Relay {
   std::string paused_;
   // Why EnsureSubscription refused: the subscription was dropped.
   std::string subscription_refused_;
+  std::string source_;  // written under mu_ (EnsureSource)
   std::set<int> owned_;
   std::vector<Lane> lanes_;
   absl::Time next_db_attempt_ = absl::InfinitePast();

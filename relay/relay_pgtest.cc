@@ -385,6 +385,66 @@ TEST_F(RelayTest, DeliversEveryEventOnceInOrder) {
             10);  // paid and cancelled: i % 6 == 0
 }
 
+// One id under two aggregate types is two chains, each with its own
+// prev_seq links, also when the writer appends both: every event applies
+// once, in its own chain's order, stamped with the outbox's source. The
+// source is recorded once; a relay naming another refuses to deliver.
+TEST_F(RelayTest, OneIdUnderTwoTypesIsTwoChainsStampedWithTheSource) {
+  testing::TestDatabase audit("relay_chains", ConsumerSchemas(Audit()));
+  Consumer consumer(audit.url(), 0, Audit());
+  for (int i = 0; i < 3; ++i) {
+    for (const char* type : {"order", "parcel"}) {
+      pqxx::connection c(orders_.url());
+      pqxx::work tx(c);
+      v1::OrderCreated body;
+      body.set_order_id("X");
+      ASSERT_TRUE(writer_.Append(tx, NewEvent::Of(type, "X", body)).ok());
+      tx.commit();
+    }
+  }
+  RelayOptions options = Options(consumer.port());
+  options.source = "shard-a";
+  Relay relay(options, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return audit.Scalar("SELECT count(*) FROM inbox") == 6;
+  })) << audit.Scalar("SELECT count(*) FROM inbox");
+  ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
+  EXPECT_EQ(relay.source(), "shard-a");
+  EXPECT_EQ(audit.Scalar("SELECT count(*) FROM inbox WHERE source = "
+                         "'shard-a'"),
+            6);
+  EXPECT_EQ(audit.Scalar("SELECT count(*) FROM aggregate_cursors WHERE "
+                         "source = 'shard-a' AND aggregate_id = 'X'"),
+            2);
+  // Each chain's cursor is its own last event.
+  EXPECT_EQ(audit.Scalar("SELECT count(*) FROM aggregate_cursors c JOIN "
+                         "inbox i USING (source, aggregate_type, aggregate_id) "
+                         "WHERE i.seq > c.last_seq"),
+            0);
+  relay.Stop(absl::Seconds(1));
+  // Another name for the same outbox: refused, nothing delivered.
+  RelayOptions renamed = Options(consumer.port());
+  renamed.source = "shard-b";
+  Relay other(renamed, &metrics_);
+  other.Start();
+  {
+    pqxx::connection c(orders_.url());
+    pqxx::work tx(c);
+    v1::OrderCreated body;
+    body.set_order_id("Y");
+    ASSERT_TRUE(writer_.Append(tx, NewEvent::Of("order", "Y", body)).ok());
+    tx.commit();
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_EQ(audit.Scalar("SELECT count(*) FROM inbox"), 6);
+  EXPECT_EQ(other.source(), "");
+  other.Stop(absl::Seconds(1));
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_source WHERE name = "
+                           "'shard-a'"),
+            1);
+}
+
 TEST_F(RelayTest, NotifyWakesTheRelayWithoutWaitingForThePoll) {
   Consumer consumer(billing_.url(), 0);
   RelayOptions options = Options(consumer.port());

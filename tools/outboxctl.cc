@@ -64,6 +64,9 @@ ABSL_FLAG(std::string, billing_password, "",
           "Password of --billing_db, over PGPASSWORD (set it as "
           "OUTBOX_BILLING_PASSWORD: a command line is visible to others).");
 ABSL_FLAG(std::string, aggregate, "", "Aggregate id (dead-letters, requeue).");
+ABSL_FLAG(std::string, aggregate_type, "",
+          "With --aggregate (replay, resolve): that type's chain of the id "
+          "only.");
 ABSL_FLAG(bool, all_dead, false, "requeue: every dead letter (--all-dead).");
 ABSL_FLAG(absl::Duration, since, absl::ZeroDuration(),
           "requeue: only dead letters that died within this long (e.g. 1h); "
@@ -313,6 +316,7 @@ int ReplayCommand() {
   req.set_subscription(absl::GetFlag(FLAGS_subscription));
   req.set_event_id(absl::GetFlag(FLAGS_event));
   req.set_aggregate_id(absl::GetFlag(FLAGS_aggregate));
+  req.set_aggregate_type(absl::GetFlag(FLAGS_aggregate_type));
   req.set_from_seq(absl::GetFlag(FLAGS_from_seq));
   req.set_to_seq(absl::GetFlag(FLAGS_to_seq));
   if (absl::GetFlag(FLAGS_since) > absl::ZeroDuration()) {
@@ -347,8 +351,9 @@ std::string Time(const google::protobuf::Timestamp& t) {
 }
 
 void PrintDivergence(const outbox::v1::Divergence& d) {
-  std::printf("%s  %s  detected %s\n    %s\n", d.aggregate_id().c_str(),
-              d.kind().c_str(), Time(d.detected_at()).c_str(),
+  std::printf("%s%s%s  %s  detected %s\n    %s\n",
+              d.aggregate_type().c_str(), d.aggregate_type().empty() ? "" : " ",
+              d.aggregate_id().c_str(), d.kind().c_str(), Time(d.detected_at()).c_str(),
               d.detail().c_str());
   if (d.has_resolved_at()) {
     std::printf("    resolved %s by %s: %s\n", Time(d.resolved_at()).c_str(),
@@ -384,7 +389,8 @@ int Diverged() {
 }
 
 // Resolves one aggregate's divergence; 0 or Fail's code.
-int ResolveOne(RelayAdmin::Stub* stub, const std::string& aggregate) {
+int ResolveOne(RelayAdmin::Stub* stub, const std::string& type,
+               const std::string& aggregate) {
   grpc::ClientContext ctx;
   // A rewind walks the aggregate's history at both ends.
   ctx.set_deadline(std::chrono::system_clock::now() +
@@ -393,6 +399,7 @@ int ResolveOne(RelayAdmin::Stub* stub, const std::string& aggregate) {
   outbox::v1::ResolveDivergenceRequest req;
   req.set_subscription(absl::GetFlag(FLAGS_subscription));
   req.set_aggregate_id(aggregate);
+  req.set_aggregate_type(type);
   req.set_reason(absl::GetFlag(FLAGS_reason));
   outbox::v1::Divergence d;
   grpc::Status st = stub->ResolveDivergence(&ctx, req, &d);
@@ -413,7 +420,10 @@ int Resolve() {
     return 2;
   }
   auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
-  if (!all) return ResolveOne(stub.get(), absl::GetFlag(FLAGS_aggregate));
+  if (!all) {
+    return ResolveOne(stub.get(), absl::GetFlag(FLAGS_aggregate_type),
+                      absl::GetFlag(FLAGS_aggregate));
+  }
   grpc::ClientContext ctx;
   Deadline(&ctx);
   outbox::v1::ListDivergencesRequest req;
@@ -424,7 +434,7 @@ int Resolve() {
   if (!st.ok()) return Fail("diverged", st);
   int failed = 0;
   for (const auto& d : resp.divergences()) {
-    failed += ResolveOne(stub.get(), d.aggregate_id()) != 0;
+    failed += ResolveOne(stub.get(), d.aggregate_type(), d.aggregate_id()) != 0;
   }
   std::printf("resolved %d of %d diverged aggregates\n",
               resp.divergences_size() - failed, resp.divergences_size());
@@ -449,9 +459,11 @@ int Held(const std::vector<char*>& args) {
     for (const auto& h : resp.events()) {
       const bool next = h.prev_seq() == h.cursor();
       std::printf(
-          "%s  aggregate %s seq %lld prev_seq %lld (applied through %lld)  "
-          "%s\n",
-          h.event_id().c_str(), h.aggregate_id().c_str(),
+          "%s  aggregate %s%s%s%s seq %lld prev_seq %lld (applied through "
+          "%lld)  %s\n",
+          h.event_id().c_str(), h.aggregate_type().c_str(),
+          h.aggregate_type().empty() ? "" : " ", h.aggregate_id().c_str(),
+          h.source().empty() ? "" : (" of source " + h.source()).c_str(),
           static_cast<long long>(h.seq()), static_cast<long long>(h.prev_seq()),
           static_cast<long long>(h.cursor()),
           h.attempts() > 0
