@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/db.h"
+#include "common/ids.h"
 #include "common/log.h"
 #include "common/schema.h"
 #include "consumer/billing.h"
@@ -19,7 +20,14 @@ namespace {
 
 constexpr size_t kMaxExamples = 20;
 
+// Chains are keyed as the relay keys them (OutboxChain: type and id); a
+// consumer's row from before chains had a type has type "".
+std::string Chain(const std::string& type, const std::string& id) {
+  return ChainKey("", type, id);
+}
+
 struct Committed {
+  std::string chain;
   std::string aggregate_id;
   int64_t seq;
   int64_t prev_seq;
@@ -31,6 +39,7 @@ struct Committed {
 
 struct Applied {
   std::string event_id;
+  std::string chain;
   std::string aggregate_id;
   int64_t seq;
   int64_t applied_us;
@@ -126,14 +135,42 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       if (o.exec("SELECT to_regclass('outbox_divergences') IS NOT NULL")[0][0]
               .as<bool>()) {
         for (const auto& row : o.exec_params(
-                 "SELECT aggregate_id, kind || ': ' || detail FROM "
-                 "outbox_divergences WHERE subscription = $1 AND resolved_at "
-                 "IS NULL",
+                 "SELECT aggregate_id, kind || ': ' || detail, "
+                 "aggregate_type FROM outbox_divergences WHERE subscription "
+                 "= $1 AND resolved_at IS NULL",
                  subscription)) {
-          out[row[0].as<std::string>()] = row[1].as<std::string>();
+          out[Chain(row[2].as<std::string>(), row[0].as<std::string>())] =
+              row[1].as<std::string>();
         }
       }
       return out;
+    };
+    // The name this outbox's events carry, and whether the consumer keeps
+    // chains by source: then only its rows of this source count (and those
+    // from before chains had one, source ''), as it may take events from
+    // other outboxes too.
+    std::string source;
+    bool by_source = false;
+    {
+      pqxx::nontransaction o(orders), b(billing);
+      if (o.exec("SELECT to_regclass('outbox_source') IS NOT NULL")[0][0]
+              .as<bool>()) {
+        pqxx::result n = o.exec("SELECT name FROM outbox_source");
+        if (!n.empty()) source = n[0][0].as<std::string>();
+      }
+      by_source =
+          !b.exec("SELECT 1 FROM information_schema.columns WHERE table_name "
+                  "= 'inbox' AND column_name = 'source'")
+               .empty();
+    }
+    // A WHERE condition on the billing table aliased `t`.
+    const std::string ours =
+        by_source ? absl::StrCat("(t.source = '' OR t.source = ",
+                                 billing.quote(source), ")")
+                  : std::string("true");
+    auto diverged_at = [](const std::map<std::string, std::string>& d,
+                          const std::string& type, const std::string& id) {
+      return d.count(Chain(type, id)) > 0 || d.count(Chain("", id)) > 0;
     };
     for (;;) {
       pqxx::nontransaction o(orders), b(billing);
@@ -147,12 +184,18 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                subscription)[0][0]
               .as<int64_t>();
       ArrayLiteral waiting;
-      for (const auto& [agg, why] : diverged_aggregates(o)) waiting.Add(agg);
-      const int64_t held = b.exec_params(
-                                "SELECT count(*) FROM held_events WHERE NOT "
-                                "(aggregate_id = ANY($1::text[]))",
-                                waiting.str())[0][0]
-                               .as<int64_t>();
+      for (const auto& [agg, why] : diverged_aggregates(o)) {
+        ChainId c;
+        ParseChainKey(agg, &c);
+        waiting.Add(c.id);
+      }
+      const int64_t held =
+          b.exec_params(absl::StrCat("SELECT count(*) FROM held_events t "
+                                     "WHERE NOT (aggregate_id = "
+                                     "ANY($1::text[])) AND ",
+                                     ours),
+                        waiting.str())[0][0]
+              .as<int64_t>();
       if (undrained == 0 && held == 0) {
         r.drained = true;
         break;
@@ -171,7 +214,8 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     const std::map<std::string, std::string> diverged = diverged_aggregates(o);
     r.diverged = static_cast<int64_t>(diverged.size());
     for (const auto& [agg, why] : diverged) {
-      Example(&r, absl::StrCat("diverged: aggregate ", agg, ": ", why,
+      Example(&r, absl::StrCat("diverged: aggregate ", ChainLabel(agg), ": ",
+                               why,
                                " (outboxctl resolve decides)"));
     }
     for (const auto& row : o.exec_params(
@@ -181,11 +225,13 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                  kDeliveryStatusSql,
                  ", "
                  "(extract(epoch FROM o.created_at) * 1000000)::bigint, "
-                 "o.payload FROM outbox o JOIN subscriptions s ON s.name = $1 "
+                 "o.payload, o.aggregate_type FROM outbox o JOIN "
+                 "subscriptions s ON s.name = $1 "
                  "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
                  "d.seq = o.seq WHERE o.seq >= s.start_seq"),
              subscription)) {
-      Committed c{row[1].as<std::string>(),
+      Committed c{Chain(row[8].as<std::string>(), row[1].as<std::string>()),
+                  row[1].as<std::string>(),
                   row[2].as<int64_t>(),
                   row[3].as<int64_t>(),
                   row[4].as<std::string>(),
@@ -201,7 +247,7 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
         }
       }
       if (c.status == kDeliveryDead || c.status == kDeliveryDiverged) {
-        dead_aggregates.insert(c.aggregate_id);
+        dead_aggregates.insert(c.chain);
       }
       committed.emplace(row[0].as<std::string>(), std::move(c));
     }
@@ -223,22 +269,43 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     pqxx::read_transaction b(billing);
     ApplyLimits(b);
     std::vector<Applied> applied;
-    for (const auto& row :
-         b.exec("SELECT event_id::text, aggregate_id, seq, "
-                "(extract(epoch FROM applied_at) * 1000000)::bigint FROM inbox "
-                "ORDER BY apply_id")) {
-      applied.push_back({row[0].as<std::string>(), row[1].as<std::string>(),
-                         row[2].as<int64_t>(), row[3].as<int64_t>()});
+    for (const auto& row : b.exec(absl::StrCat(
+             "SELECT event_id::text, aggregate_id, seq, "
+             "(extract(epoch FROM applied_at) * 1000000)::bigint, ",
+             by_source ? "aggregate_type" : "''",
+             " FROM inbox t WHERE ", ours, " ORDER BY apply_id"))) {
+      std::string type = row[4].as<std::string>();
+      if (type.empty()) {
+        // Recorded before chains had a type: that of the committed event.
+        auto c = committed.find(row[0].as<std::string>());
+        if (c != committed.end()) {
+          ChainId id;
+          ParseChainKey(c->second.chain, &id);
+          type = id.type;
+        }
+      }
+      applied.push_back({row[0].as<std::string>(),
+                         Chain(type, row[1].as<std::string>()),
+                         row[1].as<std::string>(), row[2].as<int64_t>(),
+                         row[3].as<int64_t>()});
     }
     std::map<std::string, int> charges_by_event;
-    for (const auto& row : b.exec("SELECT event_id::text FROM charges")) {
+    // Charges of events applied from another source are that source's.
+    for (const auto& row : b.exec(absl::StrCat(
+             "SELECT event_id::text FROM charges c",
+             by_source ? " WHERE NOT EXISTS (SELECT 1 FROM inbox t WHERE "
+                         "t.event_id = c.event_id AND NOT "
+                       : "",
+             by_source ? ours : "", by_source ? ")" : ""))) {
       ++charges_by_event[row[0].as<std::string>()];
     }
     std::map<std::string, std::string> view_status;
     for (const auto& row : b.exec("SELECT order_id, status FROM order_view")) {
       view_status[row[0].as<std::string>()] = row[1].as<std::string>();
     }
-    r.held = b.exec("SELECT count(*) FROM held_events")[0][0].as<int64_t>();
+    r.held = b.exec(absl::StrCat("SELECT count(*) FROM held_events t WHERE ",
+                                 ours))[0][0]
+                 .as<int64_t>();
     // Applied events an operator superseded (their effects stay, recorded).
     std::set<std::string> superseded;
     if (b.exec("SELECT to_regclass('inbox_superseded') IS NOT NULL")[0][0]
@@ -254,16 +321,30 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     if (b.exec("SELECT 1 FROM information_schema.columns WHERE table_name = "
                "'aggregate_cursors' AND column_name = 'pruned_through'")
             .size() > 0) {
-      for (const auto& row :
-           b.exec("SELECT aggregate_id, pruned_through FROM aggregate_cursors "
-                  "WHERE pruned_through > 0")) {
-        pruned_through[row[0].as<std::string>()] = row[1].as<int64_t>();
+      for (const auto& row : b.exec(absl::StrCat(
+               "SELECT aggregate_id, pruned_through, ",
+               by_source ? "aggregate_type" : "''",
+               " FROM aggregate_cursors t WHERE pruned_through > 0 AND ",
+               ours))) {
+        pruned_through[Chain(row[2].as<std::string>(),
+                             row[0].as<std::string>())] = row[1].as<int64_t>();
       }
     }
     b.commit();
-    auto pruned_at = [&](const std::string& agg, int64_t seq) {
-      auto it = pruned_through.find(agg);
+    // Of a chain (a cursor from before chains had a type counts for each).
+    auto pruned_at = [&](const std::string& chain, int64_t seq) {
+      auto it = pruned_through.find(chain);
+      if (it == pruned_through.end()) {
+        ChainId c;
+        ParseChainKey(chain, &c);
+        it = pruned_through.find(Chain("", c.id));
+      }
       return it != pruned_through.end() && seq <= it->second;
+    };
+    auto is_diverged = [&](const std::string& chain) {
+      ChainId c;
+      ParseChainKey(chain, &c);
+      return diverged_at(diverged, c.type, c.id);
     };
 
     r.events = static_cast<int64_t>(committed.size());
@@ -279,15 +360,15 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       if (c == committed.end() && a.seq < retained_from) {
         ++r.pruned_from_outbox;
         pruned_from_outbox_ids.insert(a.event_id);
-        last_applied[a.aggregate_id] = a.seq;
+        last_applied[a.chain] = a.seq;
         continue;
       }
-      if (c == committed.end() && diverged.count(a.aggregate_id)) {
+      if (c == committed.end() && is_diverged(a.chain)) {
         // Committed once and lost by the outbox (a failover): a divergence
         // names it, for an operator.
         ++r.orphaned;
         orphan_ids.insert(a.event_id);
-        last_applied[a.aggregate_id] = a.seq;
+        last_applied[a.chain] = a.seq;
         continue;
       }
       if (c == committed.end()) {
@@ -296,12 +377,13 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                  a.aggregate_id, " applied, never committed"));
         continue;
       }
-      int64_t& last = last_applied[a.aggregate_id];
+      int64_t& last = last_applied[c->second.chain];
       // Its predecessor's inbox row may be gone to retention.
       if (c->second.prev_seq != last &&
-          !(last == 0 && pruned_at(a.aggregate_id, c->second.prev_seq))) {
+          !(last == 0 && pruned_at(c->second.chain, c->second.prev_seq))) {
         ++r.order_violations;
-        Example(&r, absl::StrCat("I3 order: aggregate ", a.aggregate_id,
+        Example(&r, absl::StrCat("I3 order: aggregate ",
+                                 ChainLabel(c->second.chain),
                                  " applied seq ", a.seq, " (prev_seq ",
                                  c->second.prev_seq, ") after seq ", last));
       }
@@ -336,10 +418,10 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
         }
         continue;
       }
-      if (pruned_at(c.aggregate_id, c.seq)) {
+      if (pruned_at(c.chain, c.seq)) {
         ++r.pruned_from_inbox;  // applied; its inbox row is gone
       } else if (c.status == kDeliveryPending &&
-                 dead_aggregates.count(c.aggregate_id)) {
+                 dead_aggregates.count(c.chain)) {
         ++r.behind_dead;
       } else if (!r.drained) {
         ++r.pending;  // not delivered yet, or held: not lost (yet)
@@ -366,8 +448,8 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       }
     }
     for (const auto& [order_id, status] : order_status) {
-      if (dead_aggregates.count(order_id) || diverged.count(order_id) ||
-          !r.drained) {
+      if (dead_aggregates.count(Chain("order", order_id)) ||
+          diverged_at(diverged, "order", order_id) || !r.drained) {
         continue;
       }
       auto v = view_status.find(order_id);

@@ -41,6 +41,9 @@ class CheckerTest : public ::testing::Test {
         billing_("checker_billing",
                  {InboxSchema(), {"billing", &Billing()->migrations()}}) {
     orders_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+    orders_.Exec(
+        "INSERT INTO outbox_source (name, recorded_by) VALUES ('shard-1', "
+        "'checker_pgtest')");
     // Order a: created and paid. Order b: created, paid and cancelled
     // with a refund. Order c: created only. All delivered and applied.
     a_ = NewUuid();
@@ -99,18 +102,20 @@ class CheckerTest : public ::testing::Test {
   }
 
   // The consumer applied `e` (its inbox row, next in apply order, and its
-  // aggregate's cursor).
+  // aggregate's cursor), as the source of the orders database names it.
   void Apply(const Staged& e) {
     billing_.Exec(absl::StrCat(
-        "INSERT INTO inbox (event_id, aggregate_id, seq, event_type) VALUES "
-        "('",
-        e.event_id, "', '", e.aggregate_id, "', ", e.seq, ", '", e.type,
-        "'); INSERT INTO aggregate_cursors (aggregate_id, last_seq) VALUES "
-        "('",
-        e.aggregate_id, "', ", e.seq,
-        ") ON CONFLICT (aggregate_id) DO UPDATE SET last_seq = "
-        "EXCLUDED.last_seq"));
+        "INSERT INTO inbox (event_id, source, aggregate_type, aggregate_id, "
+        "seq, event_type) VALUES ('",
+        e.event_id, "', '", source_, "', 'order', '", e.aggregate_id, "', ",
+        e.seq, ", '", e.type,
+        "'); INSERT INTO aggregate_cursors (source, aggregate_type, "
+        "aggregate_id, last_seq) VALUES ('",
+        source_, "', 'order', '", e.aggregate_id, "', ", e.seq,
+        ") ON CONFLICT (source, aggregate_type, aggregate_id) DO UPDATE SET "
+        "last_seq = EXCLUDED.last_seq"));
   }
+  std::string source_ = "shard-1";
   void Charge(const Staged& e, const std::string& kind) {
     billing_.Exec(absl::StrCat(
         "INSERT INTO charges (event_id, order_id, kind, amount_cents, "
@@ -235,9 +240,32 @@ TEST_F(CheckerTest, EventsAppliedOutOfTheirChainAreOrderViolations) {
   // seq b2 after nothing, b1 after b2, b3 after b1: each step is off.
   ExpectOnly(r, {{"order_violations", 3}});
   ExpectExamples(r,
-                 absl::StrCat("I3 order: aggregate ", b_, " applied seq ",
+                 absl::StrCat("I3 order: aggregate order ", b_, " applied seq ",
                               b2_.seq, " (prev_seq ", b1_.seq, ") after seq 0"),
                  1);
+}
+
+// A consumer may take events from several outbox databases: what it
+// applied from another source is that outbox's business, not a phantom of
+// this one (nor is its charge), and its chain of the same id is its own.
+TEST_F(CheckerTest, WhatAnotherSourceAppliedIsNotThisOutboxs) {
+  const std::string other = NewUuid();
+  billing_.Exec(absl::StrCat(
+      "INSERT INTO inbox (event_id, source, aggregate_type, aggregate_id, "
+      "seq, event_type) VALUES ('",
+      other, "', 'shard-2', 'order', '", a_, "', 1000, 'OrderCreated'); ",
+      "INSERT INTO charges (event_id, order_id, kind, amount_cents, currency) "
+      "VALUES ('",
+      other, "', '", other, "', 'charge', 700, 'EUR')"));
+  CheckReport r = Check();
+  EXPECT_TRUE(r.ok()) << r.Summary();
+  ExpectOnly(r, {});
+  // The same row as this source's is a phantom.
+  billing_.Exec("UPDATE inbox SET source = 'shard-1' WHERE event_id = '" +
+                other + "'");
+  r = Check();
+  EXPECT_FALSE(r.ok());
+  EXPECT_GE(r.phantoms, 1);
 }
 
 TEST_F(CheckerTest, AnInboxRowOrAChargeNobodyCommittedIsAPhantom) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/ids.h"
 #include "common/log.h"
 #include "common/schema.h"
 
@@ -22,6 +23,7 @@ struct Committed {
   int64_t attempts = 0;
   std::string last_error;
   double next_try_s = 0;  // from now; <= 0: due
+  std::string aggregate_type;
 };
 
 std::string Seconds(absl::Duration d) {
@@ -101,7 +103,8 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
     // The outbox first: an event it shows delivered was applied before it
     // was marked, so the inbox, read after, holds it.
     std::vector<Committed> events;
-    std::map<std::string, int64_t> first_dead;  // aggregate -> lowest dead seq
+    std::map<std::string, int64_t> first_dead;  // chain -> lowest dead seq
+    std::string source;  // the name this outbox's events carry
     std::vector<Finding> divergences;           // open, for an operator
     int64_t min_retained = 0;  // below it, retention deleted events
     {
@@ -121,7 +124,8 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
                    kDeliveryStatusSql,
                    ", coalesce(d.attempts, 0), coalesce(d.last_error, ''), "
                    "coalesce(extract(epoch FROM d.available_at - now()), 0)"
-                   "::float8 FROM outbox o JOIN subscriptions s ON s.name = $1 "
+                   "::float8, o.aggregate_type FROM outbox o JOIN "
+                   "subscriptions s ON s.name = $1 "
                    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
                    "d.seq = o.seq WHERE o.seq >= s.start_seq AND o.created_at "
                    ">= now() - make_interval(secs => $2::float8) AND "
@@ -140,14 +144,22 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
         c.attempts = row[7].as<int64_t>();
         c.last_error = row[8].as<std::string>();
         c.next_try_s = row[9].as<double>();
+        c.aggregate_type = row[10].as<std::string>();
         events.push_back(std::move(c));
       }
       for (const auto& row : o.exec_params(
-               "SELECT aggregate_id, min(seq) FROM outbox_delivery WHERE "
-               "subscription = $1 AND status IN ('dead', 'diverged') GROUP BY "
-               "aggregate_id",
+               "SELECT o.aggregate_type, d.aggregate_id, min(d.seq) FROM "
+               "outbox_delivery d JOIN outbox o ON o.seq = d.seq WHERE "
+               "d.subscription = $1 AND d.status IN ('dead', 'diverged') "
+               "GROUP BY 1, 2",
                options.subscription)) {
-        first_dead[row[0].as<std::string>()] = row[1].as<int64_t>();
+        first_dead[ChainKey("", row[0].as<std::string>(),
+                            row[1].as<std::string>())] = row[2].as<int64_t>();
+      }
+      if (o.exec("SELECT to_regclass('outbox_source') IS NOT NULL")[0][0]
+              .as<bool>()) {
+        pqxx::result n = o.exec("SELECT name FROM outbox_source");
+        if (!n.empty()) source = n[0][0].as<std::string>();
       }
       if (o.exec("SELECT to_regclass('outbox_divergences') IS NOT NULL")[0][0]
               .as<bool>()) {
@@ -175,7 +187,9 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
 
     std::set<std::string> applied;
     std::map<std::string, int64_t> held_prev;  // event id -> its prev_seq
-    std::map<std::string, int64_t> pruned_through;
+    std::map<std::string, int64_t> pruned_through;  // by chain
+    bool by_source = false;
+    std::string ours;  // the inbox rows of this outbox's source
     {
       pqxx::read_transaction b(**inbox_conn);
       ApplyLimits(b);
@@ -184,6 +198,13 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
                 "SELECT 1 FROM information_schema.columns WHERE table_name "
                 "= 'aggregate_cursors' AND column_name = 'pruned_through'")
                .empty();
+      by_source =
+          !b.exec("SELECT 1 FROM information_schema.columns WHERE table_name "
+                  "= 'inbox' AND column_name = 'source'")
+               .empty();
+      ours = by_source ? absl::StrCat("(source = '' OR source = ",
+                                      b.quote(source), ")")
+                       : std::string("true");
       for (size_t i = 0; i < events.size(); i += kChunk) {
         ArrayLiteral ids, aggs;
         for (size_t j = i; j < std::min(events.size(), i + kChunk); ++j) {
@@ -204,11 +225,15 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
         }
         if (has_pruned) {
           for (const auto& row : b.exec_params(
-                   "SELECT aggregate_id, pruned_through FROM aggregate_cursors "
-                   "WHERE aggregate_id = ANY($1::text[]) AND pruned_through > "
-                   "0",
+                   absl::StrCat("SELECT aggregate_id, pruned_through, ",
+                                by_source ? "aggregate_type" : "''",
+                                " FROM aggregate_cursors WHERE aggregate_id = "
+                                "ANY($1::text[]) AND pruned_through > 0 AND ",
+                                ours),
                    aggs.str())) {
-            pruned_through[row[0].as<std::string>()] = row[1].as<int64_t>();
+            pruned_through[ChainKey("", row[2].as<std::string>(),
+                                    row[0].as<std::string>())] =
+                row[1].as<int64_t>();
           }
         }
       }
@@ -225,11 +250,13 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
         pqxx::read_transaction b(**inbox_conn);
         ApplyLimits(b);
         for (const auto& row : b.exec_params(
-                 "SELECT event_id::text, aggregate_id, seq, event_type, "
-                 "extract(epoch FROM now() - applied_at)::float8 FROM inbox "
-                 "WHERE applied_at >= now() - make_interval(secs => "
-                 "$1::float8) AND applied_at < now() - make_interval(secs => "
-                 "$2::float8) ORDER BY applied_at",
+                 absl::StrCat(
+                     "SELECT event_id::text, aggregate_id, seq, event_type, "
+                     "extract(epoch FROM now() - applied_at)::float8 FROM "
+                     "inbox WHERE applied_at >= now() - make_interval(secs => "
+                     "$1::float8) AND applied_at < now() - make_interval(secs "
+                     "=> $2::float8) AND ",
+                     ours, " ORDER BY applied_at"),
                  absl::ToDoubleSeconds(options.window),
                  absl::ToDoubleSeconds(options.grace))) {
           if (in_window.count(row[0].as<std::string>())) continue;
@@ -278,13 +305,18 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
         ++r.applied;
         continue;
       }
-      auto p = pruned_through.find(c.f.aggregate_id);
+      const std::string chain =
+          ChainKey("", c.aggregate_type, c.f.aggregate_id);
+      auto p = pruned_through.find(chain);
+      if (p == pruned_through.end()) {
+        p = pruned_through.find(ChainKey("", "", c.f.aggregate_id));
+      }
       if (p != pruned_through.end() && c.f.seq <= p->second) {
         ++r.applied;
         ++r.pruned;
         continue;
       }
-      auto dead = first_dead.find(c.f.aggregate_id);
+      auto dead = first_dead.find(chain);
       if (c.status == kDeliveryDiverged) {
         ++r.diverged;
         c.f.reason = "diverged";
