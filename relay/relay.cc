@@ -507,19 +507,29 @@ void Relay::Listen() {
 }
 
 bool Relay::EnsureSource(pqxx::connection& conn) {
-  auto tx = OpenUnit(conn);
-  const pqxx::row r = tx->exec_params1(
-      "WITH n AS (INSERT INTO outbox_source (name, recorded_by) SELECT "
-      "coalesce(nullif($1, ''), left(coalesce(nullif(regexp_replace("
-      "current_database(), '[^A-Za-z0-9._-]+', '-', 'g'), ''), 'outbox'), "
-      "55) || '-' || substr(md5(random()::text || clock_timestamp()::text), "
-      "1, 8)), $2 WHERE NOT EXISTS (SELECT 1 FROM outbox_source) ON CONFLICT "
-      "DO NOTHING RETURNING name) SELECT coalesce((SELECT name FROM n), "
-      "(SELECT name FROM outbox_source))",
-      options_.source, replica_id_);
-  tx->commit();
-  if (r[0].is_null()) return false;  // another relay's insert: next time
-  const std::string name = r[0].as<std::string>();
+  // Read first: a read-only database (a standby behind the address) must
+  // not fail on a write that is not needed.
+  auto read = [&] {
+    auto tx = OpenUnit(conn);
+    pqxx::result r = tx->exec("SELECT name FROM outbox_source");
+    tx->commit();
+    return r;
+  };
+  pqxx::result r = read();
+  if (r.empty()) {
+    auto tx = OpenUnit(conn);
+    tx->exec_params(
+        "INSERT INTO outbox_source (name, recorded_by) VALUES (coalesce("
+        "nullif($1, ''), left(coalesce(nullif(regexp_replace("
+        "current_database(), '[^A-Za-z0-9._-]+', '-', 'g'), ''), 'outbox'), "
+        "55) || '-' || substr(md5(random()::text || clock_timestamp()::text), "
+        "1, 8)), $2) ON CONFLICT DO NOTHING",
+        options_.source, replica_id_);
+    tx->commit();
+    r = read();
+    if (r.empty()) return false;
+  }
+  const std::string name = r[0][0].as<std::string>();
   if (!options_.source.empty() && name != options_.source) {
     std::string why = absl::StrCat(
         "--source=", options_.source, ": this outbox's events carry source ",
