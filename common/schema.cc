@@ -100,8 +100,8 @@ constexpr char kInboxV7[] = R"sql(
 -- A chain is (source, aggregate_type, aggregate_id): the same id under
 -- two types, or from two outbox databases, is two chains. Rows recorded
 -- before keep '' for both (no table is rewritten: the columns have a
--- constant default); the first source to send an event of such an id
--- takes its rows over (outbox_inbox_lock_chains), and only that source
+-- constant default); the first named source to send an event of such an
+-- id takes its rows over (outbox_inbox_lock_chains), and only that source
 -- (inbox_legacy_source) may take the others.
 ALTER TABLE inbox
   ADD COLUMN IF NOT EXISTS source text COLLATE "C" NOT NULL DEFAULT '',
@@ -131,26 +131,26 @@ CREATE UNIQUE INDEX IF NOT EXISTS held_events_chain_link_idx
 CREATE UNIQUE INDEX IF NOT EXISTS held_events_chain_position_idx
   ON held_events (source, aggregate_type, aggregate_id, seq);
 
--- The source that takes over the rows recorded before chains had one:
--- a row only where there are such rows; source NULL until the first
--- source sends one of their ids.
+-- Which named source takes over the rows without one (source ''): those
+-- recorded before chains had a source, and those of relays not upgraded
+-- yet, which send none. NULL until a named source first meets one of
+-- their ids; only that source takes the others.
 CREATE TABLE IF NOT EXISTS inbox_legacy_source (
   id     int PRIMARY KEY DEFAULT 1 CHECK (id = 1),
   source text,
   since  timestamptz
 );
-INSERT INTO inbox_legacy_source (id)
-  SELECT 1 WHERE EXISTS (SELECT 1 FROM aggregate_cursors WHERE aggregate_type = '')
-  ON CONFLICT DO NOTHING;
+INSERT INTO inbox_legacy_source (id) VALUES (1) ON CONFLICT DO NOTHING;
 
 -- Locks the chains of a batch (transaction-scoped advisory locks of class
 -- lock_class keyed by the aggregate id: chains of one id serialize, as
 -- they did when the id alone named a chain, and in byte order of the id,
 -- so that replicas never deadlock), then reads their cursors, with a
 -- snapshot taken after the locks are held (the function is VOLATILE).
--- A chain without a cursor takes over a cursor of its id recorded before
--- chains had a source and type, with its inbox and held rows, when its
--- source may (the first to ask; see inbox_legacy_source).
+-- A chain (s, t, a) without a cursor takes over a cursor of id a without
+-- a source, of type t or of none, with its inbox and held rows: a chain
+-- without a source takes only the type, a named source also the rows,
+-- if it is inbox_legacy_source's (the first to ask).
 CREATE OR REPLACE FUNCTION outbox_inbox_lock_chains(sources text[],
                                                     types text[],
                                                     ids text[],
@@ -161,35 +161,39 @@ LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
   legacy text;
-  legacy_open boolean;
   r record;
 BEGIN
   PERFORM pg_advisory_xact_lock(lock_class, hashtext(a))
      FROM (SELECT DISTINCT a FROM unnest(ids) AS a) d ORDER BY a COLLATE "C";
-  SELECT true, l.source INTO legacy_open, legacy FROM inbox_legacy_source l;
-  IF legacy_open THEN
+  -- One probe of the key's prefix: nothing to take over in the common case.
+  IF EXISTS (SELECT 1 FROM aggregate_cursors x WHERE x.source = '') THEN
     FOR r IN
       SELECT k.s, k.t, k.a FROM unnest(sources, types, ids) AS k(s, t, a)
-       WHERE (legacy IS NULL OR legacy = k.s)
-         AND NOT EXISTS (SELECT 1 FROM aggregate_cursors x
+       WHERE NOT EXISTS (SELECT 1 FROM aggregate_cursors x
                           WHERE x.source = k.s AND x.aggregate_type = k.t
                             AND x.aggregate_id = k.a)
          AND EXISTS (SELECT 1 FROM aggregate_cursors x
-                      WHERE x.source = '' AND x.aggregate_type = ''
+                      WHERE x.source = '' AND x.aggregate_type IN ('', k.t)
                         AND x.aggregate_id = k.a)
     LOOP
-      UPDATE aggregate_cursors x SET source = r.s, aggregate_type = r.t
-       WHERE x.source = '' AND x.aggregate_type = '' AND x.aggregate_id = r.a;
-      IF FOUND THEN
-        UPDATE inbox x SET source = r.s, aggregate_type = r.t
-         WHERE x.source = '' AND x.aggregate_type = '' AND x.aggregate_id = r.a;
-        UPDATE held_events x SET source = r.s, aggregate_type = r.t
-         WHERE x.source = '' AND x.aggregate_type = '' AND x.aggregate_id = r.a;
-        IF legacy IS NULL THEN
-          legacy := r.s;
-          UPDATE inbox_legacy_source SET source = r.s, since = now();
-        END IF;
+      IF r.s <> '' THEN
+        -- The first named source becomes the owner; the row lock makes
+        -- two first ones wait for each other, and the second sees the
+        -- first's name (a new snapshot per statement).
+        UPDATE inbox_legacy_source l SET source = r.s, since = now()
+         WHERE l.source IS NULL;
+        SELECT l.source INTO legacy FROM inbox_legacy_source l;
+        CONTINUE WHEN legacy IS DISTINCT FROM r.s;
       END IF;
+      UPDATE aggregate_cursors x SET source = r.s, aggregate_type = r.t
+       WHERE x.source = '' AND x.aggregate_type IN ('', r.t)
+         AND x.aggregate_id = r.a;
+      UPDATE inbox x SET source = r.s, aggregate_type = r.t
+       WHERE x.source = '' AND x.aggregate_type IN ('', r.t)
+         AND x.aggregate_id = r.a;
+      UPDATE held_events x SET source = r.s, aggregate_type = r.t
+       WHERE x.source = '' AND x.aggregate_type IN ('', r.t)
+         AND x.aggregate_id = r.a;
     END LOOP;
   END IF;
   RETURN QUERY

@@ -1259,8 +1259,6 @@ TEST(ChainIdentity, RowsFromBeforeAreTakenOverByTheFirstSource) {
              }
              return hex;
            }() + "', 'hex'))");
-  tdb.Exec("INSERT INTO inbox_legacy_source (id) VALUES (1) ON CONFLICT DO "
-           "NOTHING");
   auto event = [](const std::string& source, const std::string& id,
                   int64_t seq, int64_t prev, const std::string& event_id) {
     v1::Event e;
@@ -1299,6 +1297,53 @@ TEST(ChainIdentity, RowsFromBeforeAreTakenOverByTheFirstSource) {
   EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM aggregate_cursors WHERE "
                        "aggregate_type = ''"),
             0);
+}
+
+// Relays not upgraded yet send no source: their events take over a row's
+// type only, and a named source takes those rows over afterwards.
+TEST(ChainIdentity, RowsOfRelaysWithoutASourceGoToTheFirstNamedOne) {
+  AuditHandler audit;
+  testing::TestDatabase tdb("unnamed",
+                            {InboxSchema(), {"audit", &audit.migrations()}});
+  Database db(tdb.url(), 2, "unnamed-test");
+  Metrics metrics;
+  Engine engine(&db, &audit, &metrics);
+  tdb.Exec("INSERT INTO aggregate_cursors (aggregate_id, last_seq) VALUES "
+           "('Z', 2), ('W', 5)");
+  auto event = [](const std::string& source, const std::string& id,
+                  int64_t seq, int64_t prev) {
+    v1::Event e;
+    e.set_event_id(NewUuid());
+    e.set_source(source);
+    e.set_aggregate_type("order");
+    e.set_aggregate_id(id);
+    e.set_seq(seq);
+    e.set_prev_seq(prev);
+    e.set_event_type("Happened");
+    return e;
+  };
+  v1::Event old_relay = event("", "Z", 3, 2);
+  v1::Event upgraded = event("s", "Z", 4, 3);
+  v1::Event other = event("t", "W", 6, 5);
+  for (v1::Event* e : {&old_relay, &upgraded}) {
+    auto r = engine.ApplyBatch({e});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)[0].outcome(), v1::APPLIED) << e->source();
+  }
+  EXPECT_EQ(tdb.Scalar("SELECT last_seq FROM aggregate_cursors WHERE source "
+                       "= 's' AND aggregate_type = 'order' AND aggregate_id "
+                       "= 'Z'"),
+            4);
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM inbox_legacy_source WHERE "
+                       "source = 's'"),
+            1);
+  // Another named source takes nothing over: its W is a chain of its own.
+  auto r = engine.ApplyBatch({&other});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].outcome(), v1::HELD);
+  EXPECT_EQ(tdb.Scalar("SELECT last_seq FROM aggregate_cursors WHERE source "
+                       "= '' AND aggregate_id = 'W'"),
+            5);
 }
 
 // A handler that refuses, at apply time, the events whose type is

@@ -605,6 +605,14 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     LockCursors(tx, aggregates, &snap);
     if (HeldQuery q = HeldQuestions(events, invalid, snap); !q.empty()) {
       if (absl::Status h = ReadHeld(tx, q, &snap); !h.ok()) return h;
+      // A held row found by its event id may be of a chain this batch
+      // does not touch (an id reused across chains): not the plan's.
+      snap.held.erase(std::remove_if(snap.held.begin(), snap.held.end(),
+                                     [&](const v1::Event& h) {
+                                       return snap.aggregates.count(
+                                                  ChainKeyOf(h)) == 0;
+                                     }),
+                      snap.held.end());
       if (!keep_held.empty()) {
         // Unseen, they are not drained: their chains stop before them.
         std::vector<v1::Event> seen;

@@ -14,8 +14,8 @@ namespace {
 
 constexpr int kMaxCursors = 5000;
 
-// Each cursor of source $1 (and those from before chains had a source
-// that it may take over) with the inbox's event at its position (a probe
+// Each cursor of source $1 (and those without a source, if it took such
+// rows over: inbox_legacy_source) with the inbox's event at its position (a probe
 // by the unique chain and position index), by name in CursorFromRow.
 constexpr char kCursorColumns[] =
     "SELECT c.source::text AS source, c.aggregate_type::text AS "
@@ -25,8 +25,8 @@ constexpr char kCursorColumns[] =
     "event_id FROM inbox WHERE source = c.source AND aggregate_type = "
     "c.aggregate_type AND aggregate_id = c.aggregate_id AND seq = "
     "c.last_seq LIMIT 1) i ON true WHERE (c.source = $1 OR (c.source = '' "
-    "AND c.aggregate_type = '' AND EXISTS (SELECT 1 FROM "
-    "inbox_legacy_source l WHERE l.source IS NULL OR l.source = $1))) ";
+    "AND EXISTS (SELECT 1 FROM inbox_legacy_source l WHERE l.source = "
+    "$1))) ";
 
 Cursor CursorFromRow(const pqxx::row& row) {
   Cursor c;
@@ -111,24 +111,28 @@ absl::StatusOr<RewindResult> InboxRepair::Rewind(RewindRequest req) {
     out = RewindResult{};
     pqxx::work tx(c);
     ApplyLimits(tx);
+    // Every chain of the id shares its lock: taken before the chain is
+    // chosen, so no batch takes a chain over meanwhile.
+    LockAggregates(tx, {ChainKey("", "", req.aggregate_id)});
     if (req.aggregate_type.empty()) {
-      // The source's one chain of that id (or one from before chains had a
-      // type).
+      // The source's one chain of that id (or one without a source that
+      // it took over).
       const pqxx::result types = tx.exec_params(
-          "SELECT aggregate_type FROM aggregate_cursors WHERE aggregate_id = "
-          "$1 AND (source = $2 OR (source = '' AND aggregate_type = ''))",
+          "SELECT aggregate_type, source FROM aggregate_cursors WHERE "
+          "aggregate_id = $1 AND (source = $2 OR (source = '' AND EXISTS "
+          "(SELECT 1 FROM inbox_legacy_source WHERE source = $2)))",
           req.aggregate_id, req.source);
       if (types.size() > 1) {
         return absl::FailedPreconditionError(absl::StrCat(
             "aggregate_type: ", types.size(), " chains of aggregate ",
             req.aggregate_id, " are here; name the type to rewind"));
       }
-      if (types.size() == 1 && !types[0][0].as<std::string>().empty()) {
+      if (types.size() == 1) {
         req.aggregate_type = types[0][0].as<std::string>();
+        req.source = types[0][1].as<std::string>();
       }
     }
     chain = ChainKey(req.source, req.aggregate_type, req.aggregate_id);
-    LockAggregates(tx, {chain});
     int64_t pruned_through = 0;
     if (pqxx::result cur = tx.exec_params(
             "SELECT pruned_through FROM aggregate_cursors WHERE source = $2 "

@@ -425,7 +425,7 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
   v1::RewindRequest rewind;
   rewind.set_aggregate_id(req->aggregate_id());
   rewind.set_aggregate_type(type);
-  if (!type.empty()) rewind.set_source(relay_->source());
+  rewind.set_source(relay_->source());
   for (const auto& [seq, id] : chain) rewind.add_keep_event_ids(id);
   rewind.set_reason(req->reason());
   rewind.set_operator_(who);

@@ -12,8 +12,8 @@
 namespace outbox::relay {
 namespace {
 
-// The chain walk of ReOwe: $2-$5 the ranges (aggregate type and id,
-// after, through).
+// The chain walk of ReOwe: $2-$5 the ranges (aggregate type, "" for any,
+// and id, after, through).
 // Each range's events are found from `through` back along prev_seq; the
 // walk stops at `after`, or where the outbox no longer holds the next
 // predecessor (a gap, reported when that predecessor was owed).
@@ -26,8 +26,8 @@ s AS (SELECT start_seq, chain_from FROM subscriptions WHERE name = $1),
 chain AS (
   SELECT o.seq, o.prev_seq, o.aggregate_type, o.aggregate_id, o.partition,
          r.lo
-    FROM r JOIN outbox o ON o.seq = r.hi AND o.aggregate_type = r.t
-                         AND o.aggregate_id = r.a
+    FROM r JOIN outbox o ON o.seq = r.hi AND o.aggregate_id = r.a
+                         AND (r.t = '' OR o.aggregate_type = r.t)
   UNION ALL
   SELECT o.seq, o.prev_seq, o.aggregate_type, o.aggregate_id, o.partition,
          c.lo

@@ -164,10 +164,16 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                .empty();
     }
     // A WHERE condition on the billing table aliased `t`.
+    // Rows without a source count when this source took them over, or
+    // nobody did yet (inbox_legacy_source).
     const std::string ours =
-        by_source ? absl::StrCat("(t.source = '' OR t.source = ",
-                                 billing.quote(source), ")")
-                  : std::string("true");
+        by_source
+            ? absl::StrCat("(t.source = ", billing.quote(source),
+                           " OR (t.source = '' AND EXISTS (SELECT 1 FROM "
+                           "inbox_legacy_source l WHERE l.source IS NULL OR "
+                           "l.source = ",
+                           billing.quote(source), ")))")
+            : std::string("true");
     auto diverged_at = [](const std::map<std::string, std::string>& d,
                           const std::string& type, const std::string& id) {
       return d.count(Chain(type, id)) > 0 || d.count(Chain("", id)) > 0;
@@ -176,11 +182,12 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       pqxx::nontransaction o(orders), b(billing);
       const int64_t undrained =
           o.exec_params(
-               "SELECT count(*) FROM outbox_delivery p WHERE p.subscription "
-               "= $1 AND p.status = 'pending' AND NOT EXISTS (SELECT 1 FROM "
-               "outbox_delivery d WHERE d.subscription = $1 AND "
-               "d.aggregate_id = p.aggregate_id AND d.status IN ('dead', "
-               "'diverged'))",
+               "SELECT count(*) FROM outbox_delivery p JOIN outbox op ON "
+               "op.seq = p.seq WHERE p.subscription = $1 AND p.status = "
+               "'pending' AND NOT EXISTS (SELECT 1 FROM outbox_delivery d "
+               "JOIN outbox od ON od.seq = d.seq WHERE d.subscription = $1 "
+               "AND d.aggregate_id = p.aggregate_id AND od.aggregate_type = "
+               "op.aggregate_type AND d.status IN ('dead', 'diverged'))",
                subscription)[0][0]
               .as<int64_t>();
       ArrayLiteral waiting;

@@ -202,9 +202,15 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
           !b.exec("SELECT 1 FROM information_schema.columns WHERE table_name "
                   "= 'inbox' AND column_name = 'source'")
                .empty();
-      ours = by_source ? absl::StrCat("(source = '' OR source = ",
-                                      b.quote(source), ")")
-                       : std::string("true");
+      // Rows without a source count when this source took them over, or
+      // nobody did yet (inbox_legacy_source).
+      ours = by_source
+                 ? absl::StrCat("(source = ", b.quote(source),
+                                " OR (source = '' AND EXISTS (SELECT 1 FROM "
+                                "inbox_legacy_source l WHERE l.source IS "
+                                "NULL OR l.source = ",
+                                b.quote(source), ")))")
+                 : std::string("true");
       for (size_t i = 0; i < events.size(); i += kChunk) {
         ArrayLiteral ids, aggs;
         for (size_t j = i; j < std::min(events.size(), i + kChunk); ++j) {
