@@ -1161,6 +1161,22 @@ TEST(AuditHandlerTest, RecordsEveryEventOnceInChainOrder) {
   EXPECT_EQ(paid.amount_cents(), 700);
 }
 
+// An event of chain (source, type, id) at seq after prev, for the audit
+// handler (any payload); a new id unless `event_id` is given.
+v1::Event ChainEvent(const std::string& source, const std::string& type,
+                     const std::string& id, int64_t seq, int64_t prev,
+                     const std::string& event_id = "") {
+  v1::Event e;
+  e.set_event_id(event_id.empty() ? NewUuid() : event_id);
+  e.set_source(source);
+  e.set_aggregate_type(type);
+  e.set_aggregate_id(id);
+  e.set_seq(seq);
+  e.set_prev_seq(prev);
+  e.set_event_type("Happened");
+  return e;
+}
+
 // A chain is (source, aggregate_type, aggregate_id): the same id under
 // another type, or from another outbox, starts a chain of its own, and
 // their seqs and prev_seqs never meet.
@@ -1173,15 +1189,7 @@ TEST(ChainIdentity, OneIdUnderTwoTypesAndTwoSourcesIsFourChains) {
   Engine engine(&db, &audit, &metrics);
   auto event = [](const std::string& source, const std::string& type,
                   int64_t seq, int64_t prev) {
-    v1::Event e;
-    e.set_event_id(NewUuid());
-    e.set_source(source);
-    e.set_aggregate_type(type);
-    e.set_aggregate_id("X");
-    e.set_seq(seq);
-    e.set_prev_seq(prev);
-    e.set_event_type("Happened");
-    return e;
+    return ChainEvent(source, type, "X", seq, prev);
   };
   // Shard a's order X (seqs 1, 3), its parcel X (2, 4), and shard b's
   // order X, whose seqs collide with shard a's (1, 2).
@@ -1261,15 +1269,7 @@ TEST(ChainIdentity, RowsFromBeforeAreTakenOverByTheFirstSource) {
            }() + "', 'hex'))");
   auto event = [](const std::string& source, const std::string& id,
                   int64_t seq, int64_t prev, const std::string& event_id) {
-    v1::Event e;
-    e.set_event_id(event_id.empty() ? NewUuid() : event_id);
-    e.set_source(source);
-    e.set_aggregate_type("order");
-    e.set_aggregate_id(id);
-    e.set_seq(seq);
-    e.set_prev_seq(prev);
-    e.set_event_type("Happened");
-    return e;
+    return ChainEvent(source, "order", id, seq, prev, event_id);
   };
   // A redelivery of an applied event from source s: a duplicate of the
   // adopted chain; then its successor drains the held one.
@@ -1312,15 +1312,7 @@ TEST(ChainIdentity, RowsOfRelaysWithoutASourceGoToTheFirstNamedOne) {
            "('Z', 2), ('W', 5)");
   auto event = [](const std::string& source, const std::string& id,
                   int64_t seq, int64_t prev) {
-    v1::Event e;
-    e.set_event_id(NewUuid());
-    e.set_source(source);
-    e.set_aggregate_type("order");
-    e.set_aggregate_id(id);
-    e.set_seq(seq);
-    e.set_prev_seq(prev);
-    e.set_event_type("Happened");
-    return e;
+    return ChainEvent(source, "order", id, seq, prev);
   };
   v1::Event old_relay = event("", "Z", 3, 2);
   v1::Event upgraded = event("s", "Z", 4, 3);

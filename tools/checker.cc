@@ -116,6 +116,30 @@ std::string CheckReport::Json() const {
       superseded, ex);
 }
 
+std::string OutboxSourceName(pqxx::transaction_base& o) {
+  if (!o.exec("SELECT to_regclass('outbox_source') IS NOT NULL")[0][0]
+           .as<bool>()) {
+    return "";
+  }
+  pqxx::result n = o.exec("SELECT name FROM outbox_source");
+  return n.empty() ? "" : n[0][0].as<std::string>();
+}
+
+std::string RowsOfSource(pqxx::transaction_base& b, const std::string& source,
+                         const std::string& prefix) {
+  if (b.exec("SELECT 1 FROM information_schema.columns WHERE table_name = "
+             "'inbox' AND column_name = 'source'")
+          .empty()) {
+    return "true";
+  }
+  const std::string q = b.quote(source);
+  return absl::StrCat("(", prefix, "source = ", q, " OR (", prefix,
+                      "source = '' AND EXISTS (SELECT 1 FROM "
+                      "inbox_legacy_source l WHERE l.source IS NULL OR "
+                      "l.source = ",
+                      q, ")))");
+}
+
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                   const std::string& billing_url,
                                   absl::Duration wait, const DbSession& session,
@@ -149,31 +173,14 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     // chains by source: then only its rows of this source count (and those
     // from before chains had one, source ''), as it may take events from
     // other outboxes too.
-    std::string source;
+    // A WHERE condition on the billing table aliased `t`.
+    std::string ours;
     bool by_source = false;
     {
       pqxx::nontransaction o(orders), b(billing);
-      if (o.exec("SELECT to_regclass('outbox_source') IS NOT NULL")[0][0]
-              .as<bool>()) {
-        pqxx::result n = o.exec("SELECT name FROM outbox_source");
-        if (!n.empty()) source = n[0][0].as<std::string>();
-      }
-      by_source =
-          !b.exec("SELECT 1 FROM information_schema.columns WHERE table_name "
-                  "= 'inbox' AND column_name = 'source'")
-               .empty();
+      ours = RowsOfSource(b, OutboxSourceName(o), "t.");
+      by_source = ours != "true";
     }
-    // A WHERE condition on the billing table aliased `t`.
-    // Rows without a source count when this source took them over, or
-    // nobody did yet (inbox_legacy_source).
-    const std::string ours =
-        by_source
-            ? absl::StrCat("(t.source = ", billing.quote(source),
-                           " OR (t.source = '' AND EXISTS (SELECT 1 FROM "
-                           "inbox_legacy_source l WHERE l.source IS NULL OR "
-                           "l.source = ",
-                           billing.quote(source), ")))")
-            : std::string("true");
     auto diverged_at = [](const std::map<std::string, std::string>& d,
                           const std::string& type, const std::string& id) {
       return d.count(Chain(type, id)) > 0 || d.count(Chain("", id)) > 0;

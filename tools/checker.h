@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <pqxx/pqxx>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/db.h"
@@ -67,6 +69,16 @@ struct CheckReport {
 // lost from late: `lost` then counts only what is known lost, and the
 // report says the rest is unknown. Unavailable if a database cannot be
 // read.
+// The name an outbox's events carry (outbox_source), "" when none is
+// recorded (no relay ran, or a release before sources).
+std::string OutboxSourceName(pqxx::transaction_base& outbox);
+// A condition on a consumer table's rows (columns prefixed by `prefix`,
+// e.g. "t.") that holds for those of `source`: its own, and those without
+// a source that it took over or nobody did yet (inbox_legacy_source);
+// "true" for a consumer of a release before sources.
+std::string RowsOfSource(pqxx::transaction_base& consumer,
+                         const std::string& source, const std::string& prefix);
+
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                   const std::string& billing_url,
                                   absl::Duration wait,

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ids.h"
+#include "tools/checker.h"
 #include "common/log.h"
 #include "common/schema.h"
 
@@ -156,11 +157,7 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
         first_dead[ChainKey("", row[0].as<std::string>(),
                             row[1].as<std::string>())] = row[2].as<int64_t>();
       }
-      if (o.exec("SELECT to_regclass('outbox_source') IS NOT NULL")[0][0]
-              .as<bool>()) {
-        pqxx::result n = o.exec("SELECT name FROM outbox_source");
-        if (!n.empty()) source = n[0][0].as<std::string>();
-      }
+      source = OutboxSourceName(o);
       if (o.exec("SELECT to_regclass('outbox_divergences') IS NOT NULL")[0][0]
               .as<bool>()) {
         for (const auto& row : o.exec_params(
@@ -198,19 +195,8 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
                 "SELECT 1 FROM information_schema.columns WHERE table_name "
                 "= 'aggregate_cursors' AND column_name = 'pruned_through'")
                .empty();
-      by_source =
-          !b.exec("SELECT 1 FROM information_schema.columns WHERE table_name "
-                  "= 'inbox' AND column_name = 'source'")
-               .empty();
-      // Rows without a source count when this source took them over, or
-      // nobody did yet (inbox_legacy_source).
-      ours = by_source
-                 ? absl::StrCat("(source = ", b.quote(source),
-                                " OR (source = '' AND EXISTS (SELECT 1 FROM "
-                                "inbox_legacy_source l WHERE l.source IS "
-                                "NULL OR l.source = ",
-                                b.quote(source), ")))")
-                 : std::string("true");
+      ours = RowsOfSource(b, source, "");
+      by_source = ours != "true";
       for (size_t i = 0; i < events.size(); i += kChunk) {
         ArrayLiteral ids, aggs;
         for (size_t j = i; j < std::min(events.size(), i + kChunk); ++j) {
