@@ -43,6 +43,35 @@ ABSL_FLAG(std::string, test_target, "a", "A flag for the environment test.");
 namespace outbox {
 namespace {
 
+TEST(ChainKey, NamesEachChainOnceAndReadsBack) {
+  // Different chains never share a key, whatever bytes their parts hold.
+  const std::vector<ChainId> chains = {
+      {"", "", "x"},        {"", "order", "x"},     {"a", "order", "x"},
+      {"a", "orde", "rx"},  {"a:", "order", "x"},   {"", "5:order", "x"},
+      {"a", "order", ""},   {"a1", "2:b", "c"},     {"a", "12:b", "c"}};
+  std::set<std::string> keys;
+  for (const ChainId& c : chains) {
+    const std::string key = ChainKey(c);
+    EXPECT_TRUE(keys.insert(key).second) << key;
+    ChainId back;
+    ASSERT_TRUE(ParseChainKey(key, &back)) << key;
+    EXPECT_EQ(back.source, c.source);
+    EXPECT_EQ(back.type, c.type);
+    EXPECT_EQ(back.id, c.id);
+    EXPECT_EQ(ChainIdOf(key), c.id);
+  }
+  ChainId ignored;
+  EXPECT_FALSE(ParseChainKey("9:short", &ignored));
+  EXPECT_FALSE(ParseChainKey("x:1:ab", &ignored));
+  EXPECT_EQ(ChainIdOf("no key"), "no key");
+  EXPECT_EQ(ChainLabel(ChainKey("", "order", "7")), "order 7");
+  EXPECT_EQ(ChainLabel(ChainKey("s", "order", "7")), "order 7 of source s");
+  EXPECT_TRUE(IsSourceName("shard-1.eu_west"));
+  EXPECT_FALSE(IsSourceName(""));
+  EXPECT_FALSE(IsSourceName("with space"));
+  EXPECT_FALSE(IsSourceName(std::string(65, 'a')));
+}
+
 TEST(Config, EnvNameIsUpperSnake) {
   EXPECT_EQ(EnvNameForFlag("db_pool_size"), "OUTBOX_DB_POOL_SIZE");
   EXPECT_EQ(EnvNameForFlag("listen"), "OUTBOX_LISTEN");

@@ -106,7 +106,8 @@ std::string ChainKey(absl::string_view source, absl::string_view type,
 }
 
 namespace {
-bool TakeCounted(absl::string_view* in, std::string* out) {
+// Takes "<n>:" and the n bytes after it off the front of `in`.
+bool TakeCounted(absl::string_view* in, absl::string_view* out) {
   const size_t colon = in->find(':');
   if (colon == absl::string_view::npos || colon == 0 || colon > 6) return false;
   size_t n = 0;
@@ -114,19 +115,32 @@ bool TakeCounted(absl::string_view* in, std::string* out) {
     if (ch < '0' || ch > '9') return false;
     n = n * 10 + static_cast<size_t>(ch - '0');
   }
-  in->remove_prefix(colon + 1);
-  if (n > in->size()) return false;
-  out->assign(in->data(), n);
-  in->remove_prefix(n);
+  if (n > in->size() - colon - 1) return false;
+  *out = in->substr(colon + 1, n);
+  in->remove_prefix(colon + 1 + n);
   return true;
 }
 }  // namespace
 
-bool ParseChainKey(absl::string_view key, ChainId* out) {
+absl::string_view ChainIdOf(absl::string_view key) {
+  ChainView v;
+  return ParseChainKey(key, &v) ? v.id : key;
+}
+
+bool ParseChainKey(absl::string_view key, ChainView* out) {
   if (!TakeCounted(&key, &out->source) || !TakeCounted(&key, &out->type)) {
     return false;
   }
-  out->id.assign(key.data(), key.size());
+  out->id = key;
+  return true;
+}
+
+bool ParseChainKey(absl::string_view key, ChainId* out) {
+  ChainView v;
+  if (!ParseChainKey(key, &v)) return false;
+  out->source.assign(v.source.data(), v.source.size());
+  out->type.assign(v.type.data(), v.type.size());
+  out->id.assign(v.id.data(), v.id.size());
   return true;
 }
 

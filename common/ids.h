@@ -53,6 +53,14 @@ inline std::string ChainKey(const ChainId& c) {
   return ChainKey(c.source, c.type, c.id);
 }
 bool ParseChainKey(absl::string_view key, ChainId* out);
+// The parts of a ChainKey as views into it, without copying.
+struct ChainView {
+  absl::string_view source, type, id;
+};
+bool ParseChainKey(absl::string_view key, ChainView* out);
+// The aggregate id of a ChainKey, without copying; `key` itself if it is
+// not one.
+absl::string_view ChainIdOf(absl::string_view key);
 // The chain of an event-like message (aggregate_type(), aggregate_id()
 // and, where it has one, source()).
 template <typename E>

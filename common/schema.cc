@@ -119,17 +119,23 @@ ALTER TABLE held_actions
   ADD COLUMN IF NOT EXISTS source text COLLATE "C" NOT NULL DEFAULT '',
   ADD COLUMN IF NOT EXISTS aggregate_type text COLLATE "C" NOT NULL DEFAULT '';
 
+-- The keys lead with the id: it tells two entries apart in the first
+-- column compared, where a leading source would be compared whole first
+-- (the same in most entries). Rows without a source are few (none once
+-- taken over): a partial index finds whether there are any.
 ALTER TABLE aggregate_cursors DROP CONSTRAINT IF EXISTS aggregate_cursors_pkey;
 ALTER TABLE aggregate_cursors
-  ADD PRIMARY KEY (source, aggregate_type, aggregate_id);
+  ADD PRIMARY KEY (aggregate_id, aggregate_type, source);
+CREATE INDEX IF NOT EXISTS aggregate_cursors_unnamed_idx
+  ON aggregate_cursors (aggregate_id) WHERE source = '';
 CREATE UNIQUE INDEX IF NOT EXISTS inbox_chain_position_idx
-  ON inbox (source, aggregate_type, aggregate_id, seq);
+  ON inbox (aggregate_id, aggregate_type, source, seq);
 ALTER TABLE inbox DROP CONSTRAINT IF EXISTS inbox_aggregate_id_seq_key;
 DROP INDEX IF EXISTS held_events_link_idx, held_events_position_idx;
 CREATE UNIQUE INDEX IF NOT EXISTS held_events_chain_link_idx
-  ON held_events (source, aggregate_type, aggregate_id, prev_seq);
+  ON held_events (aggregate_id, aggregate_type, source, prev_seq);
 CREATE UNIQUE INDEX IF NOT EXISTS held_events_chain_position_idx
-  ON held_events (source, aggregate_type, aggregate_id, seq);
+  ON held_events (aggregate_id, aggregate_type, source, seq);
 
 -- Which named source takes over the rows without one (source ''): those
 -- recorded before chains had a source, and those of relays not upgraded
@@ -165,7 +171,7 @@ DECLARE
 BEGIN
   PERFORM pg_advisory_xact_lock(lock_class, hashtext(a))
      FROM (SELECT DISTINCT a FROM unnest(ids) AS a) d ORDER BY a COLLATE "C";
-  -- One probe of the key's prefix: nothing to take over in the common case.
+  -- One probe of a partial index: nothing to take over in the common case.
   IF EXISTS (SELECT 1 FROM aggregate_cursors x WHERE x.source = '') THEN
     FOR r IN
       SELECT k.s, k.t, k.a FROM unnest(sources, types, ids) AS k(s, t, a)

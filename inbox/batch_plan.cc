@@ -156,7 +156,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       continue;
     }
     const std::string agg = ChainKeyOf(e);
-    const std::string name = ChainLabel(agg);  // for people
+    auto name = [&] { return ChainLabel(agg); };  // for people, when needed
     AggregateState& st = state.at(agg);
     // The same id applied earlier in this batch at another place: a
     // different event under a reused id, whatever its own position says.
@@ -166,7 +166,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
                              "batch as seq ", here->second->seq(),
                              " of aggregate ",
                              ChainLabel(ChainKeyOf(*here->second)), "; seq ",
-                             e.seq(), " of aggregate ", name,
+                             e.seq(), " of aggregate ", name(),
                              " reuses it"));
       continue;
     }
@@ -184,7 +184,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       } else {
         ++plan.position_reused;
         diverge(i, absl::StrCat(
-                       "position reused: seq ", e.seq(), " of aggregate ", name,
+                       "position reused: seq ", e.seq(), " of aggregate ", name(),
                        " is at or below its applied position ", st.cursor,
                        ", but event ", e.event_id(),
                        " was never applied here; the outbox reused a position "
@@ -219,7 +219,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
                               " while seq ", e.seq(),
                               " is ahead of it: the outbox's history of "
                               "aggregate ",
-                              name, " differs from the one applied here"));
+                              name(), " differs from the one applied here"));
       continue;
     }
     const v1::Event* link = held.AtLink(agg, e.prev_seq());
@@ -227,7 +227,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
     if (link != nullptr || position != nullptr) {
       const v1::Event* other = link != nullptr ? link : position;
       ++plan.forks;
-      reject(i, absl::StrCat("fork: aggregate ", name, " already holds event ",
+      reject(i, absl::StrCat("fork: aggregate ", name(), " already holds event ",
                              other->event_id(), " (seq ", other->seq(),
                              ", prev_seq ", other->prev_seq(), ") for ",
                              link != nullptr ? "prev_seq " : "seq ",
@@ -251,7 +251,7 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
     }
     if (st.held_count >= options.max_held_per_aggregate) {
       ++plan.over_cap;
-      reject(i, absl::StrCat("aggregate ", name, " holds ", st.held_count,
+      reject(i, absl::StrCat("aggregate ", name(), " holds ", st.held_count,
                              " events waiting for seq ", st.cursor,
                              "'s successor (--max_held_per_aggregate=",
                              options.max_held_per_aggregate, ")"));

@@ -285,7 +285,7 @@ void UpdateCursors(pqxx::work& tx,
 }  // namespace
 
 void ChainColumns::Add(const std::string& key) {
-  ChainId c;
+  ChainView c;
   ParseChainKey(key, &c);
   source.Add(c.source);
   type.Add(c.type);

@@ -960,13 +960,10 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       // By id: a busy chain keeps the other chains of its id (other types)
       // out of this claim too, which only delays them.
       ArrayLiteral excluded;
-      std::set<std::string> excluded_ids;
       for (const auto& [agg, n] : busy_aggregates_) {
         auto it = riding.find(agg);
-        ChainId c;
-        if (n > (it == riding.end() ? 0 : it->second) &&
-            ParseChainKey(agg, &c) && excluded_ids.insert(c.id).second) {
-          excluded.Add(c.id);
+        if (n > (it == riding.end() ? 0 : it->second)) {
+          excluded.Add(ChainIdOf(agg));
         }
       }
       pqxx::result rows;
@@ -1022,10 +1019,11 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       // A chain goes when its first row here is its first undelivered
       // event; then all its rows here go, in chain order.
       std::map<std::string, bool> goes;
+      std::vector<std::string> chains;  // of each row
+      chains.reserve(rows.size());
       for (const auto& row : rows) {
-        goes.emplace(OutboxChain(row[3].as<std::string>(),
-                                 row[4].as<std::string>()),
-                     row["prev_done"].as<bool>());
+        chains.push_back(OutboxChain(row[3].c_str(), row[4].c_str()));
+        goes.emplace(chains.back(), row["prev_done"].as<bool>());
       }
       v1::DeliverRequest req;
       InFlight batch;
@@ -1034,9 +1032,9 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       std::set<std::string> cut;  // a row of it was rejected here
       bool full = false;
       size_t bytes = 0;  // of req, kept as events are added
-      for (const auto& row : rows) {
-        const std::string agg =
-            OutboxChain(row[3].as<std::string>(), row[4].as<std::string>());
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const pqxx::row row = rows[r];
+        const std::string& agg = chains[r];
         if (!goes.at(agg)) continue;  // waits for its predecessor
         if (cut.count(agg)) continue;
         // Below the consumer's message limit, whatever --batch_size says;
