@@ -1,13 +1,17 @@
 // outbox-producer: the OrderService. Each order change and its outbox event
 // commit in one transaction in the orders database.
 
+#include <cstdio>
+
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/db.h"
 #include "common/db_flags.h"
 #include "common/fault.h"
+#include "common/log.h"
 #include "common/schema.h"
 #include "common/service.h"
 #include "common/worker_pool.h"
@@ -35,12 +39,25 @@ ABSL_FLAG(int, commit_queue, 256,
 ABSL_FLAG(bool, notify, true,
           "NOTIFY relays from each commit that writes events, so delivery "
           "does not wait for their poll.");
+ABSL_FLAG(bool, print_statements, false,
+          "Print the statements the producer prepares, as one JSON object "
+          "of name: SQL, and exit (for baselines that run them without the "
+          "service, such as scripts/bench's).");
 
 int main(int argc, char** argv) {
   outbox::InitProcess(
       argc, argv,
       "outbox-producer: the order service with a "
       "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
+  if (absl::GetFlag(FLAGS_print_statements)) {
+    std::string json = "{";
+    for (const auto& st : outbox::producer::OrderStore::Statements()) {
+      absl::StrAppend(&json, json.size() > 1 ? ", " : "", "\"", st.name,
+                      "\": \"", outbox::JsonEscape(st.sql), "\"");
+    }
+    std::printf("%s}\n", json.c_str());
+    return 0;
+  }
   if (absl::Status s = outbox::CheckCrashPoints(outbox::kProducerCrashPoints);
       !s.ok()) {
     spdlog::critical("outbox-producer: {}", std::string(s.message()));

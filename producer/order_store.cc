@@ -102,6 +102,11 @@ constexpr char kChangeOrdersSql[] =
 
 #undef OUTBOX_ORDER_EVENTS
 
+// The names each is prepared under below.
+constexpr char kCreateName[] = "create_orders";
+constexpr char kReadOrdersName[] = "read_orders";
+constexpr char kChangeOrdersName[] = "change_orders";
+
 // Rounds of a group that may find orders moved under them (by another
 // producer) before the changes left fail as Aborted.
 constexpr int kChangeConflicts = 16;
@@ -147,6 +152,12 @@ NewEvent OrderEvent(const std::string& order_id,
 }
 
 }  // namespace
+
+std::vector<OrderStore::Statement> OrderStore::Statements() {
+  return {{kCreateName, kCreateSql},
+          {kReadOrdersName, kReadOrdersSql},
+          {kChangeOrdersName, kChangeOrdersSql}};
+}
 
 OrderStore::OrderStore(Database* db, Writer* writer, OrderStoreOptions options,
                        Metrics* metrics)
@@ -208,7 +219,7 @@ std::vector<absl::StatusOr<std::optional<int64_t>>> OrderStore::InsertOrders(
       auto unit = OpenUnit(c);
       pqxx::transaction_base& tx = *unit;
       pqxx::result r = ExecPrepared(
-          tx, "create_orders", kCreateSql, id.str(), customer.str(),
+          tx, kCreateName, kCreateSql, id.str(), customer.str(),
           items.str(), currency.str(), total.str(), key.str(),
           fingerprint.str(), rows->aggregate_type, rows->aggregate_id,
           rows->event_id, rows->event_type, rows->schema_version, rows->payload,
@@ -372,7 +383,7 @@ absl::Status OrderStore::WriteRound(
     auto unit = OpenUnit(conn);
     pqxx::transaction_base& tx = *unit;
     std::map<std::string, absl::StatusOr<v1::Order>> orders;
-    for (const auto& row : ExecPrepared(tx, "read_orders", kReadOrdersSql,
+    for (const auto& row : ExecPrepared(tx, kReadOrdersName, kReadOrdersSql,
                                         ArrayLiteral(ids).str())) {
       orders.emplace(row["order_id"].as<std::string>(), OrderFromRow(row));
     }
@@ -418,7 +429,7 @@ absl::Status OrderStore::WriteRound(
     MaybeCrash("producer.before_commit");
     std::map<std::string, int64_t> updated;
     for (const auto& row :
-         ExecPrepared(tx, "change_orders", kChangeOrdersSql, id.str(),
+         ExecPrepared(tx, kChangeOrdersName, kChangeOrdersSql, id.str(),
                       status.str(), version.str(), rows->aggregate_type,
                       rows->aggregate_id, rows->event_id, rows->event_type,
                       rows->schema_version, rows->payload, rows->trace_parent,

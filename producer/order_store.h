@@ -38,6 +38,15 @@ struct OrderStoreOptions {
 
 class OrderStore {
  public:
+  // The statements the store prepares (name, SQL), in the form it runs
+  // them: what a baseline that runs the producer's own SQL without the
+  // service (scripts/bench's pgbench scripts) reads.
+  struct Statement {
+    const char* name;
+    const char* sql;
+  };
+  static std::vector<Statement> Statements();
+
   // `db` and `writer` must outlive the store; so must `metrics` (may be
   // null).
   OrderStore(Database* db, Writer* writer, OrderStoreOptions options = {},
