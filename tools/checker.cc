@@ -26,25 +26,6 @@ std::string Chain(const std::string& type, const std::string& id) {
   return ChainKey("", type, id);
 }
 
-struct Committed {
-  std::string chain;
-  std::string aggregate_id;
-  int64_t seq;
-  int64_t prev_seq;
-  std::string type;
-  std::string status;
-  int64_t created_us;
-  int64_t refund_cents;
-};
-
-struct Applied {
-  std::string event_id;
-  std::string chain;
-  std::string aggregate_id;
-  int64_t seq;
-  int64_t applied_us;
-};
-
 void Example(CheckReport* r, std::string s) {
   if (r->examples.size() < kMaxExamples) r->examples.push_back(std::move(s));
 }
@@ -140,11 +121,172 @@ std::string RowsOfSource(pqxx::transaction_base& b, const std::string& source,
                       q, ")))");
 }
 
+CheckReport Verdict(const CheckFacts& f) {
+  CheckReport r;
+  r.drained = f.drained;
+  r.drain_time = f.drain_time;
+  const auto& committed = f.committed;
+  const auto& applied = f.applied;
+  const auto& pruned_through = f.pruned_through;
+  const auto& superseded = f.superseded;
+  const int64_t retained_from = f.retained_from;
+  r.held = f.held;
+  r.superseded = static_cast<int64_t>(superseded.size());
+  // A divergence from before chains had a type ("") is of every type.
+  auto diverged_at = [&](const std::string& type, const std::string& id) {
+    return f.diverged.count(Chain(type, id)) > 0 ||
+           f.diverged.count(Chain("", id)) > 0;
+  };
+  r.diverged = static_cast<int64_t>(f.diverged.size());
+  for (const auto& [agg, why] : f.diverged) {
+    Example(&r, absl::StrCat("diverged: aggregate ", ChainLabel(agg), ": ", why,
+                             " (outboxctl resolve decides)"));
+  }
+  // Chains stalled for an operator: a dead letter or a divergence.
+  std::set<std::string> dead_aggregates;
+  for (const auto& [id, c] : committed) {
+    if (c.status == kDeliveryDead || c.status == kDeliveryDiverged) {
+      dead_aggregates.insert(c.chain);
+    }
+  }
+  // Of a chain (a cursor from before chains had a type counts for each).
+  auto pruned_at = [&](const std::string& chain, int64_t seq) {
+    auto it = pruned_through.find(chain);
+    if (it == pruned_through.end()) {
+      ChainId c;
+      ParseChainKey(chain, &c);
+      it = pruned_through.find(Chain("", c.id));
+    }
+    return it != pruned_through.end() && seq <= it->second;
+  };
+  auto is_diverged = [&](const std::string& chain) {
+    ChainId c;
+    ParseChainKey(chain, &c);
+    return diverged_at(c.type, c.id);
+  };
+
+  r.events = static_cast<int64_t>(committed.size());
+  r.applied = static_cast<int64_t>(applied.size());
+  std::set<std::string> applied_ids;
+  std::set<std::string> pruned_from_outbox_ids;
+  std::set<std::string> orphan_ids;             // applied, lost by the outbox
+  std::map<std::string, int64_t> last_applied;  // aggregate -> seq
+  std::vector<double> latencies;
+  for (const AppliedEvent& a : applied) {
+    applied_ids.insert(a.event_id);
+    auto c = committed.find(a.event_id);
+    if (c == committed.end() && a.seq < retained_from) {
+      ++r.pruned_from_outbox;
+      pruned_from_outbox_ids.insert(a.event_id);
+      last_applied[a.chain] = a.seq;
+      continue;
+    }
+    if (c == committed.end() && is_diverged(a.chain)) {
+      // Committed once and lost by the outbox (a failover): a divergence
+      // names it, for an operator.
+      ++r.orphaned;
+      orphan_ids.insert(a.event_id);
+      last_applied[a.chain] = a.seq;
+      continue;
+    }
+    if (c == committed.end()) {
+      ++r.phantoms;
+      Example(&r, absl::StrCat("I4 phantom: event ", a.event_id, " of ",
+                               a.aggregate_id, " applied, never committed"));
+      continue;
+    }
+    int64_t& last = last_applied[c->second.chain];
+    // Its predecessor's inbox row may be gone to retention.
+    if (c->second.prev_seq != last &&
+        !(last == 0 && pruned_at(c->second.chain, c->second.prev_seq))) {
+      ++r.order_violations;
+      Example(&r,
+              absl::StrCat("I3 order: aggregate ", ChainLabel(c->second.chain),
+                           " applied seq ", a.seq, " (prev_seq ",
+                           c->second.prev_seq, ") after seq ", last));
+    }
+    last = a.seq;
+    latencies.push_back((a.applied_us - c->second.created_us) / 1000.0);
+  }
+  for (const auto& [id, c] : committed) {
+    if (c.status == kDeliveryDead) {
+      ++r.dead_letters;
+      continue;
+    }
+    if (c.status == kDeliveryDiverged) {
+      ++r.diverged_events;
+      continue;
+    }
+    if (applied_ids.count(id)) {
+      // The effect each applied event must have, exactly once.
+      const bool pays = c.type == "OrderPaid" ||
+                        (c.type == "OrderCancelled" && c.refund_cents > 0);
+      auto ch = f.charges_by_event.find(id);
+      const int charges = ch == f.charges_by_event.end() ? 0 : ch->second;
+      if (pays && charges == 0) {
+        ++r.missing_effects;
+        Example(&r, absl::StrCat("I1 effect: ", c.type, " ", id, " of ",
+                                 c.aggregate_id, " has no charge row"));
+      }
+      if (charges > (pays ? 1 : 0)) {
+        ++r.duplicate_effects;
+        Example(&r,
+                absl::StrCat("I2 duplicate effect: ", c.type, " ", id, " of ",
+                             c.aggregate_id, " has ", charges, " charge rows"));
+      }
+      continue;
+    }
+    if (pruned_at(c.chain, c.seq)) {
+      ++r.pruned_from_inbox;  // applied; its inbox row is gone
+    } else if (c.status == kDeliveryPending && dead_aggregates.count(c.chain)) {
+      ++r.behind_dead;
+    } else if (!r.drained) {
+      ++r.pending;  // not delivered yet, or held: not lost (yet)
+    } else {
+      ++r.lost;
+      Example(&r, absl::StrCat("I1 lost: ", c.type, " ", id, " (seq ", c.seq,
+                               ", aggregate ", c.aggregate_id, ", ", c.status,
+                               ") was never applied"));
+    }
+  }
+  for (const auto& [event_id, n] : f.charges_by_event) {
+    // A charge of an event no database holds any more (both retentions
+    // deleted it) is not a phantom.
+    if (!committed.count(event_id) && !applied_ids.count(event_id) &&
+        retained_from > 1 && !pruned_through.empty()) {
+      continue;
+    }
+    if (superseded.count(event_id)) continue;  // recorded, decided
+    if (!committed.count(event_id) && !pruned_from_outbox_ids.count(event_id) &&
+        !orphan_ids.count(event_id)) {
+      ++r.phantoms;
+      Example(&r, absl::StrCat("I4 phantom charge for event ", event_id));
+    }
+  }
+  for (const auto& [order_id, status] : f.order_status) {
+    if (dead_aggregates.count(Chain("order", order_id)) ||
+        diverged_at("order", order_id) || !r.drained) {
+      continue;
+    }
+    auto v = f.view_status.find(order_id);
+    if (v == f.view_status.end() || v->second != status) {
+      ++r.view_mismatches;
+      Example(&r,
+              absl::StrCat("order ", order_id, " is ", status,
+                           " but the consumer's view says ",
+                           v == f.view_status.end() ? "nothing" : v->second));
+    }
+  }
+  r.latency_p50_ms = Percentile(latencies, 0.50);
+  r.latency_p99_ms = Percentile(latencies, 0.99);
+  return r;
+}
+
 absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                   const std::string& billing_url,
                                   absl::Duration wait, const DbSession& session,
                                   const std::string& subscription) {
-  CheckReport r;
+  CheckFacts f;
   auto orders_conn = Connect(orders_url, "outboxctl-verify", session);
   if (!orders_conn.ok()) return orders_conn.status();
   auto billing_conn = Connect(billing_url, "outboxctl-verify", session);
@@ -181,10 +323,6 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       ours = RowsOfSource(b, OutboxSourceName(o), "t.");
       by_source = ours != "true";
     }
-    auto diverged_at = [](const std::map<std::string, std::string>& d,
-                          const std::string& type, const std::string& id) {
-      return d.count(Chain(type, id)) > 0 || d.count(Chain("", id)) > 0;
-    };
     for (;;) {
       pqxx::nontransaction o(orders), b(billing);
       const int64_t undrained =
@@ -211,7 +349,7 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                         waiting.str())[0][0]
               .as<int64_t>();
       if (undrained == 0 && held == 0) {
-        r.drained = true;
+        f.drained = true;
         break;
       }
       if (absl::Now() - start > wait) break;
@@ -219,19 +357,11 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       b.abort();
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    r.drain_time = absl::Now() - start;
+    f.drain_time = absl::Now() - start;
 
     pqxx::read_transaction o(orders);
     ApplyLimits(o);
-    std::map<std::string, Committed> committed;
-    std::set<std::string> dead_aggregates;
-    const std::map<std::string, std::string> diverged = diverged_aggregates(o);
-    r.diverged = static_cast<int64_t>(diverged.size());
-    for (const auto& [agg, why] : diverged) {
-      Example(&r, absl::StrCat("diverged: aggregate ", ChainLabel(agg), ": ",
-                               why,
-                               " (outboxctl resolve decides)"));
-    }
+    f.diverged = diverged_aggregates(o);
     for (const auto& row : o.exec_params(
              absl::StrCat(
                  "SELECT o.event_id::text, o.aggregate_id, o.seq, o.prev_seq, "
@@ -244,14 +374,15 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                  "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
                  "d.seq = o.seq WHERE o.seq >= s.start_seq"),
              subscription)) {
-      Committed c{Chain(row[8].as<std::string>(), row[1].as<std::string>()),
-                  row[1].as<std::string>(),
-                  row[2].as<int64_t>(),
-                  row[3].as<int64_t>(),
-                  row[4].as<std::string>(),
-                  row[5].as<std::string>(),
-                  row[6].as<int64_t>(),
-                  0};
+      CommittedEvent c{
+          Chain(row[8].as<std::string>(), row[1].as<std::string>()),
+          row[1].as<std::string>(),
+          row[2].as<int64_t>(),
+          row[3].as<int64_t>(),
+          row[4].as<std::string>(),
+          row[5].as<std::string>(),
+          row[6].as<int64_t>(),
+          0};
       if (c.type == "OrderCancelled") {
         v1::Event e;
         if (e.ParseFromString(pqxx::binarystring(row[7]).str())) {
@@ -260,50 +391,44 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
           }
         }
       }
-      if (c.status == kDeliveryDead || c.status == kDeliveryDiverged) {
-        dead_aggregates.insert(c.chain);
-      }
-      committed.emplace(row[0].as<std::string>(), std::move(c));
+      f.committed.emplace(row[0].as<std::string>(), std::move(c));
     }
     // Events below the oldest retained row were deleted by --retention
     // (it deletes a prefix); with nothing retained, all that were written.
-    const int64_t retained_from =
+    f.retained_from =
         o.exec(
              "SELECT coalesce((SELECT min(seq) FROM outbox), "
              "coalesce(pg_sequence_last_value(pg_get_serial_sequence("
              "'outbox', 'seq')::regclass), 0) + 1)")[0][0]
             .as<int64_t>();
-    std::map<std::string, std::string> order_status;
     for (const auto& row :
          o.exec("SELECT order_id::text, status FROM orders")) {
-      order_status[row[0].as<std::string>()] = row[1].as<std::string>();
+      f.order_status[row[0].as<std::string>()] = row[1].as<std::string>();
     }
     o.commit();
 
     pqxx::read_transaction b(billing);
     ApplyLimits(b);
-    std::vector<Applied> applied;
     for (const auto& row : b.exec(absl::StrCat(
              "SELECT event_id::text, aggregate_id, seq, "
              "(extract(epoch FROM applied_at) * 1000000)::bigint, ",
-             by_source ? "aggregate_type" : "''",
-             " FROM inbox t WHERE ", ours, " ORDER BY apply_id"))) {
+             by_source ? "aggregate_type" : "''", " FROM inbox t WHERE ", ours,
+             " ORDER BY apply_id"))) {
       std::string type = row[4].as<std::string>();
       if (type.empty()) {
         // Recorded before chains had a type: that of the committed event.
-        auto c = committed.find(row[0].as<std::string>());
-        if (c != committed.end()) {
+        auto c = f.committed.find(row[0].as<std::string>());
+        if (c != f.committed.end()) {
           ChainId id;
           ParseChainKey(c->second.chain, &id);
           type = id.type;
         }
       }
-      applied.push_back({row[0].as<std::string>(),
-                         Chain(type, row[1].as<std::string>()),
-                         row[1].as<std::string>(), row[2].as<int64_t>(),
-                         row[3].as<int64_t>()});
+      f.applied.push_back({row[0].as<std::string>(),
+                           Chain(type, row[1].as<std::string>()),
+                           row[1].as<std::string>(), row[2].as<int64_t>(),
+                           row[3].as<int64_t>()});
     }
-    std::map<std::string, int> charges_by_event;
     // Charges of events applied from another source are that source's.
     for (const auto& row : b.exec(absl::StrCat(
              "SELECT event_id::text FROM charges c",
@@ -311,27 +436,23 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                          "t.event_id = c.event_id AND NOT "
                        : "",
              by_source ? ours : "", by_source ? ")" : ""))) {
-      ++charges_by_event[row[0].as<std::string>()];
+      ++f.charges_by_event[row[0].as<std::string>()];
     }
-    std::map<std::string, std::string> view_status;
     for (const auto& row : b.exec("SELECT order_id, status FROM order_view")) {
-      view_status[row[0].as<std::string>()] = row[1].as<std::string>();
+      f.view_status[row[0].as<std::string>()] = row[1].as<std::string>();
     }
-    r.held = b.exec(absl::StrCat("SELECT count(*) FROM held_events t WHERE ",
+    f.held = b.exec(absl::StrCat("SELECT count(*) FROM held_events t WHERE ",
                                  ours))[0][0]
                  .as<int64_t>();
     // Applied events an operator superseded (their effects stay, recorded).
-    std::set<std::string> superseded;
     if (b.exec("SELECT to_regclass('inbox_superseded') IS NOT NULL")[0][0]
             .as<bool>()) {
       for (const auto& row :
            b.exec("SELECT DISTINCT event_id::text FROM inbox_superseded")) {
-        superseded.insert(row[0].as<std::string>());
+        f.superseded.insert(row[0].as<std::string>());
       }
     }
-    r.superseded = static_cast<int64_t>(superseded.size());
     // How far --inbox_retention deleted each aggregate's inbox rows.
-    std::map<std::string, int64_t> pruned_through;
     if (b.exec("SELECT 1 FROM information_schema.columns WHERE table_name = "
                "'aggregate_cursors' AND column_name = 'pruned_through'")
             .size() > 0) {
@@ -340,147 +461,16 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                by_source ? "aggregate_type" : "''",
                " FROM aggregate_cursors t WHERE pruned_through > 0 AND ",
                ours))) {
-        pruned_through[Chain(row[2].as<std::string>(),
-                             row[0].as<std::string>())] = row[1].as<int64_t>();
+        f.pruned_through[Chain(row[2].as<std::string>(),
+                               row[0].as<std::string>())] =
+            row[1].as<int64_t>();
       }
     }
     b.commit();
-    // Of a chain (a cursor from before chains had a type counts for each).
-    auto pruned_at = [&](const std::string& chain, int64_t seq) {
-      auto it = pruned_through.find(chain);
-      if (it == pruned_through.end()) {
-        ChainId c;
-        ParseChainKey(chain, &c);
-        it = pruned_through.find(Chain("", c.id));
-      }
-      return it != pruned_through.end() && seq <= it->second;
-    };
-    auto is_diverged = [&](const std::string& chain) {
-      ChainId c;
-      ParseChainKey(chain, &c);
-      return diverged_at(diverged, c.type, c.id);
-    };
-
-    r.events = static_cast<int64_t>(committed.size());
-    r.applied = static_cast<int64_t>(applied.size());
-    std::set<std::string> applied_ids;
-    std::set<std::string> pruned_from_outbox_ids;
-    std::set<std::string> orphan_ids;             // applied, lost by the outbox
-    std::map<std::string, int64_t> last_applied;  // aggregate -> seq
-    std::vector<double> latencies;
-    for (const Applied& a : applied) {
-      applied_ids.insert(a.event_id);
-      auto c = committed.find(a.event_id);
-      if (c == committed.end() && a.seq < retained_from) {
-        ++r.pruned_from_outbox;
-        pruned_from_outbox_ids.insert(a.event_id);
-        last_applied[a.chain] = a.seq;
-        continue;
-      }
-      if (c == committed.end() && is_diverged(a.chain)) {
-        // Committed once and lost by the outbox (a failover): a divergence
-        // names it, for an operator.
-        ++r.orphaned;
-        orphan_ids.insert(a.event_id);
-        last_applied[a.chain] = a.seq;
-        continue;
-      }
-      if (c == committed.end()) {
-        ++r.phantoms;
-        Example(&r, absl::StrCat("I4 phantom: event ", a.event_id, " of ",
-                                 a.aggregate_id, " applied, never committed"));
-        continue;
-      }
-      int64_t& last = last_applied[c->second.chain];
-      // Its predecessor's inbox row may be gone to retention.
-      if (c->second.prev_seq != last &&
-          !(last == 0 && pruned_at(c->second.chain, c->second.prev_seq))) {
-        ++r.order_violations;
-        Example(&r, absl::StrCat("I3 order: aggregate ",
-                                 ChainLabel(c->second.chain),
-                                 " applied seq ", a.seq, " (prev_seq ",
-                                 c->second.prev_seq, ") after seq ", last));
-      }
-      last = a.seq;
-      latencies.push_back((a.applied_us - c->second.created_us) / 1000.0);
-    }
-    for (const auto& [id, c] : committed) {
-      if (c.status == kDeliveryDead) {
-        ++r.dead_letters;
-        continue;
-      }
-      if (c.status == kDeliveryDiverged) {
-        ++r.diverged_events;
-        continue;
-      }
-      if (applied_ids.count(id)) {
-        // The effect each applied event must have, exactly once.
-        const bool pays = c.type == "OrderPaid" ||
-                          (c.type == "OrderCancelled" && c.refund_cents > 0);
-        const int charges =
-            charges_by_event.count(id) ? charges_by_event[id] : 0;
-        if (pays && charges == 0) {
-          ++r.missing_effects;
-          Example(&r, absl::StrCat("I1 effect: ", c.type, " ", id, " of ",
-                                   c.aggregate_id, " has no charge row"));
-        }
-        if (charges > (pays ? 1 : 0)) {
-          ++r.duplicate_effects;
-          Example(&r, absl::StrCat("I2 duplicate effect: ", c.type, " ", id,
-                                   " of ", c.aggregate_id, " has ", charges,
-                                   " charge rows"));
-        }
-        continue;
-      }
-      if (pruned_at(c.chain, c.seq)) {
-        ++r.pruned_from_inbox;  // applied; its inbox row is gone
-      } else if (c.status == kDeliveryPending &&
-                 dead_aggregates.count(c.chain)) {
-        ++r.behind_dead;
-      } else if (!r.drained) {
-        ++r.pending;  // not delivered yet, or held: not lost (yet)
-      } else {
-        ++r.lost;
-        Example(&r, absl::StrCat("I1 lost: ", c.type, " ", id, " (seq ", c.seq,
-                                 ", aggregate ", c.aggregate_id, ", ", c.status,
-                                 ") was never applied"));
-      }
-    }
-    for (const auto& [event_id, n] : charges_by_event) {
-      // A charge of an event no database holds any more (both retentions
-      // deleted it) is not a phantom.
-      if (!committed.count(event_id) && !applied_ids.count(event_id) &&
-          retained_from > 1 && !pruned_through.empty()) {
-        continue;
-      }
-      if (superseded.count(event_id)) continue;  // recorded, decided
-      if (!committed.count(event_id) &&
-          !pruned_from_outbox_ids.count(event_id) &&
-          !orphan_ids.count(event_id)) {
-        ++r.phantoms;
-        Example(&r, absl::StrCat("I4 phantom charge for event ", event_id));
-      }
-    }
-    for (const auto& [order_id, status] : order_status) {
-      if (dead_aggregates.count(Chain("order", order_id)) ||
-          diverged_at(diverged, "order", order_id) || !r.drained) {
-        continue;
-      }
-      auto v = view_status.find(order_id);
-      if (v == view_status.end() || v->second != status) {
-        ++r.view_mismatches;
-        Example(&r,
-                absl::StrCat("order ", order_id, " is ", status,
-                             " but the consumer's view says ",
-                             v == view_status.end() ? "nothing" : v->second));
-      }
-    }
-    r.latency_p50_ms = Percentile(latencies, 0.50);
-    r.latency_p99_ms = Percentile(latencies, 0.99);
+    return Verdict(f);
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }
-  return r;
 }
 
 }  // namespace outbox::tools

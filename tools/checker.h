@@ -4,10 +4,11 @@
 // of what was committed) and the billing database (what was applied) and
 // reports each guarantee of DESIGN.md section 5.
 
+#include <map>
+#include <pqxx/pqxx>
+#include <set>
 #include <string>
 #include <vector>
-
-#include <pqxx/pqxx>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -61,6 +62,49 @@ struct CheckReport {
   // One JSON object, for scripts.
   std::string Json() const;
 };
+
+// What the checker reads of both databases, and all its verdict depends
+// on. Chains are keyed as the relay keys them (OutboxChain: type and id).
+struct CommittedEvent {
+  std::string chain;
+  std::string aggregate_id;
+  int64_t seq = 0;
+  int64_t prev_seq = 0;
+  std::string type;    // event type
+  std::string status;  // kDeliveryPending, kDeliveryDead, ... or "delivered"
+  int64_t created_us = 0;
+  int64_t refund_cents = 0;  // of an OrderCancelled
+};
+struct AppliedEvent {
+  std::string event_id;
+  std::string chain;
+  std::string aggregate_id;
+  int64_t seq = 0;
+  int64_t applied_us = 0;
+};
+struct CheckFacts {
+  // The subscription's committed events still in the outbox, by event id.
+  std::map<std::string, CommittedEvent> committed;
+  // The consumer's inbox rows of this outbox, in apply order.
+  std::vector<AppliedEvent> applied;
+  // The lowest seq the outbox still holds (retention deletes a prefix).
+  int64_t retained_from = 1;
+  std::map<std::string, std::string> order_status;  // orders: id -> status
+  std::map<std::string, std::string> view_status;   // order_view
+  std::map<std::string, int> charges_by_event;      // charges rows per event
+  std::map<std::string, std::string> diverged;      // open: chain -> why
+  // How far the consumer's inbox retention deleted each chain's rows (a
+  // chain of type "" is every type of its id).
+  std::map<std::string, int64_t> pruned_through;
+  std::set<std::string> superseded;  // event ids an operator superseded
+  int64_t held = 0;                  // held at the consumer
+  bool drained = false;
+  absl::Duration drain_time;
+};
+
+// The report those facts make: every count and example of CheckReport but
+// the drain's, which it copies. A pure function (tools/checker_test.cc).
+CheckReport Verdict(const CheckFacts& facts);
 
 // Checks `subscription`'s deliveries (the events from its start on).
 // Waits up to `wait` until nothing drainable is pending and nothing is held
