@@ -29,6 +29,15 @@
 
 namespace outbox::relay {
 
+// The claim of a delivery stream (delivery_store.cc has its parameters,
+// columns and the query plans they keep): pending deliveries of
+// partitions this replica leases, in seq order, with whether each one's
+// predecessor is still owed; `mark` also deletes the rows answered since
+// the claim before, `lsn` adds the primary's WAL position (relay/fence.h).
+std::string ClaimSql(bool mark, bool lsn);
+inline const std::string kClaimSql = ClaimSql(false, false);
+inline const std::string kMarkAndClaimSql = ClaimSql(true, false);
+
 // The chains of one outbox: (aggregate_type, aggregate_id), as a ChainKey
 // without a source (common/ids.h); the relay's maps are keyed by it.
 inline std::string OutboxChain(absl::string_view aggregate_type,
@@ -46,8 +55,8 @@ struct ChainRange {
 
 struct ReOwed {
   int64_t owed = 0;  // delivery rows written (not pending already)
-  // Chains (OutboxChain) whose range reaches back to events the outbox no longer
-  // holds (retention deleted them, or a failover lost them): the missing
+  // Chains (OutboxChain) whose range reaches back to events the outbox no
+  // longer holds (retention deleted them, or a failover lost them): the missing
   // predecessor's seq of each. They cannot be delivered again.
   std::vector<std::pair<std::string, int64_t>> gaps;
 };
@@ -70,7 +79,7 @@ std::vector<std::pair<int64_t, std::string>> ChainOf(
 struct ReplaySelector {
   std::string event_id;
   std::string aggregate_id;
-  std::string aggregate_type;  // with aggregate_id: that chain only
+  std::string aggregate_type;        // with aggregate_id: that chain only
   int64_t from_seq = 0, to_seq = 0;  // inclusive; 0: open
   absl::Time since = absl::InfinitePast(), until = absl::InfiniteFuture();
   bool by_seq = false, by_time = false;

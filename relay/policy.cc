@@ -6,24 +6,39 @@
 
 namespace outbox::relay {
 
+absl::Duration RetryDelay(absl::Duration initial, absl::Duration max,
+                          int failures, double jitter) {
+  max = std::max(initial, max);
+  absl::Duration base = initial;
+  for (int i = 1; i < failures && base < max; ++i) base *= 2;
+  return std::min(base, max) * jitter;
+}
+
+std::vector<absl::Duration> RetryDelays(absl::Duration initial,
+                                        absl::Duration max, int count,
+                                        const std::function<double()>& jitter) {
+  std::vector<absl::Duration> out;
+  out.reserve(std::max(0, count));
+  for (int n = 1; n <= count; ++n) {
+    out.push_back(RetryDelay(initial, max, n, jitter()));
+  }
+  return out;
+}
+
+double RandomJitter() {
+  thread_local absl::BitGen gen;
+  return absl::Uniform(gen, 0.5, 1.0);
+}
+
 Backoff::Backoff(absl::Duration initial, absl::Duration max,
                  std::function<double()> jitter)
-    : initial_(initial),
-      max_(std::max(initial, max)),
-      current_(initial),
-      jitter_(std::move(jitter)) {
-  if (!jitter_) {
-    jitter_ = [] {
-      thread_local absl::BitGen gen;
-      return absl::Uniform(gen, 0.5, 1.0);
-    };
-  }
+    : initial_(initial), max_(max), jitter_(std::move(jitter)) {
+  if (!jitter_) jitter_ = RandomJitter;
 }
 
 absl::Duration Backoff::Next() {
-  const absl::Duration wait = current_ * jitter_();
-  current_ = std::min(current_ * 2, max_);
-  return wait;
+  if (failures_ < 64) ++failures_;
+  return RetryDelay(initial_, max_, failures_, jitter_());
 }
 
 size_t PartitionTarget(int partitions, int members) {

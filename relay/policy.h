@@ -14,21 +14,38 @@
 
 namespace outbox::relay {
 
-// Exponential backoff with jitter: each failure waits a random time in
-// [d/2, d), then d doubles up to `max`; Reset() after a success.
+// The one backoff of the relay, for a stream or the database that failed
+// and for an event its consumer rejected: after the n-th failure in a row
+// (n >= 1), wait initial * 2^(n-1), at most `max` (never below `initial`),
+// times `jitter`, a fraction in [0.5, 1) that spreads replicas apart.
+absl::Duration RetryDelay(absl::Duration initial, absl::Duration max,
+                          int failures, double jitter);
+
+// The waits after the 1st, 2nd, ... `count`-th failure, each with its own
+// jitter: for a statement that backs off rows by their attempts counted in
+// the database (the n-th element is the wait after the n-th failure).
+std::vector<absl::Duration> RetryDelays(absl::Duration initial,
+                                        absl::Duration max, int count,
+                                        const std::function<double()>& jitter);
+
+// A random jitter in [0.5, 1).
+double RandomJitter();
+
+// RetryDelay over a run of failures: Next() after each, Reset() after a
+// success.
 class Backoff {
  public:
-  // `jitter` maps [0.5, 1) fractions: tests pass a fixed one.
+  // `jitter` gives [0.5, 1) fractions: tests pass a fixed one.
   Backoff(absl::Duration initial, absl::Duration max,
           std::function<double()> jitter = {});
 
-  // The wait before the next try; doubles the base for the one after.
+  // The wait before the next try.
   absl::Duration Next();
-  void Reset() { current_ = initial_; }
-  absl::Duration current() const { return current_; }
+  void Reset() { failures_ = 0; }
 
  private:
-  absl::Duration initial_, max_, current_;
+  absl::Duration initial_, max_;
+  int failures_ = 0;
   std::function<double()> jitter_;
 };
 

@@ -34,6 +34,35 @@ TEST(Backoff, ACapBelowTheStartIsTheStart) {
   EXPECT_EQ(b.Next(), absl::Seconds(2));
 }
 
+TEST(RetryDelay, DoublesFromTheFirstFailureUpToTheCapTimesTheJitter) {
+  const absl::Duration i = absl::Milliseconds(500), max = absl::Seconds(3);
+  EXPECT_EQ(RetryDelay(i, max, 1, 1.0), absl::Milliseconds(500));
+  EXPECT_EQ(RetryDelay(i, max, 2, 1.0), absl::Seconds(1));
+  EXPECT_EQ(RetryDelay(i, max, 3, 0.5), absl::Seconds(1));
+  EXPECT_EQ(RetryDelay(i, max, 4, 1.0), absl::Seconds(3));  // capped
+  EXPECT_EQ(RetryDelay(i, max, 1000000, 0.5), absl::Milliseconds(1500));
+  EXPECT_EQ(RetryDelay(i, absl::ZeroDuration(), 5, 1.0), i);  // cap < start
+  EXPECT_EQ(RetryDelay(i, max, 0, 1.0), i);                   // as the first
+}
+
+TEST(RetryDelays, TheNthIsTheWaitAfterTheNthFailureEachWithItsJitter) {
+  double j = 0.5;
+  const std::vector<absl::Duration> d =
+      RetryDelays(absl::Seconds(1), absl::Seconds(10), 5, [&] {
+        const double out = j;
+        j = j == 0.5 ? 0.75 : 0.5;
+        return out;
+      });
+  ASSERT_EQ(d.size(), 5u);
+  EXPECT_EQ(d[0], absl::Milliseconds(500));   // 1 s * 0.5
+  EXPECT_EQ(d[1], absl::Milliseconds(1500));  // 2 s * 0.75
+  EXPECT_EQ(d[2], absl::Seconds(2));          // 4 s * 0.5
+  EXPECT_EQ(d[3], absl::Seconds(6));          // 8 s * 0.75
+  EXPECT_EQ(d[4], absl::Seconds(5));          // capped at 10 s, * 0.5
+  EXPECT_TRUE(
+      RetryDelays(absl::Seconds(1), absl::Seconds(2), 0, RandomJitter).empty());
+}
+
 TEST(PartitionTarget, EveryPartitionIsOwnedWhateverTheReplicas) {
   for (int members = 1; members <= 70; ++members) {
     const size_t t = PartitionTarget(64, members);

@@ -43,35 +43,6 @@ int NewMemberKey() {
 
 }  // namespace
 
-std::string ClaimSql(bool mark, bool lsn) {
-  const std::string with = absl::StrCat(
-      "WITH ",
-      mark ? "m AS (DELETE FROM outbox_delivery d USING unnest($6::bigint[], "
-             "$8::uuid[]) AS k(s, e), outbox o WHERE d.subscription = $1 AND "
-             "d.seq = k.s AND d.status = 'pending' AND o.seq = k.s AND "
-             "o.event_id = k.e), "
-           : "",
-      "c AS MATERIALIZED (SELECT d.seq, d.partition FROM outbox_delivery d "
-      "WHERE d.subscription = $1 AND d.status = 'pending' "
-      "AND d.partition = ANY($2::int[]) AND ",
-      PartitionLeases::ClaimFence(7),
-      " AND d.available_at <= now() "
-      "AND d.aggregate_id NOT IN (SELECT unnest($3::text[])) AND d.seq > $5 "
-      "AND d.seq NOT IN (SELECT unnest($6::bigint[])) "
-      "ORDER BY d.seq LIMIT $4) ");
-  const std::string select = absl::StrCat(
-      "SELECT ", kEventColumns,
-      ", c.partition, "
-      "NOT EXISTS (SELECT 1 FROM outbox_delivery p WHERE p.subscription = $1 "
-      "AND p.seq = o.prev_seq AND NOT (p.seq = ANY($6::bigint[])) OFFSET 0) "
-      "AS prev_done",
-      lsn ? ", pg_current_wal_insert_lsn()::text AS lsn" : "",
-      " FROM c JOIN outbox o ON o.seq = c.seq ORDER BY c.seq");
-  // The WITH stays at the top, where a data-modifying one must be.
-  return absl::StrCat(with,
-                      BoundedByPayloadBytes(select, kMaxDeliveryBatchBytes));
-}
-
 bool IsSubscriptionName(absl::string_view name) {
   if (name.empty() || name.size() > 63 || name[0] < 'a' || name[0] > 'z') {
     return false;
@@ -257,19 +228,19 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   // Every subscription of the database, as this replica last read them:
   // one that no relay delivers any more, or that an operator paused, shows
   // from any relay left, and so does what holds retention back.
-  auto each_subscription =
-      [this](double (*value)(const SubscriptionInfo&), bool with_kind) {
-        std::vector<std::pair<Labels, double>> out;
-        std::lock_guard<std::mutex> lock(backlog_mu_);
-        for (const SubscriptionInfo& s : backlog_.subscriptions) {
-          Labels l{{"of_subscription", s.name}};
-          if (with_kind) {
-            l["kind"] = s.pinned_by.empty() ? "none" : s.pinned_by;
-          }
-          out.push_back({std::move(l), value(s)});
-        }
-        return out;
-      };
+  auto each_subscription = [this](double (*value)(const SubscriptionInfo&),
+                                  bool with_kind) {
+    std::vector<std::pair<Labels, double>> out;
+    std::lock_guard<std::mutex> lock(backlog_mu_);
+    for (const SubscriptionInfo& s : backlog_.subscriptions) {
+      Labels l{{"of_subscription", s.name}};
+      if (with_kind) {
+        l["kind"] = s.pinned_by.empty() ? "none" : s.pinned_by;
+      }
+      out.push_back({std::move(l), value(s)});
+    }
+    return out;
+  };
   metrics->AddGaugeFamily(
       "outbox_subscription_relays_alive",
       "Relays delivering each subscription of the database (their "
@@ -298,7 +269,9 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
       "and 0 when it pins nothing).",
       [each_subscription] {
         return each_subscription(
-            [](const SubscriptionInfo& s) { return s.retention_pinned_seconds; },
+            [](const SubscriptionInfo& s) {
+              return s.retention_pinned_seconds;
+            },
             true);
       });
   metrics->AddGauge(
@@ -360,7 +333,8 @@ void Relay::ProbeConsumer() {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   const grpc::Status s = health_stub_->Check(&ctx, req, &resp);
   std::lock_guard<std::mutex> lock(probe_mu_);
-  if (s.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+  if (s.ok() &&
+      resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
     consumer_answered_ns_ = absl::ToUnixNanos(absl::Now());
     probe_error_.clear();
     return;
@@ -531,11 +505,12 @@ bool Relay::EnsureSource(pqxx::connection& conn) {
   }
   const std::string name = r[0][0].as<std::string>();
   if (!options_.source.empty() && name != options_.source) {
-    std::string why = absl::StrCat(
-        "--source=", options_.source, ": this outbox's events carry source ",
-        name, " (outbox_source); consumers name each chain by it, so it "
-        "cannot change under them: start the relay with --source=", name,
-        " or without --source");
+    std::string why =
+        absl::StrCat("--source=", options_.source,
+                     ": this outbox's events carry source ", name,
+                     " (outbox_source); consumers name each chain by it, so it "
+                     "cannot change under them: start the relay with --source=",
+                     name, " or without --source");
     if (why != subscription_refused_) spdlog::error("relay: {}", why);
     subscription_refused_ = std::move(why);
     return false;
@@ -723,11 +698,11 @@ bool Relay::EnsureConnection() {
             "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
       }
       if (!EnsureSubscription(**conn)) {
-        last_db_error_ = !subscription_refused_.empty()
-                             ? subscription_refused_
-                             : absl::StrCat("subscription ",
-                                            options_.subscription,
-                                            " is being created");
+        last_db_error_ =
+            !subscription_refused_.empty()
+                ? subscription_refused_
+                : absl::StrCat("subscription ", options_.subscription,
+                               " is being created");
       } else {
         auto tx = OpenUnit(**conn);
         // The database's own record of its identity: a failover or restore
@@ -1265,21 +1240,26 @@ bool Relay::FlushMarks() {
     }
     for (const Mark& m : marks_) {
       if (m.kind == Mark::kRejected) {
-        // Exponential backoff with jitter: reject_backoff * 2^attempts,
-        // capped.
+        // The row backs off by policy.h's RetryDelay after its attempts
+        // (the n-th of $5 after the n-th failure; the last one beyond, long
+        // capped by then).
+        ArrayLiteral delays;
+        for (absl::Duration d :
+             RetryDelays(options_.reject_backoff, options_.reject_backoff_max,
+                         std::min(options_.max_attempts, 64), RandomJitter)) {
+          delays.Add(absl::StrCat(absl::ToDoubleSeconds(d)));
+        }
         pqxx::result r = tx.exec_params(
             "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = "
             "$3, status = CASE WHEN attempts + 1 >= $4 THEN 'dead' ELSE "
             "'pending' END, dead_at = CASE WHEN attempts + 1 >= $4 THEN now() "
             "END, available_at = now() + make_interval(secs => "
-            "least($6::float8, $5::float8 * power(2, attempts)) * (0.5 + "
-            "random() / 2)) WHERE subscription = $1 AND seq = $2 AND status = "
-            "'pending' AND EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND "
-            "o.event_id = $7::uuid) RETURNING status",
+            "($5::float8[])[least(attempts + 1, cardinality($5::float8[]))]) "
+            "WHERE subscription = $1 AND seq = $2 AND status = 'pending' AND "
+            "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND o.event_id = "
+            "$6::uuid) RETURNING status",
             options_.subscription, m.seq, m.reason.substr(0, 2000),
-            options_.max_attempts,
-            absl::ToDoubleSeconds(options_.reject_backoff),
-            absl::ToDoubleSeconds(options_.reject_backoff_max), m.event_id);
+            options_.max_attempts, delays.str(), m.event_id);
         if (!r.empty() && r[0][0].as<std::string>() == kDeliveryDead) {
           ++dead;
           LogEventScope scope(m.log_fields);

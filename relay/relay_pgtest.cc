@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -780,6 +781,47 @@ TEST_F(RelayTest, VacuumsTheDeliveryTableAfterTenThousandDeletes) {
   relay.Stop(absl::Seconds(5));
 }
 
+TEST_F(RelayTest, ARejectedEventBacksOffByTheOneRetryDelay) {
+  MakeOrders(1);  // three events of one order; the first unreadable
+  orders_.Exec(
+      "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) "
+      "FROM outbox)");
+  Consumer consumer(billing_.url(), 0);
+  RelayOptions o = Options(consumer.port());
+  o.reject_backoff = absl::Seconds(1);
+  o.reject_backoff_max = absl::Milliseconds(1500);
+  o.max_attempts = 3;
+  Relay relay(o, &metrics_);
+  relay.Start();
+  // After the n-th rejection the row waits RetryDelay(1 s, 1.5 s, n, [0.5,
+  // 1)) from then: [0.5, 1) s, then [0.75, 1.5) s (capped). Read as soon
+  // as the attempt shows (polled every 20 ms; slack for the poll).
+  const std::string wait_sql =
+      "SELECT extract(epoch FROM available_at - now()) FROM outbox_delivery "
+      "WHERE attempts = ";
+  for (const auto& [attempt, lo, hi] :
+       {std::tuple{1, 0.5, 1.0}, std::tuple{2, 0.75, 1.5}}) {
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          return orders_.Scalar(absl::StrCat(
+                     "SELECT count(*) FROM outbox_delivery WHERE attempts = ",
+                     attempt)) == 1;
+        },
+        absl::Seconds(10)))
+        << "attempt " << attempt;
+    pqxx::result r = orders_.Query(absl::StrCat(wait_sql, attempt));
+    ASSERT_EQ(r.size(), 1u) << "attempt " << attempt;
+    const double left = r[0][0].as<double>();
+    EXPECT_GT(left, lo - 0.3) << "attempt " << attempt;
+    EXPECT_LE(left, hi) << "attempt " << attempt;
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar(
+               "SELECT count(*) FROM outbox_delivery WHERE status = 'dead' "
+               "AND attempts = 3") == 1;
+  }));
+}
+
 TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
   std::vector<std::string> ids = MakeOrders(6);  // order 0: three events
   const std::string poison = ids[0];
@@ -1522,7 +1564,8 @@ TEST_F(RelayTest, NewSubscriptionStartsFromOldestOrNow) {
     return late_db.Scalar("SELECT count(*) FROM inbox") == after &&
            all_db.Scalar("SELECT count(*) FROM inbox") == Events() &&
            Pending("late") == 0 && Pending("all") == 0;
-  })) << Pending("late") << " and " << Pending("all") << " pending";
+  })) << Pending("late")
+      << " and " << Pending("all") << " pending";
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_deliveries WHERE "
                            "subscription = 'late' AND status = 'skipped'"),
             before);
@@ -2091,7 +2134,8 @@ TEST_F(RelayTest, AReplayOwesEventsAgainAndNothingHappensTwice) {
 // unready, and leaves its partitions to a replica that reaches the
 // consumer, which then delivers everything; once its consumer answers, it
 // is ready again and takes its share back.
-TEST_F(RelayTest, ARelayThatCannotReachItsConsumerLeavesItsPartitionsToOneThatCan) {
+TEST_F(RelayTest,
+       ARelayThatCannotReachItsConsumerLeavesItsPartitionsToOneThatCan) {
   ClosingListener down;  // relay a's consumer, down for now
   Consumer up(billing_.url(), 0);
   RelayOptions oa = Options(down.port()), ob = Options(up.port());
@@ -2104,7 +2148,8 @@ TEST_F(RelayTest, ARelayThatCannotReachItsConsumerLeavesItsPartitionsToOneThatCa
     return a.Unready().has_value() && a.State().partitions_owned.empty() &&
            b.State().partitions_owned.size() == kPartitionCount &&
            Pending() == 0;
-  })) << "a owns " << a.State().partitions_owned.size() << ", b owns "
+  })) << "a owns "
+      << a.State().partitions_owned.size() << ", b owns "
       << b.State().partitions_owned.size() << ", pending " << Pending();
   EXPECT_NE(a.Unready()->find("has not answered"), std::string::npos)
       << *a.Unready();
@@ -2117,21 +2162,21 @@ TEST_F(RelayTest, ARelayThatCannotReachItsConsumerLeavesItsPartitionsToOneThatCa
   ASSERT_TRUE(WaitFor([&] {
     return !a.Unready().has_value() && !a.State().partitions_owned.empty() &&
            b.State().partitions_owned.size() < kPartitionCount;
-  })) << "a owns " << a.State().partitions_owned.size();
+  })) << "a owns "
+      << a.State().partitions_owned.size();
   MakeOrders(40);
   ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }));
   a.Stop(absl::Seconds(2));
   b.Stop(absl::Seconds(2));
 }
 
-
 // Appends to every stored event an unknown field of `bytes` bytes (field
 // 1000, length-delimited; `length_hex` is `bytes` as a varint, in hex),
 // which a consumer ignores: large events.
 std::string EnlargeEventsSql(const char* length_hex, int bytes) {
-  return absl::StrCat(
-      "UPDATE outbox SET payload = payload || '\\xc23e", length_hex,
-      "'::bytea || convert_to(repeat('x', ", bytes, "), 'UTF8')");
+  return absl::StrCat("UPDATE outbox SET payload = payload || '\\xc23e",
+                      length_hex, "'::bytea || convert_to(repeat('x', ", bytes,
+                      "), 'UTF8')");
 }
 
 // A claim stops at kMaxDeliveryBatchBytes of payloads, whatever the batch
@@ -2276,10 +2321,12 @@ TEST_F(RelayTest, SubscriptionsAreListedPausedResumedAndDropped) {
   // ... and the gauges of every relay say it too.
   EXPECT_TRUE(WaitFor([&] {
     const std::string m = metrics_.Render();
-    return m.find("outbox_retention_pinned_seconds{kind=\"abandoned\","
-                  "of_subscription=\"audit\"} 1728") != std::string::npos &&
-           m.find("outbox_subscription_relays_alive{of_subscription="
-                  "\"audit\"} 0") != std::string::npos;
+    return m.find(
+               "outbox_retention_pinned_seconds{kind=\"abandoned\","
+               "of_subscription=\"audit\"} 1728") != std::string::npos &&
+           m.find(
+               "outbox_subscription_relays_alive{of_subscription="
+               "\"audit\"} 0") != std::string::npos;
   })) << metrics_.Render();
 
   // Actions need a name and a reason, and name what they refuse.
@@ -2287,7 +2334,8 @@ TEST_F(RelayTest, SubscriptionsAreListedPausedResumedAndDropped) {
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(act("pause", "billing", "").error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(act("pause", "nope", "x").error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(act("pause", "nope", "x").error_code(),
+            grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(act("resume", "billing", "x").error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
 
