@@ -301,12 +301,13 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       if (o.exec("SELECT to_regclass('outbox_divergences') IS NOT NULL")[0][0]
               .as<bool>()) {
         for (const auto& row : o.exec_params(
-                 "SELECT aggregate_id, kind || ': ' || detail, "
+                 "SELECT aggregate_id, kind || ': ' || detail AS why, "
                  "aggregate_type FROM outbox_divergences WHERE subscription "
                  "= $1 AND resolved_at IS NULL",
                  subscription)) {
-          out[Chain(row[2].as<std::string>(), row[0].as<std::string>())] =
-              row[1].as<std::string>();
+          out[Chain(row["aggregate_type"].as<std::string>(),
+                    row["aggregate_id"].as<std::string>())] =
+              row["why"].as<std::string>();
         }
       }
       return out;
@@ -364,34 +365,33 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     f.diverged = diverged_aggregates(o);
     for (const auto& row : o.exec_params(
              absl::StrCat(
-                 "SELECT o.event_id::text, o.aggregate_id, o.seq, o.prev_seq, "
-                 "o.event_type, ",
+                 "SELECT o.event_id::text AS event_id, o.aggregate_id, o.seq, "
+                 "o.prev_seq, o.event_type, ",
                  kDeliveryStatusSql,
-                 ", "
-                 "(extract(epoch FROM o.created_at) * 1000000)::bigint, "
-                 "o.payload, o.aggregate_type FROM outbox o JOIN "
+                 " AS status, "
+                 "(extract(epoch FROM o.created_at) * 1000000)::bigint AS "
+                 "created_us, o.payload, o.aggregate_type FROM outbox o JOIN "
                  "subscriptions s ON s.name = $1 "
                  "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
                  "d.seq = o.seq WHERE o.seq >= s.start_seq"),
              subscription)) {
-      CommittedEvent c{
-          Chain(row[8].as<std::string>(), row[1].as<std::string>()),
-          row[1].as<std::string>(),
-          row[2].as<int64_t>(),
-          row[3].as<int64_t>(),
-          row[4].as<std::string>(),
-          row[5].as<std::string>(),
-          row[6].as<int64_t>(),
-          0};
+      CommittedEvent c;
+      c.aggregate_id = row["aggregate_id"].as<std::string>();
+      c.chain = Chain(row["aggregate_type"].as<std::string>(), c.aggregate_id);
+      c.seq = row["seq"].as<int64_t>();
+      c.prev_seq = row["prev_seq"].as<int64_t>();
+      c.type = row["event_type"].as<std::string>();
+      c.status = row["status"].as<std::string>();
+      c.created_us = row["created_us"].as<int64_t>();
       if (c.type == "OrderCancelled") {
         v1::Event e;
-        if (e.ParseFromString(pqxx::binarystring(row[7]).str())) {
+        if (e.ParseFromString(pqxx::binarystring(row["payload"]).str())) {
           if (auto p = consumer::DecodeOrderPayload(e); p.ok()) {
             c.refund_cents = p->order_cancelled().refund_cents();
           }
         }
       }
-      f.committed.emplace(row[0].as<std::string>(), std::move(c));
+      f.committed.emplace(row["event_id"].as<std::string>(), std::move(c));
     }
     // Events below the oldest retained row were deleted by --retention
     // (it deletes a prefix); with nothing retained, all that were written.
@@ -402,44 +402,48 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
              "'outbox', 'seq')::regclass), 0) + 1)")[0][0]
             .as<int64_t>();
     for (const auto& row :
-         o.exec("SELECT order_id::text, status FROM orders")) {
-      f.order_status[row[0].as<std::string>()] = row[1].as<std::string>();
+         o.exec("SELECT order_id::text AS order_id, status FROM orders")) {
+      f.order_status[row["order_id"].as<std::string>()] =
+          row["status"].as<std::string>();
     }
     o.commit();
 
     pqxx::read_transaction b(billing);
     ApplyLimits(b);
     for (const auto& row : b.exec(absl::StrCat(
-             "SELECT event_id::text, aggregate_id, seq, "
-             "(extract(epoch FROM applied_at) * 1000000)::bigint, ",
-             by_source ? "aggregate_type" : "''", " FROM inbox t WHERE ", ours,
-             " ORDER BY apply_id"))) {
-      std::string type = row[4].as<std::string>();
+             "SELECT event_id::text AS event_id, aggregate_id, seq, "
+             "(extract(epoch FROM applied_at) * 1000000)::bigint AS "
+             "applied_us, ",
+             by_source ? "aggregate_type" : "'' AS aggregate_type",
+             " FROM inbox t WHERE ", ours, " ORDER BY apply_id"))) {
+      const std::string event_id = row["event_id"].as<std::string>();
+      const std::string aggregate_id = row["aggregate_id"].as<std::string>();
+      std::string type = row["aggregate_type"].as<std::string>();
       if (type.empty()) {
         // Recorded before chains had a type: that of the committed event.
-        auto c = f.committed.find(row[0].as<std::string>());
+        auto c = f.committed.find(event_id);
         if (c != f.committed.end()) {
           ChainId id;
           ParseChainKey(c->second.chain, &id);
           type = id.type;
         }
       }
-      f.applied.push_back({row[0].as<std::string>(),
-                           Chain(type, row[1].as<std::string>()),
-                           row[1].as<std::string>(), row[2].as<int64_t>(),
-                           row[3].as<int64_t>()});
+      f.applied.push_back({event_id, Chain(type, aggregate_id), aggregate_id,
+                           row["seq"].as<int64_t>(),
+                           row["applied_us"].as<int64_t>()});
     }
     // Charges of events applied from another source are that source's.
     for (const auto& row : b.exec(absl::StrCat(
-             "SELECT event_id::text FROM charges c",
+             "SELECT event_id::text AS event_id FROM charges c",
              by_source ? " WHERE NOT EXISTS (SELECT 1 FROM inbox t WHERE "
                          "t.event_id = c.event_id AND NOT "
                        : "",
              by_source ? ours : "", by_source ? ")" : ""))) {
-      ++f.charges_by_event[row[0].as<std::string>()];
+      ++f.charges_by_event[row["event_id"].as<std::string>()];
     }
     for (const auto& row : b.exec("SELECT order_id, status FROM order_view")) {
-      f.view_status[row[0].as<std::string>()] = row[1].as<std::string>();
+      f.view_status[row["order_id"].as<std::string>()] =
+          row["status"].as<std::string>();
     }
     f.held = b.exec(absl::StrCat("SELECT count(*) FROM held_events t WHERE ",
                                  ours))[0][0]
@@ -448,8 +452,9 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     if (b.exec("SELECT to_regclass('inbox_superseded') IS NOT NULL")[0][0]
             .as<bool>()) {
       for (const auto& row :
-           b.exec("SELECT DISTINCT event_id::text FROM inbox_superseded")) {
-        f.superseded.insert(row[0].as<std::string>());
+           b.exec("SELECT DISTINCT event_id::text AS event_id FROM "
+                  "inbox_superseded")) {
+        f.superseded.insert(row["event_id"].as<std::string>());
       }
     }
     // How far --inbox_retention deleted each aggregate's inbox rows.
@@ -458,12 +463,12 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
             .size() > 0) {
       for (const auto& row : b.exec(absl::StrCat(
                "SELECT aggregate_id, pruned_through, ",
-               by_source ? "aggregate_type" : "''",
+               by_source ? "aggregate_type" : "'' AS aggregate_type",
                " FROM aggregate_cursors t WHERE pruned_through > 0 AND ",
                ours))) {
-        f.pruned_through[Chain(row[2].as<std::string>(),
-                               row[0].as<std::string>())] =
-            row[1].as<int64_t>();
+        f.pruned_through[Chain(row["aggregate_type"].as<std::string>(),
+                               row["aggregate_id"].as<std::string>())] =
+            row["pruned_through"].as<int64_t>();
       }
     }
     b.commit();
