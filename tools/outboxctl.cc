@@ -15,7 +15,8 @@
 //   outboxctl replay --event ID | --aggregate ID | --from_seq N [--to_seq M]
 //                    | --since D [--until D]   owe retained events again
 //   outboxctl diverged [--all]           aggregates whose histories diverged
-//   outboxctl resolve --aggregate ID | --all --reason TEXT   adopt the producer's
+//   outboxctl resolve --aggregate ID | --all --reason TEXT   adopt the
+//   producer's
 //                                        history for a diverged aggregate
 //
 // verify, demo and reconcile take each database's password from
@@ -263,9 +264,9 @@ int DeadLetters() {
                 row.last_error().c_str());
   }
   if (resp.more() && !resp.rows().empty()) {
-    std::printf("more: outboxctl dead-letters --after_seq %lld\n",
-                static_cast<long long>(
-                    resp.rows(resp.rows_size() - 1).event().seq()));
+    std::printf(
+        "more: outboxctl dead-letters --after_seq %lld\n",
+        static_cast<long long>(resp.rows(resp.rows_size() - 1).event().seq()));
   }
   return 0;
 }
@@ -351,9 +352,9 @@ std::string Time(const google::protobuf::Timestamp& t) {
 }
 
 void PrintDivergence(const outbox::v1::Divergence& d) {
-  std::printf("%s%s%s  %s  detected %s\n    %s\n",
-              d.aggregate_type().c_str(), d.aggregate_type().empty() ? "" : " ",
-              d.aggregate_id().c_str(), d.kind().c_str(), Time(d.detected_at()).c_str(),
+  std::printf("%s%s%s  %s  detected %s\n    %s\n", d.aggregate_type().c_str(),
+              d.aggregate_type().empty() ? "" : " ", d.aggregate_id().c_str(),
+              d.kind().c_str(), Time(d.detected_at()).c_str(),
               d.detail().c_str());
   if (d.has_resolved_at()) {
     std::printf("    resolved %s by %s: %s\n", Time(d.resolved_at()).c_str(),
@@ -394,8 +395,8 @@ int ResolveOne(RelayAdmin::Stub* stub, const std::string& type,
   grpc::ClientContext ctx;
   // A rewind walks the aggregate's history at both ends.
   ctx.set_deadline(std::chrono::system_clock::now() +
-                   absl::ToChronoMilliseconds(
-                       std::max(absl::GetFlag(FLAGS_timeout), absl::Seconds(30))));
+                   absl::ToChronoMilliseconds(std::max(
+                       absl::GetFlag(FLAGS_timeout), absl::Seconds(30))));
   outbox::v1::ResolveDivergenceRequest req;
   req.set_subscription(absl::GetFlag(FLAGS_subscription));
   req.set_aggregate_id(aggregate);
@@ -543,10 +544,10 @@ int Subscriptions(const std::vector<char*>& args) {
         std::printf("  pins retention: %s\n", s.pins().c_str());
       }
     }
-    std::printf("%d subscription(s); retention %s%s\n",
-                resp.subscriptions_size(), resp.retention().c_str(),
-                pinning > 0 ? absl::StrCat(", pinned by ", pinning).c_str()
-                            : "");
+    std::printf(
+        "%d subscription(s); retention %s%s\n", resp.subscriptions_size(),
+        resp.retention().c_str(),
+        pinning > 0 ? absl::StrCat(", pinned by ", pinning).c_str() : "");
     return pinning > 0 ? 1 : 0;
   }
   if ((action != "pause" && action != "resume" && action != "drop") ||
@@ -564,11 +565,10 @@ int Subscriptions(const std::vector<char*>& args) {
   req.set_force(absl::GetFlag(FLAGS_force));
   outbox::v1::Subscription info;
   outbox::v1::DropSubscriptionResponse dropped;
-  grpc::Status st = action == "pause"
-                        ? stub->PauseSubscription(&ctx, req, &info)
-                    : action == "resume"
-                        ? stub->ResumeSubscription(&ctx, req, &info)
-                        : stub->DropSubscription(&ctx, req, &dropped);
+  grpc::Status st =
+      action == "pause"    ? stub->PauseSubscription(&ctx, req, &info)
+      : action == "resume" ? stub->ResumeSubscription(&ctx, req, &info)
+                           : stub->DropSubscription(&ctx, req, &dropped);
   if (!st.ok()) return Fail(absl::StrCat("subscriptions ", action), st);
   if (action == "drop") {
     std::printf("dropped %s (%s)\n", args[3], dropped.detail().c_str());

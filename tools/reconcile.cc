@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ids.h"
-#include "tools/checker.h"
 #include "common/log.h"
 #include "common/schema.h"
+#include "tools/checker.h"
 
 namespace outbox::tools {
 namespace {
@@ -105,9 +105,9 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
     // was marked, so the inbox, read after, holds it.
     std::vector<Committed> events;
     std::map<std::string, int64_t> first_dead;  // chain -> lowest dead seq
-    std::string source;  // the name this outbox's events carry
-    std::vector<Finding> divergences;           // open, for an operator
-    int64_t min_retained = 0;  // below it, retention deleted events
+    std::string source;                // the name this outbox's events carry
+    std::vector<Finding> divergences;  // open, for an operator
+    int64_t min_retained = 0;          // below it, retention deleted events
     {
       pqxx::read_transaction o(**outbox_conn);
       ApplyLimits(o);
@@ -183,7 +183,7 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
     }
 
     std::set<std::string> applied;
-    std::map<std::string, int64_t> held_prev;  // event id -> its prev_seq
+    std::map<std::string, int64_t> held_prev;       // event id -> its prev_seq
     std::map<std::string, int64_t> pruned_through;  // by chain
     bool by_source = false;
     std::string ours;  // the inbox rows of this outbox's source
