@@ -39,8 +39,10 @@ std::string DeliveryStream::error() const {
 }
 
 void DeliveryStream::Cancel() {
-  ctx_.TryCancel();
+  // The reason first: the cancelled call's own status (CANCELLED, from the
+  // reader's Finish) must not take its place.
   Break("cancelled by the relay");
+  ctx_.TryCancel();
 }
 
 void DeliveryStream::CloseSend() {
@@ -84,9 +86,9 @@ void DeliveryStream::WriteBatches() {
       outbox_.pop_front();
     }
     if (!stream_->Write(req)) {
-      // The reader learns the status from Finish; make sure it wakes up.
-      ctx_.TryCancel();
-      Break("write failed: stream closed");
+      // The call is over: its Read returns false too, and the reader breaks
+      // the stream with the status Finish gives, the consumer's reason.
+      // Broken here, the stream would say only that a write failed.
       return;
     }
   }

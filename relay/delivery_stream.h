@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "outbox/v1/sink.grpc.pb.h"
 
 namespace outbox::relay {
@@ -51,12 +52,14 @@ class DeliveryStream {
       stream_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<v1::DeliverRequest> outbox_;
-  bool close_send_ = false;
-  bool writer_done_ = false;
-  bool reader_done_ = false;  // the peer ended the stream; status pending
-  std::vector<v1::DeliverResponse> responses_;
-  std::string error_;
+  std::deque<v1::DeliverRequest> outbox_ ABSL_GUARDED_BY(mu_);
+  bool close_send_ ABSL_GUARDED_BY(mu_) = false;
+  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
+  // The peer ended the stream; status pending.
+  bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<v1::DeliverResponse> responses_ ABSL_GUARDED_BY(mu_);
+  // Why the stream broke: the first reason given.
+  std::string error_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> broken_{false};
   std::thread writer_;
   std::thread reader_;
