@@ -48,6 +48,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/db.h"
@@ -377,7 +378,7 @@ class Relay {
     }
   };
   mutable std::mutex backlog_mu_;
-  Backlog backlog_;  // guarded by backlog_mu_
+  Backlog backlog_ ABSL_GUARDED_BY(backlog_mu_);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
@@ -389,7 +390,7 @@ class Relay {
   DbSession session_;  // options_.session, with own_watch_
   std::atomic<bool> own_db_changed_{false};
   std::mutex change_mu_;
-  std::string own_db_change_;                // guarded by change_mu_
+  std::string own_db_change_ ABSL_GUARDED_BY(change_mu_);
   std::unique_ptr<ReplicationFence> fence_;  // null: no fence
   // By kind: failover, new_server, recreated, went_back.
   Counter* consumer_changes_[4];
@@ -455,10 +456,10 @@ class Relay {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool woken_ = false;
-  bool stopping_ = false;
-  absl::Time drain_deadline_;
-  RelayState state_;  // copy for State(), under mu_
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_);
+  RelayState state_ ABSL_GUARDED_BY(mu_);  // copy for State()
 
   std::atomic<bool> listen_stop_{false};
   // False while every lane waits for answers (see Run). Set true under
@@ -482,8 +483,8 @@ class Relay {
   bool ConsumerUnreachable() const;
   std::atomic<int64_t> consumer_answered_ns_{0};
   mutable std::mutex probe_mu_;
-  std::string probe_error_;  // under probe_mu_
-  bool unlinked_ = false;    // worker thread
+  std::string probe_error_ ABSL_GUARDED_BY(probe_mu_);
+  bool unlinked_ = false;  // worker thread
   std::unique_ptr<PeriodicTask> prober_;
 };
 
