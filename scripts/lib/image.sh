@@ -15,7 +15,7 @@ OUTBOX_IMAGE_RELEASE=bookworm
 OUTBOX_IMAGE_CACHE="${OUTBOX_IMAGE_CACHE:-/var/tmp/outbox-image}"
 # Changes with what make_bases puts in a base image: a new value makes new
 # bases (and so a rebuild of every layer above them).
-OUTBOX_BASE_RECIPE=1
+OUTBOX_BASE_RECIPE=2
 
 # image_podman_env: a containers.conf of our own in OUTBOX_IMAGE_CACHE, named
 # by CONTAINERS_CONF, so that nothing of the host's configuration changes:
@@ -139,7 +139,14 @@ make_bases() {
       { tail -20 "$dir/debootstrap.log" >&2; die "debootstrap failed (full log: $dir/debootstrap.log)"; }
     log "debootstrap took $((SECONDS - t1)) s"
     # As Debian's own images: apt's sources (those of this machine), no
-    # downloaded packages or lists, no host files.
+    # downloaded packages or lists, no host files, an empty /dev (the
+    # container engine provides the devices; debootstrap's own nodes would
+    # be world-writable files of the image).
+    local m
+    for m in dev proc sys; do
+      ! mountpoint -q "$rootfs/$m" || die "$rootfs/$m is still mounted after debootstrap"
+    done
+    find "$rootfs/dev" -mindepth 1 -delete
     awk '{ print "deb " $1 " " $2 " main" }' <<<"$sources" >"$rootfs/etc/apt/sources.list"
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/tmp/* \
       "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname "$rootfs"/var/log/bootstrap.log
