@@ -33,7 +33,9 @@ image_podman_env() {
   [ "$nofile" = unlimited ] && nofile=1048576
   [ "$nproc" = unlimited ] && nproc=1048576
   [ "$nproc" -gt "$pid_max" ] && nproc=$pid_max
-  cat >"$conf.new" <<EOF
+  # Several callers at once (the image tests run in parallel): each writes
+  # its own file and renames it into place.
+  cat >"$conf.$$" <<EOF
 # Written by scripts/lib/image.sh (image_podman_env); used through
 # CONTAINERS_CONF by scripts/image and the image tests only.
 [containers]
@@ -42,7 +44,7 @@ default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
 [engine]
 runtime = "runc"
 EOF
-  mv "$conf.new" "$conf"
+  mv -f "$conf.$$" "$conf"
   export CONTAINERS_CONF="$conf"
 }
 
