@@ -115,7 +115,7 @@ path-exclude /usr/share/groff/*'
 # without the mirror. OUTBOX_IMAGE_REFRESH=1 makes new ones (e.g. for
 # Debian's security updates). Sets BASE_SECONDS (time spent).
 make_bases() {
-  local t0=$SECONDS sources mirror key full slim rootfs tar
+  local t0=$SECONDS sources mirror key full slim rootfs
   sources=$(debian_sources)
   [ -n "$sources" ] || die "no Debian $OUTBOX_IMAGE_RELEASE source in apt's sources (/etc/apt/sources.list, /etc/apt/sources.list.d/)"
   mirror=$(head -1 <<<"$sources" | cut -d' ' -f1)
