@@ -663,6 +663,8 @@ async function main() {
           if (s.handler === "billing") {
             const v = run(outboxctl, ["verify", `--orders_db=${dbUrl(orders)}`, `--billing_db=${dbUrl(s.db)}`, "--wait=60s"], pgEnv, 90000);
             check(v.ok, `${sub(s)}: outboxctl verify: every event delivered exactly once, in order${v.ok ? "" : `: ${(v.out + v.err).split("\n").slice(-3).join(" ")}`}`);
+            // Its report, as an operator would read it.
+            for (const l of v.out.split("\n").filter((x) => x.trim() !== "")) console.log(`       | ${l}`);
             // The CronJob's command as rendered (exit 0: nothing missing),
             // and again with --grace=0s, so that the events just loaded
             // (younger than the manifest's grace) are compared too.
