@@ -79,13 +79,15 @@ ensure_node_tools() {
   fi
 }
 
-# Configures and builds into build/ (Release unless BUILD_TYPE says).
+# Configures and builds into build/ (Release unless BUILD_TYPE says):
+# every target, or OUTBOX_BUILD_TARGET (e.g. binaries: no test binary).
 build() {
-  build_in build "${BUILD_TYPE:-Release}" all
+  local target="${OUTBOX_BUILD_TARGET:-all}"
+  build_in build "${BUILD_TYPE:-Release}" "$target"
   for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
     [ -x "$OUTBOX_ROOT/build/bin/$b" ] || die "build/bin/$b is missing"
   done
-  check_test_binaries build gtest
+  [ "$target" != all ] || check_test_binaries build gtest
 }
 
 # build_in DIR TYPE TARGET [CMAKE_ARGS...]: configures DIR (once) and builds
