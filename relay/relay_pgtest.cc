@@ -15,7 +15,6 @@
 #include <mutex>
 #include <set>
 #include <thread>
-#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -799,8 +798,13 @@ TEST_F(RelayTest, ARejectedEventBacksOffByTheOneRetryDelay) {
   const std::string wait_sql =
       "SELECT extract(epoch FROM available_at - now()) FROM outbox_delivery "
       "WHERE attempts = ";
-  for (const auto& [attempt, lo, hi] :
-       {std::tuple{1, 0.5, 1.0}, std::tuple{2, 0.75, 1.5}}) {
+  struct Wait {
+    int attempt;
+    double lo, hi;  // seconds
+  };
+  for (const Wait& w : {Wait{1, 0.5, 1.0}, Wait{2, 0.75, 1.5}}) {
+    const int attempt = w.attempt;
+    const double lo = w.lo, hi = w.hi;
     ASSERT_TRUE(WaitFor(
         [&] {
           return orders_.Scalar(absl::StrCat(
