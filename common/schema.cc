@@ -215,6 +215,46 @@ ALTER FUNCTION outbox_inbox_lock_chains(text[], text[], text[], int)
 DROP FUNCTION IF EXISTS outbox_inbox_lock_cursors(text[], int);
 )sql";
 
+// The outbox read as a log (relay/outbox_log.h). Each event records the
+// top-level transaction that wrote it; a tick is a snapshot of which
+// transactions had committed, with the highest seq visible in it, so that
+// the events committed between two ticks can be read whatever their seq.
+// Events from before this migration keep xid NULL: the ALTER waited for
+// every transaction that wrote one, so all of them precede the first tick,
+// made here, and no range holds them.
+constexpr char kOutboxV6[] = R"sql(
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS xid xid8;
+ALTER TABLE outbox ALTER COLUMN xid SET DEFAULT pg_current_xact_id();
+-- (xid, seq): the late rows of a range (a transaction that drew its seq
+-- before a tick and committed after it) are found by xid with their seq
+-- checked in the index, without a visit to the table per new row.
+CREATE INDEX IF NOT EXISTS outbox_xid_idx ON outbox (xid, seq);
+
+CREATE TABLE IF NOT EXISTS outbox_ticks (
+  id       bigint PRIMARY KEY,
+  snapshot pg_snapshot NOT NULL,
+  high_seq bigint NOT NULL,
+  made_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Makes the next tick. The advisory lock orders ticks: each one's
+-- snapshot is taken after the one before committed, so it sees at least
+-- what that one saw. Call it in READ COMMITTED (a statement's snapshot).
+CREATE OR REPLACE FUNCTION outbox_tick() RETURNS outbox_ticks
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE t outbox_ticks;
+BEGIN
+  PERFORM pg_advisory_xact_lock(2833, 0);
+  INSERT INTO outbox_ticks (id, snapshot, high_seq)
+    SELECT coalesce((SELECT max(id) FROM outbox_ticks), 0) + 1,
+           pg_current_snapshot(),
+           coalesce((SELECT max(seq) FROM outbox), 0)
+  RETURNING * INTO t;
+  RETURN t;
+END $$;
+SELECT outbox_tick() WHERE NOT EXISTS (SELECT 1 FROM outbox_ticks);
+)sql";
+
 #undef OUTBOX_DATABASE_IDENTITY_SQL
 
 }  // namespace
@@ -395,6 +435,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS outbox_divergences_open_chain_idx
   ON outbox_divergences (subscription, aggregate_type, aggregate_id)
   WHERE resolved_at IS NULL;
 )sql"},
+      {6, "the outbox as a log: each event's transaction, ticks", kOutboxV6},
   };
   return kMigrations;
 }

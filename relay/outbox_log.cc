@@ -1,0 +1,210 @@
+#include "relay/outbox_log.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/db.h"
+#include "relay/outbox_row.h"
+
+namespace outbox::relay {
+
+namespace {
+
+constexpr char kTickColumns[] = "id, snapshot::text AS snapshot, high_seq";
+
+absl::StatusOr<Tick> TickFromRow(const pqxx::row& row) {
+  Tick t;
+  t.id = row["id"].as<int64_t>();
+  t.high_seq = row["high_seq"].as<int64_t>();
+  absl::StatusOr<Snapshot> s = Snapshot::Parse(row["snapshot"].c_str());
+  if (!s.ok()) return s.status();
+  t.snapshot = *std::move(s);
+  return t;
+}
+
+absl::StatusOr<Tick> OneTick(pqxx::transaction_base& tx, const std::string& sql,
+                             int64_t id) {
+  try {
+    pqxx::result r = id == 0 ? tx.exec(sql) : tx.exec_params(sql, id);
+    if (r.empty()) {
+      return absl::NotFoundError(absl::StrCat("no tick ", id));
+    }
+    return TickFromRow(r[0]);
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+}
+
+// The events of range (from, to] after $1. The late ones (seq at most
+// from's high_seq, so committed after `from` although their seq was drawn
+// before it) are found by xid: their transaction was running at `from` (in
+// its xip) or had no xid yet (at least its xmax). The rest lie above from's
+// high_seq, found by the primary key. Every part keeps only what `to`
+// shows and `from` does not. The snapshots and bounds are
+// parameters, never joined from outbox_ticks: joined, they could not bound
+// an index scan.
+//   $1 after_seq  $2 from.high_seq  $3 to.high_seq  $4 from's snapshot
+//   $5 to's snapshot  $6 limit; with `late` $7 from's xip  $8 from's xmax
+//   $9 to's xmax  $10 from's xmin; with `by_partition` then the partitions.
+std::string ReadSql(bool late, bool by_partition) {
+  const std::string select =
+      absl::StrCat("SELECT ", kEventColumns,
+                   ", o.partition AS log_partition, o.xid::text AS log_xid "
+                   "FROM outbox o WHERE ");
+  const std::string in_range = absl::StrCat(
+      " AND pg_visible_in_snapshot(o.xid, $5::pg_snapshot)"
+      " AND NOT pg_visible_in_snapshot(o.xid, $4::pg_snapshot)",
+      by_partition
+          ? absl::StrCat(" AND o.partition = ANY($", late ? 11 : 7, "::int[])")
+          : "");
+  const std::string rest =
+      absl::StrCat("(", select,
+                   "o.seq > greatest($1::bigint, $2::bigint) AND o.seq <= "
+                   "$3::bigint",
+                   in_range, " ORDER BY o.seq LIMIT $6::int)");
+  if (!late) return rest;
+  // Two arms, each bounded on the (xid, seq) index: transactions in from's
+  // xip, and those that got their xid after it. No ORDER BY in them: asked
+  // for seq order, the planner would walk the primary key through the
+  // whole history below from's high_seq.
+  const std::string seq_bounds =
+      " AND o.seq > $1::bigint AND o.seq <= $2::bigint";
+  const std::string running = absl::StrCat(
+      "(", select,
+      "o.xid >= $10::xid8 AND o.xid < $8::xid8 AND o.xid = ANY($7::xid8[])",
+      seq_bounds, in_range, ")");
+  const std::string unassigned =
+      absl::StrCat("(", select, "o.xid >= $8::xid8 AND o.xid < $9::xid8",
+                   seq_bounds, in_range, ")");
+  return absl::StrCat("SELECT * FROM (", running, " UNION ALL ", unassigned,
+                      " UNION ALL ", rest, ") u ORDER BY seq LIMIT $6::int");
+}
+
+const std::string& ReadSqlFor(bool late, bool by_partition) {
+  static const std::string* const kSql[4] = {
+      new std::string(ReadSql(false, false)),
+      new std::string(ReadSql(false, true)),
+      new std::string(ReadSql(true, false)),
+      new std::string(ReadSql(true, true))};
+  return *kSql[(late ? 2 : 0) + (by_partition ? 1 : 0)];
+}
+
+std::string XidArray(const std::vector<uint64_t>& xids) {
+  return absl::StrCat("{", absl::StrJoin(xids, ","), "}");
+}
+
+}  // namespace
+
+absl::StatusOr<Snapshot> Snapshot::Parse(absl::string_view text) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  Snapshot s;
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a pg_snapshot: \"", text, "\""));
+  };
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &s.xmin) ||
+      !absl::SimpleAtoi(parts[1], &s.xmax) || s.xmin > s.xmax) {
+    return bad();
+  }
+  if (!parts[2].empty()) {
+    for (absl::string_view x : absl::StrSplit(parts[2], ',')) {
+      uint64_t xid = 0;
+      if (!absl::SimpleAtoi(x, &xid) || xid < s.xmin || xid >= s.xmax ||
+          (!s.xip.empty() && xid <= s.xip.back())) {
+        return bad();
+      }
+      s.xip.push_back(xid);
+    }
+  }
+  return s;
+}
+
+std::string Snapshot::ToString() const {
+  return absl::StrCat(xmin, ":", xmax, ":", absl::StrJoin(xip, ","));
+}
+
+bool Snapshot::Shows(uint64_t xid) const {
+  if (xid < xmin) return true;
+  if (xid >= xmax) return false;
+  return !std::binary_search(xip.begin(), xip.end(), xid);
+}
+
+absl::StatusOr<Tick> MakeTick(pqxx::transaction_base& tx) {
+  static const std::string kSql =
+      absl::StrCat("SELECT ", kTickColumns, " FROM outbox_tick()");
+  return OneTick(tx, kSql, 0);
+}
+
+absl::StatusOr<Tick> ReadTick(pqxx::transaction_base& tx, int64_t id) {
+  static const std::string kSql =
+      absl::StrCat("SELECT ", kTickColumns, " FROM outbox_ticks WHERE id = $1");
+  if (id <= 0) return absl::NotFoundError(absl::StrCat("no tick ", id));
+  return OneTick(tx, kSql, id);
+}
+
+absl::StatusOr<Tick> LatestTick(pqxx::transaction_base& tx) {
+  static const std::string kSql = absl::StrCat(
+      "SELECT ", kTickColumns, " FROM outbox_ticks ORDER BY id DESC LIMIT 1");
+  return OneTick(tx, kSql, 0);
+}
+
+absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
+                                 const LogRead& read) {
+  if (read.from.id >= read.to.id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "log range (", read.from.id, ", ", read.to.id, "] is empty"));
+  }
+  if (read.limit < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log read limit ", read.limit, " is below 1"));
+  }
+  const bool late = read.after_seq < read.from.high_seq;
+  const bool by_partition = !read.partitions.empty();
+  const std::string sql =
+      BoundedByPayloadBytes(ReadSqlFor(late, by_partition),
+                            std::max<int64_t>(read.payload_budget, 1));
+  LogBatch batch;
+  batch.last_seq = read.after_seq;
+  try {
+    std::vector<std::string> params = {
+        absl::StrCat(read.after_seq),   absl::StrCat(read.from.high_seq),
+        absl::StrCat(read.to.high_seq), read.from.snapshot.ToString(),
+        read.to.snapshot.ToString(),    absl::StrCat(read.limit)};
+    if (late) {
+      params.push_back(XidArray(read.from.snapshot.xip));
+      params.push_back(absl::StrCat(read.from.snapshot.xmax));
+      params.push_back(absl::StrCat(read.to.snapshot.xmax));
+      params.push_back(absl::StrCat(read.from.snapshot.xmin));
+    }
+    if (by_partition) {
+      params.push_back(
+          absl::StrCat("{", absl::StrJoin(read.partitions, ","), "}"));
+    }
+    pqxx::result r =
+        tx.exec_params(sql, pqxx::prepare::make_dynamic_params(params));
+    int64_t uncut = 0;
+    batch.events.reserve(r.size());
+    for (const pqxx::row& row : r) {
+      LogEvent e;
+      e.payload_ok = EventFromRow(row, &e.event);
+      e.partition = row["log_partition"].as<int>();
+      if (!absl::SimpleAtoi(row["log_xid"].c_str(), &e.xid)) {
+        return absl::InternalError(
+            absl::StrCat("event ", e.event.seq(), ": bad xid"));
+      }
+      uncut = row["rows_uncut"].as<int64_t>();
+      batch.last_seq = e.event.seq();
+      batch.events.push_back(std::move(e));
+    }
+    batch.range_done = uncut < read.limit &&
+                       static_cast<int64_t>(batch.events.size()) == uncut;
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  return batch;
+}
+
+}  // namespace outbox::relay

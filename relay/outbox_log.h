@@ -1,0 +1,96 @@
+#pragma once
+// The outbox read as a log. A tick records which transactions had
+// committed at one moment (a pg_snapshot) and the highest seq visible
+// then; the range (from, to] of two ticks is exactly the events whose
+// transaction committed between them, whatever their seq, so reading
+// range after range reads every event once even when one transaction
+// draws its seq before another and commits after it (the trap of polling
+// by "seq > the last one seen"). docs/log-delivery.md has the model.
+//
+// Example:
+//   absl::StatusOr<Tick> to = MakeTick(tx);          // then, in any later
+//   LogRead read{.from = last, .to = *to};            // statement:
+//   absl::StatusOr<LogBatch> batch = ReadLog(tx, read);
+//   ... deliver batch->events; read.after_seq = batch->last_seq; repeat
+//   until batch->range_done, then last = *to.
+//
+// Each function runs in the caller's transaction, which must be READ
+// COMMITTED, and turns libpqxx's exceptions into a status (SQLSTATE kept,
+// common/db.h StatusFromException); after an error the transaction is
+// aborted.
+
+#include <cstdint>
+#include <pqxx/pqxx>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "outbox/v1/event.pb.h"
+
+namespace outbox::relay {
+
+// A pg_snapshot in its parts ("xmin:xmax:xip,..." as PostgreSQL prints it).
+struct Snapshot {
+  uint64_t xmin = 0;
+  uint64_t xmax = 0;
+  std::vector<uint64_t> xip;  // ascending, each in [xmin, xmax)
+
+  // InvalidArgument unless `text` is a pg_snapshot's text form.
+  static absl::StatusOr<Snapshot> Parse(absl::string_view text);
+  std::string ToString() const;
+  // Whether transaction `xid` had ended when the snapshot was taken, as
+  // pg_visible_in_snapshot decides.
+  bool Shows(uint64_t xid) const;
+};
+
+// One cut of the log (a row of outbox_ticks).
+struct Tick {
+  int64_t id = 0;
+  Snapshot snapshot;
+  int64_t high_seq = 0;  // the highest seq visible in `snapshot`, 0 for none
+};
+
+// Makes the next tick (outbox_tick(): ticks are numbered in the order of
+// their snapshots). The events it shows are readable by any statement that
+// follows it.
+absl::StatusOr<Tick> MakeTick(pqxx::transaction_base& tx);
+
+// The tick `id`; NotFound if there is none (pruned, or never made).
+absl::StatusOr<Tick> ReadTick(pqxx::transaction_base& tx, int64_t id);
+
+// The newest tick (a migrated outbox has one).
+absl::StatusOr<Tick> LatestTick(pqxx::transaction_base& tx);
+
+// A read of the range (from, to]: its events with seq > after_seq, of
+// `partitions` (empty: every partition), in seq order.
+struct LogRead {
+  Tick from, to;
+  int64_t after_seq = 0;  // 0 at the start of a range
+  std::vector<int> partitions;
+  int limit = 256;                     // events, at least 1
+  int64_t payload_budget = 4ll << 20;  // bytes (relay/outbox_row.h)
+};
+
+struct LogEvent {
+  v1::Event event;          // envelope from the columns, payload decoded
+  bool payload_ok = false;  // false: the stored payload is not an Event
+  int partition = 0;
+  uint64_t xid = 0;
+};
+
+struct LogBatch {
+  std::vector<LogEvent> events;  // ascending seq, all > after_seq
+  // The read position after this batch: the last event's seq, or after_seq
+  // when there were none.
+  int64_t last_seq = 0;
+  // Nothing of the range lies beyond last_seq (in `partitions`).
+  bool range_done = false;
+};
+
+// Reads the next batch of `read`. InvalidArgument if the ticks are not
+// from < to or the limit is below 1.
+absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
+                                 const LogRead& read);
+
+}  // namespace outbox::relay

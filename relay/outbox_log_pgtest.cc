@@ -1,0 +1,383 @@
+// The log's reads against a real PostgreSQL: ranges between ticks hold
+// each committed event once, in seq order, however late its transaction
+// committed, and with concurrent writers.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/schema.h"
+#include "relay/outbox_log.h"
+#include "tests/testing/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+constexpr int kPartitions = 32;
+
+// Inserts one event of `aggregate` in `tx` (seq drawn now, unless given).
+int64_t Append(pqxx::transaction_base& tx, const std::string& aggregate,
+               int64_t seq = 0) {
+  const int partition =
+      static_cast<int>(std::hash<std::string>()(aggregate) % kPartitions);
+  const std::string columns =
+      "event_id, aggregate_type, aggregate_id, prev_seq, event_type, "
+      "schema_version, payload, partition";
+  const std::string values =
+      "gen_random_uuid(), 'order', $1, 0, 'order.created', 1, ''::bytea, $2";
+  pqxx::result r =
+      seq == 0 ? tx.exec_params(
+                     absl::StrCat("INSERT INTO outbox (", columns, ") VALUES (",
+                                  values, ") RETURNING seq"),
+                     aggregate, partition)
+               : tx.exec_params(
+                     absl::StrCat("INSERT INTO outbox (seq, ", columns,
+                                  ") VALUES ($3, ", values, ") RETURNING seq"),
+                     aggregate, partition, seq);
+  return r[0][0].as<int64_t>();
+}
+
+absl::StatusOr<Tick> TickIn(pqxx::connection& c) {
+  pqxx::work tx(c);
+  absl::StatusOr<Tick> t = MakeTick(tx);
+  if (t.ok()) tx.commit();
+  return t;
+}
+
+// Reads the whole range (from, to] of `partitions`, `limit` at a time.
+absl::StatusOr<std::vector<LogEvent>> ReadRange(
+    pqxx::connection& c, const Tick& from, const Tick& to,
+    std::vector<int> partitions = {}, int limit = 3) {
+  LogRead read{.from = from,
+               .to = to,
+               .partitions = std::move(partitions),
+               .limit = limit};
+  std::vector<LogEvent> all;
+  for (int reads = 0; reads < 100000; ++reads) {
+    pqxx::work tx(c);
+    absl::StatusOr<LogBatch> batch = ReadLog(tx, read);
+    if (!batch.ok()) return batch.status();
+    tx.commit();
+    if (static_cast<int>(batch->events.size()) > limit) {
+      return absl::InternalError("a read above its limit");
+    }
+    for (LogEvent& e : batch->events) all.push_back(std::move(e));
+    read.after_seq = batch->last_seq;
+    if (batch->range_done) return all;
+  }
+  return absl::InternalError("the range never ended");
+}
+
+std::vector<int64_t> Seqs(const std::vector<LogEvent>& events) {
+  std::vector<int64_t> seqs;
+  for (const LogEvent& e : events) seqs.push_back(e.event.seq());
+  return seqs;
+}
+
+class OutboxLogTest : public ::testing::Test {
+ protected:
+  OutboxLogTest() : db_("outbox_log", {OutboxSchema()}), conn_(db_.url()) {}
+
+  Tick Latest() {
+    pqxx::work tx(conn_);
+    absl::StatusOr<Tick> t = LatestTick(tx);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? *t : Tick{};
+  }
+
+  testing::TestDatabase db_;
+  pqxx::connection conn_;
+};
+
+TEST(Snapshot, ParsesWhatPostgresPrints) {
+  absl::StatusOr<Snapshot> s = Snapshot::Parse("10:20:12,15");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->xmin, 10u);
+  EXPECT_EQ(s->xmax, 20u);
+  EXPECT_EQ(s->xip, (std::vector<uint64_t>{12, 15}));
+  EXPECT_EQ(s->ToString(), "10:20:12,15");
+  EXPECT_TRUE(s->Shows(9));
+  EXPECT_TRUE(s->Shows(13));
+  EXPECT_FALSE(s->Shows(12));
+  EXPECT_FALSE(s->Shows(20));
+  EXPECT_TRUE(Snapshot::Parse("7:7:").ok());
+  for (const char* bad :
+       {"", "1:2", "2:1:", "1:5:7", "1:5:3,2", "a:b:", "1:5:2,,3"}) {
+    EXPECT_FALSE(Snapshot::Parse(bad).ok()) << bad;
+  }
+}
+
+TEST_F(OutboxLogTest, TheMigrationMakesTheFirstTick) {
+  Tick first = Latest();
+  EXPECT_EQ(first.id, 1);
+  EXPECT_EQ(first.high_seq, 0);
+  pqxx::work tx(conn_);
+  EXPECT_TRUE(absl::IsNotFound(ReadTick(tx, 2).status()));
+}
+
+TEST_F(OutboxLogTest, ReadsARangeInSeqOrderBatchByBatch) {
+  const Tick from = Latest();
+  std::vector<int64_t> written;
+  for (int i = 0; i < 10; ++i) {
+    pqxx::work tx(conn_);
+    written.push_back(Append(tx, absl::StrCat("order-", i)));
+    tx.commit();
+  }
+  absl::StatusOr<Tick> to = TickIn(conn_);
+  ASSERT_TRUE(to.ok()) << to.status();
+  EXPECT_EQ(to->id, from.id + 1);
+  EXPECT_EQ(to->high_seq, written.back());
+
+  absl::StatusOr<std::vector<LogEvent>> got = ReadRange(conn_, from, *to);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(Seqs(*got), written);
+  for (const LogEvent& e : *got) {
+    EXPECT_TRUE(e.payload_ok);
+    EXPECT_EQ(e.event.aggregate_type(), "order");
+    EXPECT_GT(e.xid, 0u);
+  }
+
+  // The next range, with nothing new, is empty; a tick of ticks stays in
+  // order.
+  absl::StatusOr<Tick> again = TickIn(conn_);
+  ASSERT_TRUE(again.ok());
+  got = ReadRange(conn_, *to, *again);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->empty());
+
+  pqxx::work tx(conn_);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ReadLog(tx, LogRead{.from = *to, .to = *to}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ReadLog(tx, LogRead{.from = from, .to = *to, .limit = 0}).status()));
+}
+
+TEST_F(OutboxLogTest, ReadsOnlyTheGivenPartitions) {
+  const Tick from = Latest();
+  std::map<int, int> per_partition;
+  for (int i = 0; i < 40; ++i) {
+    pqxx::work tx(conn_);
+    Append(tx, absl::StrCat("p-", i));
+    tx.commit();
+  }
+  absl::StatusOr<Tick> to = TickIn(conn_);
+  ASSERT_TRUE(to.ok());
+  absl::StatusOr<std::vector<LogEvent>> low =
+      ReadRange(conn_, from, *to, {0, 1, 2, 3, 4, 5, 6, 7});
+  absl::StatusOr<std::vector<LogEvent>> all = ReadRange(conn_, from, *to);
+  ASSERT_TRUE(low.ok() && all.ok());
+  int expected = 0;
+  for (const LogEvent& e : *all) expected += e.partition < 8;
+  EXPECT_EQ(static_cast<int>(low->size()), expected);
+  for (const LogEvent& e : *low) EXPECT_LT(e.partition, 8);
+}
+
+// A transaction running at the tick commits after it: its event, below
+// the tick's high_seq, belongs to the next range (reading "seq > the
+// highest seen" would skip it).
+TEST_F(OutboxLogTest, AnEventCommittedAfterTheTickIsInTheNextRange) {
+  const Tick t0 = Latest();
+  pqxx::connection slow_conn(db_.url());
+  pqxx::work slow(slow_conn);
+  const int64_t late = Append(slow, "slow");
+  int64_t early = 0;
+  {
+    pqxx::work tx(conn_);
+    early = Append(tx, "fast");
+    tx.commit();
+  }
+  ASSERT_LT(late, early);
+  absl::StatusOr<Tick> t1 = TickIn(conn_);
+  ASSERT_TRUE(t1.ok());
+  EXPECT_EQ(t1->high_seq, early);
+  absl::StatusOr<std::vector<LogEvent>> first = ReadRange(conn_, t0, *t1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(Seqs(*first), std::vector<int64_t>{early});
+
+  slow.commit();
+  absl::StatusOr<Tick> t2 = TickIn(conn_);
+  ASSERT_TRUE(t2.ok());
+  absl::StatusOr<std::vector<LogEvent>> second = ReadRange(conn_, *t1, *t2);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(Seqs(*second), std::vector<int64_t>{late});
+}
+
+// A transaction that drew its seq before the tick but had no xid until
+// after it (nextval needs none): its xid is at least the tick's xmax.
+TEST_F(OutboxLogTest, ASeqDrawnBeforeTheTickWithAnXidAfterIt) {
+  const Tick t0 = Latest();
+  const int64_t drawn =
+      db_.Scalar("SELECT nextval(pg_get_serial_sequence('outbox', 'seq'))");
+  int64_t early = 0;
+  {
+    pqxx::work tx(conn_);
+    early = Append(tx, "fast");
+    tx.commit();
+  }
+  absl::StatusOr<Tick> t1 = TickIn(conn_);
+  ASSERT_TRUE(t1.ok());
+  ASSERT_LT(drawn, t1->high_seq);
+  {
+    pqxx::work tx(conn_);
+    EXPECT_EQ(Append(tx, "slow", drawn), drawn);
+    tx.commit();
+  }
+  absl::StatusOr<Tick> t2 = TickIn(conn_);
+  ASSERT_TRUE(t2.ok());
+  absl::StatusOr<std::vector<LogEvent>> first = ReadRange(conn_, t0, *t1);
+  absl::StatusOr<std::vector<LogEvent>> second = ReadRange(conn_, *t1, *t2);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(Seqs(*first), std::vector<int64_t>{early});
+  ASSERT_EQ(Seqs(*second), std::vector<int64_t>{drawn});
+  EXPECT_GE(second->front().xid, t1->snapshot.xmax);
+}
+
+TEST_F(OutboxLogTest, RolledBackEventsAreInNoRange) {
+  const Tick t0 = Latest();
+  {
+    pqxx::work tx(conn_);
+    Append(tx, "gone");
+    tx.abort();
+  }
+  absl::StatusOr<Tick> t1 = TickIn(conn_);
+  ASSERT_TRUE(t1.ok());
+  absl::StatusOr<std::vector<LogEvent>> got = ReadRange(conn_, t0, *t1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->empty());
+}
+
+// Writers that commit in any order, some late, some rolled back, some
+// drawing their seq before their xid, while two readers (each half of the
+// partitions) tick and read range after range: every committed event is
+// read exactly once, by the reader of its partition, and each aggregate's
+// events in seq order. The writers lock each aggregate while appending, as
+// the writer's chain head does, so an aggregate's events commit in seq
+// order.
+TEST_F(OutboxLogTest, ConcurrentWritersEveryEventReadOnce) {
+  constexpr int kWriters = 4;
+  constexpr int kTransactionsEach = 120;
+  std::atomic<int> writers_left{kWriters};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      pqxx::connection c(db_.url());
+      std::mt19937 rng(100 + w);
+      for (int i = 0; i < kTransactionsEach; ++i) {
+        try {
+          pqxx::work tx(c);
+          // Locked in one order, as the writer locks chain heads.
+          std::set<std::string> aggregates;
+          for (int n = 1 + rng() % 3; n > 0; --n) {
+            aggregates.insert(absl::StrCat("agg-", rng() % 24));
+          }
+          for (const std::string& aggregate : aggregates) {
+            tx.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))",
+                           aggregate);
+            if (rng() % 4 == 0) {
+              // The seq first, the xid only with the insert.
+              const int64_t seq =
+                  tx.exec(
+                        "SELECT nextval(pg_get_serial_sequence('outbox', "
+                        "'seq'))")[0][0]
+                      .as<int64_t>();
+              tx.exec("SELECT pg_sleep(0.002)");
+              Append(tx, aggregate, seq);
+            } else {
+              Append(tx, aggregate);
+            }
+          }
+          if (rng() % 3 == 0) {
+            tx.exec(absl::StrCat("SELECT pg_sleep(", rng() % 8, " / 1000.0)"));
+          }
+          if (rng() % 10 == 0) {
+            tx.abort();
+          } else {
+            tx.commit();
+          }
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "writer " << w << ": " << e.what();
+        }
+      }
+      --writers_left;
+    });
+  }
+
+  struct Reader {
+    std::vector<int> partitions;
+    std::vector<LogEvent> read;
+  };
+  std::vector<Reader> readers(2);
+  for (int p = 0; p < kPartitions; ++p) {
+    readers[p < kPartitions / 2 ? 0 : 1].partitions.push_back(p);
+  }
+  std::vector<std::thread> reading;
+  const Tick start = Latest();
+  for (Reader& reader : readers) {
+    reading.emplace_back([&, r = &reader] {
+      pqxx::connection c(db_.url());
+      Tick done = start;
+      const absl::Time deadline = absl::Now() + absl::Minutes(2);
+      bool last_pass = false;
+      while (absl::Now() < deadline) {
+        // Writers all finished before this tick: it is the last needed.
+        last_pass = writers_left.load() == 0;
+        absl::StatusOr<Tick> next = TickIn(c);
+        if (!next.ok()) {
+          ADD_FAILURE() << next.status();
+          return;
+        }
+        absl::StatusOr<std::vector<LogEvent>> got =
+            ReadRange(c, done, *next, r->partitions, 5);
+        if (!got.ok()) {
+          ADD_FAILURE() << got.status();
+          return;
+        }
+        for (LogEvent& e : *got) r->read.push_back(std::move(e));
+        done = *next;
+        if (last_pass) return;
+        absl::SleepFor(absl::Milliseconds(3));
+      }
+      ADD_FAILURE() << "reader did not finish in time";
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (std::thread& t : reading) t.join();
+
+  std::map<int64_t, int> committed;  // seq -> partition
+  for (const auto& row : db_.Query("SELECT seq, partition FROM outbox")) {
+    committed[row[0].as<int64_t>()] = row[1].as<int>();
+  }
+  ASSERT_GT(committed.size(), 300u);
+  std::map<int64_t, int> seen;
+  int late = 0;
+  for (int i = 0; i < 2; ++i) {
+    std::map<std::string, int64_t> last_of_aggregate;
+    int64_t highest = 0;
+    for (const LogEvent& e : readers[i].read) {
+      const int64_t seq = e.event.seq();
+      ++seen[seq];
+      EXPECT_EQ(e.partition < kPartitions / 2 ? 0 : 1, i) << seq;
+      int64_t& last = last_of_aggregate[e.event.aggregate_id()];
+      EXPECT_GT(seq, last) << "aggregate " << e.event.aggregate_id();
+      last = seq;
+      late += seq < highest;
+      highest = std::max(highest, seq);
+    }
+  }
+  for (const auto& [seq, partition] : committed) {
+    EXPECT_EQ(seen[seq], 1)
+        << "event " << seq << " read " << seen[seq] << " times";
+  }
+  EXPECT_EQ(seen.size(), committed.size());
+  // The case the log exists for happened: events read after a higher seq.
+  EXPECT_GT(late, 0);
+}
+
+}  // namespace
+}  // namespace outbox::relay
