@@ -240,11 +240,25 @@ CREATE TABLE IF NOT EXISTS outbox_ticks (
 -- Makes the next tick. The advisory lock orders ticks: each one's
 -- snapshot is taken after the one before committed, so it sees at least
 -- what that one saw. Call it in READ COMMITTED (a statement's snapshot).
+-- Refused while the database's transaction ids lie behind the last tick's
+-- (a dump restored into another cluster): new events would seem to have
+-- committed before old ticks, and ranges would pass over them.
 CREATE OR REPLACE FUNCTION outbox_tick() RETURNS outbox_ticks
 LANGUAGE plpgsql VOLATILE AS $$
-DECLARE t outbox_ticks;
+DECLARE
+  t outbox_ticks;
+  last outbox_ticks;
 BEGIN
   PERFORM pg_advisory_xact_lock(2833, 0);
+  SELECT * INTO last FROM outbox_ticks ORDER BY id DESC LIMIT 1;
+  IF last.id IS NOT NULL AND pg_snapshot_xmax(pg_current_snapshot()) <
+                             pg_snapshot_xmax(last.snapshot) THEN
+    RAISE EXCEPTION 'the outbox log cannot tick: this database''s transaction ids (next %) are behind those of its last tick % (next %)',
+      pg_snapshot_xmax(pg_current_snapshot()), last.id,
+      pg_snapshot_xmax(last.snapshot)
+      USING ERRCODE = '55000',
+            HINT = 'the database was restored from a dump into another cluster; its log positions must be rebased before delivery goes on';
+  END IF;
   INSERT INTO outbox_ticks (id, snapshot, high_seq)
     SELECT coalesce((SELECT max(id) FROM outbox_ticks), 0) + 1,
            pg_current_snapshot(),

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/db.h"
 #include "common/schema.h"
 #include "relay/outbox_log.h"
 #include "tests/testing/pg.h"
@@ -236,6 +237,22 @@ TEST_F(OutboxLogTest, ASeqDrawnBeforeTheTickWithAnXidAfterIt) {
   EXPECT_EQ(Seqs(*first), std::vector<int64_t>{early});
   ASSERT_EQ(Seqs(*second), std::vector<int64_t>{drawn});
   EXPECT_GE(second->front().xid, t1->snapshot.xmax);
+}
+
+// A dump restored into another cluster keeps its ticks but not their
+// transaction ids: new events would look older than the ticks and be
+// passed over. The log refuses to tick, as a fault of the world.
+TEST_F(OutboxLogTest, TransactionIdsBehindTheLastTickStopTheLog) {
+  db_.Exec(
+      "INSERT INTO outbox_ticks (id, snapshot, high_seq) VALUES "
+      "(2, '4000000000:4000000000:', 0)");
+  pqxx::work tx(conn_);
+  absl::StatusOr<Tick> t = MakeTick(tx);
+  ASSERT_FALSE(t.ok());
+  EXPECT_TRUE(absl::IsUnavailable(t.status())) << t.status();
+  EXPECT_EQ(SqlStateOf(t.status()), "55000");
+  EXPECT_NE(t.status().message().find("cannot tick"), std::string::npos)
+      << t.status();
 }
 
 TEST_F(OutboxLogTest, RolledBackEventsAreInNoRange) {
