@@ -267,6 +267,46 @@ BEGIN
   RETURN t;
 END $$;
 SELECT outbox_tick() WHERE NOT EXISTS (SELECT 1 FROM outbox_ticks);
+
+-- Where each subscription's delivery from the log begins: the events its
+-- start tick shows are not the log's to deliver (from before the log, they
+-- are owed by outbox_delivery rows; or they precede the subscription).
+-- NULL: the log does not deliver to it (the relay still delivers every
+-- subscription from outbox_delivery).
+ALTER TABLE subscriptions ADD COLUMN IF NOT EXISTS start_tick bigint;
+
+-- A subscription's place on the log, per partition: every range up to
+-- done_tick is delivered, and of the range (done_tick, reading_tick] the
+-- events with seq <= after_seq (reading_tick 0: none begun). Moved only by
+-- the partition's lease holder, forward only (relay/outbox_log.h).
+CREATE TABLE IF NOT EXISTS outbox_log_positions (
+  subscription text COLLATE "C" NOT NULL,
+  partition    int NOT NULL,
+  done_tick    bigint NOT NULL,
+  reading_tick bigint NOT NULL DEFAULT 0,
+  after_seq    bigint NOT NULL DEFAULT 0,
+  moved_at     timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (subscription, partition),
+  CHECK (reading_tick = 0 OR reading_tick > done_tick)
+) WITH (fillfactor = 50);
+
+-- Whether the log delivered event (seq, xid, partition) to `sub`: its
+-- transaction shows in the snapshot of the partition's done tick, or in
+-- the begun range's and the read passed its seq. Says nothing of events
+-- the subscription's start tick shows (outbox_delivery has those) nor of
+-- exceptions, which the caller looks up first.
+CREATE OR REPLACE FUNCTION outbox_log_delivered(sub text, seq bigint,
+                                                xid xid8, part int)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+  SELECT coalesce((
+    SELECT pg_visible_in_snapshot(xid, d.snapshot)
+        OR (p.reading_tick > 0 AND seq <= p.after_seq
+            AND pg_visible_in_snapshot(xid, r.snapshot))
+      FROM outbox_log_positions p
+      JOIN outbox_ticks d ON d.id = p.done_tick
+      LEFT JOIN outbox_ticks r ON r.id = p.reading_tick
+     WHERE p.subscription = sub AND p.partition = part), false)
+$$;
 )sql";
 
 #undef OUTBOX_DATABASE_IDENTITY_SQL

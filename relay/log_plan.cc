@@ -15,6 +15,18 @@ std::optional<RangeToRead> NextRange(const LogPosition& at,
   return RangeToRead{.from = at.done, .to = latest_tick, .after_seq = 0};
 }
 
+bool MovesForward(const LogPosition& from, const LogPosition& to) {
+  if (to.reading != 0 && to.reading <= to.done) return false;
+  if (from.reading != 0 && from.reading <= from.done) return false;
+  if (to.done == from.done) {
+    if (from.reading == 0) return true;  // nothing, or a range begun
+    return to.reading == from.reading && to.after_seq >= from.after_seq;
+  }
+  if (to.done < from.done) return false;
+  // Ranges finished: the begun one entirely.
+  return from.reading == 0 || to.done >= from.reading;
+}
+
 BatchPlan PlanBatch(absl::Span<const PlannedEvent> events,
                     const std::set<std::string>& excepted) {
   BatchPlan plan;

@@ -37,6 +37,11 @@ struct LogPosition {
   int64_t after_seq = 0;
 };
 
+// Whether moving from `from` to `to` goes forward: within the begun range
+// (after_seq not decreasing), beginning a range from `done`, or finishing
+// ranges (a begun one is finished before a later one counts as done).
+bool MovesForward(const LogPosition& from, const LogPosition& to);
+
 struct RangeToRead {
   int64_t from = 0, to = 0;  // tick ids, from < to
   int64_t after_seq = 0;     // the read starts above it

@@ -36,6 +36,30 @@ TEST(NextRange, NothingWhenNoNewerTick) {
   EXPECT_FALSE(NextRange({.done = 9}, 3).has_value());
 }
 
+TEST(MovesForward, WithinABegunRangeOnlyOnward) {
+  const LogPosition at{.done = 4, .reading = 6, .after_seq = 90};
+  EXPECT_TRUE(MovesForward(at, at));
+  EXPECT_TRUE(MovesForward(at, {.done = 4, .reading = 6, .after_seq = 95}));
+  EXPECT_FALSE(MovesForward(at, {.done = 4, .reading = 6, .after_seq = 89}));
+  // Its end cannot move.
+  EXPECT_FALSE(MovesForward(at, {.done = 4, .reading = 7, .after_seq = 95}));
+  EXPECT_FALSE(MovesForward(at, {.done = 4, .reading = 0}));
+}
+
+TEST(MovesForward, RangesFinishOrBeginButNeverGoBack) {
+  EXPECT_TRUE(MovesForward({.done = 4}, {.done = 4, .reading = 9}));
+  EXPECT_TRUE(MovesForward({.done = 4}, {.done = 9}));
+  EXPECT_TRUE(
+      MovesForward({.done = 4, .reading = 6, .after_seq = 90}, {.done = 6}));
+  EXPECT_TRUE(MovesForward({.done = 4, .reading = 6, .after_seq = 90},
+                           {.done = 6, .reading = 8, .after_seq = 3}));
+  // A later range cannot be done while the begun one is not.
+  EXPECT_FALSE(MovesForward({.done = 4, .reading = 6}, {.done = 5}));
+  EXPECT_FALSE(MovesForward({.done = 4}, {.done = 3}));
+  EXPECT_FALSE(MovesForward({.done = 4}, {.done = 4, .reading = 4}));
+  EXPECT_FALSE(MovesForward({.done = 4}, {.done = 5, .reading = 2}));
+}
+
 TEST(PlanBatch, AChainWithAnExceptionIsNotSentFromTheLog) {
   BatchPlan plan =
       PlanBatch({{1, "a"}, {2, "b"}, {3, "a"}, {4, "c"}, {5, "b"}}, {"a"});

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/db.h"
+#include "common/ids.h"
 #include "relay/outbox_row.h"
 
 namespace outbox::relay {
@@ -205,6 +206,127 @@ absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
     return StatusFromException(e);
   }
   return batch;
+}
+
+absl::StatusOr<LogPosition> ReadPosition(pqxx::transaction_base& tx,
+                                         const std::string& subscription,
+                                         int partition) {
+  // Made at the start tick if missing, then read (made or not) by the
+  // same statement's result.
+  static const std::string kSql =
+      "WITH s AS (SELECT start_tick FROM subscriptions WHERE name = $1), "
+      "made AS (INSERT INTO outbox_log_positions (subscription, partition, "
+      "done_tick) SELECT $1, $2, start_tick FROM s WHERE start_tick IS NOT "
+      "NULL ON CONFLICT DO NOTHING RETURNING done_tick, reading_tick, "
+      "after_seq) "
+      "SELECT (SELECT count(*) FROM s) AS subscriptions, "
+      "(SELECT start_tick FROM s) AS start_tick, p.* FROM (SELECT * FROM made "
+      "UNION ALL SELECT done_tick, reading_tick, after_seq FROM "
+      "outbox_log_positions WHERE subscription = $1 AND partition = $2) p "
+      "RIGHT JOIN (SELECT 1) one ON true";
+  try {
+    pqxx::result r = tx.exec_params(kSql, subscription, partition);
+    const pqxx::row row = r[0];
+    if (row["subscriptions"].as<int64_t>() == 0) {
+      return absl::NotFoundError(
+          absl::StrCat("no subscription \"", subscription, "\""));
+    }
+    if (row["done_tick"].is_null()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("subscription \"", subscription,
+                       "\" has no start tick: the log does not deliver to it"));
+    }
+    LogPosition at;
+    at.done = row["done_tick"].as<int64_t>();
+    at.reading = row["reading_tick"].as<int64_t>();
+    at.after_seq = row["after_seq"].as<int64_t>();
+    return at;
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+}
+
+absl::StatusOr<bool> MovePosition(pqxx::transaction_base& tx,
+                                  const std::string& subscription,
+                                  int partition, const std::string& member,
+                                  const LogPosition& from,
+                                  const LogPosition& to) {
+  if (!MovesForward(from, to)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "log position of ", subscription, "/", partition, " cannot move from (",
+        from.done, ", ", from.reading, ", ", from.after_seq, ") to (", to.done,
+        ", ", to.reading, ", ", to.after_seq, ")"));
+  }
+  static const std::string kSql =
+      "UPDATE outbox_log_positions p SET done_tick = $6, reading_tick = $7, "
+      "after_seq = $8, moved_at = now() "
+      "WHERE p.subscription = $1 AND p.partition = $2 AND p.done_tick = $3 "
+      "AND p.reading_tick = $4 AND p.after_seq = $5 AND EXISTS (SELECT 1 "
+      "FROM outbox_partition_leases l WHERE l.subscription = $1 AND "
+      "l.partition = $2 AND l.owner = $9 AND l.expires_at > now())";
+  try {
+    pqxx::result r = tx.exec_params(kSql, subscription, partition, from.done,
+                                    from.reading, from.after_seq, to.done,
+                                    to.reading, to.after_seq, member);
+    return r.affected_rows() == 1;
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+}
+
+absl::StatusOr<Rebased> RebaseLog(pqxx::transaction_base& tx) {
+  // Under outbox_tick()'s lock, so that no tick is made meanwhile. Tick
+  // ids keep growing: a relay that read a position before the rebase must
+  // not find it unchanged after it.
+  static const std::string kBehindSql =
+      "SELECT pg_advisory_xact_lock(2833, 0), coalesce((SELECT "
+      "pg_snapshot_xmax(pg_current_snapshot()) < pg_snapshot_xmax(snapshot) "
+      "FROM outbox_ticks ORDER BY id DESC LIMIT 1), false) AS behind";
+  static const std::string kOweSql =
+      "WITH owed AS (INSERT INTO outbox_delivery (subscription, seq, "
+      "aggregate_id, partition) SELECT s.name, o.seq, o.aggregate_id, "
+      "o.partition FROM subscriptions s JOIN outbox_ticks st ON st.id = "
+      "s.start_tick CROSS JOIN outbox o WHERE o.seq >= s.start_seq AND "
+      "o.xid IS NOT NULL AND NOT pg_visible_in_snapshot(o.xid, st.snapshot) "
+      "AND NOT outbox_log_delivered(s.name, o.seq, o.xid, o.partition) "
+      "ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM owed";
+  static const std::string kRestartSql =
+      "WITH gone AS (DELETE FROM outbox_ticks RETURNING id), "
+      "t AS (INSERT INTO outbox_ticks (id, snapshot, high_seq) SELECT "
+      "coalesce((SELECT max(id) FROM gone), 0) + 1, pg_current_snapshot(), "
+      "coalesce((SELECT max(seq) FROM outbox), 0) RETURNING id), "
+      "p AS (UPDATE outbox_log_positions SET done_tick = (SELECT id FROM t), "
+      "reading_tick = 0, after_seq = 0, moved_at = now()), "
+      "s AS (UPDATE subscriptions SET start_tick = (SELECT id FROM t) WHERE "
+      "start_tick IS NOT NULL) SELECT id FROM t";
+  Rebased out;
+  try {
+    if (!tx.exec(kBehindSql)[0]["behind"].as<bool>()) return out;
+    out.owed = tx.exec(kOweSql)[0][0].as<int64_t>();
+    out.tick = tx.exec(kRestartSql)[0]["id"].as<int64_t>();
+    out.rebased = true;
+    return out;
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+}
+
+absl::StatusOr<int64_t> PruneTicks(pqxx::transaction_base& tx) {
+  // A subscription's start tick is needed while one of its partitions has
+  // no position yet; positions of a dropped subscription need nothing.
+  static const std::string kSql =
+      "DELETE FROM outbox_ticks WHERE id < least("
+      "(SELECT max(id) FROM outbox_ticks), "
+      "(SELECT min(p.done_tick) FROM outbox_log_positions p JOIN "
+      "subscriptions s ON s.name = p.subscription), "
+      "(SELECT min(s.start_tick) FROM subscriptions s WHERE (SELECT count(*) "
+      "FROM outbox_log_positions p WHERE p.subscription = s.name) < $1))";
+  try {
+    return static_cast<int64_t>(
+        tx.exec_params(kSql, kPartitionCount).affected_rows());
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
 }
 
 }  // namespace outbox::relay

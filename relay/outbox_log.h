@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "outbox/v1/event.pb.h"
+#include "relay/log_plan.h"
 
 namespace outbox::relay {
 
@@ -92,5 +93,45 @@ struct LogBatch {
 // from < to or the limit is below 1.
 absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
                                  const LogRead& read);
+
+// The position of `subscription` on `partition` (relay/log_plan.h
+// LogPosition); a partition read for the first time starts at the
+// subscription's start tick. NotFound for an unknown subscription;
+// FailedPrecondition for one that has no start tick (the log does not
+// deliver to it).
+absl::StatusOr<LogPosition> ReadPosition(pqxx::transaction_base& tx,
+                                         const std::string& subscription,
+                                         int partition);
+
+// Moves the position from `from` to `to`, if `member` holds the
+// partition's lease (relay/leases.h) and the position is still `from`:
+// false, and nothing changes, when either is not so (the lease was lost,
+// or another relay moved it). InvalidArgument if `to` does not move
+// forward (MovesForward).
+absl::StatusOr<bool> MovePosition(pqxx::transaction_base& tx,
+                                  const std::string& subscription,
+                                  int partition, const std::string& member,
+                                  const LogPosition& from,
+                                  const LogPosition& to);
+
+// After a dump was restored into another cluster, whose transaction ids
+// lie behind the last tick's (MakeTick then refuses): owes every event
+// that the positions had not delivered to its subscription as an
+// exception (an outbox_delivery row), so nothing is lost to the new ids,
+// and restarts the log at a new tick with every position and start tick
+// on it. Events the new tick does not show come again from the log and
+// are answered as duplicates. Does nothing when the ids are not behind.
+struct Rebased {
+  bool rebased = false;
+  int64_t owed = 0;  // exception rows written
+  int64_t tick = 0;  // the new tick
+};
+absl::StatusOr<Rebased> RebaseLog(pqxx::transaction_base& tx);
+
+// Deletes the ticks that no position, subscription or later range needs:
+// those below the lowest done tick of the subscriptions' positions and the
+// start tick of any subscription with a partition not read yet, always
+// keeping the newest. Returns how many went.
+absl::StatusOr<int64_t> PruneTicks(pqxx::transaction_base& tx);
 
 }  // namespace outbox::relay

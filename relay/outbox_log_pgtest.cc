@@ -255,6 +255,60 @@ TEST_F(OutboxLogTest, TransactionIdsBehindTheLastTickStopTheLog) {
       << t.status();
 }
 
+// The same restore, mended: what the positions had not delivered becomes
+// exceptions, and the log starts again at a tick of the new ids.
+TEST_F(OutboxLogTest, ARebaseOwesWhatThePositionsHadNotDelivered) {
+  db_.Exec(
+      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
+  std::vector<int64_t> before, after;
+  for (int i = 0; i < 3; ++i) {
+    pqxx::work tx(conn_);
+    before.push_back(Append(tx, absl::StrCat("a-", i)));
+    tx.commit();
+  }
+  absl::StatusOr<Tick> t2 = TickIn(conn_);
+  ASSERT_TRUE(t2.ok());
+  for (int i = 0; i < 2; ++i) {
+    pqxx::work tx(conn_);
+    after.push_back(Append(tx, absl::StrCat("b-", i)));
+    tx.commit();
+  }
+  // Every partition delivered through t2 (and none owed by the trigger,
+  // which the log replaces); then ticks of the old cluster.
+  db_.Exec("DELETE FROM outbox_delivery");
+  db_.Exec(absl::StrCat(
+      "INSERT INTO outbox_log_positions (subscription, partition, done_tick) "
+      "SELECT 'billing', p, ",
+      t2->id, " FROM generate_series(0, ", kPartitions - 1, ") p"));
+  {
+    pqxx::work tx(conn_);
+    absl::StatusOr<Rebased> r = RebaseLog(tx);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->rebased);  // ids not behind: nothing to do
+  }
+  db_.Exec(
+      absl::StrCat("INSERT INTO outbox_ticks (id, snapshot, high_seq) VALUES (",
+                   t2->id + 1, ", '4000000000:4000000000:', 0)"));
+  pqxx::work tx(conn_);
+  absl::StatusOr<Rebased> r = RebaseLog(tx);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->rebased);
+  EXPECT_EQ(r->owed, 2);
+  EXPECT_EQ(r->tick, t2->id + 2);
+  std::vector<int64_t> owed;
+  for (const auto& row : tx.exec("SELECT seq FROM outbox_delivery WHERE "
+                                 "subscription = 'billing' ORDER BY seq")) {
+    owed.push_back(row[0].as<int64_t>());
+  }
+  EXPECT_EQ(owed, after);
+  absl::StatusOr<LogPosition> at = ReadPosition(tx, "billing", 0);
+  ASSERT_TRUE(at.ok());
+  EXPECT_EQ(at->done, r->tick);
+  tx.commit();
+  EXPECT_TRUE(TickIn(conn_).ok());  // the log ticks again
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_ticks"), 2);
+}
+
 TEST_F(OutboxLogTest, RolledBackEventsAreInNoRange) {
   const Tick t0 = Latest();
   {
@@ -267,6 +321,133 @@ TEST_F(OutboxLogTest, RolledBackEventsAreInNoRange) {
   absl::StatusOr<std::vector<LogEvent>> got = ReadRange(conn_, t0, *t1);
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(got->empty());
+}
+
+TEST_F(OutboxLogTest, APositionStartsAtItsSubscriptionsStartTick) {
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  pqxx::work tx(conn_);
+  EXPECT_TRUE(absl::IsNotFound(ReadPosition(tx, "nope", 0).status()));
+  // Made after the migration, before the log delivers to it.
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(ReadPosition(tx, "billing", 0).status()));
+  tx.exec("UPDATE subscriptions SET start_tick = 1");
+  absl::StatusOr<LogPosition> at = ReadPosition(tx, "billing", 5);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->done, 1);
+  EXPECT_EQ(at->reading, 0);
+  at = ReadPosition(tx, "billing", 5);  // read again, not made again
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->done, 1);
+}
+
+TEST_F(OutboxLogTest, OnlyTheLeaseHolderMovesAPositionAndOnlyForward) {
+  db_.Exec(
+      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
+  db_.Exec(
+      "INSERT INTO outbox_partition_leases (subscription, partition, owner, "
+      "token, expires_at) VALUES ('billing', 3, 'relay-a', 1, now() + "
+      "interval '1 minute'), ('billing', 4, 'relay-a', 1, now() - interval "
+      "'1 second')");
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(TickIn(conn_).ok());
+  pqxx::work tx(conn_);
+  ASSERT_TRUE(ReadPosition(tx, "billing", 3).ok());
+  ASSERT_TRUE(ReadPosition(tx, "billing", 4).ok());
+  const LogPosition at{.done = 1};
+  const LogPosition begun{.done = 1, .reading = 3, .after_seq = 40};
+  const auto move = [&](int partition, const std::string& member,
+                        const LogPosition& from, const LogPosition& to) {
+    absl::StatusOr<bool> moved =
+        MovePosition(tx, "billing", partition, member, from, to);
+    EXPECT_TRUE(moved.ok()) << moved.status();
+    return moved.ok() && *moved;
+  };
+  EXPECT_FALSE(move(3, "relay-b", at, begun));                 // not its lease
+  EXPECT_FALSE(move(4, "relay-a", at, begun));                 // expired
+  EXPECT_FALSE(move(3, "relay-a", {.done = 2}, {.done = 3}));  // not there
+  EXPECT_TRUE(move(3, "relay-a", at, begun));
+  EXPECT_FALSE(move(3, "relay-a", at, begun));  // moved already
+  absl::StatusOr<LogPosition> now = ReadPosition(tx, "billing", 3);
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(now->reading, 3);
+  EXPECT_EQ(now->after_seq, 40);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      MovePosition(tx, "billing", 3, "relay-a", begun,
+                   {.done = 1, .reading = 3, .after_seq = 39})
+          .status()));
+  EXPECT_TRUE(move(3, "relay-a", begun, {.done = 3}));
+}
+
+// outbox_log_delivered, the question the admin API, the checker and
+// retention ask of an event: done iff its range is done, or the read of
+// the begun range passed it.
+TEST_F(OutboxLogTest, TheLogKnowsWhatItDelivered) {
+  db_.Exec(
+      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
+  const Tick t1 = Latest();
+  std::vector<int64_t> seqs;
+  for (int i = 0; i < 3; ++i) {
+    pqxx::work tx(conn_);
+    seqs.push_back(Append(tx, "one"));  // one aggregate: one partition
+    tx.commit();
+  }
+  absl::StatusOr<Tick> t2 = TickIn(conn_);
+  ASSERT_TRUE(t2.ok());
+  {
+    pqxx::work tx(conn_);
+    seqs.push_back(Append(tx, "one"));  // after the tick
+    tx.commit();
+  }
+  absl::StatusOr<std::vector<LogEvent>> range = ReadRange(conn_, t1, *t2);
+  ASSERT_TRUE(range.ok());
+  ASSERT_EQ(range->size(), 3u);
+  const int partition = range->front().partition;
+  const auto delivered = [&] {
+    std::vector<bool> out;
+    for (const auto& row : db_.Query(absl::StrCat(
+             "SELECT outbox_log_delivered('billing', seq, xid, partition) "
+             "FROM outbox ORDER BY seq"))) {
+      out.push_back(row[0].as<bool>());
+    }
+    return out;
+  };
+  EXPECT_EQ(delivered(), (std::vector<bool>{false, false, false, false}));
+  db_.Exec(absl::StrCat(
+      "INSERT INTO outbox_log_positions (subscription, partition, done_tick, "
+      "reading_tick, after_seq) VALUES ('billing', ",
+      partition, ", ", t1.id, ", ", t2->id, ", ", seqs[0], ")"));
+  EXPECT_EQ(delivered(), (std::vector<bool>{true, false, false, false}));
+  db_.Exec(absl::StrCat("UPDATE outbox_log_positions SET done_tick = ", t2->id,
+                        ", reading_tick = 0, after_seq = 0"));
+  EXPECT_EQ(delivered(), (std::vector<bool>{true, true, true, false}));
+  // Another subscription's position says nothing of this one's.
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox WHERE "
+                       "outbox_log_delivered('audit', seq, xid, partition)"),
+            0);
+}
+
+TEST_F(OutboxLogTest, PruningKeepsTheTicksPositionsNeed) {
+  db_.Exec(
+      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(TickIn(conn_).ok());  // 2-5
+  const auto prune = [&] {
+    pqxx::work tx(conn_);
+    absl::StatusOr<int64_t> n = PruneTicks(tx);
+    EXPECT_TRUE(n.ok()) << n.status();
+    tx.commit();
+    return n.ok() ? *n : -1;
+  };
+  // No partition read yet: its start tick is needed.
+  EXPECT_EQ(prune(), 0);
+  db_.Exec(absl::StrCat(
+      "INSERT INTO outbox_log_positions (subscription, partition, done_tick) "
+      "SELECT 'billing', p, CASE WHEN p = 7 THEN 3 ELSE 4 END FROM "
+      "generate_series(0, ",
+      kPartitions - 1, ") p"));
+  EXPECT_EQ(prune(), 2);  // 1 and 2
+  EXPECT_EQ(db_.Scalar("SELECT min(id) FROM outbox_ticks"), 3);
+  db_.Exec("DELETE FROM subscriptions");
+  EXPECT_EQ(prune(), 2);  // all but the newest
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_ticks"), 1);
 }
 
 // Writers that commit in any order, some late, some rolled back, some
