@@ -37,7 +37,7 @@ Backoff::Backoff(absl::Duration initial, absl::Duration max,
 }
 
 absl::Duration Backoff::Next() {
-  if (failures_ < 64) ++failures_;
+  if (failures_ < kMaxCountedFailures) ++failures_;
   return RetryDelay(initial_, max_, failures_, jitter_());
 }
 

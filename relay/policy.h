@@ -21,6 +21,10 @@ namespace outbox::relay {
 absl::Duration RetryDelay(absl::Duration initial, absl::Duration max,
                           int failures, double jitter);
 
+// Failures in a row that RetryDelay is asked about at most: the wait has
+// reached its cap long before (2^63 times any initial wait).
+inline constexpr int kMaxCountedFailures = 64;
+
 // The waits after the 1st, 2nd, ... `count`-th failure, each with its own
 // jitter: for a statement that backs off rows by their attempts counted in
 // the database (the n-th element is the wait after the n-th failure).

@@ -1238,16 +1238,21 @@ bool Relay::FlushMarks() {
                    "'pending' AND o.seq = k.s AND o.event_id = k.e",
                    options_.subscription, delivered.str(), delivered_ids.str());
     }
+    // A rejected row backs off by policy.h's RetryDelay after its attempts
+    // (the n-th of $5 after the n-th failure; the last one beyond, long
+    // capped by then): one schedule for the rows of this flush.
+    std::string reject_delays;
     for (const Mark& m : marks_) {
       if (m.kind == Mark::kRejected) {
-        // The row backs off by policy.h's RetryDelay after its attempts
-        // (the n-th of $5 after the n-th failure; the last one beyond, long
-        // capped by then).
-        ArrayLiteral delays;
-        for (absl::Duration d :
-             RetryDelays(options_.reject_backoff, options_.reject_backoff_max,
-                         std::min(options_.max_attempts, 64), RandomJitter)) {
-          delays.Add(absl::StrCat(absl::ToDoubleSeconds(d)));
+        if (reject_delays.empty()) {
+          ArrayLiteral delays;
+          for (absl::Duration d : RetryDelays(
+                   options_.reject_backoff, options_.reject_backoff_max,
+                   std::min(options_.max_attempts, kMaxCountedFailures),
+                   RandomJitter)) {
+            delays.Add(absl::StrCat(absl::ToDoubleSeconds(d)));
+          }
+          reject_delays = delays.str();
         }
         pqxx::result r = tx.exec_params(
             "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = "
@@ -1259,7 +1264,7 @@ bool Relay::FlushMarks() {
             "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND o.event_id = "
             "$6::uuid) RETURNING status",
             options_.subscription, m.seq, m.reason.substr(0, 2000),
-            options_.max_attempts, delays.str(), m.event_id);
+            options_.max_attempts, reject_delays, m.event_id);
         if (!r.empty() && r[0][0].as<std::string>() == kDeliveryDead) {
           ++dead;
           LogEventScope scope(m.log_fields);

@@ -48,6 +48,18 @@ EOF
   export CONTAINERS_CONF="$conf"
 }
 
+# The start of a test of the built image, SCRIPT run with ARGS: root
+# (podman's storage is root's; through sudo when not root, running SCRIPT
+# again), podman's settings, and IMAGE there.
+image_test_setup() {  # SCRIPT IMAGE ARGS...
+  local script=$1 image=$2
+  shift 2
+  [[ $(id -u) -eq 0 ]] || exec sudo --preserve-env bash "$script" "$@"
+  command -v podman >/dev/null || die "podman not found (scripts/image installs it)"
+  image_podman_env
+  podman image exists "$image" || die "no image $image: build it with scripts/image"
+}
+
 # debian_sources: "URI SUITE" lines for the Debian release of the image,
 # read from apt's own sources (one-line sources.list and deb822 .sources),
 # main component, binary packages only. The first line's URI is the mirror

@@ -27,10 +27,7 @@ source "$root/scripts/lib/common.sh"
 source "$root/scripts/lib/image.sh"
 image=${1:-$OUTBOX_IMAGE}
 
-# podman image mount needs root: through sudo when not root.
-[[ $(id -u) -eq 0 ]] || exec sudo --preserve-env bash "$0" "$@"
-image_podman_env
-podman image exists "$image" || die "no image $image: build it with scripts/image"
+image_test_setup "$0" "$image" "$@"
 
 passed=0
 failed=0

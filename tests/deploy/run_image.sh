@@ -28,11 +28,7 @@ source "$root/scripts/lib/image.sh"
 image=${1:-$OUTBOX_IMAGE}
 
 fail() { echo "run_image: $*" >&2; exit 1; }
-# podman's storage is root's: through sudo when not root.
-[[ $(id -u) -eq 0 ]] || exec sudo --preserve-env bash "$0" "$@"
-command -v podman >/dev/null || fail "podman not found (scripts/image installs it)"
-image_podman_env
-podman image exists "$image" || fail "no image $image: build it with scripts/image"
+image_test_setup "$0" "$image" "$@"
 
 run_id="ri$$"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/run_image.XXXXXX")
