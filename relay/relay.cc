@@ -22,20 +22,6 @@
 namespace outbox::relay {
 namespace {
 
-class Wakeup : public pqxx::notification_receiver {
- public:
-  Wakeup(pqxx::connection_base& c, std::function<void()> wake)
-      : pqxx::notification_receiver(c, kNotifyChannel),
-        wake_(std::move(wake)) {}
-  void operator()(const std::string&, int) override {
-    spdlog::debug("relay: NOTIFY received");
-    wake_();
-  }
-
- private:
-  std::function<void()> wake_;
-};
-
 int NewMemberKey() {
   thread_local absl::BitGen gen;
   return absl::Uniform<int>(gen, 1, 1 << 30);
@@ -305,13 +291,20 @@ void Relay::Start() {
   spdlog::info("relay {}: delivering to {}", replica_id_, options_.consumer);
   // The consumer gets --consumer_unready_after from now to answer.
   consumer_answered_ns_ = absl::ToUnixNanos(absl::Now());
+  listener_ = std::make_unique<CommitListener>(CommitListener::Options{
+      .url = options_.notify_url.empty() ? options_.db_url
+                                         : options_.notify_url,
+      .session = session_,
+      .fast_poll_interval = options_.fast_poll_interval,
+      .wake = [this] { Wake(); },
+      .on_listening = options_.on_listening});
   worker_ = std::thread([this] { Run(); });
   housekeeping_ = std::make_unique<PeriodicTask>(
       absl::Seconds(1), [this] { return Housekeep(); },
       // Retention works off old rows in short steps this far apart, so
       // that claims and marks keep their share of the database.
       absl::Milliseconds(250));
-  listener_ = std::thread([this] { Listen(); });
+  listener_->Start();
   if (options_.consumer_unready_after > absl::ZeroDuration()) {
     prober_ = std::make_unique<PeriodicTask>(absl::Seconds(1), [this] {
       ProbeConsumer();
@@ -383,12 +376,7 @@ void Relay::Stop(absl::Duration drain) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   housekeeping_.reset();
-  {
-    std::lock_guard<std::mutex> lock(listen_mu_);
-    listen_stop_ = true;
-    listen_cv_.notify_all();
-  }
-  if (listener_.joinable()) listener_.join();
+  if (listener_ != nullptr) listener_->Stop();
 }
 
 RelayState Relay::State() const {
@@ -403,81 +391,6 @@ void Relay::Wake() {
   std::lock_guard<std::mutex> lock(mu_);
   woken_ = true;
   cv_.notify_all();
-}
-
-void Relay::Listen() {
-  // NOTIFYs heard in a row while the worker wanted none (one it wants
-  // resets the count, so a moderate load, whose waits for answers are
-  // short, keeps listening); this many and the load is steady: stop
-  // listening (the server then no longer signals this session for every
-  // commit's NOTIFY), until the worker wants wakes again.
-  constexpr int kIgnoredBeforeUnlisten = 16;
-  const std::string& url =
-      options_.notify_url.empty() ? options_.db_url : options_.notify_url;
-  bool told = false;
-  while (!listen_stop_) {
-    auto conn = Connect(url, "outbox-relay-listen", session_);
-    if (!conn.ok()) {
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      continue;
-    }
-    if ((*conn)->info().pooled) {
-      // A transaction pooler hands the session's LISTEN to whichever
-      // server session ran it, and never passes a NOTIFY back.
-      if (!told) {
-        spdlog::warn(
-            "relay: the database is reached through a transaction pooler, "
-            "where LISTEN cannot hear NOTIFY; polling every {} instead "
-            "(give --notify_db a URL that reaches PostgreSQL directly)",
-            absl::FormatDuration(options_.fast_poll_interval));
-        told = true;
-      }
-      listening_works_ = false;
-      Wake();
-      // Looked at again now and then: the address may change.
-      for (int i = 0; i < 600 && !listen_stop_; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      continue;
-    }
-    listening_works_ = true;
-    try {
-      int ignored = 0;
-      std::optional<Wakeup> wakeup;
-      while (!listen_stop_) {
-        if (!wakeup.has_value()) {
-          wakeup.emplace(**conn, [this, &ignored] {
-            // First the note, then the test: the worker sets the flag,
-            // then takes the note, so one of the two always sees the other.
-            notified_ = true;
-            if (notify_wakes_) {
-              ignored = 0;
-              Wake();
-            } else {
-              ++ignored;
-            }
-          });
-          if (options_.on_listening) options_.on_listening(true);
-          // Rows committed while we were not listening: the claims this
-          // wakes find them.
-          Wake();
-        }
-        (*conn)->await_notification(0, 200000);
-        if (ignored < kIgnoredBeforeUnlisten) continue;
-        ignored = 0;
-        wakeup.reset();  // UNLISTEN
-        if (options_.on_listening) options_.on_listening(false);
-        std::unique_lock<std::mutex> lock(listen_mu_);
-        listen_cv_.wait(lock, [this] { return notify_wakes_ || listen_stop_; });
-      }
-    } catch (const std::exception& e) {
-      spdlog::warn(
-          "relay: LISTEN connection lost ({}); polling until it is "
-          "back",
-          std::string(StatusFromException(e).message()));
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
-  }
 }
 
 bool Relay::EnsureSource(pqxx::connection& conn) {
@@ -1784,7 +1697,8 @@ void Relay::Run() {
       const std::vector<Lane*> serving =
           paused_.empty() ? ServingLanes() : std::vector<Lane*>{};
       ClaimRound round;
-      notified_ = false;  // the claims below see every row notified so far
+      // The claims below see every row notified so far.
+      listener_->ClearNotified();
       for (size_t i = 0; db_ok && i < serving.size(); ++i) {
         db_ok = Claim(*serving[i], static_cast<int>(i),
                       static_cast<int>(serving.size()), &round);
@@ -1812,14 +1726,8 @@ void Relay::Run() {
     // meanwhile would only wake us for nothing, on the cores that the
     // consumer's transaction needs. One heard after the claims began and
     // before wakes were back on would be lost: it wakes us now.
-    if (all_held) {
-      notify_wakes_ = false;
-    } else if (!notify_wakes_) {
-      std::lock_guard<std::mutex> lock(listen_mu_);
-      notify_wakes_ = true;
-      listen_cv_.notify_all();  // a listener that stopped listening resumes
-    }
-    if (!all_held && notified_.exchange(false)) Wake();
+    listener_->WantWakes(!all_held);
+    if (!all_held && listener_->TakeNotified()) Wake();
     if (!db_ok && conn_ != nullptr) {
       // Lost or broken. The leases stay ours until they expire; the next
       // session renews those still ours (Rebalance).
@@ -1841,7 +1749,9 @@ void Relay::Run() {
     if (!all_connected || conn_ == nullptr) {
       wait = std::min(wait, absl::Milliseconds(100));
     }
-    if (!listening_works_) wait = std::min(wait, options_.fast_poll_interval);
+    if (!listener_->works()) {
+      wait = std::min(wait, options_.fast_poll_interval);
+    }
     bool fenced = false;
     for (const Lane& lane : lanes_) fenced |= !lane.fenced.empty();
     // Standbys flush within milliseconds; a held batch is looked at often.

@@ -65,6 +65,7 @@
 #include "relay/fence.h"
 #include "relay/heal.h"
 #include "relay/leases.h"
+#include "relay/listener.h"
 #include "relay/outbox_row.h"
 #include "relay/policy.h"
 #include "relay/subscriptions.h"
@@ -270,7 +271,6 @@ class Relay {
   };
 
   void Run();
-  void Listen();
   void Wake();
   // Each returns false when the database connection is lost.
   bool EnsureConnection();
@@ -461,19 +461,9 @@ class Relay {
   absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_);
   RelayState state_ ABSL_GUARDED_BY(mu_);  // copy for State()
 
-  std::atomic<bool> listen_stop_{false};
-  // False while every lane waits for answers (see Run). Set true under
-  // listen_mu_, with listen_cv_ told: the listener may wait for it.
-  std::atomic<bool> notify_wakes_{true};
-  std::mutex listen_mu_;
-  std::condition_variable listen_cv_;
-  // A NOTIFY was heard since the worker's last claims began.
-  std::atomic<bool> notified_{false};
-  // False while no LISTEN can work (a transaction pooler and no
-  // notify_url): the worker polls every fast_poll_interval.
-  std::atomic<bool> listening_works_{true};
   std::thread worker_;
-  std::thread listener_;
+  // Made by Start(), before the worker's thread, which uses it.
+  std::unique_ptr<CommitListener> listener_;
 
   // The consumer link (RelayOptions::consumer_unready_after): when the
   // consumer last answered (a batch, or the prober's health check), the
