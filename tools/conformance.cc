@@ -31,9 +31,10 @@ using Allowed = std::set<DeliveryOutcome>;
 constexpr char kEventType[] = "ConformanceProbe";
 
 const std::vector<std::string> kCases = {
-    "duplicates",     "out-of-order", "forks",          "reused-position",
-    "reused-id",      "malformed",    "split-streams",  "stream-reset",
-    "oversized-batch", "message-size", "identity-missing", "identity-wrong",
+    "duplicates",      "out-of-order",     "forks",
+    "reused-position", "reused-id",        "malformed",
+    "split-streams",   "stream-reset",     "oversized-batch",
+    "message-size",    "identity-missing", "identity-wrong",
 };
 
 std::string Name(DeliveryOutcome o) { return v1::DeliveryOutcome_Name(o); }
@@ -45,13 +46,23 @@ std::string Names(const Allowed& a) {
 }
 
 std::string CodeName(grpc::StatusCode c) {
-  static const char* const kNames[] = {
-      "OK",           "CANCELLED",          "UNKNOWN",
-      "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",
-      "DATA_LOSS",    "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   const int i = static_cast<int>(c);
   return i >= 0 && i <= 16 ? kNames[i] : absl::StrCat("code ", i);
 }
@@ -118,8 +129,8 @@ class Stream {
   }
 
   grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::DeliverRequest,
-                                           v1::DeliverResponse>>
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::DeliverRequest, v1::DeliverResponse>>
       rw_;
   bool ended_ = false;
   grpc::Status status_;
@@ -135,11 +146,11 @@ Decision Fail(std::string why) { return {CaseVerdict::kFail, std::move(why)}; }
 Decision Skip(std::string why) { return {CaseVerdict::kSkip, std::move(why)}; }
 
 // Ends the case with the step's failure, if it failed.
-#define STEP(expr)                                   \
-  do {                                               \
-    if (std::string why_ = (expr); !why_.empty()) {  \
-      return Fail(std::move(why_));                  \
-    }                                                \
+#define STEP(expr)                                  \
+  do {                                              \
+    if (std::string why_ = (expr); !why_.empty()) { \
+      return Fail(std::move(why_));                 \
+    }                                               \
   } while (0)
 
 class Runner {
@@ -282,13 +293,12 @@ class Runner {
   }
   // HELD and DIVERGED answers carry the aggregate's applied position.
   static std::string AppliedSeq(const std::string& step,
-                                const v1::DeliverResponse& resp,
-                                int64_t want) {
+                                const v1::DeliverResponse& resp, int64_t want) {
     for (const v1::EventResult& r : resp.results()) {
       if ((r.outcome() == HELD || r.outcome() == DIVERGED) &&
           r.applied_seq() != want) {
-        return absl::StrCat(step, ": ", Name(r.outcome()), " for seq ",
-                            r.seq(), " carries applied_seq ", r.applied_seq(),
+        return absl::StrCat(step, ": ", Name(r.outcome()), " for seq ", r.seq(),
+                            " carries applied_seq ", r.applied_seq(),
                             ", but the aggregate is applied through seq ",
                             want);
       }
@@ -373,8 +383,9 @@ class Runner {
     STEP(ExpectAll(*s, "the reversed chain again", {d[0], d[1], d[2]},
                    DUPLICATE));
     STEP(ExpectAll(*s, "its next event", {d[3]}, APPLIED));
-    return Pass("HELD with applied_seq until the gap closed, then applied in "
-                "order");
+    return Pass(
+        "HELD with applied_seq until the gap closed, then applied in "
+        "order");
   }
 
   Decision Forks() {
@@ -394,11 +405,11 @@ class Runner {
     STEP(ExpectAll(*s, "seq 40", {c[3]}, APPLIED));
     const std::string b = NewAggregate("fork-batch");
     const Batch d = ChainOf(b, 3);
-    STEP(Expect(*s, "a fork within one batch",
-                {d[0], d[2], Probe(b, 31, 20)},
+    STEP(Expect(*s, "a fork within one batch", {d[0], d[2], Probe(b, 31, 20)},
                 {{APPLIED}, {HELD}, {REJECTED}}));
-    return Pass("a second event for a held link or seq is REJECTED; the "
-                "first applies");
+    return Pass(
+        "a second event for a held link or seq is REJECTED; the "
+        "first applies");
   }
 
   Decision ReusedPosition() {
@@ -409,16 +420,16 @@ class Runner {
     STEP(ExpectAll(*s, "seq 10 and 20", {c[0], c[1]}, APPLIED));
     STEP(ExpectAll(*s, "another event at seq 20", {Probe(a, 20, 10)},
                    intruder_));
-    STEP(Expect(*s, "another event at seq 10", {Probe(a, 10, 0)},
-                {{intruder_}}, &r));
+    STEP(Expect(*s, "another event at seq 10", {Probe(a, 10, 0)}, {{intruder_}},
+                &r));
     if (intruder_ == DIVERGED) STEP(AppliedSeq("seq 10 again", r, 20));
     STEP(ExpectAll(*s, "seq 25 after seq 5 (a chain that left this one)",
                    {Probe(a, 25, 5)}, intruder_));
     STEP(ExpectAll(*s, "the real seq 20 again", {c[1]}, DUPLICATE));
     STEP(ExpectAll(*s, "seq 30", {c[2]}, APPLIED));
     return Pass(absl::StrCat("another event at a passed position is ",
-                             Name(intruder_), " (outbox-protocol ",
-                             o_.protocol, "); the chain goes on"));
+                             Name(intruder_), " (outbox-protocol ", o_.protocol,
+                             "); the chain goes on"));
   }
 
   Decision ReusedId() {
@@ -456,12 +467,17 @@ class Runner {
     auto s = Open();
     STEP(Expect(*s, "one good event and five malformed ones",
                 {c[0], bad_id, bad_prev, no_aggregate, no_type, bad_seq},
-                {{APPLIED}, {REJECTED}, {REJECTED}, {REJECTED}, {REJECTED},
+                {{APPLIED},
+                 {REJECTED},
+                 {REJECTED},
+                 {REJECTED},
+                 {REJECTED},
                  {REJECTED}}));
     STEP(ExpectAll(*s, "seq 20 (nothing malformed moved the cursor)", {c[1]},
                    APPLIED));
-    return Pass("a bad event_id, prev_seq, aggregate_id, event_type or seq is "
-                "REJECTED with a reason");
+    return Pass(
+        "a bad event_id, prev_seq, aggregate_id, event_type or seq is "
+        "REJECTED with a reason");
   }
 
   Decision SplitStreams() {
@@ -491,25 +507,26 @@ class Runner {
       Stream& t = k % 2 == 0 ? *t1 : *t2;
       const int part = k % 2 == 0 ? 1 + (k / 2) * 2 : (k / 2) * 2;
       auto resp = t.Read();
-      STEP(Judge(absl::StrCat("concurrent streams: batch of seq ",
-                              parts[part][0].seq(), "-",
-                              parts[part].back().seq()),
-                 parts[part], resp, t.status(), 1 + k / 2,
-                 std::vector<Allowed>(10, either)));
+      STEP(Judge(
+          absl::StrCat("concurrent streams: batch of seq ",
+                       parts[part][0].seq(), "-", parts[part].back().seq()),
+          parts[part], resp, t.status(), 1 + k / 2,
+          std::vector<Allowed>(10, either)));
     }
     const Batch first40(d.begin(), d.begin() + 40);
     STEP(ExpectAll(*s1, "after the race: all 40 again (each must be applied)",
                    first40, DUPLICATE));
     STEP(ExpectAll(*s2, "after the race: seq 410", {d[40]}, APPLIED));
-    return Pass("held and applied state is shared by streams, also "
-                "concurrent ones");
+    return Pass(
+        "held and applied state is shared by streams, also "
+        "concurrent ones");
   }
 
   Decision StreamReset() {
     const std::string a = NewAggregate("reset");
     const Batch c = ChainOf(a, 201);
-    const Batch b1(c.begin(), c.begin() + 100), b2(c.begin() + 100,
-                                                   c.begin() + 200);
+    const Batch b1(c.begin(), c.begin() + 100),
+        b2(c.begin() + 100, c.begin() + 200);
     {
       auto s = Open();
       if (!s->Write(b1) || !s->Write(b2)) {
@@ -533,8 +550,8 @@ class Runner {
       if (!s->Write(d1)) return Fail("the stream ended while writing");
       s->Cancel();
     }
-    STEP(ExpectResent(*t, "a batch resent after a reset before its answer",
-                      d1));
+    STEP(
+        ExpectResent(*t, "a batch resent after a reset before its answer", d1));
     STEP(ExpectAll(*t, "its next event", {d[50]}, APPLIED));
     return Pass("a batch cut off by a reset is applied once when resent");
   }
@@ -562,9 +579,9 @@ class Runner {
     // The largest event a relay sends (common/limits.h), less its envelope.
     fill.set_value(std::string(kMaxEventBytes - (4 << 10), 'x'));
     large.mutable_payload()->PackFrom(fill);
-    STEP(ExpectAll(*s, absl::StrCat("an event of ", large.ByteSizeLong() >> 10,
-                                    " KiB"),
-                   {large}, APPLIED));
+    STEP(ExpectAll(
+        *s, absl::StrCat("an event of ", large.ByteSizeLong() >> 10, " KiB"),
+        {large}, APPLIED));
     v1::Event huge = Probe(NewAggregate("huge"), 10, 0);
     fill.set_value(std::string(kMaxDeliverMessageBytes + 1, 'x'));
     v1::Event small = huge;
@@ -590,8 +607,8 @@ class Runner {
       STEP(ExpectRefused(*s, what, c, codes));
     }
     auto s = Open();
-    STEP(ExpectAll(*s, "the same event from the delivery identity", c,
-                   APPLIED));
+    STEP(
+        ExpectAll(*s, "the same event from the delivery identity", c, APPLIED));
     return Pass(absl::StrCat(what, ": refused, nothing applied"));
   }
 
@@ -600,10 +617,10 @@ class Runner {
       return Skip("plaintext (no --ca): the sink admits every caller");
     }
     // Under mutual TLS the handshake itself may refuse (UNAVAILABLE).
-    return Refused({o_.tls.ca, "", ""}, "a caller without a certificate",
-                   {grpc::StatusCode::UNAUTHENTICATED,
-                    grpc::StatusCode::PERMISSION_DENIED,
-                    grpc::StatusCode::UNAVAILABLE});
+    return Refused(
+        {o_.tls.ca, "", ""}, "a caller without a certificate",
+        {grpc::StatusCode::UNAUTHENTICATED, grpc::StatusCode::PERMISSION_DENIED,
+         grpc::StatusCode::UNAVAILABLE});
   }
 
   Decision IdentityWrong() {
@@ -666,9 +683,9 @@ absl::Status CheckConformanceOptions(const ConformanceOptions& o) {
   }
   if (!o.wrong_cert.empty()) {
     if (!o.tls.tls()) return bad("--wrong_cert needs --ca (TLS)");
-    if (absl::Status s = CheckClientTls(
-            {o.tls.ca, o.wrong_cert, o.wrong_key},
-            {"--ca", "--wrong_cert", "--wrong_key"});
+    if (absl::Status s =
+            CheckClientTls({o.tls.ca, o.wrong_cert, o.wrong_key},
+                           {"--ca", "--wrong_cert", "--wrong_key"});
         !s.ok()) {
       return s;
     }
@@ -679,7 +696,7 @@ absl::Status CheckConformanceOptions(const ConformanceOptions& o) {
 std::string CaseResult::Line() const {
   const char* v = verdict == CaseVerdict::kPass   ? "PASS"
                   : verdict == CaseVerdict::kSkip ? "SKIP"
-                                              : "FAIL";
+                                                  : "FAIL";
   return absl::StrFormat("%s  %-16s %6.2f s  %s", v, name,
                          absl::ToDoubleSeconds(elapsed), reason);
 }
@@ -704,8 +721,9 @@ std::string ConformanceReport::Summary() const {
   return absl::StrCat(
       "conformance of ", sink, ": ", pass, " passed, ", failed.size(),
       " failed, ", skip, " skipped",
-      failed.empty() ? "" : absl::StrCat(" (failed: ",
-                                         absl::StrJoin(failed, ", "), ")"),
+      failed.empty()
+          ? ""
+          : absl::StrCat(" (failed: ", absl::StrJoin(failed, ", "), ")"),
       "\n");
 }
 

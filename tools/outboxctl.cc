@@ -40,10 +40,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/program_name.h"
 #include "absl/flags/internal/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/ascii.h"
 #include "common/config.h"
 #include "common/db_flags.h"
 #include "common/ids.h"
@@ -741,7 +741,7 @@ int Conformance() {
     o.aggregate_type = absl::GetFlag(FLAGS_aggregate_type);
   }
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_cases), ',',
-                                             absl::SkipWhitespace())) {
+                                            absl::SkipWhitespace())) {
     o.cases.insert(std::string(absl::StripAsciiWhitespace(c)));
   }
   if (absl::Status s = outbox::tools::CheckConformanceOptions(o); !s.ok()) {
@@ -752,8 +752,8 @@ int Conformance() {
   std::printf("conformance: EventSink at %s (%s, outbox-protocol %d)\n",
               o.sink.c_str(), o.tls.tls() ? "TLS" : "plaintext", o.protocol);
   std::fflush(stdout);
-  outbox::tools::ConformanceReport report = outbox::tools::RunConformance(
-      o, [](const outbox::tools::CaseResult& c) {
+  outbox::tools::ConformanceReport report =
+      outbox::tools::RunConformance(o, [](const outbox::tools::CaseResult& c) {
         std::printf("%s\n", c.Line().c_str());
         std::fflush(stdout);
       });
@@ -815,8 +815,8 @@ int main(int argc, char** argv) {
       "[--all], resolve --aggregate ID|--all --reason TEXT,\n  held "
       "[--failed], held release|skip EVENT_ID --reason TEXT,\n  "
       "subscriptions, subscriptions pause|resume|drop NAME --reason TEXT "
-      "[--force],\n  conformance --sink HOST:PORT [--cases C,...] [--wrong_cert F "
-      "--wrong_key F]";
+      "[--force],\n  conformance --sink HOST:PORT [--cases C,...] "
+      "[--wrong_cert F --wrong_key F]";
   // Asking for help is not a mistake: the usage and outboxctl's own flags,
   // exit 0 (abseil's --help exits 1).
   for (int i = 1; i < argc; ++i) {
