@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/ids.h"
 #include "common/limits.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "outbox/v1/sink.grpc.pb.h"
 
 namespace outbox::tools {
@@ -35,6 +36,7 @@ const std::vector<std::string> kCases = {
     "reused-position", "reused-id",        "malformed",
     "split-streams",   "stream-reset",     "oversized-batch",
     "message-size",    "identity-missing", "identity-wrong",
+    "health",
 };
 
 std::string Name(DeliveryOutcome o) { return v1::DeliveryOutcome_Name(o); }
@@ -187,6 +189,7 @@ class Runner {
     if (name == "message-size") return MessageSize();
     if (name == "identity-missing") return IdentityMissing();
     if (name == "identity-wrong") return IdentityWrong();
+    if (name == "health") return Health();
     return Fail("no such case");
   }
 
@@ -636,6 +639,35 @@ class Runner {
                     grpc::StatusCode::UNAUTHENTICATED});
   }
 
+  // An idle relay probes the sink's health (relay --consumer_unready_after):
+  // a sink that does not answer SERVING for the EventSink service makes
+  // the relay unready, and it gives up its partitions.
+  Decision Health() {
+    auto stub = grpc::health::v1::Health::NewStub(Channel(o_.tls));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     absl::ToChronoMilliseconds(o_.timeout));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(v1::EventSink::service_full_name());
+    grpc::health::v1::HealthCheckResponse resp;
+    const grpc::Status s = stub->Check(&ctx, req, &resp);
+    if (!s.ok()) {
+      return Fail(absl::StrCat(
+          "grpc.health.v1.Health/Check of ", v1::EventSink::service_full_name(),
+          ": ", Describe(s), "; an idle relay takes the sink for down"));
+    }
+    if (resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+      return Fail(absl::StrCat(
+          "grpc.health.v1.Health/Check of ", v1::EventSink::service_full_name(),
+          " answers ",
+          grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+              resp.status())));
+    }
+    return Pass(absl::StrCat("grpc.health.v1 says ",
+                             v1::EventSink::service_full_name(),
+                             " is SERVING"));
+  }
+
   const ConformanceOptions& o_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
   DeliveryOutcome intruder_;
@@ -697,8 +729,11 @@ std::string CaseResult::Line() const {
   const char* v = verdict == CaseVerdict::kPass   ? "PASS"
                   : verdict == CaseVerdict::kSkip ? "SKIP"
                                                   : "FAIL";
+  // One line, whatever the sink put in its messages.
+  std::string text = reason;
+  std::replace(text.begin(), text.end(), '\n', ' ');
   return absl::StrFormat("%s  %-16s %6.2f s  %s", v, name,
-                         absl::ToDoubleSeconds(elapsed), reason);
+                         absl::ToDoubleSeconds(elapsed), text);
 }
 
 bool ConformanceReport::ok() const {

@@ -3,9 +3,10 @@
 // language, through the delivery protocol's cases and judges each answer
 // by the contract: duplicates, events out of order, forks, reused
 // positions and ids, malformed events, a chain split across streams, a
-// stream cancelled mid-batch, batches and messages over the limits, and
-// callers without the delivery identity. It speaks only the protocol, so
-// it judges what a relay would see, never the sink's tables.
+// stream cancelled mid-batch, batches and messages over the limits,
+// callers without the delivery identity, and the health check an idle
+// relay makes. It speaks only the protocol, so it judges what a relay
+// would see, never the sink's tables.
 //
 // Every case uses chains of its own, under fresh random aggregate ids, so
 // runs can repeat against the same database. The sink must accept events
