@@ -333,14 +333,19 @@ class Runner {
   static std::string ExpectRefused(Stream& s, const std::string& step,
                                    const Batch& batch,
                                    const std::set<grpc::StatusCode>& codes) {
+    std::vector<std::string> names;
+    for (grpc::StatusCode c : codes) names.push_back(CodeName(c));
     auto resp = s.Send(batch);
     if (resp) {
-      return absl::StrCat(step, ": answered (", resp->results_size(),
-                          " results) instead of ending the stream");
+      std::vector<std::string> outcomes;
+      for (const v1::EventResult& r : resp->results()) {
+        outcomes.push_back(Name(r.outcome()));
+      }
+      return absl::StrCat(step, ": answered ", absl::StrJoin(outcomes, ", "),
+                          " instead of ending the stream with ",
+                          absl::StrJoin(names, " or "));
     }
     if (!codes.count(s.status().error_code())) {
-      std::vector<std::string> names;
-      for (grpc::StatusCode c : codes) names.push_back(CodeName(c));
       return absl::StrCat(step, ": the stream ended with ",
                           Describe(s.status()), ", expected ",
                           absl::StrJoin(names, " or "));
