@@ -39,6 +39,7 @@ from outbox.v1 import event_pb2, sink_pb2, sink_pb2_grpc
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbox (
+  apply_id bigint GENERATED ALWAYS AS IDENTITY,  -- in the order applied
   event_id uuid PRIMARY KEY,
   source text NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
   seq bigint NOT NULL,
@@ -106,7 +107,7 @@ class Batch:
         self.cursor = {}  # chain -> seq of its last applied event
         self.results = []
         self.held_here = {}  # event_id -> index of its HELD answer
-        self.applied_here = {}  # event_id -> (chain, seq)
+        self.applied_here = set()  # event ids applied in this batch
 
     def lock(self, chain):
         """Locks the chain's cursor row until commit (replicas and streams
@@ -123,27 +124,26 @@ class Batch:
         self.cur.execute(sql, args)
         return self.cur.fetchone()
 
-    def apply(self, chain, e):
-        self.cur.execute("INSERT INTO inbox VALUES (%s, %s, %s, %s, %s)",
-                         (e.event_id, *chain, e.seq))
+    def record(self, chain, e):
+        """Event e's inbox row and effect, and its chain's new cursor."""
+        self.cur.execute(
+            "INSERT INTO inbox (event_id, source, aggregate_type, aggregate_id, "
+            "seq) VALUES (%s, %s, %s, %s, %s)", (e.event_id, *chain, e.seq))
         apply_effect(self.cur, e)
-        self.applied_here[e.event_id] = (chain, e.seq)
+        self.applied_here.add(e.event_id)
         self.cursor[chain] = e.seq
-        # Drain: the held events behind it, in chain order.
-        while True:
+
+    def apply(self, chain, e):
+        """Applies e, then the events held behind it, in chain order."""
+        while e is not None:
+            self.record(chain, e)
             row = self.one(
                 "DELETE FROM held WHERE (source, aggregate_type, aggregate_id, "
                 "prev_seq) = (%s, %s, %s, %s) RETURNING event", (*chain, e.seq))
-            if row is None:
-                return
-            e = event_pb2.Event.FromString(bytes(row[0]))
-            if e.event_id in self.held_here:
+            e = event_pb2.Event.FromString(bytes(row[0])) if row else None
+            if e is not None and e.event_id in self.held_here:
+                # Answered HELD earlier in this batch: applied now.
                 self.results[self.held_here.pop(e.event_id)].outcome = sink_pb2.APPLIED
-            self.cur.execute("INSERT INTO inbox VALUES (%s, %s, %s, %s, %s)",
-                             (e.event_id, *chain, e.seq))
-            apply_effect(self.cur, e)
-            self.applied_here[e.event_id] = (chain, e.seq)
-            self.cursor[chain] = e.seq
 
     def decide(self, e):
         """The outcome of one valid event and what it does (see the module doc)."""

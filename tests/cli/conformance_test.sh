@@ -4,7 +4,8 @@
 # examples/python-consumer, each in plaintext and under mutual TLS that
 # admits only the relay's identity to Deliver. Every case must pass (under
 # TLS none may be skipped), also on a second run against the same
-# databases. Then the tool must fail: the Python consumer with its dedup,
+# databases, and a real relay's stream reaches the Python consumer intact.
+# Then the tool must fail: the Python consumer with its dedup,
 # its ordering or its identity check sabotaged fails the case that checks
 # it, naming it, with exit 1; bad flags exit 2 naming the flag.
 set -euo pipefail
@@ -83,6 +84,38 @@ must_pass python "the Python consumer" --sink "127.0.0.1:$P"
 must_pass python_tls "the Python consumer under mutual TLS" --sink "localhost:$PT" "${tls_client[@]}"
 grep -q ' 0 skipped' "$WORK/python_tls.out" || fail "the Python consumer under TLS: a case was skipped"
 pass "the Python consumer passes every case, the identity cases under mutual TLS"
+
+# A real relay delivers the order demo's events to the Python consumer:
+# every one applied once, each aggregate's in seq order; idle, the relay
+# still finds it reachable (it asks the consumer's grpc.health.v1).
+orders_db=$(new_db conformance_orders)
+relay_db=$(new_db conformance_python_relay)
+PR=$(free_port) R=$(free_port) M=$(free_port) PP=$(free_port)
+start_py python_relay "$PP" "$relay_db"
+start producer outbox-producer --listen="127.0.0.1:$PR" --db="$orders_db"
+wait_port "$PR" producer.log
+start relay outbox-relay --listen="127.0.0.1:$R" --db="$orders_db" --subscription=python \
+  --consumer="127.0.0.1:$PP" --metrics_listen="127.0.0.1:$M" --poll_interval=200ms \
+  --consumer_unready_after=2s
+wait_port "$R" relay.log
+timeout 120 "$BIN/outboxctl" load --producer "127.0.0.1:$PR" --orders 50 --concurrency 4 \
+  >"$WORK/load.out" 2>&1 || fail "load: $(tail -3 "$WORK/load.out")"
+events=$(psql "$orders_db" -qAtc "SELECT count(*) FROM outbox")
+[ "$events" -ge 50 ] || fail "the load wrote $events events"
+deadline=$((SECONDS + 60))
+until [ "$(psql "$relay_db" -qAtc "SELECT count(*) FROM effects")" = "$events" ]; do
+  [ $SECONDS -lt $deadline ] ||
+    fail "the Python consumer has $(psql "$relay_db" -qAtc "SELECT count(*) FROM effects") of $events effects after 60s"
+  sleep 0.5
+done
+disorder=$(psql "$relay_db" -qAtc "SELECT count(*) FROM (SELECT seq, lag(seq) OVER
+  (PARTITION BY source, aggregate_type, aggregate_id ORDER BY apply_id) AS before FROM inbox) x
+  WHERE before > seq")
+[ "$disorder" = 0 ] || fail "$disorder events applied before a predecessor"
+sleep 4  # twice --consumer_unready_after with nothing to deliver
+reachable=$(curl -sf "http://127.0.0.1:$M/metrics" | sed -n 's/^outbox_relay_consumer_reachable{*[^ ]* //p')
+[ "${reachable%.*}" = 1 ] || fail "idle, the relay takes the Python consumer for unreachable: '$reachable'"
+pass "a real relay delivers $events events to the Python consumer, once each and in order; idle, it stays reachable"
 
 must_pass again_consumer "outbox-consumer, second run on the same database" --sink "127.0.0.1:$C"
 must_pass again_python "the Python consumer, second run on the same database" --sink "127.0.0.1:$P"
