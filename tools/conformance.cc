@@ -116,6 +116,13 @@ class Stream {
   }
   // Resets the stream, as a relay that dies or gives up does.
   void Cancel() { ctx_.TryCancel(); }
+  // Half-closes the stream, as a relay that stops cleanly does, and waits
+  // (within the deadline) for the sink to end it.
+  const grpc::Status& Close() {
+    if (!ended_) rw_->WritesDone();
+    End();
+    return status_;
+  }
   // The status the stream ended with, once Read or Send said it ended.
   const grpc::Status& status() const { return status_; }
   uint64_t last_batch_id() const { return last_batch_id_; }
@@ -366,6 +373,11 @@ class Runner {
     }
     STEP(ExpectAll(*s, "its successor", {c[1]}, APPLIED));
     STEP(ExpectAll(*s, "both again", c, DUPLICATE));
+    if (const grpc::Status& end = s->Close();
+        end.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return Fail(absl::StrCat("the sink did not end a half-closed stream (",
+                               Describe(end), ")"));
+    }
     return Pass(
         "applied once; DUPLICATE in its batch, a later batch, another stream");
   }
