@@ -171,7 +171,8 @@ class Batch:
         if held is not None:
             if tuple(held) == (e.seq, e.prev_seq):
                 return sink_pb2.HELD, ""  # a copy of a held event
-            return sink_pb2.REJECTED, f"fork: event_id {e.event_id} is held already as seq {held[0]}"
+            return sink_pb2.REJECTED, (
+                f"fork: event_id {e.event_id} is held already as seq {held[0]}")
         if e.prev_seq < at:
             return sink_pb2.DIVERGED, (
                 f"chain broken: prev_seq {e.prev_seq} is behind the applied "
@@ -228,18 +229,20 @@ class Sink(sink_pb2_grpc.EventSinkServicer):
         self.max_batch = args.max_batch_events
         self.max_held = args.max_held_per_aggregate
         self.delivery_clients = set(filter(None, args.delivery_clients.split(",")))
-        self.mutual_tls = bool(args.tls_client_ca)
+        self.tls = bool(args.tls_cert)
 
-    def admitted(self, context):
-        """Only the relay may deliver: anyone else could forge effects."""
-        if not self.mutual_tls:
-            return True  # plaintext: loopback development only
-        auth = context.auth_context()
-        ids = auth.get("peer_uri") or auth.get("peer_dns") or []
+    def refusal(self, context):
+        """Why the caller may not deliver (status code, message), or None.
+        Only the relay may: anyone else could forge effects."""
+        if not self.tls:
+            return None  # plaintext: loopback development only
+        auth = context.auth_context()  # no peer_* without --tls_client_ca
+        ids = [i.decode() for i in auth.get("peer_uri") or auth.get("peer_dns") or []]
         if not ids:
-            return False
-        return not self.delivery_clients or any(
-            i.decode() in self.delivery_clients for i in ids)
+            return grpc.StatusCode.UNAUTHENTICATED, "Deliver needs a client certificate"
+        if self.delivery_clients and not self.delivery_clients.intersection(ids):
+            return grpc.StatusCode.PERMISSION_DENIED, f"{ids[0]} may not deliver"
+        return None
 
     def apply(self, events):
         conn = self.pool.getconn()
@@ -255,9 +258,9 @@ class Sink(sink_pb2_grpc.EventSinkServicer):
                 self.pool.putconn(conn)
 
     def Deliver(self, request_iterator, context):
-        if not self.admitted(context):
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          "only the delivery identity may call Deliver")
+        refused = self.refusal(context)
+        if refused:
+            context.abort(*refused)
         protocol = dict(context.invocation_metadata()).get("outbox-protocol", "1")
         for req in request_iterator:
             if len(req.events) > self.max_batch:

@@ -162,6 +162,6 @@ bad_flag --ca --sink "127.0.0.1:$C" --wrong_cert "$CERTS/outboxctl.crt" --wrong_
 bad_flag --wrong_cert --sink "127.0.0.1:$C" --ca "$CERTS/ca.crt" --wrong_cert /nonexistent \
   --wrong_key "$CERTS/outboxctl.key"
 conform unreachable --sink "127.0.0.1:$(free_port)" --timeout 1s
-[ "$RC" = 1 ] && grep -q 'cannot reach the sink' "$WORK/unreachable.out" ||
-  fail "an unreachable sink: exit $RC"
+[ "$RC" = 1 ] || fail "an unreachable sink: exit $RC, not 1"
+grep -q 'cannot reach the sink' "$WORK/unreachable.out" || fail "an unreachable sink: not said"
 pass "bad flags exit 2 naming the flag; an unreachable sink exits 1 saying so"
