@@ -18,6 +18,9 @@
 //   outboxctl resolve --aggregate ID | --all --reason TEXT   adopt the
 //   producer's
 //                                        history for a diverged aggregate
+//   outboxctl conformance --sink HOST:PORT [--cases a,b] [--wrong_cert F
+//                     --wrong_key F]     drive any EventSink through the
+//                                        delivery protocol's cases
 //
 // verify, demo and reconcile take each database's password from
 // OUTBOX_ORDERS_PASSWORD and OUTBOX_BILLING_PASSWORD (--orders_password,
@@ -37,8 +40,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/program_name.h"
 #include "absl/flags/internal/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/db_flags.h"
 #include "common/ids.h"
@@ -46,6 +51,7 @@
 #include "outbox/v1/billing.grpc.pb.h"
 #include "outbox/v1/relay.grpc.pb.h"
 #include "tools/checker.h"
+#include "tools/conformance.h"
 #include "tools/load.h"
 #include "tools/reconcile.h"
 
@@ -67,7 +73,7 @@ ABSL_FLAG(std::string, billing_password, "",
 ABSL_FLAG(std::string, aggregate, "", "Aggregate id (dead-letters, requeue).");
 ABSL_FLAG(std::string, aggregate_type, "",
           "With --aggregate (replay, resolve): that type's chain of the id "
-          "only.");
+          "only; conformance: the type of its events (empty: conformance).");
 ABSL_FLAG(bool, all_dead, false, "requeue: every dead letter (--all-dead).");
 ABSL_FLAG(absl::Duration, since, absl::ZeroDuration(),
           "requeue: only dead letters that died within this long (e.g. 1h); "
@@ -136,6 +142,21 @@ ABSL_FLAG(std::string, ca, "",
 ABSL_FLAG(std::string, cert, "",
           "PEM client certificate to present (mutual TLS), with --key.");
 ABSL_FLAG(std::string, key, "", "PEM private key of --cert.");
+ABSL_FLAG(std::string, sink, "",
+          "conformance: the EventSink to test, HOST:PORT (TLS with --ca; "
+          "--cert/--key: the delivery identity, the relay's).");
+ABSL_FLAG(std::string, cases, "",
+          "conformance: comma-separated cases to run (empty: all).");
+ABSL_FLAG(int, max_batch_events, 1000,
+          "conformance: the largest batch the sink documents (events); one "
+          "more must end the stream INVALID_ARGUMENT.");
+ABSL_FLAG(int, protocol, 2,
+          "conformance: the outbox-protocol to announce: 2 expects DIVERGED "
+          "for a reused position, 1 REJECTED.");
+ABSL_FLAG(std::string, wrong_cert, "",
+          "conformance: a PEM client certificate of --ca's whose identity "
+          "the sink must refuse to deliver from, with --wrong_key.");
+ABSL_FLAG(std::string, wrong_key, "", "PEM private key of --wrong_cert.");
 
 namespace {
 
@@ -705,6 +726,41 @@ int Load() {
   return r.gave_up == 0 ? 0 : 1;
 }
 
+// Exit 0: every case passed (or was skipped); 1: a case failed or the sink
+// was unreachable; 2: a bad flag.
+int Conformance() {
+  outbox::tools::ConformanceOptions o;
+  o.sink = absl::GetFlag(FLAGS_sink);
+  o.tls = TlsFromFlags();
+  o.wrong_cert = absl::GetFlag(FLAGS_wrong_cert);
+  o.wrong_key = absl::GetFlag(FLAGS_wrong_key);
+  o.timeout = absl::GetFlag(FLAGS_timeout);
+  o.max_batch_events = absl::GetFlag(FLAGS_max_batch_events);
+  o.protocol = absl::GetFlag(FLAGS_protocol);
+  if (!absl::GetFlag(FLAGS_aggregate_type).empty()) {
+    o.aggregate_type = absl::GetFlag(FLAGS_aggregate_type);
+  }
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_cases), ',',
+                                            absl::SkipWhitespace())) {
+    o.cases.insert(std::string(absl::StripAsciiWhitespace(c)));
+  }
+  if (absl::Status s = outbox::tools::CheckConformanceOptions(o); !s.ok()) {
+    std::fprintf(stderr, "outboxctl: conformance: %s\n",
+                 std::string(s.message()).c_str());
+    return 2;
+  }
+  std::printf("conformance: EventSink at %s (%s, outbox-protocol %d)\n",
+              o.sink.c_str(), o.tls.tls() ? "TLS" : "plaintext", o.protocol);
+  std::fflush(stdout);
+  outbox::tools::ConformanceReport report =
+      outbox::tools::RunConformance(o, [](const outbox::tools::CaseResult& c) {
+        std::printf("%s\n", c.Line().c_str());
+        std::fflush(stdout);
+      });
+  std::printf("%s", report.Summary().c_str());
+  return report.ok() ? 0 : 1;
+}
+
 // What is wrong with the duration flags that any command reads, or "": each
 // out-of-range value would otherwise be taken for another (a --timeout of 0
 // or less fails every call, a negative --wait waits not at all, a negative
@@ -759,7 +815,8 @@ int main(int argc, char** argv) {
       "[--all], resolve --aggregate ID|--all --reason TEXT,\n  held "
       "[--failed], held release|skip EVENT_ID --reason TEXT,\n  "
       "subscriptions, subscriptions pause|resume|drop NAME --reason TEXT "
-      "[--force]";
+      "[--force],\n  conformance --sink HOST:PORT [--cases C,...] "
+      "[--wrong_cert F --wrong_key F]";
   // Asking for help is not a mistake: the usage and outboxctl's own flags,
   // exit 0 (abseil's --help exits 1).
   for (int i = 1; i < argc; ++i) {
@@ -798,6 +855,7 @@ int main(int argc, char** argv) {
   if (cmd == "resolve") return Resolve();
   if (cmd == "held") return Held(args);
   if (cmd == "subscriptions") return Subscriptions(args);
+  if (cmd == "conformance") return Conformance();
   std::fprintf(stderr,
                "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
                "requeue --aggregate ID | requeue --all-dead [--since D] "
@@ -807,6 +865,6 @@ int main(int argc, char** argv) {
                "diverged | resolve --aggregate ID|--all --reason TEXT | "
                "held [--failed] | held release|skip EVENT_ID --reason "
                "TEXT | subscriptions | subscriptions pause|resume|drop NAME "
-               "--reason TEXT [--force]\n");
+               "--reason TEXT [--force] | conformance --sink HOST:PORT\n");
   return 2;
 }

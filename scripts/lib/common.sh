@@ -8,7 +8,8 @@ PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 # GoogleTest, the PostgreSQL 15 server, and what the tests use (Node.js for
 # `buf curl` and the manifest checks, python3 for the failure-injection
 # suite and pgbouncer for its pooler scenarios, prometheus for promtool and
-# a loopback Prometheus in the monitoring tests; kubectl, which renders the
+# a loopback Prometheus in the monitoring tests, Python's gRPC, protobuf and
+# psycopg2 for examples/python-consumer; kubectl, which renders the
 # manifests, is not a Debian package and must be on the machine).
 OUTBOX_PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
@@ -17,6 +18,7 @@ OUTBOX_PACKAGES=(
   prometheus-cpp-dev
   postgresql-15 postgresql-client-15 pgbouncer
   nodejs curl iproute2 procps python3 openssl prometheus
+  python3-grpcio python3-protobuf python3-psycopg2
 )
 
 # What scripts/test --sanitize needs besides: clang with its sanitizer and

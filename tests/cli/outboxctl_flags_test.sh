@@ -24,7 +24,7 @@ for ask in --help -h help; do
   rc=0
   out=$("$BIN/outboxctl" $ask 2>&1) || rc=$?
   [ "$rc" = 0 ] || fail "outboxctl $ask: exit $rc, not 0: $out"
-  for want in reconcile replay diverged resolve held subscriptions --orders_db --subscription; do
+  for want in reconcile replay diverged resolve held subscriptions conformance --orders_db --subscription --sink; do
     grep -q -- "$want" <<<"$out" || fail "outboxctl $ask does not mention $want: $out"
   done
   pass "outboxctl $ask: exit 0, every command and the flags"
@@ -34,7 +34,7 @@ for cmd in "" frobnicate; do
   rc=0
   out=$("$BIN/outboxctl" $cmd 2>&1) || rc=$?
   [ "$rc" = 2 ] || fail "outboxctl $cmd: exit $rc, not 2: $out"
-  for want in stats reconcile replay diverged resolve held subscriptions; do
+  for want in stats reconcile replay diverged resolve held subscriptions conformance; do
     grep -q -- "$want" <<<"$out" || fail "outboxctl $cmd: the usage omits $want: $out"
   done
   pass "outboxctl ${cmd:-(no command)}: exit 2 and the usage"
@@ -57,4 +57,6 @@ refused --rate load --orders=10 --rate=-5
 refused --pay_fraction load --pay_fraction=1.5
 refused --only load --only=refund
 refused --max_tries load --max_tries=0
+refused --sink conformance
+refused --protocol conformance --sink=$nowhere --protocol=3
 refused usage no-such-command
