@@ -94,7 +94,9 @@ TEST_F(ReconcileTest, EachUnappliedEventIsListedWithWhyOldestFirst) {
     auto it = why.find(f.event_id);
     ASSERT_NE(it, why.end()) << f.event_id;
     EXPECT_EQ(f.reason, it->second) << f.event_id;
-    if (i > 0) EXPECT_LT(r.findings[i - 1].seq, f.seq);  // oldest first
+    if (i > 0) {
+      EXPECT_LT(r.findings[i - 1].seq, f.seq);  // oldest first
+    }
   }
   EXPECT_TRUE(absl::StrContains(r.Summary(), "boom")) << r.Summary();
   EXPECT_TRUE(absl::StrContains(r.Json(), "\"reason\":\"lost\"")) << r.Json();
