@@ -171,10 +171,21 @@ Plan PlanBatch(const std::vector<const v1::Event*>& batch,
       continue;
     }
     if (e.seq() <= st.cursor) {
+      const auto applied = snapshot.in_inbox.find(e.event_id());
       if (here != applied_here.end() ||
-          snapshot.in_inbox.count(e.event_id())) {
+          (applied != snapshot.in_inbox.end() &&
+           applied->second.aggregate_id == e.aggregate_id() &&
+           applied->second.seq == e.seq())) {
         plan.results[i] = Result(e, v1::DUPLICATE);
         ++plan.duplicates;
+      } else if (applied != snapshot.in_inbox.end()) {
+        // Not this event: a DUPLICATE would tell the relay that it took
+        // effect here.
+        reject(i, absl::StrCat("event_id ", e.event_id(),
+                               " was applied as seq ", applied->second.seq,
+                               " of aggregate ", applied->second.aggregate_id,
+                               "; seq ", e.seq(), " of aggregate ", name(),
+                               " reuses it"));
       } else if (e.seq() <= st.pruned_through) {
         // Its inbox row is gone, so its identity cannot be checked: the
         // position was applied, and a redelivery is what arrives there.

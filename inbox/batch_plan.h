@@ -64,13 +64,21 @@ struct AggregateState {
   }
 };
 
+// Where the inbox holds an applied event: its aggregate id and seq, which
+// the inbox rows of every release record.
+struct InboxPlace {
+  std::string aggregate_id;
+  int64_t seq = 0;
+};
+
 // What the database holds about a batch's aggregates.
 struct Snapshot {
   // Every aggregate of the batch's valid events.
   std::map<std::string, AggregateState> aggregates;
   // The event ids the inbox holds, among those the engine asked about
-  // (see InboxQuestions). An id missing here is taken as "not applied".
-  std::set<std::string> in_inbox;
+  // (see InboxQuestions), with where each was applied. An id missing here
+  // is taken as "not applied".
+  std::map<std::string, InboxPlace> in_inbox;
   // Held events the batch can touch (see HeldQuestions): the held chains
   // that start at each cursor and at each batch event's seq and prev_seq,
   // and any held event with a batch event's id or (aggregate, seq).

@@ -35,7 +35,7 @@ class Planner {
     return *this;
   }
   Planner& Applied(const v1::Event& e) {
-    snap_.in_inbox.insert(e.event_id());
+    snap_.in_inbox[e.event_id()] = {e.aggregate_id(), e.seq()};
     return *this;
   }
   Planner& Held(const v1::Event& e) {
@@ -200,6 +200,24 @@ TEST(PlanBatch, OneIdAtAPassedPositionOfAnotherAggregateIsNotADuplicate) {
   other.set_event_id("a/3");
   p.Cursor("b", 5).Run({Ev("a", 3, 0), other});
   EXPECT_EQ(p.Outcomes(), (V{A, R}));
+}
+
+TEST(PlanBatch, AnIdAppliedEarlierElsewhereIsNotADuplicateAtAPassedPosition) {
+  // The same as above across batches: the inbox holds a/3 as seq 3 of a.
+  Planner p;
+  v1::Event other = Ev("b", 2, 0);
+  other.set_event_id("a/3");
+  p.Cursor("b", 5).Applied(Ev("a", 3, 0)).Run({other});
+  EXPECT_EQ(p.Outcomes(), (V{R}));
+  EXPECT_NE(p.plan().results[0].reason().find("applied as seq 3 of aggregate a"),
+            std::string::npos)
+      << p.plan().results[0].reason();
+  // And on its own aggregate at another passed seq.
+  Planner q;
+  v1::Event moved = Ev("a", 7, 3);
+  moved.set_event_id("a/5");
+  q.Cursor("a", 9).Applied(Ev("a", 5, 0)).Run({moved});
+  EXPECT_EQ(q.Outcomes(), (V{R}));
 }
 
 TEST(PlanBatch, OneIdHeldAndAppliedOnTwoAggregatesIsAFork) {

@@ -109,16 +109,19 @@ absl::Status ReadHeld(pqxx::work& tx, const HeldQuery& q, Snapshot* snap) {
   return absl::OkStatus();
 }
 
-std::set<std::string> InInbox(pqxx::work& tx,
-                              const std::vector<std::string>& ids) {
-  std::set<std::string> found;
+std::map<std::string, InboxPlace> InInbox(
+    pqxx::work& tx, const std::vector<std::string>& ids) {
+  std::map<std::string, InboxPlace> found;
   if (ids.empty()) return found;
   for (const auto& row : ExecPrepared(
            tx, "in_inbox",
-           "SELECT i.event_id::text FROM unnest($1::uuid[]) AS e JOIN LATERAL "
-           "(SELECT event_id FROM inbox WHERE event_id = e LIMIT 1) i ON true",
+           "SELECT i.event_id::text AS event_id, i.aggregate_id::text AS "
+           "aggregate_id, i.seq FROM unnest($1::uuid[]) AS e JOIN LATERAL "
+           "(SELECT event_id, aggregate_id, seq FROM inbox WHERE event_id = e "
+           "LIMIT 1) i ON true",
            ArrayLiteral(ids).str())) {
-    found.insert(row[0].as<std::string>());
+    found[row["event_id"].as<std::string>()] = {
+        row["aggregate_id"].as<std::string>(), row["seq"].as<int64_t>()};
   }
   return found;
 }

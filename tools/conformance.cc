@@ -470,8 +470,16 @@ class Runner {
     twice.set_event_id(d[0].event_id());
     STEP(Expect(*s, "one event_id at two seqs of one batch", {d[0], twice},
                 {{APPLIED}, {REJECTED}}));
+    // At a seq the other chain has passed: DUPLICATE would tell the relay
+    // that this event took effect there.
+    v1::Event passed = Probe(b, 10, 0);
+    passed.set_event_id(c[0].event_id());
+    STEP(ExpectAll(*s, "its event_id at a passed seq of another chain",
+                   {passed}, REJECTED));
     STEP(ExpectAll(*s, "the real seq 20", {c[1]}, APPLIED));
-    return Pass("an applied event_id at another place is REJECTED");
+    return Pass(
+        "an applied event_id at another place is REJECTED, also at a passed "
+        "seq");
   }
 
   Decision Malformed() {

@@ -56,7 +56,7 @@ using Key = std::pair<std::string, int64_t>;
 struct Store {
   std::map<std::string, AggregateState> cursors;
   std::map<std::string, Event> held;  // by event id
-  std::set<std::string> inbox;
+  std::map<std::string, outbox::inbox::InboxPlace> inbox;
   std::set<Key> inbox_positions;
 
   const Event* HeldAtLink(const std::string& agg, int64_t prev) const {
@@ -95,7 +95,9 @@ Snapshot Read(const Store& store, const std::vector<const Event*>& batch,
   }
   for (const std::string& id :
        outbox::inbox::InboxQuestions(batch, invalid, snap, ask_all)) {
-    if (store.inbox.count(id)) snap.in_inbox.insert(id);
+    if (auto it = store.inbox.find(id); it != store.inbox.end()) {
+      snap.in_inbox[id] = it->second;
+    }
   }
   return snap;
 }
@@ -121,7 +123,7 @@ bool Write(Store* store, const Plan& plan) {
     last[outbox::ChainKeyOf(*e)] = e->seq();
   }
   for (const Event* e : plan.apply) {
-    store->inbox.insert(e->event_id());
+    store->inbox[e->event_id()] = {e->aggregate_id(), e->seq()};
     store->inbox_positions.insert({outbox::ChainKeyOf(*e), e->seq()});
   }
   for (const std::string& id : plan.unhold) Require(store->held.erase(id) == 1);
@@ -181,7 +183,7 @@ void Deliver(Store* store, const std::vector<Event>& batch_events,
              const std::set<std::string>& true_ids, bool forgeries) {
   std::vector<const Event*> batch;
   for (const Event& e : batch_events) batch.push_back(&e);
-  const std::set<std::string> inbox_before = store->inbox;
+  const auto inbox_before = store->inbox;
   Snapshot snap = Read(*store, batch, invalid, false);
   Plan plan = outbox::inbox::PlanBatch(batch, invalid, snap, {8});
   if (!Write(store, plan)) {
