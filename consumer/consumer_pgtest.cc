@@ -993,6 +993,25 @@ TEST_F(ConsumerTest, AnEventIdAppliedBeforeCannotApplyAgainAtANewPosition) {
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 2);
 }
 
+// A DUPLICATE would tell the relay that the event took effect: only the
+// same event at the same place is one.
+TEST_F(ConsumerTest, AnEventIdAppliedToAnotherOrderIsNoDuplicateAtAPassedSeq) {
+  auto a = OrderChain(1);
+  auto b = OrderChain(100);
+  Deliver({{a[0]}, {b[0], b[1]}});
+  v1::Event reused = b[1];  // b has passed seq 101
+  reused.set_event_id(a[0].event_id());
+  auto results = Deliver({{reused}});
+  EXPECT_EQ(Outcomes(results), (V{v1::REJECTED}));
+  EXPECT_NE(results[0].reason().find("was applied as seq 1 of aggregate"),
+            std::string::npos)
+      << results[0].reason();
+  // The real copies still are duplicates.
+  EXPECT_EQ(Outcomes(Deliver({{a[0], b[1]}})),
+            (V{v1::DUPLICATE, v1::DUPLICATE}));
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 3);
+}
+
 TEST_F(ConsumerTest, OneEventIdOnTwoAggregatesInABatchAppliesOnce) {
   // The second copy names another order: the stream goes on, the first is
   // applied, the second is REJECTED (a fault of the event: it counts
