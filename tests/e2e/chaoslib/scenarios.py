@@ -36,9 +36,8 @@ FAN_OUT_OVERRUN = 5.0  # s fan-out's last audit outage may end after the window
 # load running, for one that has not fired yet
 CRASH_POINTS_OVERRUN = 10.0
 # ... and the probability a point not fired by then gets, armed alone on
-# one binary at a time, the next one after CRASH_POINTS_TURN s
+# every binary of its kind
 CRASH_POINTS_ESCALATED = 0.3
-CRASH_POINTS_TURN = 4.0
 
 
 @dataclass
@@ -168,17 +167,19 @@ def crash_points(run):
     a point that never fires proves nothing, and check_crash_points fails
     the run for it. A binary passes some points only a few dozen times in
     a short window on a loaded machine, so chance alone can leave one
-    unfired: in the overrun each point not fired yet is armed alone on one
-    binary of its kind (restarted for it), at CRASH_POINTS_ESCALATED a
-    pass, and on the next binary of that kind every CRASH_POINTS_TURN s
-    while it is still missing. The others keep running, so the relays
-    still get answers and leases. A renamed or unreachable point still
-    never fires."""
+    unfired: in the overrun each point not fired yet is armed alone on
+    every binary of its kind (each restarted once for it), at
+    CRASH_POINTS_ESCALATED a pass. All of them: a relay passes its points
+    only while it holds partitions, and the restarted one is the relay
+    least likely to hold any (its leases lapse, the others take them), so
+    arming one relay at a time, each restart moving the partitions again,
+    could leave the point unfired for the whole overrun. Once a point has
+    fired, each binary's next incarnation crashes at the old rate again. A
+    renamed or unreachable point still never fires."""
     while run.sleep(1.0):
         pass
     until = time.monotonic() + CRASH_POINTS_OVERRUN
-    turn = {}     # kind -> how many of its binaries were escalated
-    next_at = {}  # point -> when the next binary may be armed for it
+    armed = set()   # points escalated on every binary of their kind
     escalated = {}  # proc -> (its points escalated, its arming before)
     missing = []
     while time.monotonic() < until:
@@ -191,9 +192,9 @@ def crash_points(run):
                 del escalated[p]
         if not missing:
             return
-        now = time.monotonic()
+        by_proc = {}  # proc -> the points newly escalated on it
         for k in missing:
-            if now < next_at.get(k, 0.0):
+            if k in armed:
                 continue
             kind = k.split(".")[0]
             with run.sup.lock:
@@ -201,17 +202,19 @@ def crash_points(run):
                          if p.kind == kind and "OUTBOX_FAULT" in p.env]
             if not procs:
                 continue
-            p = procs[turn.get(kind, 0) % len(procs)]
-            turn[kind] = turn.get(kind, 0) + 1
-            next_at[k] = now + CRASH_POINTS_TURN
+            armed.add(k)
+            for p in procs:
+                by_proc.setdefault(p, []).append(k)
+        for p, points in by_proc.items():
             mine, before = escalated.get(p, ([], p.env["OUTBOX_FAULT"]))
-            mine = [m for m in mine if m in missing and m != k] + [k]
+            mine = [m for m in mine if m in missing] + [
+                m for m in points if m not in mine]
             escalated[p] = (mine, before)
             p.env["OUTBOX_FAULT"] = ",".join(
                 f"{m}:{CRASH_POINTS_ESCALATED:g}" for m in mine)
-            run.log(f"{k} not fired yet: {p.name} restarted with only "
-                    f"{', '.join(mine)} armed, at {CRASH_POINTS_ESCALATED:g} "
-                    "a pass")
+            run.log(f"{', '.join(points)} not fired yet: {p.name} restarted "
+                    f"with only {', '.join(mine)} armed, at "
+                    f"{CRASH_POINTS_ESCALATED:g} a pass")
             run.kill(p, signal.SIGKILL)
         time.sleep(0.25)
     run.log("crash points still not fired after the overrun: "
