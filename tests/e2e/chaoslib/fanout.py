@@ -615,7 +615,8 @@ class AuditSubscription:
           "aggregate_cursors c USING (aggregate_id) ORDER BY h.seq LIMIT 20")
         q("audit: partitions owned, by lease",
           run.sql_orders,
-          "SELECT owner, count(*), min(expires_at) - now() AS expires_in "
+          "SELECT owner, count(*), min(expires_at) FILTER (WHERE "
+          "isfinite(expires_at)) - now() AS expires_in "
           "FROM outbox_partition_leases WHERE subscription = "
           f"'{NAME}' GROUP BY 1 ORDER BY 1")
         parts.append("-- audit outages (epoch seconds; then what the check "

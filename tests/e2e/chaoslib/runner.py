@@ -721,7 +721,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         q("partitions owned, by lease (outbox_partition_leases)",
           self.sql_orders,
           "SELECT owner, count(*), array_agg(partition ORDER BY partition), "
-          "min(expires_at) - now() AS expires_in, max(token) FROM "
+          "min(expires_at) FILTER (WHERE isfinite(expires_at)) - now() AS "
+          "expires_in, max(token) FROM "
           "outbox_partition_leases WHERE subscription = 'billing' GROUP BY 1 "
           "ORDER BY 1")
         q("divergences", self.sql_orders,
