@@ -93,10 +93,6 @@ const std::string& ReadSqlFor(bool late, bool by_partition) {
   return *kSql[(late ? 2 : 0) + (by_partition ? 1 : 0)];
 }
 
-std::string XidArray(const std::vector<uint64_t>& xids) {
-  return absl::StrCat("{", absl::StrJoin(xids, ","), "}");
-}
-
 }  // namespace
 
 absl::StatusOr<Snapshot> Snapshot::Parse(absl::string_view text) {
@@ -175,14 +171,18 @@ absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
         absl::StrCat(read.to.high_seq), read.from.snapshot.ToString(),
         read.to.snapshot.ToString(),    absl::StrCat(read.limit)};
     if (late) {
-      params.push_back(XidArray(read.from.snapshot.xip));
+      ArrayLiteral xip;
+      for (uint64_t xid : read.from.snapshot.xip) {
+        xip.Add(static_cast<int64_t>(xid));  // xid8 stays below 2^63
+      }
+      params.push_back(xip.str());
       params.push_back(absl::StrCat(read.from.snapshot.xmax));
       params.push_back(absl::StrCat(read.to.snapshot.xmax));
       params.push_back(absl::StrCat(read.from.snapshot.xmin));
     }
     if (by_partition) {
       params.push_back(
-          absl::StrCat("{", absl::StrJoin(read.partitions, ","), "}"));
+          ArrayLiteral(read.partitions).str());
     }
     pqxx::result r =
         tx.exec_params(sql, pqxx::prepare::make_dynamic_params(params));
@@ -211,26 +211,23 @@ absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
 absl::StatusOr<LogPosition> ReadPosition(pqxx::transaction_base& tx,
                                          const std::string& subscription,
                                          int partition) {
-  // Made at the start tick if missing, then read (made or not) by the
-  // same statement's result.
-  static const std::string kSql =
-      "WITH s AS (SELECT start_tick FROM subscriptions WHERE name = $1), "
-      "made AS (INSERT INTO outbox_log_positions (subscription, partition, "
-      "done_tick) SELECT $1, $2, start_tick FROM s WHERE start_tick IS NOT "
-      "NULL ON CONFLICT DO NOTHING RETURNING done_tick, reading_tick, "
-      "after_seq) "
-      "SELECT (SELECT count(*) FROM s) AS subscriptions, "
-      "(SELECT start_tick FROM s) AS start_tick, p.* FROM (SELECT * FROM made "
-      "UNION ALL SELECT done_tick, reading_tick, after_seq FROM "
-      "outbox_log_positions WHERE subscription = $1 AND partition = $2) p "
-      "RIGHT JOIN (SELECT 1) one ON true";
+  // Made at the start tick if missing, then read.
+  static const std::string kMakeSql =
+      "INSERT INTO outbox_log_positions (subscription, partition, done_tick) "
+      "SELECT name, $2, start_tick FROM subscriptions WHERE name = $1 AND "
+      "start_tick IS NOT NULL ON CONFLICT DO NOTHING";
+  static const std::string kReadSql =
+      "SELECT p.done_tick, p.reading_tick, p.after_seq FROM subscriptions s "
+      "LEFT JOIN outbox_log_positions p ON p.subscription = s.name AND "
+      "p.partition = $2 WHERE s.name = $1";
   try {
-    pqxx::result r = tx.exec_params(kSql, subscription, partition);
-    const pqxx::row row = r[0];
-    if (row["subscriptions"].as<int64_t>() == 0) {
+    tx.exec_params(kMakeSql, subscription, partition);
+    pqxx::result r = tx.exec_params(kReadSql, subscription, partition);
+    if (r.empty()) {
       return absl::NotFoundError(
           absl::StrCat("no subscription \"", subscription, "\""));
     }
+    const pqxx::row row = r[0];
     if (row["done_tick"].is_null()) {
       return absl::FailedPreconditionError(
           absl::StrCat("subscription \"", subscription,

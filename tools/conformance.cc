@@ -83,7 +83,7 @@ class Stream {
   Stream(v1::EventSink::Stub* stub, absl::Duration timeout, int protocol) {
     ctx_.set_deadline(std::chrono::system_clock::now() +
                       absl::ToChronoMilliseconds(timeout));
-    ctx_.AddMetadata("outbox-protocol", std::to_string(protocol));
+    ctx_.AddMetadata(inbox::kProtocolHeader, std::to_string(protocol));
     rw_ = stub->Deliver(&ctx_);
   }
   ~Stream() {

@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
+#include "inbox/sink_service.h"
 
 namespace outbox::tools {
 
@@ -45,10 +46,10 @@ struct ConformanceOptions {
   absl::Duration timeout = absl::Seconds(10);  // each stream's deadline
   // The largest batch (events) the sink documents; one more must end the
   // stream with INVALID_ARGUMENT. outbox-consumer: 1000.
-  int max_batch_events = 1000;
+  int max_batch_events = inbox::kMaxBatchEvents;
   // "outbox-protocol" sent: 2 expects DIVERGED for a reused position, 1
   // REJECTED (what the sink must tell a relay that knows no DIVERGED).
-  int protocol = 2;
+  int protocol = inbox::kProtocolVersion;
   std::string aggregate_type = "conformance";
   std::set<std::string> cases;  // empty: every case
 };

@@ -147,10 +147,10 @@ ABSL_FLAG(std::string, sink, "",
           "--cert/--key: the delivery identity, the relay's).");
 ABSL_FLAG(std::string, cases, "",
           "conformance: comma-separated cases to run (empty: all).");
-ABSL_FLAG(int, max_batch_events, 1000,
+ABSL_FLAG(int, max_batch_events, outbox::inbox::kMaxBatchEvents,
           "conformance: the largest batch the sink documents (events); one "
           "more must end the stream INVALID_ARGUMENT.");
-ABSL_FLAG(int, protocol, 2,
+ABSL_FLAG(int, protocol, outbox::inbox::kProtocolVersion,
           "conformance: the outbox-protocol to announce: 2 expects DIVERGED "
           "for a reused position, 1 REJECTED.");
 ABSL_FLAG(std::string, wrong_cert, "",
