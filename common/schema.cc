@@ -309,6 +309,64 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
 $$;
 )sql";
 
+// The log delivers to the subscriptions that have a start tick: the trigger
+// owes them nothing, retention keeps what their positions have not passed,
+// and a subscription moves onto the log in one transaction.
+constexpr char kOutboxV7[] = R"sql(
+-- Every event inserted is owed, in the same transaction, to every
+-- subscription the log does not deliver to; those it does deliver to get
+-- an outbox_delivery row only as an exception (written by the relay).
+CREATE OR REPLACE FUNCTION outbox_fan_out() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO outbox_delivery (subscription, seq, aggregate_id, partition)
+    SELECT s.name, n.seq, n.aggregate_id, n.partition
+      FROM new_events n CROSS JOIN subscriptions s
+     WHERE n.seq >= s.start_seq AND s.start_tick IS NULL;
+  RETURN NULL;
+END $$;
+
+-- The oldest tick the log's subscriptions still need: the lowest done
+-- tick of their positions, and the start tick of one with a partition of
+-- the `partitions` not read yet. NULL when the log delivers to none.
+-- Every event its snapshot shows is delivered from the log (or owed by an
+-- outbox_delivery row) to every subscription.
+CREATE OR REPLACE FUNCTION outbox_log_floor(partitions int)
+RETURNS bigint LANGUAGE sql STABLE AS $$
+  SELECT least(
+    (SELECT min(p.done_tick) FROM outbox_log_positions p
+       JOIN subscriptions s ON s.name = p.subscription
+      WHERE s.start_tick IS NOT NULL),
+    (SELECT min(s.start_tick) FROM subscriptions s
+      WHERE s.start_tick IS NOT NULL
+        AND (SELECT count(*) FROM outbox_log_positions p
+              WHERE p.subscription = s.name) < partitions))
+$$;
+
+-- Moves subscription `sub` onto the log: from a new tick on, the trigger
+-- owes it nothing and the log delivers what that tick does not show. One
+-- transaction with the tick: a writer whose trigger still owed the
+-- subscription a row may also be in the log (delivered twice, answered
+-- DUPLICATE); one whose trigger did not committed after the tick, so the
+-- log has it. Its outbox_delivery rows stay and are delivered as before.
+-- Returns the start tick; does nothing to a subscription on the log.
+CREATE OR REPLACE FUNCTION outbox_log_subscribe(sub text)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  tick bigint;
+BEGIN
+  SELECT start_tick INTO tick FROM subscriptions WHERE name = sub FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no subscription "%"', sub USING ERRCODE = '42704';
+  END IF;
+  IF tick IS NOT NULL THEN
+    RETURN tick;
+  END IF;
+  tick := (outbox_tick()).id;
+  UPDATE subscriptions SET start_tick = tick WHERE name = sub;
+  RETURN tick;
+END $$;
+)sql";
+
 #undef OUTBOX_DATABASE_IDENTITY_SQL
 
 }  // namespace
@@ -490,6 +548,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS outbox_divergences_open_chain_idx
   WHERE resolved_at IS NULL;
 )sql"},
       {6, "the outbox as a log: each event's transaction, ticks", kOutboxV6},
+      {7, "the log delivers to subscriptions with a start tick", kOutboxV7},
   };
   return kMigrations;
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "common/db.h"
 #include "common/ids.h"
+#include "relay/delivery_store.h"
 #include "relay/outbox_row.h"
 
 namespace outbox::relay {
@@ -248,24 +249,80 @@ absl::StatusOr<bool> MovePosition(pqxx::transaction_base& tx,
                                   int partition, const std::string& member,
                                   const LogPosition& from,
                                   const LogPosition& to) {
+  absl::StatusOr<std::vector<int>> moved =
+      MovePositions(tx, subscription, {partition}, member, from, to);
+  if (!moved.ok()) return moved.status();
+  return !moved->empty();
+}
+
+absl::StatusOr<std::vector<int>> MovePositions(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const std::vector<int>& partitions, const std::string& member,
+    const LogPosition& from, const LogPosition& to) {
   if (!MovesForward(from, to)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "log position of ", subscription, "/", partition, " cannot move from (",
-        from.done, ", ", from.reading, ", ", from.after_seq, ") to (", to.done,
-        ", ", to.reading, ", ", to.after_seq, ")"));
+        "log position of ", subscription, "/", absl::StrJoin(partitions, ","),
+        " cannot move from (", from.done, ", ", from.reading, ", ",
+        from.after_seq, ") to (", to.done, ", ", to.reading, ", ", to.after_seq,
+        ")"));
   }
   static const std::string kSql =
       "UPDATE outbox_log_positions p SET done_tick = $6, reading_tick = $7, "
       "after_seq = $8, moved_at = now() "
-      "WHERE p.subscription = $1 AND p.partition = $2 AND p.done_tick = $3 "
-      "AND p.reading_tick = $4 AND p.after_seq = $5 AND EXISTS (SELECT 1 "
-      "FROM outbox_partition_leases l WHERE l.subscription = $1 AND "
-      "l.partition = $2 AND l.owner = $9 AND l.expires_at > now())";
+      "WHERE p.subscription = $1 AND p.partition = ANY($2::int[]) AND "
+      "p.done_tick = $3 AND p.reading_tick = $4 AND p.after_seq = $5 AND "
+      "EXISTS (SELECT 1 FROM outbox_partition_leases l WHERE l.subscription = "
+      "$1 AND l.partition = p.partition AND l.owner = $9 AND l.expires_at > "
+      "now()) RETURNING p.partition";
+  std::vector<int> moved;
   try {
-    pqxx::result r = tx.exec_params(kSql, subscription, partition, from.done,
-                                    from.reading, from.after_seq, to.done,
-                                    to.reading, to.after_seq, member);
-    return r.affected_rows() == 1;
+    pqxx::result r =
+        tx.exec_params(kSql, subscription, ArrayLiteral(partitions).str(),
+                       from.done, from.reading, from.after_seq, to.done,
+                       to.reading, to.after_seq, member);
+    for (const pqxx::row& row : r) moved.push_back(row["partition"].as<int>());
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  std::sort(moved.begin(), moved.end());
+  return moved;
+}
+
+absl::StatusOr<std::set<std::string>> ExceptedChains(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const std::vector<int>& partitions) {
+  // Exceptions are few (the log delivers everything else): the
+  // subscription's rows are read through its primary key prefix.
+  static const std::string kSql =
+      "SELECT DISTINCT o.aggregate_type, o.aggregate_id FROM outbox_delivery "
+      "d JOIN outbox o ON o.seq = d.seq WHERE d.subscription = $1 AND "
+      "d.partition = ANY($2::int[])";
+  std::set<std::string> chains;
+  try {
+    pqxx::result r =
+        tx.exec_params(kSql, subscription, ArrayLiteral(partitions).str());
+    for (const pqxx::row& row : r) {
+      chains.insert(OutboxChain(row["aggregate_type"].c_str(),
+                                row["aggregate_id"].c_str()));
+    }
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  return chains;
+}
+
+absl::StatusOr<int64_t> OweExceptions(pqxx::transaction_base& tx,
+                                      const std::string& subscription,
+                                      const std::vector<int64_t>& seqs) {
+  if (seqs.empty()) return 0;
+  static const std::string kSql =
+      "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
+      "partition) SELECT $1, o.seq, o.aggregate_id, o.partition FROM outbox o "
+      "WHERE o.seq = ANY($2::bigint[]) ON CONFLICT DO NOTHING";
+  try {
+    return static_cast<int64_t>(
+        tx.exec_params(kSql, subscription, ArrayLiteral(seqs).str())
+            .affected_rows());
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }
@@ -310,14 +367,11 @@ absl::StatusOr<Rebased> RebaseLog(pqxx::transaction_base& tx) {
 
 absl::StatusOr<int64_t> PruneTicks(pqxx::transaction_base& tx) {
   // A subscription's start tick is needed while one of its partitions has
-  // no position yet; positions of a dropped subscription need nothing.
+  // no position yet; positions of a dropped subscription need nothing
+  // (outbox_log_floor).
   static const std::string kSql =
       "DELETE FROM outbox_ticks WHERE id < least("
-      "(SELECT max(id) FROM outbox_ticks), "
-      "(SELECT min(p.done_tick) FROM outbox_log_positions p JOIN "
-      "subscriptions s ON s.name = p.subscription), "
-      "(SELECT min(s.start_tick) FROM subscriptions s WHERE (SELECT count(*) "
-      "FROM outbox_log_positions p WHERE p.subscription = s.name) < $1))";
+      "(SELECT max(id) FROM outbox_ticks), outbox_log_floor($1))";
   try {
     return static_cast<int64_t>(
         tx.exec_params(kSql, kPartitionCount).affected_rows());

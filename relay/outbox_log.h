@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <pqxx/pqxx>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,27 @@ absl::StatusOr<bool> MovePosition(pqxx::transaction_base& tx,
                                   int partition, const std::string& member,
                                   const LogPosition& from,
                                   const LogPosition& to);
+
+// MovePosition for several partitions that stand at the same position, in
+// one statement: the partitions moved (ascending); the others stay.
+absl::StatusOr<std::vector<int>> MovePositions(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const std::vector<int>& partitions, const std::string& member,
+    const LogPosition& from, const LogPosition& to);
+
+// The chains (OutboxChain) of `partitions` that have exceptions for
+// `subscription` (outbox_delivery rows of any status: backing off, dead,
+// diverged, owed again): the log sends none of their events (PlanBatch).
+absl::StatusOr<std::set<std::string>> ExceptedChains(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const std::vector<int>& partitions);
+
+// Owes the events `seqs` to `subscription` as exceptions (pending
+// outbox_delivery rows, delivered as every such row is); an event that has
+// one already keeps it. Returns how many were written.
+absl::StatusOr<int64_t> OweExceptions(pqxx::transaction_base& tx,
+                                      const std::string& subscription,
+                                      const std::vector<int64_t>& seqs);
 
 // After a dump was restored into another cluster, whose transaction ids
 // lie behind the last tick's (MakeTick then refuses): owes every event

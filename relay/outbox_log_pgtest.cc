@@ -14,35 +14,12 @@
 #include "absl/time/clock.h"
 #include "common/db.h"
 #include "common/schema.h"
+#include "relay/log_testing.h"
 #include "relay/outbox_log.h"
 #include "tests/testing/pg.h"
 
 namespace outbox::relay {
 namespace {
-
-constexpr int kPartitions = 32;
-
-// Inserts one event of `aggregate` in `tx` (seq drawn now, unless given).
-int64_t Append(pqxx::transaction_base& tx, const std::string& aggregate,
-               int64_t seq = 0) {
-  const int partition =
-      static_cast<int>(std::hash<std::string>()(aggregate) % kPartitions);
-  const std::string columns =
-      "event_id, aggregate_type, aggregate_id, prev_seq, event_type, "
-      "schema_version, payload, partition";
-  const std::string values =
-      "gen_random_uuid(), 'order', $1, 0, 'order.created', 1, ''::bytea, $2";
-  pqxx::result r =
-      seq == 0 ? tx.exec_params(
-                     absl::StrCat("INSERT INTO outbox (", columns, ") VALUES (",
-                                  values, ") RETURNING seq"),
-                     aggregate, partition)
-               : tx.exec_params(
-                     absl::StrCat("INSERT INTO outbox (seq, ", columns,
-                                  ") VALUES ($3, ", values, ") RETURNING seq"),
-                     aggregate, partition, seq);
-  return r[0][0].as<int64_t>();
-}
 
 absl::StatusOr<Tick> TickIn(pqxx::connection& c) {
   pqxx::work tx(c);

@@ -18,6 +18,7 @@
 #include "common/limits.h"
 #include "common/schema.h"
 #include "common/service.h"
+#include "relay/retention.h"
 
 namespace outbox::relay {
 namespace {
@@ -1532,22 +1533,8 @@ bool Relay::PruneDelivered(pqxx::connection& conn) {
   auto unit = OpenUnit(conn);
   pqxx::transaction_base& tx = *unit;
   // Small batches keep each transaction short, so vacuum is never held
-  // back. Only events every subscription has passed (no delivery row left:
-  // below the lowest undelivered seq of any subscription) and older than
-  // --retention, oldest first, and only a prefix of the outbox: it stops
-  // at the first row too young, so that what is gone is exactly what lies
-  // below the oldest retained seq (outboxctl verify relies on it).
-  const auto deleted =
-      tx.exec_params(
-            "WITH c AS (SELECT seq, created_at FROM outbox WHERE seq < "
-            "coalesce((SELECT min((SELECT min(d.seq) FROM outbox_delivery d "
-            "WHERE d.subscription = s.name)) FROM subscriptions s), "
-            "9223372036854775807) ORDER BY seq LIMIT $2) "
-            "DELETE FROM outbox WHERE seq IN (SELECT seq FROM c WHERE seq < "
-            "coalesce((SELECT min(seq) FROM c WHERE created_at >= now() - "
-            "make_interval(secs => $1::float8)), 9223372036854775807))",
-            absl::ToDoubleSeconds(options_.retention), kBatch)
-          .affected_rows();
+  // back.
+  const int64_t deleted = PruneOutbox(tx, options_.retention, kBatch);
   unit->commit();
   pruned_->Add(deleted);
   return static_cast<int>(deleted) == kBatch;
