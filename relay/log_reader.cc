@@ -1,0 +1,349 @@
+#include "relay/log_reader.h"
+
+#include <algorithm>
+#include <cassert>
+#include <tuple>
+
+#include "absl/time/clock.h"
+#include "common/db.h"
+#include "relay/delivery_store.h"
+
+namespace outbox::relay {
+
+namespace {
+
+bool SamePosition(const LogPosition& a, const LogPosition& b) {
+  return a.done == b.done && a.reading == b.reading &&
+         a.after_seq == b.after_seq;
+}
+
+std::tuple<int64_t, int64_t, int64_t> KeyOf(const LogPosition& p) {
+  return {p.done, p.reading, p.after_seq};
+}
+
+}  // namespace
+
+LogPosition LogReader::Group::Position() const {
+  if (!range.has_value()) return at;
+  if (progress.done()) return LogPosition{.done = range->to};
+  const int64_t settled = progress.position();
+  if (settled <= range->after_seq) return at;  // nothing gained yet
+  return LogPosition{
+      .done = range->from, .reading = range->to, .after_seq = settled};
+}
+
+LogReader::LogReader(LogReaderOptions options) : options_(std::move(options)) {}
+
+void LogReader::Regroup(const std::set<int>& wanted) {
+  // (position, inside `wanted`) -> partitions
+  std::map<std::pair<std::tuple<int64_t, int64_t, int64_t>, bool>,
+           std::pair<LogPosition, std::set<int>>>
+      idle;
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    Group& g = it->second;
+    if (!g.idle()) {
+      ++it;
+      continue;
+    }
+    const LogPosition at = g.Position();
+    for (int p : g.partitions) {
+      auto& slot = idle[{KeyOf(at), wanted.count(p) > 0}];
+      slot.first = at;
+      slot.second.insert(p);
+    }
+    it = groups_.erase(it);
+  }
+  for (auto& [key, value] : idle) {
+    const int id = next_group_++;
+    Group& g = groups_[id];
+    g.at = value.first;
+    g.partitions = std::move(value.second);
+    for (int p : g.partitions) partition_group_[p] = id;
+  }
+  // Ticks below every group's start are needed no more.
+  int64_t low = INT64_MAX;
+  for (const auto& [id, g] : groups_) low = std::min(low, g.at.done);
+  ticks_.erase(ticks_.begin(), ticks_.lower_bound(low));
+}
+
+absl::StatusOr<Tick> LogReader::TickOf(pqxx::transaction_base& tx, int64_t id) {
+  auto it = ticks_.find(id);
+  if (it != ticks_.end()) return it->second;
+  absl::StatusOr<Tick> t = ReadTick(tx, id);
+  if (t.ok()) ticks_[id] = *t;
+  return t;
+}
+
+absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
+                                        const std::vector<int>& partitions,
+                                        int limit) {
+  const std::set<int> wanted(partitions.begin(), partitions.end());
+  LogSend out;
+  try {
+    std::vector<int> unknown;
+    for (int p : wanted) {
+      if (partition_group_.count(p) == 0) unknown.push_back(p);
+    }
+    if (!unknown.empty()) {
+      pqxx::work tx(conn);
+      ApplyLimits(tx);
+      std::map<int, LogPosition> read;
+      for (int p : unknown) {
+        absl::StatusOr<LogPosition> at =
+            ReadPosition(tx, options_.subscription, p);
+        if (!at.ok()) return at.status();
+        read[p] = *at;
+      }
+      tx.commit();
+      for (const auto& [p, at] : read) {
+        const int id = next_group_++;
+        groups_[id].at = at;
+        groups_[id].partitions = {p};
+        partition_group_[p] = id;
+        stored_[p] = at;
+      }
+    }
+    Regroup(wanted);
+
+    // The groups to read: wholly wanted (a group in flight that straddles
+    // `wanted` waits until it is idle and split).
+    std::vector<int> mine;
+    for (const auto& [id, g] : groups_) {
+      if (std::includes(wanted.begin(), wanted.end(), g.partitions.begin(),
+                        g.partitions.end())) {
+        mine.push_back(id);
+      }
+    }
+    Tick latest;
+    {
+      auto unit = OpenUnit(conn);
+      absl::StatusOr<Tick> newest = LatestTick(*unit);
+      if (!newest.ok()) return newest.status();
+      unit->commit();
+      latest = *newest;
+    }
+    // A tick when one of them has read everything: then every idle group
+    // reads up to it, so groups that began apart end at one tick and read
+    // together again.
+    bool caught_up = false;
+    for (int id : mine) {
+      const Group& g = groups_.at(id);
+      caught_up |= !g.range.has_value() && !NextRange(g.at, latest.id);
+    }
+    if (caught_up && absl::Now() - last_tick_ >= options_.tick_interval) {
+      pqxx::work tx(conn);
+      ApplyLimits(tx);
+      absl::StatusOr<Tick> made = MakeTick(tx);
+      if (!made.ok()) return made.status();
+      tx.commit();
+      last_tick_ = absl::Now();
+      latest = *made;
+    }
+    ticks_[latest.id] = latest;
+    std::vector<int> readable;
+    for (int id : mine) {
+      Group& g = groups_.at(id);
+      if (!g.range.has_value()) {
+        assert(g.idle());
+        g.range = NextRange(g.at, latest.id);
+        if (!g.range.has_value()) continue;
+        g.progress = RangeProgress(g.range->after_seq);
+      }
+      if (!g.progress.read_all()) readable.push_back(id);
+    }
+    if (readable.empty()) return out;
+
+    // One transaction: the reads, the chains with exceptions, and the
+    // events of those chains owed as exceptions.
+    struct Read {
+      int group;
+      LogBatch batch;
+    };
+    std::vector<Read> reads;
+    pqxx::work tx(conn);
+    ApplyLimits(tx);
+    int left = limit;
+    int64_t budget = options_.payload_budget;
+    std::vector<int> read_partitions;
+    for (int id : readable) {
+      if (left <= 0 || budget <= 0) {
+        out.more = true;
+        break;
+      }
+      Group& g = groups_.at(id);
+      absl::StatusOr<Tick> from = TickOf(tx, g.range->from);
+      if (!from.ok()) return from.status();
+      absl::StatusOr<Tick> to = TickOf(tx, g.range->to);
+      if (!to.ok()) return to.status();
+      LogRead read{.from = *from,
+                   .to = *to,
+                   .after_seq = g.progress.read_through(),
+                   .partitions = {g.partitions.begin(), g.partitions.end()},
+                   .limit = left,
+                   .payload_budget = budget};
+      absl::StatusOr<LogBatch> batch = ReadLog(tx, read);
+      if (!batch.ok()) return batch.status();
+      for (const LogEvent& e : batch->events) {
+        budget -= static_cast<int64_t>(e.event.ByteSizeLong());
+      }
+      left -= static_cast<int>(batch->events.size());
+      out.more |= !batch->range_done;
+      read_partitions.insert(read_partitions.end(), g.partitions.begin(),
+                             g.partitions.end());
+      reads.push_back({id, *std::move(batch)});
+    }
+    std::set<std::string> excepted;
+    bool any = false;
+    for (const Read& r : reads) any |= !r.batch.events.empty();
+    if (any) {
+      absl::StatusOr<std::set<std::string>> chains =
+          ExceptedChains(tx, options_.subscription, read_partitions);
+      if (!chains.ok()) return chains.status();
+      excepted = *std::move(chains);
+    }
+    std::vector<BatchPlan> plans;
+    std::vector<int64_t> diverted;
+    for (const Read& r : reads) {
+      std::vector<PlannedEvent> planned;
+      planned.reserve(r.batch.events.size());
+      for (const LogEvent& e : r.batch.events) {
+        planned.push_back({e.event.seq(), OutboxChain(e.event.aggregate_type(),
+                                                      e.event.aggregate_id())});
+      }
+      plans.push_back(PlanBatch(planned, excepted));
+      diverted.insert(diverted.end(), plans.back().divert.begin(),
+                      plans.back().divert.end());
+    }
+    if (!diverted.empty()) {
+      absl::StatusOr<int64_t> owed =
+          OweExceptions(tx, options_.subscription, diverted);
+      if (!owed.ok()) return owed.status();
+    }
+    tx.commit();
+
+    // Committed: now it counts.
+    for (size_t i = 0; i < reads.size(); ++i) {
+      Group& g = groups_.at(reads[i].group);
+      std::vector<int64_t> seqs;
+      seqs.reserve(reads[i].batch.events.size());
+      for (const LogEvent& e : reads[i].batch.events) {
+        seqs.push_back(e.event.seq());
+      }
+      g.progress.Read(seqs, reads[i].batch.last_seq, reads[i].batch.range_done);
+      for (int64_t seq : plans[i].divert) g.progress.Settle(seq);
+      out.diverted += static_cast<int64_t>(plans[i].divert.size());
+      std::set<int64_t> send(plans[i].send.begin(), plans[i].send.end());
+      for (LogEvent& e : reads[i].batch.events) {
+        if (send.count(e.event.seq()) == 0) continue;
+        seq_group_[e.event.seq()] = reads[i].group;
+        out.events.push_back(std::move(e));
+      }
+    }
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  return out;
+}
+
+bool LogReader::Settle(int64_t seq) {
+  auto it = seq_group_.find(seq);
+  if (it == seq_group_.end()) return false;
+  const bool settled = groups_.at(it->second).progress.Settle(seq);
+  assert(settled);
+  seq_group_.erase(it);
+  return settled;
+}
+
+absl::StatusOr<std::vector<int>> LogReader::Flush(pqxx::connection& conn) {
+  // (group's position, the stored one) -> partitions
+  struct Move {
+    LogPosition from, to;
+    std::vector<int> partitions;
+  };
+  std::map<std::pair<std::tuple<int64_t, int64_t, int64_t>,
+                     std::tuple<int64_t, int64_t, int64_t>>,
+           Move>
+      moves;
+  for (const auto& [id, g] : groups_) {
+    const LogPosition to = g.Position();
+    for (int p : g.partitions) {
+      const LogPosition& from = stored_.at(p);
+      if (SamePosition(from, to)) continue;
+      Move& m = moves[{KeyOf(from), KeyOf(to)}];
+      m.from = from;
+      m.to = to;
+      m.partitions.push_back(p);
+    }
+  }
+  std::vector<int> lost;
+  if (moves.empty()) return lost;
+  std::vector<std::pair<const Move*, std::vector<int>>> moved;
+  try {
+    pqxx::work tx(conn);
+    ApplyLimits(tx);
+    for (const auto& [key, m] : moves) {
+      absl::StatusOr<std::vector<int>> done =
+          MovePositions(tx, options_.subscription, m.partitions,
+                        options_.member, m.from, m.to);
+      if (!done.ok()) return done.status();
+      moved.emplace_back(&m, *std::move(done));
+    }
+    tx.commit();
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  for (const auto& [m, done] : moved) {
+    for (int p : m->partitions) {
+      if (std::binary_search(done.begin(), done.end(), p)) {
+        stored_[p] = m->to;
+      } else {
+        lost.push_back(p);
+      }
+    }
+  }
+  std::sort(lost.begin(), lost.end());
+  Forget(lost);
+  return lost;
+}
+
+void LogReader::DropGroupFlight(int group) {
+  Group& g = groups_.at(group);
+  g.progress.Rewind();
+  for (auto it = seq_group_.begin(); it != seq_group_.end();) {
+    it = it->second == group ? seq_group_.erase(it) : std::next(it);
+  }
+}
+
+void LogReader::Rewind() {
+  for (auto& [id, g] : groups_) {
+    if (!g.idle()) DropGroupFlight(id);
+  }
+}
+
+void LogReader::Forget(const std::vector<int>& partitions) {
+  for (int p : partitions) {
+    auto it = partition_group_.find(p);
+    if (it == partition_group_.end()) continue;
+    const int id = it->second;
+    Group& g = groups_.at(id);
+    if (!g.idle()) DropGroupFlight(id);
+    g.partitions.erase(p);
+    if (g.partitions.empty()) groups_.erase(id);
+    partition_group_.erase(it);
+    stored_.erase(p);
+  }
+}
+
+std::vector<int> LogReader::known() const {
+  std::vector<int> out;
+  for (const auto& [p, id] : partition_group_) out.push_back(p);
+  return out;
+}
+
+std::optional<LogPosition> LogReader::position(int partition) const {
+  auto it = partition_group_.find(partition);
+  if (it == partition_group_.end()) return std::nullopt;
+  return groups_.at(it->second).Position();
+}
+
+}  // namespace outbox::relay

@@ -1,0 +1,121 @@
+#pragma once
+// Delivery of one subscription from the outbox log (relay/outbox_log.h),
+// as the relay that leases some of its partitions drives it: what to send
+// next, what the answers settle, and the positions they let it store.
+//
+// Partitions that stand at the same position are read together, one
+// statement for all of them (with one relay owning all 32, the steady
+// state is one group); a partition's position never moves past an event
+// that was not settled, and a position the relay did not read (another
+// relay moved it, or the lease was lost) is never overwritten.
+//
+// Example (on the relay's worker thread and connection):
+//   LogReader reader({.subscription = "billing", .member = leases.member()});
+//   absl::StatusOr<LogSend> next = reader.Next(conn, owned, 256);
+//   ... send next->events; for each answer:
+//   APPLIED, DUPLICATE, HELD: reader.Settle(seq);
+//   anything else:            OweExceptions(tx, ...) committed, then
+//                             reader.Settle(seq);
+//   reader.Flush(conn);  // stores the positions that moved
+//   A stream that broke: reader.Rewind() (its events are read again).
+//
+// Not thread-safe: one thread calls it.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <pqxx/pqxx>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "relay/log_plan.h"
+#include "relay/outbox_log.h"
+
+namespace outbox::relay {
+
+struct LogReaderOptions {
+  std::string subscription;
+  std::string member;  // the leases' owner name (relay/leases.h)
+  int64_t payload_budget = 4ll << 20;  // per read, bytes (relay/outbox_row.h)
+  // A new tick at most this often (a read that finds every range done
+  // makes one; other relays' ticks serve too).
+  absl::Duration tick_interval = absl::Milliseconds(5);
+};
+
+struct LogSend {
+  std::vector<LogEvent> events;  // to send, each in flight until settled
+  // Events read and owed as exceptions instead (their chain has one).
+  int64_t diverted = 0;
+  // A read stopped at its limit: more events are ready.
+  bool more = false;
+};
+
+class LogReader {
+ public:
+  explicit LogReader(LogReaderOptions options);
+
+  // Reads up to `limit` events of `partitions` (leased by the member):
+  // positions not known yet are read first, a tick is made when every
+  // range of them is done (at most once per tick_interval), and the events
+  // of chains that have exceptions are owed as exceptions in the read's
+  // transaction. A partition whose events are in flight keeps reading
+  // within its range, never beyond it, until they settle. On an error
+  // nothing read counts (read again next time).
+  absl::StatusOr<LogSend> Next(pqxx::connection& conn,
+                               const std::vector<int>& partitions, int limit);
+
+  // An event that Next returned was answered (applied, duplicate or held),
+  // or is owed as an exception now (committed). False if it was not in
+  // flight (settled already, or read before a Rewind or Forget).
+  bool Settle(int64_t seq);
+
+  // Stores every position that moved, in one transaction. Returns the
+  // partitions whose stored position was not as read (another relay moved
+  // it, or the member's lease is gone): they are forgotten.
+  absl::StatusOr<std::vector<int>> Flush(pqxx::connection& conn);
+
+  // Everything in flight is read again (its answers will not come).
+  void Rewind();
+  // The partitions are not this relay's any more: their state goes (their
+  // group's events in flight are read again).
+  void Forget(const std::vector<int>& partitions);
+
+  // Events read and not settled.
+  size_t in_flight() const { return seq_group_.size(); }
+  // Partitions whose position is known (read or stored by this reader).
+  std::vector<int> known() const;
+  // The position of `partition` as this reader would store it now.
+  std::optional<LogPosition> position(int partition) const;
+
+ private:
+  // Partitions at one position, read together.
+  struct Group {
+    std::set<int> partitions;
+    LogPosition at;  // where the range below starts (or the position)
+    std::optional<RangeToRead> range;
+    RangeProgress progress;
+    // The position the events settled so far allow.
+    LogPosition Position() const;
+    bool idle() const { return progress.in_flight() == 0; }
+  };
+
+  // Idle groups start over at their position, regrouped so that each lies
+  // wholly inside `wanted` or outside it.
+  void Regroup(const std::set<int>& wanted);
+  absl::StatusOr<Tick> TickOf(pqxx::transaction_base& tx, int64_t id);
+  void DropGroupFlight(int group);
+
+  const LogReaderOptions options_;
+  std::map<int, Group> groups_;
+  int next_group_ = 1;
+  std::map<int, int> partition_group_;
+  std::map<int, LogPosition> stored_;  // as in the database, per partition
+  std::map<int64_t, int> seq_group_;   // events in flight
+  std::map<int64_t, Tick> ticks_;      // of ranges being read
+  absl::Time last_tick_ = absl::InfinitePast();
+};
+
+}  // namespace outbox::relay

@@ -1,0 +1,343 @@
+// Delivery from the log as a relay drives it, against a real PostgreSQL:
+// every event sent until settled, positions stored only as far as answers
+// allow, a relay killed mid-batch resuming where its position stands,
+// chains with exceptions joining them, lost leases, retention and the move
+// of a subscription onto the log while writers write.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/schema.h"
+#include "relay/log_reader.h"
+#include "relay/log_testing.h"
+#include "relay/retention.h"
+#include "tests/testing/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+std::vector<int> AllPartitions() {
+  std::vector<int> all;
+  for (int p = 0; p < kPartitions; ++p) all.push_back(p);
+  return all;
+}
+
+std::vector<int64_t> Seqs(const LogSend& send) {
+  std::vector<int64_t> seqs;
+  for (const LogEvent& e : send.events) seqs.push_back(e.event.seq());
+  return seqs;
+}
+
+class LogReaderTest : public ::testing::Test {
+ protected:
+  LogReaderTest() : db_("log_reader", {OutboxSchema()}), conn_(db_.url()) {
+    db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+    db_.Exec(absl::StrCat(
+        "INSERT INTO outbox_partition_leases (subscription, partition, owner, "
+        "token, expires_at) SELECT 'billing', p, 'relay-a', 1, now() + "
+        "interval '1 hour' FROM generate_series(0, ",
+        kPartitions - 1, ") p"));
+  }
+
+  // Moves billing onto the log now (its start tick).
+  int64_t Subscribe() {
+    return db_.Scalar("SELECT outbox_log_subscribe('billing')");
+  }
+
+  int64_t AppendCommitted(const std::string& aggregate, int partition = -1) {
+    pqxx::work tx(conn_);
+    const int64_t seq = Append(tx, aggregate, 0, partition);
+    tx.commit();
+    return seq;
+  }
+
+  LogReader NewReader() {
+    return LogReader({.subscription = "billing",
+                      .member = "relay-a",
+                      .tick_interval = absl::ZeroDuration()});
+  }
+
+  LogSend Next(LogReader& reader, int limit,
+               std::vector<int> partitions = AllPartitions()) {
+    absl::StatusOr<LogSend> s = reader.Next(conn_, partitions, limit);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : LogSend{};
+  }
+
+  // Reads, settles and flushes until nothing is left; the seqs sent.
+  std::vector<int64_t> Drain(LogReader& reader,
+                             std::vector<int> partitions = AllPartitions()) {
+    std::vector<int64_t> all;
+    for (int round = 0; round < 200; ++round) {
+      LogSend s = Next(reader, 64, partitions);
+      for (int64_t seq : Seqs(s)) {
+        EXPECT_TRUE(reader.Settle(seq)) << seq;
+        all.push_back(seq);
+      }
+      EXPECT_TRUE(Flush(reader).empty());
+      if (s.events.empty() && s.diverted == 0 && !s.more) break;
+    }
+    return all;
+  }
+
+  std::vector<int> Flush(LogReader& reader) {
+    absl::StatusOr<std::vector<int>> lost = reader.Flush(conn_);
+    EXPECT_TRUE(lost.ok()) << lost.status();
+    return lost.ok() ? *lost : std::vector<int>{};
+  }
+
+  int64_t Rows() {
+    return db_.Scalar(
+        "SELECT count(*) FROM outbox_delivery WHERE subscription = 'billing'");
+  }
+
+  testing::TestDatabase db_;
+  pqxx::connection conn_;
+};
+
+TEST_F(LogReaderTest, EveryEventOnceInOrderAndNoRowPerEvent) {
+  Subscribe();
+  std::vector<int64_t> written;
+  for (int i = 0; i < 10; ++i) {
+    written.push_back(AppendCommitted(absl::StrCat("o", i % 4)));
+  }
+  LogReader reader = NewReader();
+  std::vector<int64_t> sent = Drain(reader);
+  EXPECT_EQ(sent, written);  // one group: seq order
+  EXPECT_EQ(Rows(), 0);      // the trigger owes a log subscription nothing
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox o WHERE NOT "
+                       "outbox_log_delivered('billing', o.seq, o.xid, "
+                       "o.partition)"),
+            0);
+  // Every partition's position is stored, and all at one done tick.
+  EXPECT_EQ(db_.Scalar("SELECT count(DISTINCT done_tick) FROM "
+                       "outbox_log_positions WHERE reading_tick = 0"),
+            1);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_log_positions"),
+            kPartitions);
+  // A subscription the log does not deliver to still gets its rows.
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('audit')");
+  AppendCommitted("o9");
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_delivery WHERE "
+                       "subscription = 'audit'"),
+            1);
+  EXPECT_EQ(Rows(), 0);
+}
+
+TEST_F(LogReaderTest, ARelayKilledMidBatchResumesAtItsPosition) {
+  Subscribe();
+  std::vector<int64_t> e;
+  for (int i = 0; i < 6; ++i) e.push_back(AppendCommitted("o1"));
+  {
+    LogReader reader = NewReader();
+    EXPECT_EQ(Seqs(Next(reader, 3)), (std::vector<int64_t>{e[0], e[1], e[2]}));
+    // Pipelined: the next batch goes before the first is answered.
+    EXPECT_EQ(Seqs(Next(reader, 3)), (std::vector<int64_t>{e[3], e[4], e[5]}));
+    EXPECT_EQ(reader.in_flight(), 6u);
+    EXPECT_TRUE(reader.Settle(e[0]));
+    EXPECT_TRUE(reader.Settle(e[1]));
+    EXPECT_TRUE(reader.Settle(e[3]));  // beyond an unanswered one
+    EXPECT_FALSE(reader.Settle(e[3]));
+    EXPECT_TRUE(Flush(reader).empty());
+    EXPECT_EQ(db_.Scalar("SELECT max(after_seq) FROM outbox_log_positions"),
+              e[1]);
+  }  // killed: e[2] unanswered, e[4] and e[5] too
+  LogReader again = NewReader();
+  EXPECT_EQ(Seqs(Next(again, 10)),
+            (std::vector<int64_t>{e[2], e[3], e[4], e[5]}));
+}
+
+TEST_F(LogReaderTest, ATransactionThatCommitsLateIsReadLater) {
+  Subscribe();
+  pqxx::connection other(db_.url());
+  pqxx::work late(other);
+  const int64_t early_seq = Append(late, "slow");  // drawn first
+  const int64_t quick = AppendCommitted("quick");
+  LogReader reader = NewReader();
+  EXPECT_EQ(Drain(reader), (std::vector<int64_t>{quick}));
+  late.commit();
+  EXPECT_EQ(Drain(reader), (std::vector<int64_t>{early_seq}));
+  EXPECT_EQ(Drain(reader), (std::vector<int64_t>{}));
+}
+
+TEST_F(LogReaderTest, ChainsWithExceptionsJoinThem) {
+  Subscribe();
+  const int64_t a1 = AppendCommitted("a");
+  const int64_t b1 = AppendCommitted("b");
+  LogReader reader = NewReader();
+  EXPECT_EQ(Drain(reader), (std::vector<int64_t>{a1, b1}));
+  {
+    // a1 was rejected: it is an exception now (the relay's mark).
+    pqxx::work tx(conn_);
+    ASSERT_TRUE(OweExceptions(tx, "billing", {a1}).ok());
+    tx.commit();
+  }
+  const int64_t a2 = AppendCommitted("a");
+  const int64_t b2 = AppendCommitted("b");
+  const int64_t a3 = AppendCommitted("a");
+  LogSend s = Next(reader, 10);
+  EXPECT_EQ(Seqs(s), (std::vector<int64_t>{b2}));
+  EXPECT_EQ(s.diverted, 2);
+  EXPECT_EQ(db_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox_delivery WHERE subscription = "
+                "'billing' AND status = 'pending' AND seq IN (",
+                a2, ", ", a3, ")")),
+            2);
+  ASSERT_TRUE(reader.Settle(b2));
+  EXPECT_TRUE(Flush(reader).empty());
+  // The position passed them all: they are the exceptions' now.
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{}));
+  EXPECT_EQ(Rows(), 3);
+}
+
+TEST_F(LogReaderTest, ALostLeaseKeepsThePositionAsItWas) {
+  Subscribe();
+  const int64_t seq = AppendCommitted("x", 5);
+  LogReader reader = NewReader();
+  EXPECT_EQ(Seqs(Next(reader, 10, {5})), (std::vector<int64_t>{seq}));
+  ASSERT_TRUE(reader.Settle(seq));
+  db_.Exec(
+      "UPDATE outbox_partition_leases SET owner = 'relay-b' WHERE partition = "
+      "5");
+  EXPECT_EQ(Flush(reader), (std::vector<int>{5}));
+  EXPECT_TRUE(reader.known().empty());
+  EXPECT_EQ(db_.Scalar("SELECT after_seq + reading_tick FROM "
+                       "outbox_log_positions WHERE partition = 5"),
+            0);
+}
+
+TEST_F(LogReaderTest, ARewindReadsWhatWasInFlightAgain) {
+  Subscribe();
+  const int64_t a = AppendCommitted("a");
+  const int64_t b = AppendCommitted("b");
+  LogReader reader = NewReader();
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{a, b}));
+  ASSERT_TRUE(reader.Settle(a));
+  reader.Rewind();  // the stream broke before b's answer
+  EXPECT_FALSE(reader.Settle(b));
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{b}));
+  ASSERT_TRUE(reader.Settle(b));
+  EXPECT_TRUE(Flush(reader).empty());
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{}));
+}
+
+// Lanes ask for parts of the partitions; a group in flight is not split,
+// an idle one is, and all of them come together again.
+TEST_F(LogReaderTest, EachPartOfThePartitionsReadsItsOwnEvents) {
+  Subscribe();
+  std::vector<int> even, odd;
+  for (int p = 0; p < kPartitions; ++p) (p % 2 == 0 ? even : odd).push_back(p);
+  std::set<int64_t> in_even, in_odd;
+  for (int i = 0; i < 8; ++i) {
+    in_even.insert(AppendCommitted(absl::StrCat("e", i), 2 * (i % 3)));
+    in_odd.insert(AppendCommitted(absl::StrCat("o", i), 2 * (i % 3) + 1));
+  }
+  LogReader reader = NewReader();
+  // All partitions are one group, in flight: neither half can read it.
+  LogSend first = Next(reader, 2);
+  EXPECT_EQ(first.events.size(), 2u);
+  EXPECT_TRUE(Seqs(Next(reader, 10, even)).empty());
+  for (int64_t seq : Seqs(first)) {
+    ASSERT_TRUE(reader.Settle(seq));
+    (in_even.count(seq) ? in_even : in_odd).erase(seq);
+  }
+  const std::vector<int64_t> evens = Drain(reader, even);
+  const std::vector<int64_t> odds = Drain(reader, odd);
+  EXPECT_EQ(std::set<int64_t>(evens.begin(), evens.end()), in_even);
+  EXPECT_EQ(std::set<int64_t>(odds.begin(), odds.end()), in_odd);
+  const int64_t last = AppendCommitted("z", 7);
+  EXPECT_EQ(Drain(reader), (std::vector<int64_t>{last}));
+  EXPECT_EQ(db_.Scalar("SELECT count(DISTINCT (done_tick, reading_tick, "
+                       "after_seq)) FROM outbox_log_positions"),
+            1);
+}
+
+TEST_F(LogReaderTest, RetentionKeepsWhatTheLogHasNotDelivered) {
+  const int64_t before = AppendCommitted("old");  // owed by a row
+  Subscribe();
+  std::vector<int64_t> e;
+  for (int i = 0; i < 4; ++i) e.push_back(AppendCommitted("o"));
+  const auto prune = [&] {
+    pqxx::work tx(conn_);
+    const int64_t n = PruneOutbox(tx, absl::ZeroDuration(), 1000);
+    tx.commit();
+    return n;
+  };
+  const auto oldest = [&] { return db_.Scalar("SELECT min(seq) FROM outbox"); };
+  EXPECT_EQ(prune(), 0);  // its row is pending
+  db_.Exec("DELETE FROM outbox_delivery");
+  EXPECT_EQ(prune(), 1);  // delivered: only the log's events stay
+  EXPECT_EQ(oldest(), e[0]);
+  LogReader reader = NewReader();
+  LogSend s = Next(reader, 3);
+  ASSERT_EQ(Seqs(s), (std::vector<int64_t>{e[0], e[1], e[2]}));
+  ASSERT_TRUE(reader.Settle(e[0]));
+  ASSERT_TRUE(reader.Settle(e[1]));
+  EXPECT_TRUE(Flush(reader).empty());
+  EXPECT_EQ(prune(), 0);  // within the range: kept until it is done
+  ASSERT_TRUE(reader.Settle(e[2]));
+  Drain(reader);
+  EXPECT_EQ(prune(), 4);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox"), 0);
+  EXPECT_LT(before, e[0]);
+  // A partition never read holds retention at the start tick.
+  db_.Exec("DELETE FROM outbox_log_positions WHERE partition = 9");
+  const int64_t n = AppendCommitted("n", 3);
+  std::vector<int> but_9 = AllPartitions();
+  but_9.erase(but_9.begin() + 9);
+  LogReader other = NewReader();
+  EXPECT_EQ(Drain(other, but_9), (std::vector<int64_t>{n}));
+  EXPECT_EQ(prune(), 0);
+}
+
+// Writers write while the subscription moves onto the log: every event is
+// owed by a row or lies in the log after the start tick (none by neither),
+// and both kinds exist.
+TEST_F(LogReaderTest, MovingOntoTheLogWhileWritersWriteLosesNothing) {
+  constexpr int kWriters = 3;
+  constexpr int kEach = 150;
+  std::atomic<int> written{0};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      pqxx::connection c(db_.url());
+      for (int i = 0; i < kEach; ++i) {
+        pqxx::work tx(c);
+        Append(tx, absl::StrCat("w", w, "-", i % 7));
+        tx.commit();
+        ++written;
+      }
+    });
+  }
+  while (written < kWriters * kEach / 3) std::this_thread::yield();
+  const int64_t start = Subscribe();
+  for (std::thread& t : writers) t.join();
+  const std::string st = absl::StrCat(
+      "(SELECT snapshot FROM outbox_ticks WHERE id = ", start, ")");
+  EXPECT_EQ(db_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox o WHERE pg_visible_in_snapshot("
+                "o.xid, ",
+                st,
+                ") AND NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE "
+                "d.subscription = 'billing' AND d.seq = o.seq)")),
+            0);
+  const int64_t rows = Rows();
+  const int64_t on_log = db_.Scalar(absl::StrCat(
+      "SELECT count(*) FROM outbox o WHERE NOT pg_visible_in_snapshot(o.xid, ",
+      st, ")"));
+  EXPECT_GT(rows, 0);
+  EXPECT_GT(on_log, 0);
+  EXPECT_GE(rows + on_log, kWriters * kEach);
+  // The log delivers exactly those, once the rows from before (delivered
+  // as before) are gone: until then their chains' events join them.
+  db_.Exec("DELETE FROM outbox_delivery");
+  LogReader reader = NewReader();
+  EXPECT_EQ(static_cast<int64_t>(Drain(reader).size()), on_log);
+}
+
+}  // namespace
+}  // namespace outbox::relay
