@@ -18,6 +18,23 @@ namespace {
   "  recorded_at timestamptz NOT NULL DEFAULT now()\n"        \
   ");\n"
 
+constexpr char kDeliveriesViewHead[] = R"sql(
+CREATE OR REPLACE VIEW outbox_deliveries AS
+  SELECT s.name AS subscription, o.seq, o.event_id, o.aggregate_id,
+         o.event_type, o.created_at,
+)sql";
+// The view outbox_deliveries after its status column. Migration 1 made it
+// with the status of its time (before the log); migration 7 with
+// kDeliveryStatusSql.
+constexpr char kDeliveryStatusV1Sql[] =
+    "coalesce(d.status, CASE WHEN o.seq < s.start_seq THEN 'skipped' "
+    "ELSE 'delivered' END)";
+constexpr char kDeliveriesViewFrom[] = R"sql( AS status,
+         coalesce(d.attempts, 0) AS attempts, d.last_error, d.available_at,
+         d.dead_at
+    FROM outbox o CROSS JOIN subscriptions s
+    LEFT JOIN outbox_delivery d ON d.subscription = s.name AND d.seq = o.seq)sql";
+
 constexpr char kOutboxV3[] = R"sql(
 -- Partition ownership by lease: a row per (subscription, partition), owned
 -- by a relay until expires_at, renewed each second. Nothing of it lives in
@@ -342,6 +359,22 @@ RETURNS bigint LANGUAGE sql STABLE AS $$
               WHERE p.subscription = s.name) < partitions))
 $$;
 
+-- Whether the log still owes event (seq, xid, partition) to `sub`: the
+-- subscription is on the log, the event came after its start tick (a
+-- pruned start tick lies below every position) and the log has not
+-- delivered it. Exceptions (outbox_delivery rows) are the caller's to add.
+CREATE OR REPLACE FUNCTION outbox_log_owed(sub text, seq bigint, xid xid8,
+                                           part int)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+  SELECT coalesce((
+    SELECT s.start_tick IS NOT NULL AND xid IS NOT NULL AND seq >= s.start_seq
+           AND NOT coalesce((SELECT pg_visible_in_snapshot(xid, t.snapshot)
+                               FROM outbox_ticks t WHERE t.id = s.start_tick),
+                            false)
+           AND NOT outbox_log_delivered(sub, seq, xid, part)
+      FROM subscriptions s WHERE s.name = sub), false)
+$$;
+
 -- Moves subscription `sub` onto the log: from a new tick on, the trigger
 -- owes it nothing and the log delivers what that tick does not show. One
 -- transaction with the tick: a writer whose trigger still owed the
@@ -482,16 +515,11 @@ CREATE OR REPLACE TRIGGER outbox_fan_out AFTER INSERT ON outbox
   FOR EACH STATEMENT EXECUTE FUNCTION outbox_fan_out();
 
 -- For operators: every retained event's state for every subscription.
-CREATE OR REPLACE VIEW outbox_deliveries AS
-  SELECT s.name AS subscription, o.seq, o.event_id, o.aggregate_id,
-         o.event_type, o.created_at,
 )sql",
-      kDeliveryStatusSql, R"sql( AS status,
-         coalesce(d.attempts, 0) AS attempts, d.last_error, d.available_at,
-         d.dead_at
-    FROM outbox o CROSS JOIN subscriptions s
-    LEFT JOIN outbox_delivery d ON d.subscription = s.name AND d.seq = o.seq;
-)sql");
+      kDeliveriesViewHead, kDeliveryStatusV1Sql, kDeliveriesViewFrom, ";\n");
+  static const std::string kOutboxV7WithView =
+      absl::StrCat(kOutboxV7, kDeliveriesViewHead, kDeliveryStatusSql,
+                   kDeliveriesViewFrom, ";\n");
   static const std::vector<Migration> kMigrations = {
       {1, "events, chain heads, subscriptions and their deliveries",
        kOutboxV1.c_str()},
@@ -548,7 +576,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS outbox_divergences_open_chain_idx
   WHERE resolved_at IS NULL;
 )sql"},
       {6, "the outbox as a log: each event's transaction, ticks", kOutboxV6},
-      {7, "the log delivers to subscriptions with a start tick", kOutboxV7},
+      {7, "the log delivers to subscriptions with a start tick",
+       kOutboxV7WithView.c_str()},
   };
   return kMigrations;
 }

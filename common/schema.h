@@ -34,11 +34,13 @@ inline constexpr char kDeliveryDelivered[] = "delivered";
 inline constexpr char kDeliverySkipped[] = "skipped";
 
 // That state in SQL, for the outbox row `o`, the subscription row `s` and
-// its delivery row `d` (LEFT JOINed): the view outbox_deliveries and the
-// relay's admin API read it alike.
+// its delivery row `d` (LEFT JOINed): the view outbox_deliveries, the
+// relay's admin API and the checker read it alike. An event the outbox log
+// still owes a subscription on it (outbox_log_owed) is pending.
 inline constexpr char kDeliveryStatusSql[] =
     "coalesce(d.status, CASE WHEN o.seq < s.start_seq THEN 'skipped' "
-    "ELSE 'delivered' END)";
+    "WHEN s.start_tick IS NOT NULL AND outbox_log_owed(s.name, o.seq, o.xid, "
+    "o.partition) THEN 'pending' ELSE 'delivered' END)";
 
 const std::vector<Migration>& OutboxMigrations();
 const std::vector<Migration>& InboxMigrations();

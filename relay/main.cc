@@ -33,6 +33,12 @@ ABSL_FLAG(std::string, subscription, "billing",
           "progress, attempts, dead letters and partitions. Replicas of one "
           "subscription share its work; each subscription needs relays of "
           "its own.");
+ABSL_FLAG(bool, log_delivery, false,
+          "Move --subscription onto the outbox log if it is not yet "
+          "(docs/log-delivery.md): the producer's transactions then write "
+          "nothing for it, and delivery writes a position per partition "
+          "instead of a row per event. A subscription on the log stays "
+          "there; every relay of it delivers from the log.");
 ABSL_FLAG(bool, resubscribe, false,
           "Make --subscription anew (per --start_from) even though an "
           "operator dropped it; without it, a dropped subscription is "
@@ -117,6 +123,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.resubscribe = absl::GetFlag(FLAGS_resubscribe);
+  options.log_delivery = absl::GetFlag(FLAGS_log_delivery);
   if (absl::GetFlag(FLAGS_start_from) == "oldest") {
     options.start_from = outbox::relay::StartFrom::kOldest;
   } else if (absl::GetFlag(FLAGS_start_from) == "now") {

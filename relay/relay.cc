@@ -591,6 +591,24 @@ bool Relay::SettleSubscription(pqxx::connection& conn, int64_t start) {
   return true;
 }
 
+void Relay::EnsureLog(pqxx::connection& conn) {
+  auto tx = OpenUnit(conn);
+  const pqxx::result r = tx->exec_params(
+      "SELECT CASE WHEN start_tick IS NULL AND $2 THEN "
+      "outbox_log_subscribe(name) ELSE start_tick END AS start_tick FROM "
+      "subscriptions WHERE name = $1",
+      options_.subscription, options_.log_delivery);
+  tx->commit();
+  const bool on_log = !r.empty() && !r[0]["start_tick"].is_null();
+  if (on_log && !on_log_) {
+    spdlog::info(
+        "relay: subscription {} is delivered from the outbox log (start "
+        "tick {}); its exceptions as before",
+        options_.subscription, r[0]["start_tick"].as<int64_t>());
+  }
+  on_log_ = on_log;
+}
+
 bool Relay::EnsureConnection() {
   if (conn_ != nullptr && conn_->is_open()) return true;
   conn_.reset();
@@ -626,6 +644,7 @@ bool Relay::EnsureConnection() {
         }
         consumer_identity_ = ConsumerIdentity(*tx, options_.subscription);
         tx->commit();
+        EnsureLog(**conn);
         try {
           auto rec = OpenUnit(**conn);
           RecordIdentity(*rec, (*conn)->info().identity);
@@ -650,6 +669,7 @@ bool Relay::EnsureConnection() {
   }
   conn_ = std::move(*conn);
   db_backoff_.Reset();
+  log_.reset();  // positions are read again in this session
   owned_.clear();
   releasing_.clear();
   next_rebalance_ = absl::InfinitePast();
@@ -668,7 +688,8 @@ bool Relay::Rebalance() {
     {
       const pqxx::result sub = tx->exec_params(
           "SELECT paused_at IS NOT NULL, coalesce(paused_by, ''), "
-          "coalesce(paused_reason, '') FROM subscriptions WHERE name = $1",
+          "coalesce(paused_reason, ''), start_tick IS NOT NULL AS on_log "
+          "FROM subscriptions WHERE name = $1",
           options_.subscription);
       if (sub.empty()) {
         // Dropped: the next session finds out how (EnsureSubscription).
@@ -682,6 +703,14 @@ bool Relay::Rebalance() {
         paused = absl::StrCat("subscription ", options_.subscription,
                               " paused by ", sub[0][1].as<std::string>(), ": ",
                               sub[0][2].as<std::string>());
+      }
+      if (const bool on_log = sub[0]["on_log"].as<bool>(); on_log != on_log_) {
+        // Another replica moved it onto the log (or a rebase restarted it).
+        spdlog::info("relay {}: subscription {} is {}delivered from the "
+                     "outbox log now",
+                     replica_id_, options_.subscription, on_log ? "" : "not ");
+        on_log_ = on_log;
+        log_.reset();
       }
       if (paused != paused_) {
         if (paused.empty()) {
@@ -718,6 +747,7 @@ bool Relay::Rebalance() {
           replica_id_, p);
       releasing_.erase(p);
     }
+    if (log_ != nullptr) log_->Forget({round.lost.begin(), round.lost.end()});
     owned_ = round.owned;
     const size_t target = PartitionTarget(kPartitionCount, round.members);
     // Give up the highest partitions, each once nothing of it is in flight.
@@ -738,6 +768,10 @@ bool Relay::Rebalance() {
       if (!busy && owned_.count(p)) free_now.insert(p);
     }
     leases_.Release(*tx, free_now);
+    if (log_ != nullptr) {
+      // Their positions were stored before this round (FlushLog).
+      log_->Forget({free_now.begin(), free_now.end()});
+    }
     for (int p : free_now) {
       owned_.erase(p);
       releasing_.erase(p);
@@ -842,6 +876,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       ArrayLiteral marking, marking_ids;
       if (ride) {
         for (const Mark& m : marks_) {
+          if (m.from_log) continue;  // no row: settled by MarksWritten
           marking.Add(m.seq);
           marking_ids.Add(m.event_id);
         }
@@ -1008,6 +1043,160 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
   }
 }
 
+bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
+  const std::vector<int> partitions =
+      LanePartitions(owned_, releasing_, slot, slots);
+  if (partitions.empty()) return true;
+  const int limit = LaneLimit(lane);
+  if (limit == 0) return true;
+  if (log_ == nullptr) {
+    log_ = std::make_unique<LogReader>(
+        LogReaderOptions{.subscription = options_.subscription,
+                         .member = leases_.member(),
+                         .payload_budget = kMaxDeliveryBatchBytes});
+  }
+  round->ran = true;
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<LogSend> read = log_->Next(*conn_, partitions, limit);
+  if (!read.ok() && SqlStateOf(read.status()) == "55000") {
+    // The database's transaction ids went back (a dump restored into
+    // another cluster): nothing the log read may be trusted until it is
+    // rebased.
+    return Rebase();
+  }
+  if (!read.ok()) {
+    last_db_error_ = std::string(read.status().message());
+    spdlog::warn("relay: reading the outbox log: {}", last_db_error_);
+    return false;
+  }
+  claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+  if (options_.after_claim) options_.after_claim(read->events.size());
+  if (read->diverted > 0) {
+    spdlog::debug("relay: {} events of chains with exceptions join them",
+                  read->diverted);
+  }
+  if (read->events.empty()) return true;
+  std::string lsn;
+  if (fence_ != nullptr) {
+    // Every event read had committed before this position.
+    try {
+      auto unit = OpenUnit(*conn_);
+      lsn = unit->exec("SELECT pg_current_wal_lsn()::text")[0][0].c_str();
+      unit->commit();
+    } catch (const std::exception& e) {
+      // Its events stay in flight until the stream is dropped: read again.
+      log_->Rewind();
+      last_db_error_ = std::string(StatusFromException(e).message());
+      return false;
+    }
+  }
+  v1::DeliverRequest req;
+  InFlight batch;
+  batch.batch_id = next_batch_id_++;
+  batch.from_log = true;
+  req.set_batch_id(batch.batch_id);
+  std::set<std::string> cut;  // an event of it cannot be sent
+  for (LogEvent& e : read->events) {
+    const int64_t seq = e.event.seq();
+    const std::string agg =
+        OutboxChain(e.event.aggregate_type(), e.event.aggregate_id());
+    ++busy_aggregates_[agg];
+    v1::Event* event = req.add_events();
+    *event = std::move(e.event);
+    event->set_source(source_);
+    if (event->prev_seq() < chain_from_) event->set_prev_seq(0);
+    std::string bad;
+    if (cut.count(agg) > 0) {
+      // Behind one that cannot go: it waits for that one's fate among the
+      // exceptions.
+      marks_.push_back({seq, event->event_id(), agg, Mark::kOwed, "",
+                        FieldsOf(*event), 0, true});
+      req.mutable_events()->RemoveLast();
+      continue;
+    }
+    if (!e.payload_ok) {
+      bad = "payload: not a valid outbox.v1.Event";
+    } else if (const size_t size = event->ByteSizeLong();
+               size > kMaxEventBytes) {
+      bad = absl::StrCat("payload: the event takes ", size, " bytes; at most ",
+                         kMaxEventBytes, " can be delivered");
+    }
+    if (!bad.empty()) {
+      marks_.push_back({seq, event->event_id(), agg, Mark::kRejected, bad,
+                        FieldsOf(*event), 0, true});
+      req.mutable_events()->RemoveLast();
+      cut.insert(agg);
+      continue;
+    }
+    batch.seqs.push_back(seq);
+    batch.partitions.push_back(e.partition);
+    batch.events.push_back(FieldsOf(*event));
+    batch.prev_seqs.push_back(event->prev_seq());
+    lane.in_flight_seqs.insert(seq);
+  }
+  if (batch.seqs.empty()) return true;
+  MaybeCrash("relay.after_claim_before_send");
+  batch.full = read->more;
+  round->full |= batch.full;
+  batch_events_->Observe(static_cast<double>(req.events_size()));
+  batch.inbox_high_at_send = inbox_high_;
+  if (fence_ != nullptr) {
+    batch.sent_at = absl::InfiniteFuture();
+    lane.in_flight[batch.batch_id] = std::move(batch);
+    lane.fenced.emplace_back(ParseLsn(lsn).value_or(~0ull), std::move(req));
+  } else {
+    batch.sent_at = absl::Now();
+    lane.in_flight[batch.batch_id] = std::move(batch);
+    lane.stream->Send(std::move(req));
+    batches_->Add();
+  }
+  return true;
+}
+
+bool Relay::FlushLog() {
+  if (log_ == nullptr) return true;
+  absl::StatusOr<std::vector<int>> lost = log_->Flush(*conn_);
+  if (!lost.ok()) {
+    last_db_error_ = std::string(lost.status().message());
+    spdlog::warn("relay: storing log positions: {}", last_db_error_);
+    return false;
+  }
+  for (int p : *lost) {
+    spdlog::warn(
+        "relay {}: the log position of partition {} was not as this relay "
+        "left it (its lease was taken over); it stops reading it",
+        replica_id_, p);
+  }
+  return true;
+}
+
+bool Relay::Rebase() {
+  try {
+    pqxx::work tx(*conn_);
+    ApplyLimits(tx);
+    absl::StatusOr<Rebased> r = RebaseLog(tx);
+    if (!r.ok()) throw std::runtime_error(r.status().ToString());
+    tx.commit();
+    if (r->rebased) {
+      spdlog::error(
+          "relay: the outbox's transaction ids lie behind its log's (a dump "
+          "restored into another cluster?): {} events the log had not "
+          "delivered are owed as exceptions, and the log restarts at tick {}",
+          r->owed, r->tick);
+    }
+  } catch (const std::exception& e) {
+    last_db_error_ = std::string(StatusFromException(e).message());
+    spdlog::warn("relay: rebasing the outbox log: {}", last_db_error_);
+    return false;
+  }
+  // Every position moved: read them again.
+  for (Lane& lane : lanes_) {
+    if (lane.stream != nullptr) DropStream(lane, "the outbox log was rebased");
+  }
+  log_.reset();
+  return true;
+}
+
 int Relay::LaneLimit(const Lane& lane) const {
   return ClaimLimit(options_.batch_size, options_.window,
                     options_.pipeline_depth,
@@ -1057,6 +1246,10 @@ void Relay::HandleResponses(Lane& lane) {
     std::map<int64_t, const v1::EventResult*> by_seq;
     for (const auto& r : resp.results()) by_seq[r.seq()] = &r;
     const InFlight& batch = it->second;
+    const auto mark = [&](Mark m) {
+      m.from_log = batch.from_log;
+      marks_.push_back(std::move(m));
+    };
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
       const int64_t seq = batch.seqs[i];
       const std::string agg = OutboxChain(batch.events[i].aggregate_type,
@@ -1081,11 +1274,11 @@ void Relay::HandleResponses(Lane& lane) {
           [[fallthrough]];
         case v1::APPLIED:
         case v1::DUPLICATE:
-          marks_.push_back({seq, event_id, agg, Mark::kDelivered, "", {}});
+          mark({seq, event_id, agg, Mark::kDelivered, "", {}});
           break;
         case v1::REJECTED:
-          marks_.push_back({seq, event_id, agg, Mark::kRejected,
-                            r->second->reason(), batch.events[i]});
+          mark({seq, event_id, agg, Mark::kRejected, r->second->reason(),
+                batch.events[i]});
           {
             LogEventScope scope(batch.events[i]);
             spdlog::info("relay: row {} REJECTED by the consumer: {}", seq,
@@ -1093,14 +1286,18 @@ void Relay::HandleResponses(Lane& lane) {
           }
           break;
         case v1::DIVERGED:
-          marks_.push_back({seq, event_id, agg, Mark::kDiverged,
-                            r->second->reason(), batch.events[i],
-                            r->second->applied_seq()});
+          mark({seq, event_id, agg, Mark::kDiverged, r->second->reason(),
+                batch.events[i], r->second->applied_seq()});
           break;
         default:
           // Unanswered or DEFERRED (behind an event rejected in the same
-          // batch): stays pending, no attempt counted.
-          Untrack(agg);
+          // batch): stays pending, no attempt counted. One from the log
+          // becomes an exception, as the events behind it will.
+          if (batch.from_log) {
+            mark({seq, event_id, agg, Mark::kOwed, "", batch.events[i]});
+          } else {
+            Untrack(agg);
+          }
       }
     }
     lane.in_flight.erase(it);
@@ -1118,12 +1315,23 @@ bool Relay::FlushMarks() {
   // Answered by the consumer, not yet marked: redelivery must follow.
   MaybeCrash("relay.after_send_before_mark");
   ArrayLiteral delivered, delivered_ids;
-  size_t deliveries = 0;
+  size_t deliveries = 0;  // rows to delete
+  std::vector<int64_t> owed;  // events from the log that become exceptions
+  bool only_deliveries = true;
   for (const Mark& m : marks_) {
+    only_deliveries &= m.delivered();
+    if (m.from_log) {
+      if (!m.delivered()) owed.push_back(m.seq);
+      continue;
+    }
     if (!m.delivered()) continue;
     delivered.Add(m.seq);
     delivered_ids.Add(m.event_id);
     ++deliveries;
+  }
+  if (only_deliveries && deliveries == 0) {
+    MarksWritten(0);  // from the log only: nothing to write
+    return true;
   }
   int64_t dead = 0, diverged = 0;
   const absl::Time t0 = absl::Now();
@@ -1132,7 +1340,7 @@ bool Relay::FlushMarks() {
     // of three (BEGIN, DELETE, COMMIT). Rejections are written together in
     // one transaction.
     std::unique_ptr<pqxx::transaction_base> txp;
-    const bool autocommit = deliveries == marks_.size();
+    const bool autocommit = only_deliveries;
     if (autocommit) {
       MaybeCrash("relay.before_mark_commit");  // nothing written yet
       txp = OpenUnit(*conn_);
@@ -1151,6 +1359,12 @@ bool Relay::FlushMarks() {
                    "WHERE d.subscription = $1 AND d.seq = k.s AND d.status = "
                    "'pending' AND o.seq = k.s AND o.event_id = k.e",
                    options_.subscription, delivered.str(), delivered_ids.str());
+    }
+    if (!owed.empty()) {
+      // Rows first: the rejections and divergences below are theirs.
+      absl::StatusOr<int64_t> n =
+          OweExceptions(tx, options_.subscription, owed);
+      if (!n.ok()) throw std::runtime_error(n.status().ToString());
     }
     // A rejected row backs off by policy.h's RetryDelay after its attempts
     // (the n-th of $5 after the n-th failure; the last one beyond, long
@@ -1230,13 +1444,16 @@ bool Relay::MarksRideWithClaim() const {
 }
 
 void Relay::MarksWritten(int64_t dead) {
-  int64_t delivered = 0, rejected = 0;
+  int64_t delivered = 0, rejected = 0, deleted = 0;
   for (const Mark& m : marks_) {
     delivered += m.delivered() ? 1 : 0;
     rejected += m.kind == Mark::kRejected ? 1 : 0;
+    deleted += m.delivered() && !m.from_log ? 1 : 0;
+    // Answered, or an exception now: the log's position may pass it.
+    if (m.from_log && log_ != nullptr) log_->Settle(m.seq);
   }
   delivered_->Add(delivered);
-  deleted_since_vacuum_ += delivered;
+  deleted_since_vacuum_ += deleted;
   rejected_->Add(rejected);
   dead_->Add(dead);
   for (const Mark& m : marks_) Untrack(m.chain);
@@ -1336,6 +1553,7 @@ void Relay::DropEverything(const std::string& why) {
   marks_.clear();
   reowe_.clear();
   busy_aggregates_.clear();
+  log_.reset();  // positions are read again
   ++freed_;
   try {
     auto tx = OpenUnit(*conn_);
@@ -1571,6 +1789,11 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   reconnects_->Add();
   lane.stream->Cancel();
   lane.stream.reset();
+  bool from_log = false;
+  for (const auto& [id, batch] : lane.in_flight) from_log |= batch.from_log;
+  // Their answers will not come: the log reads them again (what other
+  // lanes have in flight too, answered DUPLICATE the second time).
+  if (from_log && log_ != nullptr) log_->Rewind();
   for (const auto& [id, batch] : lane.in_flight) {
     for (const EventLogFields& e : batch.events) {
       Untrack(OutboxChain(e.aggregate_type, e.aggregate_id));
@@ -1666,6 +1889,7 @@ void Relay::Run() {
     if (db_ok && (stopping || rebalance_due || !MarksRideWithClaim())) {
       db_ok = FlushMarks();
     }
+    if (db_ok) db_ok = FlushLog();
     if (db_ok) db_ok = WriteRepairs();
     if (stopping) {
       if ((InFlightEvents() == 0 && marks_.empty()) ||
@@ -1689,6 +1913,10 @@ void Relay::Run() {
       for (size_t i = 0; db_ok && i < serving.size(); ++i) {
         db_ok = Claim(*serving[i], static_cast<int>(i),
                       static_cast<int>(serving.size()), &round);
+        if (db_ok && on_log_) {
+          db_ok = SendFromLog(*serving[i], static_cast<int>(i),
+                              static_cast<int>(serving.size()), &round);
+        }
       }
       if (db_ok) db_ok = FlushMarks();  // no claim ran to write them
       for (Lane& lane : lanes_) {
@@ -1719,6 +1947,7 @@ void Relay::Run() {
       // Lost or broken. The leases stay ours until they expire; the next
       // session renews those still ours (Rebalance).
       conn_.reset();
+      log_.reset();
       owned_.clear();
       releasing_.clear();
     }
@@ -1781,7 +2010,7 @@ void Relay::Run() {
     lane.stream.reset();
   }
   if (conn_ != nullptr) {
-    FlushMarks();
+    if (FlushMarks()) FlushLog();
     try {
       // The others take the partitions over now, not when the leases
       // would expire.

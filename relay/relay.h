@@ -66,6 +66,7 @@
 #include "relay/heal.h"
 #include "relay/leases.h"
 #include "relay/listener.h"
+#include "relay/log_reader.h"
 #include "relay/outbox_row.h"
 #include "relay/policy.h"
 #include "relay/subscriptions.h"
@@ -94,6 +95,11 @@ struct RelayOptions {
   // Make the subscription anew (per start_from) even if an operator dropped
   // it; otherwise a dropped subscription is refused, loudly.
   bool resubscribe = false;
+  // Move the subscription onto the outbox log (docs/log-delivery.md) if it
+  // is not: from then on the producer's transactions write nothing for it
+  // and delivering an event writes nothing per event. A subscription on
+  // the log is delivered from it whatever this says.
+  bool log_delivery = false;
   DbSession session;            // limits of every database session
   std::string consumer;         // host:port of EventSink
   ClientTlsFiles consumer_tls;  // none: plaintext
@@ -218,9 +224,12 @@ class Relay {
     // Its claim returned as many rows as it asked for, or it reached the
     // size limit: more rows were likely ready (a backlog).
     bool full = false;
+    bool from_log = false;  // read from the log (LogReader), not claimed
   };
   struct Mark {
-    enum Kind { kDelivered, kRejected, kDiverged };
+    // kOwed: an event from the log that was not answered (or could not be
+    // sent) becomes an exception, with no attempt counted.
+    enum Kind { kDelivered, kRejected, kDiverged, kOwed };
     int64_t seq;
     std::string event_id;  // the row is marked only if its event is this
     std::string chain;     // OutboxChain of its aggregate
@@ -228,6 +237,7 @@ class Relay {
     std::string reason;  // for rejected and diverged
     EventLogFields log_fields;
     int64_t applied_seq = 0;  // diverged: the consumer's applied position
+    bool from_log = false;    // of an event read from the log
     bool delivered() const { return kind == kDelivered; }
   };
   // One delivery stream and what is in flight on it.
@@ -295,6 +305,18 @@ class Relay {
   // Claims for the partitions of slot `slot` of `slots` and sends them on
   // `lane`.
   bool Claim(Lane& lane, int slot, int slots, ClaimRound* round);
+  // The same from the outbox log (on_log_): reads the next events of those
+  // partitions and sends them on `lane`.
+  bool SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round);
+  // Stores the log positions that answers moved (written marks only).
+  bool FlushLog();
+  // Reads whether the subscription is on the log, moving it there first
+  // when options_.log_delivery says so. Throws on a database error.
+  void EnsureLog(pqxx::connection& conn);
+  // The outbox's transaction ids went behind the log's (a dump restored
+  // into another cluster): owes what the log had not delivered and
+  // restarts it (RebaseLog).
+  bool Rebase();
   // The lanes that claim this cycle: every open one while spread_ (a
   // backlog), else the first open one; updates `serving_`.
   std::vector<Lane*> ServingLanes();
@@ -403,6 +425,11 @@ class Relay {
   // Events whose prev_seq is below this are the first of their chain for
   // this subscription (their predecessor was never owed to it).
   int64_t chain_from_ = 0;
+  // The subscription is delivered from the outbox log (it has a start
+  // tick), by log_ (made on first use in each session) beside the claims
+  // of its exceptions.
+  bool on_log_ = false;
+  std::unique_ptr<LogReader> log_;
 
   std::string last_db_error_;  // of the last failed step, for the watchdog
   // Why the subscription is not delivered: an operator paused it ("" when

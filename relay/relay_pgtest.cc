@@ -2309,5 +2309,265 @@ TEST_F(RelayTest, SubscriptionsAreListedPausedResumedAndDropped) {
             1);
 }
 
+// The same relay delivering a subscription from the outbox log: one event
+// row serves it, and its exceptions (rejections, dead letters, the events
+// behind them) are rows as before.
+class LogRelayTest : public RelayTest {
+ protected:
+  LogRelayTest() { orders_.Exec("SELECT outbox_log_subscribe('billing')"); }
+
+  RelayOptions Options(int consumer_port) {
+    RelayOptions o = RelayTest::Options(consumer_port);
+    o.log_delivery = true;
+    return o;
+  }
+  // Events the subscription is still owed: from the log, or as rows.
+  int64_t Owed() {
+    return orders_.Scalar(
+        "SELECT count(*) FROM outbox o WHERE outbox_log_owed('billing', "
+        "o.seq, o.xid, o.partition) OR EXISTS (SELECT 1 FROM "
+        "outbox_delivery d WHERE d.subscription = 'billing' AND d.seq = "
+        "o.seq)");
+  }
+  int64_t Rows() {
+    return orders_.Scalar(
+        "SELECT count(*) FROM outbox_delivery WHERE subscription = 'billing'");
+  }
+};
+
+TEST_F(LogRelayTest, DeliversEveryEventOnceInOrderWithoutARowPerEvent) {
+  MakeOrders(60);
+  EXPECT_EQ(Rows(), 0);  // the producer's transactions wrote none
+  EXPECT_EQ(Owed(), Events());
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events(); }))
+      << Applied() << " of " << Events();
+  ASSERT_TRUE(WaitFor([&] { return Owed() == 0; })) << Owed();
+  MakeOrders(20);  // while it runs: woken by the producer's NOTIFY
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Owed() == 0; }))
+      << Applied() << " of " << Events();
+  ExpectExactlyOnceInOrder();
+  EXPECT_EQ(Rows(), 0);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_log_positions"),
+            kPartitionCount);
+}
+
+TEST_F(LogRelayTest, ARelayStoppedMidFlightLosesNothing) {
+  MakeOrders(40);
+  Consumer consumer(billing_.url(), 0);
+  for (int round = 0; round < 3; ++round) {
+    Relay relay(Options(consumer.port()), &metrics_);
+    relay.Start();
+    const int64_t before = Applied();
+    ASSERT_TRUE(WaitFor([&] { return Applied() > before; }));
+    relay.Stop(absl::ZeroDuration());  // in flight: read again
+    MakeOrders(20);
+  }
+  // What the log still owes is pending to the checker, not lost.
+  auto report = tools::Check(orders_.url(), billing_.url(), absl::Seconds(1));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->drained) << report->Summary();
+  EXPECT_EQ(report->lost, 0);
+  EXPECT_EQ(report->pending, Events() - Applied());
+  Relay last(Options(consumer.port()), &metrics_);
+  last.Start();
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Owed() == 0; }))
+      << Applied() << " of " << Events();
+  ExpectExactlyOnceInOrder();
+  report = tools::Check(orders_.url(), billing_.url(), absl::Seconds(10));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok() && report->drained) << report->Summary();
+}
+
+TEST_F(LogRelayTest, APoisonEventIsAnExceptionAndOnlyItsChainWaits) {
+  std::vector<std::string> ids = MakeOrders(6);  // order 0: three events
+  const std::string poison = ids[0];
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) FROM "
+      "outbox WHERE aggregate_id = '",
+      poison, "')"));
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar(
+               "SELECT count(*) FROM outbox_delivery WHERE status = 'dead'") ==
+           1;
+  }));
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() - 3; }));
+  pqxx::result dead = orders_.Query(
+      "SELECT aggregate_id, attempts, last_error FROM outbox_delivery WHERE "
+      "status = 'dead'");
+  EXPECT_EQ(dead[0][0].as<std::string>(), poison);
+  EXPECT_EQ(dead[0][1].as<int>(), 3);
+  EXPECT_NE(dead[0][2].as<std::string>().find("schema_version"),
+            std::string::npos);
+  // Its successors wait at the relay, as exceptions behind it; the log's
+  // positions passed every event.
+  EXPECT_EQ(
+      orders_.Scalar(absl::StrCat(
+          "SELECT count(*) FROM outbox_delivery WHERE status = 'pending' AND "
+          "aggregate_id = '",
+          poison, "'")),
+      2);
+  EXPECT_EQ(Rows(), 3);
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM held_events"), 0);
+  // New events flow past it from the log.
+  CreateOrders(3);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() - 3; }));
+  EXPECT_EQ(Rows(), 3);
+  orders_.Exec("UPDATE outbox SET schema_version = 1");
+  orders_.Exec(
+      "UPDATE outbox_delivery SET status = 'pending', available_at = now(), "
+      "attempts = 0, dead_at = NULL");
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Owed() == 0; }));
+  ExpectExactlyOnceInOrder();
+  EXPECT_EQ(Rows(), 0);
+}
+
+TEST_F(LogRelayTest, TwoRelaysSplitTheLogAndOneTakesOverWhenTheOtherStops) {
+  Consumer consumer(billing_.url(), 0);
+  Metrics m2;
+  Relay a(Options(consumer.port()), &metrics_);
+  a.Start();
+  ASSERT_TRUE(WaitFor(
+      [&] { return a.State().partitions_owned.size() == kPartitionCount; }));
+  auto b = std::make_unique<Relay>(Options(consumer.port()), &m2);
+  b->Start();
+  ASSERT_TRUE(WaitFor([&] {
+    return a.State().partitions_owned.size() == kPartitionCount / 2 &&
+           b->State().partitions_owned.size() == kPartitionCount / 2;
+  }));
+  MakeOrders(30);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Owed() == 0; }));
+  MakeOrders(30);
+  b.reset();  // stops, maybe mid-flight
+  ASSERT_TRUE(WaitFor(
+      [&] { return a.State().partitions_owned.size() == kPartitionCount; }));
+  MakeOrders(30);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Owed() == 0; }))
+      << Applied() << " of " << Events();
+  ExpectExactlyOnceInOrder();
+  EXPECT_EQ(Rows(), 0);
+}
+
+TEST_F(LogRelayTest, AConsumerOutageCostsTimeNotAttempts) {
+  ClosingListener down;
+  const int port = down.port();
+  MakeOrders(10);
+  Relay relay(Options(port), &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return down.accepted() >= 3; }))
+      << down.accepted() << " connection attempts";
+  down.Close();
+  EXPECT_EQ(Owed(), Events());
+  Consumer consumer(billing_.url(), port);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Owed() == 0; }));
+  ExpectExactlyOnceInOrder();
+  EXPECT_EQ(orders_.Scalar(
+                "SELECT count(*) FROM outbox_delivery WHERE attempts > 0 OR "
+                "status = 'dead'"),
+            0);
+}
+
+// Retention deletes what the log delivered, and nothing it still owes.
+TEST_F(LogRelayTest, RetentionWaitsForTheLogsPositions) {
+  MakeOrders(10);
+  orders_.Exec("UPDATE outbox SET created_at = now() - interval '2 days'");
+  Consumer consumer(billing_.url(), 0);
+  {
+    // Not delivered: retention keeps it all (the relay's consumer is down).
+    ClosingListener down;
+    RelayOptions o = Options(down.port());
+    o.retention = absl::Hours(1);
+    Relay relay(o, &metrics_);
+    relay.Start();
+    ASSERT_TRUE(WaitFor([&] { return down.accepted() >= 2; }));
+    // Housekeeping (retention among it) runs every second: its chance.
+    absl::SleepFor(absl::Milliseconds(2500));
+    EXPECT_EQ(Events(), 10 + 5 + 4);
+  }
+  {
+    Relay relay(Options(consumer.port()), &metrics_);
+    relay.Start();
+    ASSERT_TRUE(WaitFor([&] { return Owed() == 0; })) << Owed();
+  }
+  RelayOptions o = Options(consumer.port());
+  o.retention = absl::Hours(1);
+  Relay relay(o, &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return Events() == 0; })) << Events();
+  EXPECT_EQ(Applied(), 10 + 5 + 4);
+}
+
+// A subscription with rows pending moves onto the log while the producer
+// writes: the rows are delivered as before, then the log; nothing twice,
+// nothing out of order.
+TEST(RelayLogCutover, ASubscriptionMovesOntoTheLogWhileWritersWrite) {
+  testing::TestDatabase orders("relay_cutover", producer::OrdersSchemas());
+  testing::TestDatabase billing("relay_cutover_billing",
+                                ConsumerSchemas(Billing()));
+  orders.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  Database db(orders.url(), 4, "relay-test-producer");
+  Writer writer({.notify_url = orders.url()});
+  producer::OrderStore store(&db, &writer);
+  const auto create = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      v1::CreateOrderRequest req;
+      req.set_customer_id("c");
+      req.set_currency("EUR");
+      auto* item = req.add_items();
+      item->set_sku("sku");
+      item->set_quantity(1);
+      item->set_unit_price_cents(100);
+      auto order = store.Create(req, *producer::ValidateCreate(req), "");
+      ASSERT_TRUE(order.ok()) << order.status();
+      v1::PayOrderRequest pay;
+      pay.set_order_id(order->order_id());
+      pay.set_amount_cents(100);
+      ASSERT_TRUE(store.Pay(pay, "").ok());
+    }
+  };
+  create(30);
+  ASSERT_EQ(orders.Scalar("SELECT count(*) FROM outbox_delivery"), 60);
+  std::atomic<bool> done{false};
+  std::thread producer([&] {
+    create(40);
+    done = true;
+  });
+  Metrics metrics;
+  Consumer consumer(billing.url(), 0);
+  RelayOptions o;
+  o.db_url = orders.url();
+  o.consumer = absl::StrCat("127.0.0.1:", consumer.port());
+  o.batch_size = 16;
+  o.poll_interval = absl::Milliseconds(100);
+  o.rebalance_interval = absl::Milliseconds(100);
+  o.log_delivery = true;
+  Relay relay(o, &metrics);
+  relay.Start();
+  producer.join();
+  const auto applied = [&] {
+    return billing.Scalar("SELECT count(*) FROM inbox");
+  };
+  ASSERT_TRUE(WaitFor([&] {
+    return applied() == orders.Scalar("SELECT count(*) FROM outbox");
+  })) << applied();
+  EXPECT_GT(orders.Scalar("SELECT start_tick FROM subscriptions"), 0);
+  ASSERT_TRUE(WaitFor(
+      [&] { return orders.Scalar("SELECT count(*) FROM outbox_delivery") == 0; }));
+  EXPECT_EQ(billing.Scalar(
+                "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION "
+                "BY aggregate_id ORDER BY apply_id) AS before FROM inbox) x "
+                "WHERE before >= seq"),
+            0);
+  EXPECT_EQ(billing.Scalar("SELECT count(*) FROM held_events"), 0);
+  EXPECT_EQ(billing.Scalar("SELECT count(DISTINCT event_id) FROM inbox"),
+            140);
+}
+
+
 }  // namespace
 }  // namespace outbox::relay
