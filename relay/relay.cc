@@ -706,9 +706,10 @@ bool Relay::Rebalance() {
       }
       if (const bool on_log = sub[0]["on_log"].as<bool>(); on_log != on_log_) {
         // Another replica moved it onto the log (or a rebase restarted it).
-        spdlog::info("relay {}: subscription {} is {}delivered from the "
-                     "outbox log now",
-                     replica_id_, options_.subscription, on_log ? "" : "not ");
+        spdlog::info(
+            "relay {}: subscription {} is {}delivered from the "
+            "outbox log now",
+            replica_id_, options_.subscription, on_log ? "" : "not ");
         on_log_ = on_log;
         log_.reset();
       }
@@ -1315,7 +1316,7 @@ bool Relay::FlushMarks() {
   // Answered by the consumer, not yet marked: redelivery must follow.
   MaybeCrash("relay.after_send_before_mark");
   ArrayLiteral delivered, delivered_ids;
-  size_t deliveries = 0;  // rows to delete
+  size_t deliveries = 0;      // rows to delete
   std::vector<int64_t> owed;  // events from the log that become exceptions
   bool only_deliveries = true;
   for (const Mark& m : marks_) {

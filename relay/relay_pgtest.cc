@@ -2556,18 +2556,17 @@ TEST(RelayLogCutover, ASubscriptionMovesOntoTheLogWhileWritersWrite) {
     return applied() == orders.Scalar("SELECT count(*) FROM outbox");
   })) << applied();
   EXPECT_GT(orders.Scalar("SELECT start_tick FROM subscriptions"), 0);
-  ASSERT_TRUE(WaitFor(
-      [&] { return orders.Scalar("SELECT count(*) FROM outbox_delivery") == 0; }));
+  ASSERT_TRUE(WaitFor([&] {
+    return orders.Scalar("SELECT count(*) FROM outbox_delivery") == 0;
+  }));
   EXPECT_EQ(billing.Scalar(
                 "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION "
                 "BY aggregate_id ORDER BY apply_id) AS before FROM inbox) x "
                 "WHERE before >= seq"),
             0);
   EXPECT_EQ(billing.Scalar("SELECT count(*) FROM held_events"), 0);
-  EXPECT_EQ(billing.Scalar("SELECT count(DISTINCT event_id) FROM inbox"),
-            140);
+  EXPECT_EQ(billing.Scalar("SELECT count(DISTINCT event_id) FROM inbox"), 140);
 }
-
 
 }  // namespace
 }  // namespace outbox::relay
