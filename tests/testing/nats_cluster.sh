@@ -221,12 +221,20 @@ EOF
   }
 }
 
-# nats_cluster_stop DIR: every node by its pid (SIGTERM, then SIGKILL).
+# nats_cluster_stop DIR: every node by its pid, all at once (SIGTERM, then
+# SIGKILL for any still there after 10 s).
 nats_cluster_stop() {
-  local dir="$1" n
+  local dir="$1" n pid pids=()
   [ -d "$dir" ] || return 0
   touch "$dir/.stopped"
-  for n in 1 2 3; do nats_node_stop "$dir" "$n"; done
+  for n in 1 2 3; do
+    pid=$(_nats_pid "$dir" "$n") || continue
+    kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
