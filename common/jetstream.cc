@@ -256,9 +256,9 @@ absl::StatusOr<std::vector<Message>> PullConsumer::Fetch(
   if (max <= 0) return absl::InvalidArgumentError("fetch of no message");
   natsMsgList list{};
   jsErrCode code = static_cast<jsErrCode>(0);
-  const natsStatus s = natsSubscription_Fetch(
-      &list, sub_->sub.get(), max, std::max<int64_t>(1, Millis(timeout)),
-      &code);
+  const natsStatus s =
+      natsSubscription_Fetch(&list, sub_->sub.get(), max,
+                             std::max<int64_t>(1, Millis(timeout)), &code);
   std::vector<Message> out;
   // A timeout with nothing fetched is an empty answer; one after some
   // messages came still hands them over.
@@ -317,7 +317,8 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Connect(
   if (s == NATS_OK) s = natsOptions_SetMaxPingsOut(opts.get(), 2);
   // A publish issued while disconnected must not sit in the reconnect
   // buffer until the request times out: fail it now, the caller retries.
-  if (s == NATS_OK) s = natsOptions_SetFailRequestsOnDisconnect(opts.get(), true);
+  if (s == NATS_OK)
+    s = natsOptions_SetFailRequestsOnDisconnect(opts.get(), true);
   if (s != NATS_OK) return ToStatus(s, {}, "nats options");
 
   auto handles = std::make_unique<internal::Handles>();
@@ -325,8 +326,9 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Connect(
   s = natsConnection_Connect(&conn, opts.get());
   handles->conn.reset(conn);
   if (s != NATS_OK) {
-    return ToStatus(s, {}, absl::StrCat("connect to ", options.servers[0],
-                                        " and ", urls.size() - 1, " more"));
+    return ToStatus(s, {},
+                    absl::StrCat("connect to ", options.servers[0], " and ",
+                                 urls.size() - 1, " more"));
   }
   jsOptions js_opts;
   jsOptions_Init(&js_opts);
@@ -341,8 +343,8 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Connect(
 
 std::string Connection::ConnectedUrl() const {
   char buf[256];
-  if (natsConnection_GetConnectedUrl(handles_->conn.get(), buf,
-                                     sizeof(buf)) != NATS_OK) {
+  if (natsConnection_GetConnectedUrl(handles_->conn.get(), buf, sizeof(buf)) !=
+      NATS_OK) {
     return std::string();
   }
   return buf;
@@ -363,7 +365,8 @@ absl::Status Connection::EnsureStream(const StreamOptions& options) {
   cfg.MaxAge = Nanos(options.max_age);
   cfg.Duplicates = Nanos(options.duplicate_window);
   jsErrCode code = static_cast<jsErrCode>(0);
-  natsStatus s = js_AddStream(nullptr, handles_->js.get(), &cfg, nullptr, &code);
+  natsStatus s =
+      js_AddStream(nullptr, handles_->js.get(), &cfg, nullptr, &code);
   if (s == NATS_OK) return absl::OkStatus();
   // Adding an existing stream with the same settings succeeds; with other
   // settings it is refused as a name in use, and an update applies them.
@@ -410,9 +413,9 @@ absl::StatusOr<StreamInfo> Connection::GetStreamInfo(const std::string& name) {
 
 absl::StatusOr<PublishAck> Connection::Publish(const OutgoingMessage& message) {
   natsMsg* raw = nullptr;
-  natsStatus s =
-      natsMsg_Create(&raw, message.subject.c_str(), nullptr,
-                     message.data.data(), static_cast<int>(message.data.size()));
+  natsStatus s = natsMsg_Create(&raw, message.subject.c_str(), nullptr,
+                                message.data.data(),
+                                static_cast<int>(message.data.size()));
   if (s != NATS_OK) {
     return ToStatus(s, {}, absl::StrCat("message to ", message.subject));
   }
@@ -514,9 +517,9 @@ absl::StatusOr<std::unique_ptr<PullConsumer>> Connection::PullSubscribe(
                           &cfg, nullptr, &code);
     ci.reset(raw_ci);
     if (s != NATS_OK) {
-      return ToStatus(s, code,
-                      absl::StrCat("consumer ", options.durable, " on ",
-                                   options.stream));
+      return ToStatus(
+          s, code,
+          absl::StrCat("consumer ", options.durable, " on ", options.stream));
     }
   }
   jsSubOptions sub_opts;

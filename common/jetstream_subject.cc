@@ -87,9 +87,9 @@ absl::StatusOr<std::string> EventSubject(absl::string_view prefix,
                                          absl::string_view aggregate_type,
                                          absl::string_view aggregate_id) {
   if (!IsValidPrefix(prefix)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "subject prefix \"", prefix,
-        "\" must be dot-separated tokens of A-Z a-z 0-9 - _"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("subject prefix \"", prefix,
+                     "\" must be dot-separated tokens of A-Z a-z 0-9 - _"));
   }
   return absl::StrCat(prefix, ".", EscapeToken(aggregate_type), ".",
                       EscapeToken(aggregate_id));

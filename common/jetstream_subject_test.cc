@@ -46,8 +46,8 @@ TEST(EscapeToken, EmptyIsALoneTilde) {
 }
 
 TEST(EscapeToken, EveryResultIsOneValidToken) {
-  std::vector<std::string> inputs = {"", ".", "..", "a.", ".a", "*", ">",
-                                     " ", "~", "~~", "~2E", "\n"};
+  std::vector<std::string> inputs = {"",  ".", "..", "a.", ".a",  "*",
+                                     ">", " ", "~",  "~~", "~2E", "\n"};
   for (int b = 0; b < 256; ++b) inputs.push_back(std::string(1, char(b)));
   for (const std::string& in : inputs) {
     const std::string token = EscapeToken(in);
@@ -56,7 +56,7 @@ TEST(EscapeToken, EveryResultIsOneValidToken) {
 }
 
 TEST(EscapeToken, RoundTripsEveryByteAndTrickyStrings) {
-  std::vector<std::string> inputs = {"", "~", "~7E", "~~", "a~", "~a",
+  std::vector<std::string> inputs = {"",    "~",     "~7E", "~~",  "a~", "~a",
                                      "a.b", "a~2Eb", "x y", ">*.", "ab"};
   for (int b = 0; b < 256; ++b) {
     inputs.push_back(std::string(1, char(b)));
@@ -73,8 +73,8 @@ TEST(EscapeToken, RoundTripsEveryByteAndTrickyStrings) {
 // three bytes from an alphabet that mixes plain, forbidden and escape
 // characters, 2,000 of them).
 TEST(EscapeToken, DistinctInputsGiveDistinctTokens) {
-  const std::string alphabet = {'a', 'A', '0', '-', '_', '.', '*', '>',
-                                ' ', '~', '2', 'E'};
+  const std::string alphabet = {'a', 'A', '0', '-', '_', '.',
+                                '*', '>', ' ', '~', '2', 'E'};
   std::vector<std::string> inputs = {""};
   for (int len = 1; len <= 3; ++len) {
     std::vector<std::string> next;
@@ -91,8 +91,8 @@ TEST(EscapeToken, DistinctInputsGiveDistinctTokens) {
 }
 
 TEST(UnescapeToken, RefusesWhatEscapingNeverMakes) {
-  for (const char* bad : {"", "~2", "~2e", "~G0", "a~", "~41", "a.b", "a b",
-                          "*", "~~", "~7"}) {
+  for (const char* bad :
+       {"", "~2", "~2e", "~G0", "a~", "~41", "a.b", "a b", "*", "~~", "~7"}) {
     EXPECT_FALSE(UnescapeToken(bad).ok()) << bad;
   }
 }
@@ -124,8 +124,8 @@ TEST(EventSubject, TypeAndIdBoundaryIsKept) {
 }
 
 TEST(EventSubject, RefusesABadPrefix) {
-  for (const char* bad : {"", ".", "a.", ".a", "a..b", "a.*", "a.>", "a b",
-                          "$JS.API", "a~b"}) {
+  for (const char* bad :
+       {"", ".", "a.", ".a", "a..b", "a.*", "a.>", "a b", "$JS.API", "a~b"}) {
     EXPECT_FALSE(EventSubject(bad, "order", "1").ok()) << bad;
     EXPECT_FALSE(IsValidPrefix(bad)) << bad;
   }

@@ -60,8 +60,8 @@ NatsCluster::~NatsCluster() {
 absl::Status NatsCluster::Run(const std::string& args) const {
   // `start DIR PID`, `kill DIR N` ...: the folder comes second.
   std::vector<std::string> parts = absl::StrSplit(args, ' ');
-  std::string command = absl::StrCat("bash '", kScript, "' ", parts[0], " '",
-                                     dir_, "'");
+  std::string command =
+      absl::StrCat("bash '", kScript, "' ", parts[0], " '", dir_, "'");
   for (size_t i = 1; i < parts.size(); ++i) {
     absl::StrAppend(&command, " ", parts[i]);
   }
@@ -69,8 +69,8 @@ absl::Status NatsCluster::Run(const std::string& args) const {
   const int rc = std::system(command.c_str());
   if (rc != 0) {
     return absl::UnavailableError(
-        absl::StrCat("nats_cluster.sh ", args, " failed (", rc, "): ",
-                     ReadFile(dir_ + "/script.log")));
+        absl::StrCat("nats_cluster.sh ", args, " failed (", rc,
+                     "): ", ReadFile(dir_ + "/script.log")));
   }
   return absl::OkStatus();
 }
