@@ -398,6 +398,7 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
   const int second = NatsCluster::NodeOf(now->leader);
   ASSERT_NE(second, 0) << "leader " << now->leader;
   ASSERT_TRUE(cluster_->Kill(second).ok());
+  const absl::Time second_killed = absl::Now();
 
   // Every acknowledged event, once, in its subject's order, through a
   // durable consumer.
@@ -423,6 +424,8 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
         return total >= acked.size();
       },
       absl::Seconds(40)));
+  std::cout << "leader " << now->leader << " killed too; " << total
+            << " events read after " << (absl::Now() - second_killed) << "\n";
   EXPECT_EQ(total, acked.size());
   EXPECT_EQ(read, order);
   auto info = conn_->GetStreamInfo("HA");

@@ -77,11 +77,24 @@ _nats_free_port() {
   _nats_die "no free port found"
 }
 
-# _nats_pid DIR N: node N's pid if it is running.
+# _nats_alive PID: the process exists and is not a zombie (a node whose
+# starting shell has exited is reparented, and `kill -0` succeeds on it
+# until it is reaped).
+_nats_alive() {
+  local state
+  state=$(sed -n 's/^.*) \(.\).*/\1/p' "/proc/$1/stat" 2>/dev/null)
+  [ -n "$state" ] && [ "$state" != Z ]
+}
+
+# _nats_pid DIR N: node N's pid if it is running; only a process whose
+# command line names this node's config counts, so a reused pid is never
+# signalled.
 _nats_pid() {
   local pid
   pid=$(cat "$1/n$2.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+  [ -n "$pid" ] && _nats_alive "$pid" || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$1/n$2.conf" || return 1
+  echo "$pid"
 }
 
 # nats_node_start DIR N: starts node N from DIR/nN.conf (its data in
@@ -96,7 +109,7 @@ nats_node_start() {
   echo "$pid" >"$dir/n$n.pid"
   for _ in $(seq 1 150); do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || break
+    _nats_alive "$pid" || break
     sleep 0.1
   done
   tail -n 20 "$dir/n$n.log" >&2
@@ -108,7 +121,7 @@ nats_node_kill() {
   local pid
   pid=$(_nats_pid "$1" "$2") || return 0
   kill -KILL "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  for _ in $(seq 1 100); do _nats_alive "$pid" || break; sleep 0.05; done
 }
 
 # nats_node_stop DIR N: SIGTERM (a clean shutdown, which syncs the store),
@@ -117,7 +130,7 @@ nats_node_stop() {
   local pid
   pid=$(_nats_pid "$1" "$2") || return 0
   kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  for _ in $(seq 1 100); do _nats_alive "$pid" || return 0; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
 }
 
@@ -137,7 +150,7 @@ nats_meta_leader() {
 }
 
 # nats_wait_meta_leader DIR [SECONDS]: until every running node reports the
-# same meta leader (default 30 s).
+# same meta leader, itself running (default 30 s).
 nats_wait_meta_leader() {
   local dir="$1" limit="${2:-30}" deadline n port seen leader agree
   deadline=$((SECONDS + limit))
@@ -155,7 +168,9 @@ nats_wait_meta_leader() {
       fi
       seen="$leader"
     done
-    $agree && [ -n "$seen" ] && return 0
+    # A node that was just killed stays the leader in the others' eyes
+    # until they miss it: only a running one counts.
+    $agree && [ -n "$seen" ] && _nats_pid "$dir" "${seen#n}" >/dev/null && return 0
     sleep 0.2
   done
   _nats_die "no JetStream meta leader within ${limit}s"
@@ -209,7 +224,7 @@ EOF
     # Bounded by the owner's life; it polls once a second.
     (
       trap '' HUP
-      while kill -0 "$owner" 2>/dev/null && [ ! -f "$dir/.stopped" ]; do sleep 1; done
+      while _nats_alive "$owner" && [ ! -f "$dir/.stopped" ]; do sleep 1; done
       nats_cluster_stop "$dir"
     ) </dev/null >/dev/null 2>&1 &
     echo $! >"$dir/watcher.pid"
@@ -232,9 +247,10 @@ nats_cluster_stop() {
     kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
   done
   for pid in "${pids[@]}"; do
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do _nats_alive "$pid" || break; sleep 0.1; done
+    _nats_alive "$pid" && kill -KILL "$pid" 2>/dev/null
   done
+  return 0
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
