@@ -5,14 +5,16 @@
 # Two ways to use it:
 #
 #   source tests/testing/nats_cluster.sh       # in a shell test
-#   nats_cluster_start "$WORK/nats"            # NATS_URLS, NATS_MONITOR_PORTS
+#   nats_cluster_start "$WORK/nats"            # sets NATS_URLS
+#   leader=$(nats_meta_leader "$WORK/nats")    # "n1".."n3"
 #   nats_node_kill "$WORK/nats" 2              # SIGKILL node 2 (a crash)
+#   nats_wait_meta_leader "$WORK/nats"         # one among the living
 #   nats_node_start "$WORK/nats" 2             # same ports, same data dir
 #   nats_cluster_stop "$WORK/nats"             # also run by the EXIT trap
 #
 #   bash tests/testing/nats_cluster.sh start DIR [OWNER_PID]   # from a program
 #   bash tests/testing/nats_cluster.sh kill|term|restart DIR N
-#   bash tests/testing/nats_cluster.sh stop DIR
+#   bash tests/testing/nats_cluster.sh leader|stop DIR
 #
 # As a command, `start` returns once the cluster has a JetStream meta
 # leader and leaves the servers running; DIR/urls holds the client URLs
@@ -24,34 +26,41 @@
 # each with its own free client, route and monitoring port.
 #
 # Durability (what an acknowledgement means, nats-server 2.9 as Debian 12
-# ships it, checked against the v2.9.10 sources):
+# ships it, read in the v2.9.10 sources):
 #
-# - A stream's publish ack comes after the message is committed by its
-#   Raft group (a quorum, 2 of 3 for Replicas=3, appended it to their
-#   write-ahead log) and stored by the leader. "Stored" means written to
-#   the file (write(2), in the OS page cache), not fsynced: 2.9 syncs a
-#   stream's message blocks every 2 minutes and the Raft WAL every 5
-#   minutes (both hard-coded), and on a clean shutdown.
-# - So a process crash (SIGKILL, OOM kill) loses nothing acknowledged: the
-#   kernel still writes the pages. A node's OS crash or power loss can lose
-#   its last minutes; Replicas=3 repairs that from the other two. A
-#   coordinated power failure of a quorum (one rack, one zone, the whole
-#   cluster) can lose acknowledged messages; Jepsen's analysis of NATS
-#   found exactly that with the default periodic flush.
+# - A stream's publish ack comes after the message is committed by the
+#   stream's Raft group (a quorum, 2 of 3 for Replicas=3, appended it to
+#   its write-ahead log) and stored by the leader. Both the WAL and the
+#   stream's blocks are written in place, each message with write(2)
+#   before the ack (AsyncFlush off), so an ack means: in the OS page cache
+#   of at least two nodes. Nothing is fsynced per message: 2.9 fsyncs a
+#   stream's blocks every 2 minutes and a Raft WAL every 5 minutes, both
+#   hard-coded; a clean shutdown (SIGTERM) writes out what is pending but
+#   does not fsync either.
+# - So a process crash (SIGKILL, OOM kill) of any number of nodes loses
+#   nothing acknowledged: the kernel still has the pages. One node's OS
+#   crash or power loss can lose its last minutes; the other replicas
+#   repair it when it rejoins. A coordinated power failure of a quorum
+#   (one rack, one zone, the whole cluster) can lose acknowledged
+#   messages; Jepsen's analysis of NATS JetStream showed exactly that
+#   with the default periodic flush.
 # - 2.9 has no setting for it: `sync_interval` (and `sync_interval:
-#   always`, an fsync before every ack) exist from nats-server 2.10 only;
-#   2.9.10 refuses the config with `unknown field "sync_interval"`. On 2.9
-#   the choices are (a) independent failure domains for the replicas
-#   (`server_tags` with `jetstream { unique_tag: "az:" }` puts each replica
-#   in another zone): free, but trusts that zones do not fail together;
-#   (b) a store_dir on a file system mounted `-o sync`: every write
-#   becomes synchronous, which costs an fsync per write (throughput drops
-#   to what the disk's flush latency allows, on the order of hundreds to a
-#   few thousand messages per second per stream instead of hundreds of
-#   thousands); (c) nats-server 2.10+ with `sync_interval: always`, the same
-#   cost, set per server.
-# - These test nodes share one machine and one disk: they prove behaviour
-#   under process crashes, not power loss.
+#   always`, an fsync before every ack) exist from nats-server 2.10 on;
+#   2.9.10 refuses such a config (`unknown field "sync_interval"`). On
+#   2.9 the choices are
+#   (a) replicas in independent failure domains: `server_tags: ["az:1"]`
+#       per server and `jetstream { unique_tag: "az:" }` place each
+#       replica in another zone. Free at run time, but it trusts that
+#       zones do not lose power together;
+#   (b) store_dir on a file system mounted `-o sync` (e.g. ext4): every
+#       write(2) waits for the disk, WAL and blocks alike. The cost is a
+#       disk flush per message per replica: publish latency becomes the
+#       device's flush latency and throughput drops by one to two orders
+#       of magnitude on disks without a power-protected write cache;
+#   (c) nats-server 2.10+ with `sync_interval: always`: the same cost,
+#       set in the server's config.
+# - These test nodes share one machine and one disk: they show behaviour
+#   under process crashes, never under power loss.
 
 NATS_SERVER="${NATS_SERVER:-nats-server}"
 
@@ -106,6 +115,8 @@ nats_node_start() {
   port=$(cat "$dir/n$n.client_port")
   GOMAXPROCS=1 "$NATS_SERVER" -c "$dir/n$n.conf" >>"$dir/n$n.log" 2>&1 </dev/null &
   pid=$!
+  # Out of the job table: a kill later is not reported as a dead job.
+  disown "$pid" 2>/dev/null || true
   echo "$pid" >"$dir/n$n.pid"
   for _ in $(seq 1 150); do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
@@ -124,14 +135,23 @@ nats_node_kill() {
   for _ in $(seq 1 100); do _nats_alive "$pid" || break; sleep 0.05; done
 }
 
-# nats_node_stop DIR N: SIGTERM (a clean shutdown, which syncs the store),
-# SIGKILL if it is still there after 10 s.
+# nats_node_stop DIR N: SIGTERM (a clean shutdown: pending writes go out,
+# without fsync), SIGKILL if it is still there after 10 s.
 nats_node_stop() {
   local pid
   pid=$(_nats_pid "$1" "$2") || return 0
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 100); do _nats_alive "$pid" || return 0; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
+}
+
+# _nats_jsz_leader PORT: the meta leader that the node with this
+# monitoring port names; empty when it names none. Never fails, so that
+# callers under `set -e -o pipefail` go on polling.
+_nats_jsz_leader() {
+  curl -s --max-time 2 "http://127.0.0.1:$1/jsz" 2>/dev/null | tr -d '\n ' |
+    grep -o '"meta_cluster":{[^}]*' | grep -o '"leader":"[^"]*"' |
+    sed 's/"leader":"//; s/"$//' || true
 }
 
 # nats_meta_leader DIR: the server name of the JetStream meta leader as
@@ -141,9 +161,7 @@ nats_meta_leader() {
   for n in 1 2 3; do
     _nats_pid "$dir" "$n" >/dev/null || continue
     port=$(cat "$dir/n$n.monitor_port")
-    leader=$(curl -s --max-time 2 "http://127.0.0.1:$port/jsz" |
-      tr -d '\n ' | grep -o '"meta_cluster":{[^}]*' | grep -o '"leader":"[^"]*"' |
-      sed 's/"leader":"//; s/"$//')
+    leader=$(_nats_jsz_leader "$port")
     [ -n "$leader" ] && { echo "$leader"; return 0; }
   done
   return 1
@@ -159,9 +177,7 @@ nats_wait_meta_leader() {
     for n in 1 2 3; do
       _nats_pid "$dir" "$n" >/dev/null || continue
       port=$(cat "$dir/n$n.monitor_port")
-      leader=$(curl -s --max-time 2 "http://127.0.0.1:$port/jsz" |
-        tr -d '\n ' | grep -o '"meta_cluster":{[^}]*' | grep -o '"leader":"[^"]*"' |
-        sed 's/"leader":"//; s/"$//')
+      leader=$(_nats_jsz_leader "$port")
       if [ -z "$leader" ] || { [ -n "$seen" ] && [ "$leader" != "$seen" ]; }; then
         agree=false
         break
