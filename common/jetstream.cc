@@ -509,18 +509,22 @@ absl::StatusOr<std::unique_ptr<PullConsumer>> Connection::PullSubscribe(
   natsStatus s = js_AddConsumer(&raw_ci, handles_->js.get(),
                                 options.stream.c_str(), &cfg, nullptr, &code);
   std::unique_ptr<jsConsumerInfo, internal::ConsumerInfoDeleter> ci(raw_ci);
-  if (s != NATS_OK) {
-    // An existing durable with other settings: apply these.
+  // An existing durable with other settings: 2.9 applies what it can
+  // (and refuses the rest as 10013); later servers refuse any change as
+  // 10148 and want an update.
+  constexpr int kConsumerAlreadyExists = 10148;
+  if (s != NATS_OK && (code == JSConsumerNameExistErr ||
+                       static_cast<int>(code) == kConsumerAlreadyExists)) {
     code = static_cast<jsErrCode>(0);
     raw_ci = nullptr;
     s = js_UpdateConsumer(&raw_ci, handles_->js.get(), options.stream.c_str(),
                           &cfg, nullptr, &code);
     ci.reset(raw_ci);
-    if (s != NATS_OK) {
-      return ToStatus(
-          s, code,
-          absl::StrCat("consumer ", options.durable, " on ", options.stream));
-    }
+  }
+  if (s != NATS_OK) {
+    return ToStatus(
+        s, code,
+        absl::StrCat("consumer ", options.durable, " on ", options.stream));
   }
   jsSubOptions sub_opts;
   jsSubOptions_Init(&sub_opts);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/jetstream.h"
@@ -309,7 +310,7 @@ TEST_F(JetStreamTest, UnackedIsRedeliveredAfterAckWaitAckedIsNot) {
 absl::StatusOr<uint64_t> PublishUntilAcked(
     Connection& conn, const std::string& stream, const std::string& subject,
     const std::string& id, uint64_t expected, absl::Duration limit,
-    int* attempts) {
+    int* attempts, std::set<std::string>* seen) {
   const absl::Time deadline = absl::Now() + limit;
   absl::Status last = absl::DeadlineExceededError("no attempt");
   while (absl::Now() < deadline) {
@@ -320,6 +321,7 @@ absl::StatusOr<uint64_t> PublishUntilAcked(
                              .expected_last_subject_seq = expected});
     if (ack.ok()) return ack->sequence;
     last = ack.status();
+    seen->insert(absl::StatusCodeToString(last.code()));
     if (IsWrongLastSequence(last)) {
       auto stored = conn.LastOnSubject(stream, subject);
       if (stored.ok() && stored->Header("Nats-Msg-Id") == id) {
@@ -343,12 +345,14 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
   std::map<std::string, std::string> acked;               // event id -> subject
   std::map<std::string, std::vector<std::string>> order;  // subject -> ids
   int attempts = 0, n = 0;
+  std::set<std::string> publish_errors, fetch_errors;
   auto publish_some = [&](int count) {
     for (int i = 0; i < count; ++i, ++n) {
       const std::string& subject = subjects[n % subjects.size()];
       const std::string id = absl::StrCat("ha-", n);
-      auto seq = PublishUntilAcked(*conn_, "HA", subject, id, last[subject],
-                                   absl::Seconds(30), &attempts);
+      auto seq =
+          PublishUntilAcked(*conn_, "HA", subject, id, last[subject],
+                            absl::Seconds(30), &attempts, &publish_errors);
       ASSERT_TRUE(seq.ok()) << id << ": " << seq.status();
       last[subject] = *seq;
       acked[id] = subject;
@@ -411,11 +415,20 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
           auto made = conn_->PullSubscribe({.stream = "HA",
                                             .durable = "after-crash",
                                             .ack_wait = absl::Seconds(30)});
-          if (!made.ok()) return false;  // no leader yet: again
+          if (!made.ok()) {  // no leader yet: again
+            fetch_errors.insert(absl::StatusCodeToString(made.status().code()));
+            return false;
+          }
           consumer = std::move(*made);
         }
         auto batch = consumer->Fetch(50, absl::Seconds(1));
-        if (!batch.ok()) return false;
+        if (!batch.ok()) {
+          fetch_errors.insert(absl::StatusCodeToString(batch.status().code()));
+          EXPECT_TRUE(absl::IsUnavailable(batch.status()) ||
+                      absl::IsDeadlineExceeded(batch.status()))
+              << batch.status();
+          return false;
+        }
         for (Message& m : *batch) {
           read[m.subject()].push_back(m.Header("Nats-Msg-Id"));
           ++total;
@@ -426,6 +439,9 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
       absl::Seconds(40)));
   std::cout << "leader " << now->leader << " killed too; " << total
             << " events read after " << (absl::Now() - second_killed) << "\n";
+  std::cout << "errors seen: publish " << absl::StrJoin(publish_errors, ",")
+            << "; subscribe and fetch " << absl::StrJoin(fetch_errors, ",")
+            << "\n";
   EXPECT_EQ(total, acked.size());
   EXPECT_EQ(read, order);
   auto info = conn_->GetStreamInfo("HA");
