@@ -133,15 +133,24 @@ absl::StatusCode CodeFor(natsStatus s, jsErrCode code) {
 }
 
 // "<what>: <client status> (jetstream error <code>): <broker's words>".
-// Reads the thread's last libnats error, so call it right after the call
-// that failed.
+// The broker's words are the thread's last libnats error text, taken only
+// when that error's status is this one: libnats does not clear it, and a
+// failure that sets none would otherwise show an older call's text.
 absl::Status ToStatus(natsStatus s, jsErrCode code, absl::string_view what) {
   if (s == NATS_OK) return absl::OkStatus();
   std::string message = absl::StrCat(what, ": ", natsStatus_GetText(s));
   if (code != 0) absl::StrAppend(&message, " (jetstream error ", code, ")");
-  if (const char* text = nats_GetLastError(nullptr);
-      text != nullptr && *text != '\0') {
+  natsStatus last = NATS_OK;
+  if (const char* text = nats_GetLastError(&last);
+      last == s && text != nullptr && *text != '\0') {
     absl::StrAppend(&message, ": ", text);
+  }
+  if (s == NATS_NO_RESPONDERS) {
+    // libnats reports it as JetStream error 10076 (not enabled); for a
+    // publish it means that no stream leader took the subject.
+    absl::StrAppend(&message,
+                    ": no stream binds the subject, or its stream has no "
+                    "leader now");
   }
   return absl::Status(CodeFor(s, code), message);
 }

@@ -206,8 +206,9 @@ class Connection {
   Connection& operator=(const Connection&) = delete;
 
   // Creates the stream, or updates it to `options` when it exists with
-  // other settings. Replicas of an existing stream cannot change in 2.9:
-  // InvalidArgument then.
+  // other settings (2.9 also changes the replica count of an existing
+  // stream). A change the server refuses, e.g. of the storage type, is
+  // InvalidArgument.
   absl::Status EnsureStream(const StreamOptions& options);
   absl::Status DeleteStream(const std::string& name);
   absl::StatusOr<StreamInfo> GetStreamInfo(const std::string& name);

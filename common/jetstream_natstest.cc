@@ -214,6 +214,66 @@ TEST_F(JetStreamTest, RetryWithStaleExpectationIsResolvedByTheLastMsgId) {
   EXPECT_EQ(info->messages, 2u);
 }
 
+TEST_F(JetStreamTest, EnsureStreamIsIdempotentAndUpdates) {
+  StreamOptions options{
+      .name = "ENSURE", .subjects = {AllEventsUnder("ensure")}, .replicas = 3};
+  MakeStream(options.name, "ensure");
+  EXPECT_TRUE(conn_->EnsureStream(options).ok());
+  options.duplicate_window = absl::Minutes(5);
+  options.max_age = absl::Hours(24);
+  absl::Status updated = conn_->EnsureStream(options);
+  EXPECT_TRUE(updated.ok()) << updated;
+  auto info = conn_->GetStreamInfo("ENSURE");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->replicas.size(), 2u);  // the leader's two peers
+
+  auto missing = conn_->GetStreamInfo("NO_SUCH_STREAM");
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+}
+
+// Faults of the world, never of the event: no stream for the subject, and
+// a cluster that holds its connections open but answers nothing.
+TEST_F(JetStreamTest, NoStreamIsUnavailableAFrozenClusterDeadlineExceeded) {
+  MakeStream("FROZEN", "frozen");
+  auto nobody = conn_->Publish(
+      {.subject = "nostream.order.1", .data = "x", .msg_id = "n1"});
+  EXPECT_TRUE(absl::IsUnavailable(nobody.status())) << nobody.status();
+
+  auto fast = Connection::Connect(
+      {.servers = cluster_->urls(), .request_timeout = absl::Seconds(1)});
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  for (int node = 1; node <= 3; ++node) {
+    ASSERT_TRUE(cluster_->Pause(node).ok());
+  }
+  const absl::Time sent = absl::Now();
+  auto frozen = (*fast)->Publish(
+      {.subject = Subject("frozen", "o-1"), .data = "x", .msg_id = "f1"});
+  const absl::Duration took = absl::Now() - sent;
+  for (int node = 1; node <= 3; ++node) {
+    ASSERT_TRUE(cluster_->Resume(node).ok());
+  }
+  EXPECT_TRUE(absl::IsDeadlineExceeded(frozen.status())) << frozen.status();
+  EXPECT_FALSE(IsWrongLastSequence(frozen.status()));
+  EXPECT_LT(took, absl::Seconds(5));
+  std::cout << "publish to a frozen cluster: " << frozen.status() << " after "
+            << took << "\n";
+
+  // Thawed, the same event goes in (once, whatever the frozen attempt
+  // did) within a bounded time.
+  absl::StatusOr<PublishAck> ack;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        ack = (*fast)->Publish(
+            {.subject = Subject("frozen", "o-1"), .data = "x", .msg_id = "f1"});
+        return ack.ok();
+      },
+      absl::Seconds(30)))
+      << ack.status();
+  auto info = conn_->GetStreamInfo("FROZEN");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->messages, 1u);
+}
+
 TEST_F(JetStreamTest, UnackedIsRedeliveredAfterAckWaitAckedIsNot) {
   MakeStream("PULL", "pull");
   std::vector<uint64_t> seqs;

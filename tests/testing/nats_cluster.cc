@@ -85,6 +85,13 @@ absl::Status NatsCluster::Restart(int node) {
   return Run(absl::StrCat("restart ", node));
 }
 
+absl::Status NatsCluster::Pause(int node) {
+  return Run(absl::StrCat("pause ", node));
+}
+absl::Status NatsCluster::Resume(int node) {
+  return Run(absl::StrCat("resume ", node));
+}
+
 int NatsCluster::NodeOf(const std::string& server_name) {
   if (server_name == "n1") return 1;
   if (server_name == "n2") return 2;

@@ -38,6 +38,8 @@ class NatsCluster {
   absl::Status Kill(int node);     // SIGKILL
   absl::Status Stop(int node);     // SIGTERM, a clean shutdown
   absl::Status Restart(int node);  // from its own data folder
+  absl::Status Pause(int node);    // SIGSTOP: connections open, no answers
+  absl::Status Resume(int node);   // SIGCONT
   // 1-3 for "n1".."n3"; 0 for any other name.
   static int NodeOf(const std::string& server_name);
   // The end of each node's log, for a failure message.

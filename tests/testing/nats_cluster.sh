@@ -10,10 +10,11 @@
 #   nats_node_kill "$WORK/nats" 2              # SIGKILL node 2 (a crash)
 #   nats_wait_meta_leader "$WORK/nats"         # one among the living
 #   nats_node_start "$WORK/nats" 2             # same ports, same data dir
+#   nats_node_pause "$WORK/nats" 3             # SIGSTOP; nats_node_resume
 #   nats_cluster_stop "$WORK/nats"             # also run by the EXIT trap
 #
 #   bash tests/testing/nats_cluster.sh start DIR [OWNER_PID]   # from a program
-#   bash tests/testing/nats_cluster.sh kill|term|restart DIR N
+#   bash tests/testing/nats_cluster.sh kill|term|restart|pause|resume DIR N
 #   bash tests/testing/nats_cluster.sh leader|stop DIR
 #
 # As a command, `start` returns once the cluster has a JetStream meta
@@ -135,12 +136,26 @@ nats_node_kill() {
   for _ in $(seq 1 100); do _nats_alive "$pid" || break; sleep 0.05; done
 }
 
+# nats_node_pause DIR N / nats_node_resume DIR N: SIGSTOP / SIGCONT (a node
+# that holds its connections open and answers nothing: a gray failure).
+nats_node_pause() {
+  local pid
+  pid=$(_nats_pid "$1" "$2") || return 0
+  kill -STOP "$pid" 2>/dev/null || true
+}
+nats_node_resume() {
+  local pid
+  pid=$(_nats_pid "$1" "$2") || return 0
+  kill -CONT "$pid" 2>/dev/null || true
+}
+
 # nats_node_stop DIR N: SIGTERM (a clean shutdown: pending writes go out,
 # without fsync), SIGKILL if it is still there after 10 s.
 nats_node_stop() {
   local pid
   pid=$(_nats_pid "$1" "$2") || return 0
   kill -TERM "$pid" 2>/dev/null || true
+  kill -CONT "$pid" 2>/dev/null || true  # a paused node must see the TERM
   for _ in $(seq 1 100); do _nats_alive "$pid" || return 0; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
 }
@@ -261,6 +276,7 @@ nats_cluster_stop() {
   for n in 1 2 3; do
     pid=$(_nats_pid "$dir" "$n") || continue
     kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+    kill -CONT "$pid" 2>/dev/null || true
   done
   for pid in "${pids[@]}"; do
     for _ in $(seq 1 100); do _nats_alive "$pid" || break; sleep 0.1; done
@@ -278,9 +294,11 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     kill) nats_node_kill "${2:?DIR}" "${3:?N}" ;;
     term) nats_node_stop "${2:?DIR}" "${3:?N}" ;;
     restart) nats_node_start "${2:?DIR}" "${3:?N}" ;;
+    pause) nats_node_pause "${2:?DIR}" "${3:?N}" ;;
+    resume) nats_node_resume "${2:?DIR}" "${3:?N}" ;;
     leader) nats_meta_leader "${2:?DIR}" ;;
     *)
-      echo "usage: $0 start DIR [OWNER_PID] | stop DIR | kill|term|restart DIR N | leader DIR" >&2
+      echo "usage: $0 start DIR [OWNER_PID] | stop|leader DIR | kill|term|restart|pause|resume DIR N" >&2
       exit 2
       ;;
   esac
