@@ -16,9 +16,12 @@
 // Errors, so that callers can tell the event's fault from the world's:
 //   - FailedPrecondition: the broker refused a publish whose expected last
 //     subject sequence did not hold (JetStream error 10071); nothing was
-//     stored. IsWrongLastSequence() says so.
+//     stored. IsWrongLastSequence() says so. The retry of a publish whose
+//     ack was lost (same msg_id, same expectation) is refused so too by a
+//     2.9 cluster, which checks the expectation before the msg id: if
+//     LastOnSubject() carries this msg_id, the message is in.
 //   - DeadlineExceeded: no answer in time (the message may be stored: the
-//     same msg_id again is safe within the duplicate window).
+//     same msg_id again is safe within the duplicate window, see above).
 //   - Unavailable: no connection, no responders (no stream leader yet, or
 //     no stream for the subject), a cluster without quorum.
 //   - NotFound: no such stream, consumer or message.
