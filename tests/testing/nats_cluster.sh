@@ -46,9 +46,11 @@
 #   messages; Jepsen's analysis of NATS JetStream showed exactly that
 #   with the default periodic flush.
 # - 2.9 has no setting for it: `sync_interval` (and `sync_interval:
-#   always`, an fsync before every ack) exist from nats-server 2.10 on;
-#   2.9.10 refuses such a config (`unknown field "sync_interval"`). On
-#   2.9 the choices are
+#   always`, an fsync of every write) exist from nats-server 2.10 on;
+#   2.9.10 refuses such a config (`unknown field "sync_interval"`). In
+#   2.10 `always` covers the stream stores, so the leader has a message
+#   on disk before it acks; the Raft WALs follow the setting from 2.11 on.
+#   On 2.9 the choices are
 #   (a) replicas in independent failure domains: `server_tags: ["az:1"]`
 #       per server and `jetstream { unique_tag: "az:" }` place each
 #       replica in another zone. Free at run time, but it trusts that
@@ -58,8 +60,8 @@
 #       disk flush per message per replica: publish latency becomes the
 #       device's flush latency and throughput drops by one to two orders
 #       of magnitude on disks without a power-protected write cache;
-#   (c) nats-server 2.10+ with `sync_interval: always`: the same cost,
-#       set in the server's config.
+#   (c) nats-server 2.11+ with `sync_interval: always` (2.10: the leader's
+#       store only): the same cost, set in the server's config.
 # - These test nodes share one machine and one disk: they show behaviour
 #   under process crashes, never under power loss.
 
