@@ -19,6 +19,7 @@ OUTBOX_PACKAGES=(
   postgresql-15 postgresql-client-15 pgbouncer
   nodejs curl iproute2 procps python3 openssl prometheus
   python3-grpcio python3-protobuf python3-psycopg2
+  nats-server libnats-dev
 )
 
 # What scripts/test --sanitize needs besides: clang with its sanitizer and
