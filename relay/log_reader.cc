@@ -334,6 +334,16 @@ void LogReader::Forget(const std::vector<int>& partitions) {
   }
 }
 
+bool LogReader::moved() const {
+  for (const auto& [id, g] : groups_) {
+    const LogPosition at = g.Position();
+    for (int p : g.partitions) {
+      if (!SamePosition(stored_.at(p), at)) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<int> LogReader::known() const {
   std::vector<int> out;
   for (const auto& [p, id] : partition_group_) out.push_back(p);

@@ -83,6 +83,8 @@ class LogReader {
   // group's events in flight are read again).
   void Forget(const std::vector<int>& partitions);
 
+  // Some position moved since it was last stored (Flush has work).
+  bool moved() const;
   // Events read and not settled.
   size_t in_flight() const { return seq_group_.size(); }
   // Partitions whose position is known (read or stored by this reader).

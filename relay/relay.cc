@@ -1096,11 +1096,21 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   batch.batch_id = next_batch_id_++;
   batch.from_log = true;
   req.set_batch_id(batch.batch_id);
-  std::set<std::string> cut;  // an event of it cannot be sent
+  // Chains this batch must not send: one of their events is unanswered
+  // in an earlier batch (or a claim of their exceptions), or one here
+  // cannot be sent. Their events become exceptions, delivered in chain
+  // order once the one before is answered, so that a rejected event's
+  // successors wait at the relay, never at the consumer (I6).
+  std::set<std::string> cut;
+  std::set<std::string> sent_here;
   for (LogEvent& e : read->events) {
     const int64_t seq = e.event.seq();
     const std::string agg =
         OutboxChain(e.event.aggregate_type(), e.event.aggregate_id());
+    if (sent_here.count(agg) == 0 && busy_aggregates_.count(agg) > 0) {
+      cut.insert(agg);
+    }
+    sent_here.insert(agg);
     ++busy_aggregates_[agg];
     v1::Event* event = req.add_events();
     *event = std::move(e.event);
@@ -1108,8 +1118,8 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
     if (event->prev_seq() < chain_from_) event->set_prev_seq(0);
     std::string bad;
     if (cut.count(agg) > 0) {
-      // Behind one that cannot go: it waits for that one's fate among the
-      // exceptions.
+      // Behind one in flight or one that cannot go: it waits for that
+      // one's fate among the exceptions.
       marks_.push_back({seq, event->event_id(), agg, Mark::kOwed, "",
                         FieldsOf(*event), 0, true});
       req.mutable_events()->RemoveLast();
@@ -1155,8 +1165,12 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
 }
 
 bool Relay::FlushLog() {
-  if (log_ == nullptr) return true;
+  if (log_ == nullptr || !log_->moved()) return true;
+  // The positions are the log's marks: answered, not yet recorded (a crash
+  // means those events are read and sent again).
+  MaybeCrash("relay.before_mark_commit");
   absl::StatusOr<std::vector<int>> lost = log_->Flush(*conn_);
+  if (lost.ok()) MaybeCrash("relay.after_mark_commit");
   if (!lost.ok()) {
     last_db_error_ = std::string(lost.status().message());
     spdlog::warn("relay: storing log positions: {}", last_db_error_);
