@@ -28,15 +28,17 @@ from chaoslib import procs as P  # noqa: E402
 from chaoslib.pg import Postgres  # noqa: E402
 from chaoslib.proxy import ProxyLoop  # noqa: E402
 from chaoslib.runner import Run  # noqa: E402
+from chaoslib.scenarios import LOG_SCENARIOS as LOG  # noqa: E402
 from chaoslib.scenarios import SCENARIOS as CORE  # noqa: E402
 from chaoslib.topology_scenarios import SCENARIOS as TOPOLOGY  # noqa: E402
 
-# Each scenario's group: "core" (one PostgreSQL for everything) or
+# Each scenario's group: "core" (one PostgreSQL for everything),
 # "topology" (standbys, restores, PgBouncer, a hung server: their own
-# servers, chaoslib/topology_scenarios.py).
-SCENARIOS = CORE + TOPOLOGY
+# servers, chaoslib/topology_scenarios.py) or "log" (core faults with the
+# subscription delivered from the outbox log).
+SCENARIOS = CORE + TOPOLOGY + LOG
 BY_NAME = {s.name: s for s in SCENARIOS}
-GROUPS = {"core": CORE, "topology": TOPOLOGY}
+GROUPS = {"core": CORE, "topology": TOPOLOGY, "log": LOG}
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CI_SECONDS = 7
@@ -183,7 +185,8 @@ def main():
                     choices=sorted(GROUPS),
                     help="run the scenarios of this group (repeat): core "
                          "(one PostgreSQL), topology (standbys, restores, "
-                         "PgBouncer, a hung server)")
+                         "PgBouncer, a hung server), log (core faults, the "
+                         "subscription delivered from the outbox log)")
     ap.add_argument("--ci", action="store_true",
                     help=f"short: {CI_SECONDS}s of faults per scenario")
     ap.add_argument("--wait", type=int, default=None,
@@ -211,7 +214,7 @@ def main():
 
     if args.list:
         for s in SCENARIOS:
-            group = getattr(s, "group", "core")
+            group = ("log" if s in LOG else getattr(s, "group", "core"))
             print(f"{s.name:28} "
                   + (f"[{group}] " if group != "core" else "") + s.summary)
         return 0

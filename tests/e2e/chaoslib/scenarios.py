@@ -5,7 +5,7 @@ comes from run.rng (random.Random seeded with "<scenario>/<seed>"), so
 
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 # Crash points armed in the crash-points scenario (probability per pass).
@@ -491,3 +491,14 @@ SCENARIOS = [
 ]
 
 BY_NAME = {s.name: s for s in SCENARIOS}
+
+# The same faults with the subscription delivered from the outbox log
+# (outbox-relay --log_delivery): positions instead of a row per event,
+# exceptions as rows. Group "log".
+LOG_SCENARIOS = [
+    replace(BY_NAME[name], name=f"log-{name}",
+            summary=f"{BY_NAME[name].summary}; delivered from the outbox log",
+            relay_flags={**BY_NAME[name].relay_flags,
+                         "log_delivery": "true"})
+    for name in ("relay-kill", "consumer-kill", "pg-restart",
+                 "net-relay-consumer", "poison", "crash-points")]
