@@ -504,8 +504,16 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
             << "\n";
   EXPECT_EQ(total, acked.size());
   EXPECT_EQ(read, order);
-  auto info = conn_->GetStreamInfo("HA");
-  ASSERT_TRUE(info.ok()) << info.status();
+  // The stream's info is asked of its leader: until the election settles
+  // (4-9 s on 2.9, longer on a loaded machine) it may not answer.
+  absl::StatusOr<StreamInfo> info;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        info = conn_->GetStreamInfo("HA");
+        return info.ok() && !info->leader.empty();
+      },
+      absl::Seconds(30)))
+      << info.status();
   EXPECT_EQ(info->messages, acked.size());
   EXPECT_NE(info->leader, now->leader);
   ASSERT_TRUE(cluster_->Restart(second).ok()) << cluster_->Logs();
