@@ -342,6 +342,21 @@ BEGIN
   RETURN NULL;
 END $$;
 
+-- The newest tick if it is younger than `min_age`, else a new one
+-- (outbox_tick()): relays share ticks, so the rate of ticks stays near one
+-- per min_age however many relays read. Call it in READ COMMITTED.
+CREATE OR REPLACE FUNCTION outbox_tick_since(min_age interval)
+RETURNS outbox_ticks LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  t outbox_ticks;
+BEGIN
+  SELECT * INTO t FROM outbox_ticks ORDER BY id DESC LIMIT 1;
+  IF t.id IS NOT NULL AND t.made_at > clock_timestamp() - min_age THEN
+    RETURN t;
+  END IF;
+  RETURN outbox_tick();
+END $$;
+
 -- The oldest tick the log's subscriptions still need: the lowest done
 -- tick of their positions, and the start tick of one with a partition of
 -- the `partitions` not read yet. NULL when the log delivers to none.

@@ -76,7 +76,7 @@ absl::StatusOr<Tick> LogReader::TickOf(pqxx::transaction_base& tx, int64_t id) {
 
 absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
                                         const std::vector<int>& partitions,
-                                        int limit) {
+                                        int limit, bool fresh) {
   const std::set<int> wanted(partitions.begin(), partitions.end());
   LogSend out;
   try {
@@ -114,54 +114,63 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
         mine.push_back(id);
       }
     }
+    // The newest tick, for the groups whose range is done (none needs it
+    // while every group reads within its range).
+    bool wants_range = false;
+    for (int id : mine) wants_range |= !groups_.at(id).range.has_value();
     Tick latest;
-    {
+    // Whether these partitions have exceptions, when the tick's statement
+    // said so (a row made since is found at the next read).
+    std::optional<bool> exceptions;
+    if (wants_range) {
+      std::vector<int> mine_partitions;
+      for (int id : mine) {
+        const Group& g = groups_.at(id);
+        mine_partitions.insert(mine_partitions.end(), g.partitions.begin(),
+                               g.partitions.end());
+      }
       auto unit = OpenUnit(conn);
-      absl::StatusOr<Tick> newest = LatestTick(*unit);
+      absl::StatusOr<TickAndExceptions> newest =
+          TickSince(*unit,
+                    fresh ? options_.tick_interval : absl::InfiniteDuration(),
+                    options_.subscription, mine_partitions);
       if (!newest.ok()) return newest.status();
       unit->commit();
-      latest = *newest;
+      latest = newest->tick;
+      ticks_[latest.id] = latest;
+      exceptions = newest->exceptions;
+      out.exceptions = newest->exceptions;
     }
-    // A tick when one of them has read everything: then every idle group
-    // reads up to it, so groups that began apart end at one tick and read
-    // together again.
-    bool caught_up = false;
-    for (int id : mine) {
-      const Group& g = groups_.at(id);
-      caught_up |= !g.range.has_value() && !NextRange(g.at, latest.id);
-    }
-    if (caught_up && absl::Now() - last_tick_ >= options_.tick_interval) {
-      pqxx::work tx(conn);
-      ApplyLimits(tx);
-      absl::StatusOr<Tick> made = MakeTick(tx);
-      if (!made.ok()) return made.status();
-      tx.commit();
-      last_tick_ = absl::Now();
-      latest = *made;
-    }
-    ticks_[latest.id] = latest;
     std::vector<int> readable;
+    bool caught_up = false;
     for (int id : mine) {
       Group& g = groups_.at(id);
       if (!g.range.has_value()) {
         assert(g.idle());
         g.range = NextRange(g.at, latest.id);
-        if (!g.range.has_value()) continue;
+        if (!g.range.has_value()) {
+          caught_up = true;
+          continue;
+        }
         g.progress = RangeProgress(g.range->after_seq);
       }
       if (!g.progress.read_all()) readable.push_back(id);
     }
+    if (fresh && caught_up && latest.age < options_.tick_interval) {
+      out.retry_in = options_.tick_interval - latest.age;
+    }
     if (readable.empty()) return out;
 
-    // One transaction: the reads, the chains with exceptions, and the
-    // events of those chains owed as exceptions.
+    // Statements of their own: what they read counts only once the events
+    // of chains with exceptions are owed (a failure, or a crash, before
+    // then reads it all again; owing twice writes nothing).
     struct Read {
       int group;
       LogBatch batch;
     };
     std::vector<Read> reads;
-    pqxx::work tx(conn);
-    ApplyLimits(tx);
+    auto unit = OpenUnit(conn);
+    pqxx::transaction_base& tx = *unit;
     int left = limit;
     int64_t budget = options_.payload_budget;
     std::vector<int> read_partitions;
@@ -195,11 +204,12 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
     std::set<std::string> excepted;
     bool any = false;
     for (const Read& r : reads) any |= !r.batch.events.empty();
-    if (any) {
+    if (any && exceptions.value_or(true)) {
       absl::StatusOr<std::set<std::string>> chains =
           ExceptedChains(tx, options_.subscription, read_partitions);
       if (!chains.ok()) return chains.status();
       excepted = *std::move(chains);
+      out.exceptions = !excepted.empty();
     }
     std::vector<BatchPlan> plans;
     std::vector<int64_t> diverted;
@@ -218,10 +228,11 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
       absl::StatusOr<int64_t> owed =
           OweExceptions(tx, options_.subscription, diverted);
       if (!owed.ok()) return owed.status();
+      out.exceptions = true;
     }
-    tx.commit();
+    unit->commit();
 
-    // Committed: now it counts.
+    // Owed: now it counts.
     for (size_t i = 0; i < reads.size(); ++i) {
       Group& g = groups_.at(reads[i].group);
       std::vector<int64_t> seqs;

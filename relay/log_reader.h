@@ -40,8 +40,9 @@ struct LogReaderOptions {
   std::string subscription;
   std::string member;  // the leases' owner name (relay/leases.h)
   int64_t payload_budget = 4ll << 20;  // per read, bytes (relay/outbox_row.h)
-  // A new tick at most this often (a read that finds every range done
-  // makes one; other relays' ticks serve too).
+  // A new tick at most this often, whoever makes it (outbox_tick_since):
+  // a fresh read that finds a range done makes one unless the newest is
+  // younger, which it reads instead.
   absl::Duration tick_interval = absl::Milliseconds(5);
 };
 
@@ -51,6 +52,12 @@ struct LogSend {
   int64_t diverted = 0;
   // A read stopped at its limit: more events are ready.
   bool more = false;
+  // A fresh read found a range done and the newest tick too young to make
+  // another: read again after this (events may have committed since).
+  absl::Duration retry_in;
+  // The subscription may have exceptions in these partitions (false only
+  // when this read saw that it had none): their claim is due.
+  bool exceptions = true;
 };
 
 class LogReader {
@@ -58,14 +65,17 @@ class LogReader {
   explicit LogReader(LogReaderOptions options);
 
   // Reads up to `limit` events of `partitions` (leased by the member):
-  // positions not known yet are read first, a tick is made when every
-  // range of them is done (at most once per tick_interval), and the events
-  // of chains that have exceptions are owed as exceptions in the read's
-  // transaction. A partition whose events are in flight keeps reading
-  // within its range, never beyond it, until they settle. On an error
-  // nothing read counts (read again next time).
+  // positions not known yet are read first; a partition whose range is
+  // done reads on to the newest tick, and with `fresh` (events may have
+  // committed since the newest tick: a NOTIFY, a poll) to a new one when
+  // the newest is older than tick_interval. The events of chains that have
+  // exceptions are owed as exceptions before anything counts as read. A
+  // partition whose events are in flight keeps reading within its range,
+  // never beyond it, until they settle. On an error nothing read counts
+  // (read again next time).
   absl::StatusOr<LogSend> Next(pqxx::connection& conn,
-                               const std::vector<int>& partitions, int limit);
+                               const std::vector<int>& partitions, int limit,
+                               bool fresh = true);
 
   // An event that Next returned was answered (applied, duplicate or held),
   // or is owed as an exception now (committed). False if it was not in
@@ -117,7 +127,6 @@ class LogReader {
   std::map<int, LogPosition> stored_;  // as in the database, per partition
   std::map<int64_t, int> seq_group_;   // events in flight
   std::map<int64_t, Tick> ticks_;      // of ranges being read
-  absl::Time last_tick_ = absl::InfinitePast();
 };
 
 }  // namespace outbox::relay

@@ -15,12 +15,15 @@ namespace outbox::relay {
 
 namespace {
 
-constexpr char kTickColumns[] = "id, snapshot::text AS snapshot, high_seq";
+constexpr char kTickColumns[] =
+    "id, snapshot::text AS snapshot, high_seq, extract(epoch FROM "
+    "clock_timestamp() - made_at)::float8 AS age";
 
 absl::StatusOr<Tick> TickFromRow(const pqxx::row& row) {
   Tick t;
   t.id = row["id"].as<int64_t>();
   t.high_seq = row["high_seq"].as<int64_t>();
+  t.age = absl::Seconds(row["age"].as<double>());
   absl::StatusOr<Snapshot> s = Snapshot::Parse(row["snapshot"].c_str());
   if (!s.ok()) return s.status();
   t.snapshot = *std::move(s);
@@ -134,6 +137,49 @@ absl::StatusOr<Tick> MakeTick(pqxx::transaction_base& tx) {
   static const std::string kSql =
       absl::StrCat("SELECT ", kTickColumns, " FROM outbox_tick()");
   return OneTick(tx, kSql, 0);
+}
+
+namespace {
+
+double MinAgeSeconds(absl::Duration min_age) {
+  // Any age: 30 years (more would take now() - min_age out of the
+  // timestamp range).
+  constexpr double kAnyAge = 30.0 * 365 * 24 * 3600;
+  return std::min(absl::ToDoubleSeconds(min_age), kAnyAge);
+}
+
+}  // namespace
+
+absl::StatusOr<Tick> TickSince(pqxx::transaction_base& tx,
+                               absl::Duration min_age) {
+  static const std::string kSql = absl::StrCat(
+      "SELECT ", kTickColumns, " FROM outbox_tick_since(make_interval(secs => ",
+      "$1::float8))");
+  try {
+    pqxx::result r = tx.exec_params(kSql, MinAgeSeconds(min_age));
+    return TickFromRow(r[0]);
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+}
+
+absl::StatusOr<TickAndExceptions> TickSince(
+    pqxx::transaction_base& tx, absl::Duration min_age,
+    const std::string& subscription, const std::vector<int>& partitions) {
+  static const std::string kSql = absl::StrCat(
+      "SELECT ", kTickColumns,
+      ", EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.subscription = $2 "
+      "AND d.partition = ANY($3::int[])) AS exceptions FROM "
+      "outbox_tick_since(make_interval(secs => $1::float8))");
+  try {
+    pqxx::result r = tx.exec_params(kSql, MinAgeSeconds(min_age), subscription,
+                                    ArrayLiteral(partitions).str());
+    absl::StatusOr<Tick> t = TickFromRow(r[0]);
+    if (!t.ok()) return t.status();
+    return TickAndExceptions{*std::move(t), r[0]["exceptions"].as<bool>()};
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
 }
 
 absl::StatusOr<Tick> ReadTick(pqxx::transaction_base& tx, int64_t id) {

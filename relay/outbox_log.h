@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "outbox/v1/event.pb.h"
 #include "relay/log_plan.h"
 
@@ -51,12 +52,30 @@ struct Tick {
   int64_t id = 0;
   Snapshot snapshot;
   int64_t high_seq = 0;  // the highest seq visible in `snapshot`, 0 for none
+  absl::Duration age;    // since it was made, when it was read
 };
 
 // Makes the next tick (outbox_tick(): ticks are numbered in the order of
 // their snapshots). The events it shows are readable by any statement that
 // follows it.
 absl::StatusOr<Tick> MakeTick(pqxx::transaction_base& tx);
+
+// The newest tick if it is younger than `min_age` (InfiniteDuration: the
+// newest, whatever its age), else a new one (outbox_tick_since): ticks
+// shared by every relay.
+absl::StatusOr<Tick> TickSince(pqxx::transaction_base& tx,
+                               absl::Duration min_age);
+
+// TickSince, and in the same statement whether `subscription` has
+// exceptions (outbox_delivery rows) in `partitions`.
+struct TickAndExceptions {
+  Tick tick;
+  bool exceptions = false;
+};
+absl::StatusOr<TickAndExceptions> TickSince(pqxx::transaction_base& tx,
+                                            absl::Duration min_age,
+                                            const std::string& subscription,
+                                            const std::vector<int>& partitions);
 
 // The tick `id`; NotFound if there is none (pruned, or never made).
 absl::StatusOr<Tick> ReadTick(pqxx::transaction_base& tx, int64_t id);

@@ -99,6 +99,27 @@ TEST_F(OutboxLogTest, TheMigrationMakesTheFirstTick) {
   EXPECT_TRUE(absl::IsNotFound(ReadTick(tx, 2).status()));
 }
 
+// Relays share ticks: one younger than the asked age is read, not made
+// again.
+TEST_F(OutboxLogTest, ATickYoungerThanAskedIsSharedNotMadeAgain) {
+  const auto since = [&](absl::Duration age) {
+    pqxx::work tx(conn_);
+    absl::StatusOr<Tick> t = TickSince(tx, age);
+    EXPECT_TRUE(t.ok()) << t.status();
+    tx.commit();
+    return t.ok() ? *t : Tick{};
+  };
+  const Tick made = since(absl::ZeroDuration());
+  EXPECT_EQ(made.id, 2);
+  EXPECT_LT(made.age, absl::Seconds(1));
+  const Tick shared = since(absl::Hours(1));
+  EXPECT_EQ(shared.id, 2);
+  EXPECT_EQ(since(absl::InfiniteDuration()).id, 2);  // whatever its age
+  EXPECT_GE(shared.age, made.age);
+  EXPECT_EQ(since(absl::ZeroDuration()).id, 3);
+  EXPECT_EQ(Latest().id, 3);
+}
+
 TEST_F(OutboxLogTest, ReadsARangeInSeqOrderBatchByBatch) {
   const Tick from = Latest();
   std::vector<int64_t> written;

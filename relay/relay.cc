@@ -23,6 +23,10 @@
 namespace outbox::relay {
 namespace {
 
+// How often at most a relay stores the log positions that moved (always
+// before it gives up partitions and when it stops).
+constexpr absl::Duration kLogFlushInterval = absl::Milliseconds(200);
+
 int NewMemberKey() {
   thread_local absl::BitGen gen;
   return absl::Uniform<int>(gen, 1, 1 << 30);
@@ -1049,7 +1053,10 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
       LanePartitions(owned_, releasing_, slot, slots);
   if (partitions.empty()) return true;
   const int limit = LaneLimit(lane);
-  if (limit == 0) return true;
+  if (limit == 0) {
+    log_exceptions_round_ = true;  // not read: unknown
+    return true;
+  }
   if (log_ == nullptr) {
     log_ = std::make_unique<LogReader>(
         LogReaderOptions{.subscription = options_.subscription,
@@ -1058,7 +1065,15 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   }
   round->ran = true;
   const absl::Time t0 = absl::Now();
-  absl::StatusOr<LogSend> read = log_->Next(*conn_, partitions, limit);
+  // A new tick only when events may have committed since the newest one:
+  // an idle relay makes one per poll_interval at most.
+  bool fresh = heard_ || log_active_ || !listener_->works() ||
+               !listener_->wants_wakes() || t0 >= log_retry_at_;
+  if (t0 >= next_log_poll_) {
+    fresh = true;
+    next_log_poll_ = t0 + options_.poll_interval;
+  }
+  absl::StatusOr<LogSend> read = log_->Next(*conn_, partitions, limit, fresh);
   if (!read.ok() && SqlStateOf(read.status()) == "55000") {
     // The database's transaction ids went back (a dump restored into
     // another cluster): nothing the log read may be trusted until it is
@@ -1072,6 +1087,13 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   }
   claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   if (options_.after_claim) options_.after_claim(read->events.size());
+  log_active_ = !read->events.empty() || read->diverted > 0;
+  log_exceptions_round_ |= read->exceptions;
+  if (read->retry_in > absl::ZeroDuration()) {
+    log_retry_at_ = std::min(log_retry_at_, absl::Now() + read->retry_in);
+  } else if (fresh) {
+    log_retry_at_ = absl::InfiniteFuture();
+  }
   if (read->diverted > 0) {
     spdlog::debug("relay: {} events of chains with exceptions join them",
                   read->diverted);
@@ -1164,8 +1186,12 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   return true;
 }
 
-bool Relay::FlushLog() {
+bool Relay::FlushLog(bool now) {
   if (log_ == nullptr || !log_->moved()) return true;
+  // A position stored late only means events read again after a crash (and
+  // answered DUPLICATE); every statement less counts at a high rate.
+  if (!now && absl::Now() < next_log_flush_) return true;
+  next_log_flush_ = absl::Now() + kLogFlushInterval;
   // The positions are the log's marks: answered, not yet recorded (a crash
   // means those events are read and sent again).
   MaybeCrash("relay.before_mark_commit");
@@ -1376,6 +1402,7 @@ bool Relay::FlushMarks() {
                    options_.subscription, delivered.str(), delivered_ids.str());
     }
     if (!owed.empty()) {
+      log_exceptions_ = true;
       // Rows first: the rejections and divergences below are theirs.
       absl::StatusOr<int64_t> n =
           OweExceptions(tx, options_.subscription, owed);
@@ -1492,7 +1519,10 @@ bool Relay::WriteRepairs() {
                                   *consumer_identity_seen_);
     }
     ReOwed owed;
-    if (!reowe_.empty()) owed = ReOwe(*tx, options_.subscription, reowe_);
+    if (!reowe_.empty()) {
+      owed = ReOwe(*tx, options_.subscription, reowe_);
+      log_exceptions_ = true;
+    }
     diverged_->Add(RecordGaps(*tx, options_.subscription, owed));
     tx->commit();
     if (consumer_identity_seen_.has_value()) {
@@ -1569,6 +1599,7 @@ void Relay::DropEverything(const std::string& why) {
   reowe_.clear();
   busy_aggregates_.clear();
   log_.reset();  // positions are read again
+  log_exceptions_ = true;
   ++freed_;
   try {
     auto tx = OpenUnit(*conn_);
@@ -1904,7 +1935,7 @@ void Relay::Run() {
     if (db_ok && (stopping || rebalance_due || !MarksRideWithClaim())) {
       db_ok = FlushMarks();
     }
-    if (db_ok) db_ok = FlushLog();
+    if (db_ok) db_ok = FlushLog(stopping || rebalance_due);
     if (db_ok) db_ok = WriteRepairs();
     if (stopping) {
       if ((InFlightEvents() == 0 && marks_.empty()) ||
@@ -1924,15 +1955,26 @@ void Relay::Run() {
           paused_.empty() ? ServingLanes() : std::vector<Lane*>{};
       ClaimRound round;
       // The claims below see every row notified so far.
-      listener_->ClearNotified();
+      heard_ = listener_->TakeNotified();
+      // On the log, the claims are of exceptions only: while there may be
+      // some, and once per poll_interval.
+      const bool claims = !on_log_ || log_exceptions_ ||
+                          absl::Now() >= next_exception_claim_;
+      if (on_log_ && claims) {
+        next_exception_claim_ = absl::Now() + options_.poll_interval;
+      }
+      log_exceptions_round_ = false;
       for (size_t i = 0; db_ok && i < serving.size(); ++i) {
-        db_ok = Claim(*serving[i], static_cast<int>(i),
-                      static_cast<int>(serving.size()), &round);
+        if (claims) {
+          db_ok = Claim(*serving[i], static_cast<int>(i),
+                        static_cast<int>(serving.size()), &round);
+        }
         if (db_ok && on_log_) {
           db_ok = SendFromLog(*serving[i], static_cast<int>(i),
                               static_cast<int>(serving.size()), &round);
         }
       }
+      if (on_log_ && db_ok) log_exceptions_ = log_exceptions_round_;
       if (db_ok) db_ok = FlushMarks();  // no claim ran to write them
       for (Lane& lane : lanes_) {
         if (db_ok) db_ok = ReleaseFenced(lane);
@@ -1987,6 +2029,11 @@ void Relay::Run() {
     for (const Lane& lane : lanes_) fenced |= !lane.fenced.empty();
     // Standbys flush within milliseconds; a held batch is looked at often.
     if (fenced) wait = std::min(wait, absl::Milliseconds(2));
+    // A tick refused as too early is asked for again when it is due.
+    if (on_log_ && log_retry_at_ != absl::InfiniteFuture()) {
+      wait = std::min(wait, std::max(absl::ZeroDuration(),
+                                     log_retry_at_ - absl::Now()));
+    }
     std::unique_lock<std::mutex> lock(mu_);
     state_.partitions_owned.assign(owned_.begin(), owned_.end());
     state_.in_flight = InFlightEvents();
@@ -2025,7 +2072,7 @@ void Relay::Run() {
     lane.stream.reset();
   }
   if (conn_ != nullptr) {
-    if (FlushMarks()) FlushLog();
+    if (FlushMarks()) FlushLog(true);
     try {
       // The others take the partitions over now, not when the leases
       // would expire.

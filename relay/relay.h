@@ -308,8 +308,9 @@ class Relay {
   // The same from the outbox log (on_log_): reads the next events of those
   // partitions and sends them on `lane`.
   bool SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round);
-  // Stores the log positions that answers moved (written marks only).
-  bool FlushLog();
+  // Stores the log positions that answers moved (written marks only), at
+  // most every kLogFlushInterval unless `now`.
+  bool FlushLog(bool now);
   // Reads whether the subscription is on the log, moving it there first
   // when options_.log_delivery says so. Throws on a database error.
   void EnsureLog(pqxx::connection& conn);
@@ -430,6 +431,21 @@ class Relay {
   // of its exceptions.
   bool on_log_ = false;
   std::unique_ptr<LogReader> log_;
+  // When the log reads fresh (LogReader::Next): a NOTIFY was heard this
+  // round, the last read found events, no NOTIFY can be heard now, a
+  // refused tick is due again (log_retry_at_) or a poll is due.
+  bool heard_ = false;
+  bool log_active_ = true;
+  absl::Time log_retry_at_ = absl::InfiniteFuture();
+  absl::Time next_log_poll_ = absl::InfinitePast();
+  absl::Time next_log_flush_ = absl::InfinitePast();
+  // Whether the subscription may have exceptions in the owned partitions
+  // (as the last round's reads saw, or this relay owed one since): their
+  // claim runs each round while it may, else once per poll_interval (for
+  // rows an operator or a heal wrote).
+  bool log_exceptions_ = true;
+  bool log_exceptions_round_ = false;
+  absl::Time next_exception_claim_ = absl::InfinitePast();
 
   std::string last_db_error_;  // of the last failed step, for the watchdog
   // Why the subscription is not delivered: an operator paused it ("" when
