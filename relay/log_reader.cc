@@ -130,10 +130,9 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
                                g.partitions.end());
       }
       auto unit = OpenUnit(conn);
-      absl::StatusOr<TickAndExceptions> newest =
-          TickSince(*unit,
-                    fresh ? options_.tick_interval : absl::InfiniteDuration(),
-                    options_.subscription, mine_partitions);
+      absl::StatusOr<TickAndExceptions> newest = TickSince(
+          *unit, fresh ? options_.tick_interval : absl::InfiniteDuration(),
+          options_.subscription, mine_partitions);
       if (!newest.ok()) return newest.status();
       unit->commit();
       latest = newest->tick;

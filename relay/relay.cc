@@ -1958,8 +1958,8 @@ void Relay::Run() {
       heard_ = listener_->TakeNotified();
       // On the log, the claims are of exceptions only: while there may be
       // some, and once per poll_interval.
-      const bool claims = !on_log_ || log_exceptions_ ||
-                          absl::Now() >= next_exception_claim_;
+      const bool claims =
+          !on_log_ || log_exceptions_ || absl::Now() >= next_exception_claim_;
       if (on_log_ && claims) {
         next_exception_claim_ = absl::Now() + options_.poll_interval;
       }
@@ -2031,8 +2031,8 @@ void Relay::Run() {
     if (fenced) wait = std::min(wait, absl::Milliseconds(2));
     // A tick refused as too early is asked for again when it is due.
     if (on_log_ && log_retry_at_ != absl::InfiniteFuture()) {
-      wait = std::min(wait, std::max(absl::ZeroDuration(),
-                                     log_retry_at_ - absl::Now()));
+      wait = std::min(
+          wait, std::max(absl::ZeroDuration(), log_retry_at_ - absl::Now()));
     }
     std::unique_lock<std::mutex> lock(mu_);
     state_.partitions_owned.assign(owned_.begin(), owned_.end());
