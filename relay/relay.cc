@@ -23,6 +23,18 @@
 namespace outbox::relay {
 namespace {
 
+// Why an event cannot be delivered, or "": its stored payload is not an
+// outbox.v1.Event, or the event (of `size` bytes) is too large for the
+// consumer.
+std::string Undeliverable(bool parsed, size_t size) {
+  if (!parsed) return "payload: not a valid outbox.v1.Event";
+  if (size > kMaxEventBytes) {
+    return absl::StrCat("payload: the event takes ", size, " bytes; at most ",
+                        kMaxEventBytes, " can be delivered");
+  }
+  return "";
+}
+
 // How often at most a relay stores the log positions that moved (always
 // before it gives up partitions and when it stops).
 constexpr absl::Duration kLogFlushInterval = absl::Milliseconds(200);
@@ -983,14 +995,8 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
           // this subscriber the chain starts here.
           event->set_prev_seq(0);
         }
-        if (!parsed) {
-          bad = "payload: not a valid outbox.v1.Event";
-        } else if (size = req.events(req.events_size() - 1).ByteSizeLong();
-                   size > kMaxEventBytes) {
-          bad = absl::StrCat("payload: the event takes ", size,
-                             " bytes; at most ", kMaxEventBytes,
-                             " can be delivered");
-        }
+        if (parsed) size = event->ByteSizeLong();
+        bad = Undeliverable(parsed, size);
         ++busy_aggregates_[agg];
         if (!bad.empty()) {
           // Its successors must not overtake it: they wait for its fate.
@@ -1015,22 +1021,8 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         full |= bytes >= kMaxDeliveryBatchBytes;
         batch.full = full || static_cast<int>(rows.size()) >= limit;
         round->full |= batch.full;
-        batch_events_->Observe(static_cast<double>(req.events_size()));
-        batch.inbox_high_at_send = inbox_high_;
-        if (fence_ != nullptr) {
-          // Every row read had committed before this position: the batch
-          // goes once the standbys flushed it (ReleaseFenced).
-          batch.sent_at = absl::InfiniteFuture();
-          lane.in_flight[batch.batch_id] = std::move(batch);
-          lane.fenced.emplace_back(
-              ParseLsn(rows[0]["lsn"].as<std::string>()).value_or(~0ull),
-              std::move(req));
-        } else {
-          batch.sent_at = absl::Now();
-          lane.in_flight[batch.batch_id] = std::move(batch);
-          lane.stream->Send(std::move(req));
-          batches_->Add();
-        }
+        Dispatch(lane, std::move(batch), std::move(req),
+                 fence_ == nullptr ? "" : rows[0]["lsn"].as<std::string>());
       }
       if (full) break;
       if (static_cast<int>(rows.size()) < limit) {
@@ -1147,13 +1139,8 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
       req.mutable_events()->RemoveLast();
       continue;
     }
-    if (!e.payload_ok) {
-      bad = "payload: not a valid outbox.v1.Event";
-    } else if (const size_t size = event->ByteSizeLong();
-               size > kMaxEventBytes) {
-      bad = absl::StrCat("payload: the event takes ", size, " bytes; at most ",
-                         kMaxEventBytes, " can be delivered");
-    }
+    bad = Undeliverable(e.payload_ok,
+                        e.payload_ok ? event->ByteSizeLong() : 0);
     if (!bad.empty()) {
       marks_.push_back({seq, event->event_id(), agg, Mark::kRejected, bad,
                         FieldsOf(*event), 0, true});
@@ -1171,9 +1158,17 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   MaybeCrash("relay.after_claim_before_send");
   batch.full = read->more;
   round->full |= batch.full;
+  Dispatch(lane, std::move(batch), std::move(req), lsn);
+  return true;
+}
+
+void Relay::Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
+                     const std::string& lsn) {
   batch_events_->Observe(static_cast<double>(req.events_size()));
   batch.inbox_high_at_send = inbox_high_;
   if (fence_ != nullptr) {
+    // Every event read had committed before this position: the batch goes
+    // once the standbys flushed it (ReleaseFenced).
     batch.sent_at = absl::InfiniteFuture();
     lane.in_flight[batch.batch_id] = std::move(batch);
     lane.fenced.emplace_back(ParseLsn(lsn).value_or(~0ull), std::move(req));
@@ -1183,7 +1178,6 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
     lane.stream->Send(std::move(req));
     batches_->Add();
   }
-  return true;
 }
 
 bool Relay::FlushLog(bool now) {

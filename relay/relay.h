@@ -308,6 +308,10 @@ class Relay {
   // The same from the outbox log (on_log_): reads the next events of those
   // partitions and sends them on `lane`.
   bool SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round);
+  // Sends `req` (`batch` in flight) on `lane`, or holds it until the
+  // standbys flushed WAL position `lsn` (the fence).
+  void Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
+                const std::string& lsn);
   // Stores the log positions that answers moved (written marks only), at
   // most every kLogFlushInterval unless `now`.
   bool FlushLog(bool now);

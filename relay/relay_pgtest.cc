@@ -232,6 +232,30 @@ class RelayTest : public ::testing::Test {
     return o;
   }
 
+  // Gives `order`'s first event a schema this consumer cannot read.
+  void Poison(const std::string& order) {
+    orders_.Exec(absl::StrCat(
+        "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) "
+        "FROM outbox WHERE aggregate_id = '",
+        order, "')"));
+  }
+  // Waits until it is the one dead letter, after its 3 attempts (Options),
+  // and every event not of `order` (3 events) is applied.
+  void ExpectPoisonDead(const std::string& order) {
+    ASSERT_TRUE(WaitFor([&] {
+      return orders_.Scalar("SELECT count(*) FROM outbox_delivery WHERE "
+                            "status = 'dead'") == 1;
+    }));
+    ASSERT_TRUE(WaitFor([&] { return Applied() == Events() - 3; }));
+    pqxx::result dead = orders_.Query(
+        "SELECT aggregate_id, attempts, last_error FROM outbox_delivery WHERE "
+        "status = 'dead'");
+    EXPECT_EQ(dead[0][0].as<std::string>(), order);
+    EXPECT_EQ(dead[0][1].as<int>(), 3);
+    EXPECT_NE(dead[0][2].as<std::string>().find("schema_version"),
+              std::string::npos);
+  }
+
   // Creates an order (one event); its id, empty if it failed.
   std::string CreateOrder() {
     v1::CreateOrderRequest req;
@@ -829,27 +853,11 @@ TEST_F(RelayTest, ARejectedEventBacksOffByTheOneRetryDelay) {
 TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
   std::vector<std::string> ids = MakeOrders(6);  // order 0: three events
   const std::string poison = ids[0];
-  // Its first event now claims a schema this consumer cannot read.
-  orders_.Exec(absl::StrCat(
-      "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) FROM "
-      "outbox WHERE aggregate_id = '",
-      poison, "')"));
+  Poison(poison);
   Consumer consumer(billing_.url(), 0);
   Relay relay(Options(consumer.port()), &metrics_);
   relay.Start();
-  ASSERT_TRUE(WaitFor([&] {
-    return orders_.Scalar(
-               "SELECT count(*) FROM outbox_delivery WHERE status = 'dead'") ==
-           1;
-  }));
-  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() - 3; }));
-  pqxx::result dead = orders_.Query(
-      "SELECT aggregate_id, attempts, last_error FROM outbox_delivery WHERE "
-      "status = 'dead'");
-  EXPECT_EQ(dead[0][0].as<std::string>(), poison);
-  EXPECT_EQ(dead[0][1].as<int>(), 3);
-  EXPECT_NE(dead[0][2].as<std::string>().find("schema_version"),
-            std::string::npos);
+  ASSERT_NO_FATAL_FAILURE(ExpectPoisonDead(poison));
   // Its successors wait at the relay, not at the consumer.
   EXPECT_EQ(
       orders_.Scalar(absl::StrCat(
@@ -2384,26 +2392,11 @@ TEST_F(LogRelayTest, ARelayStoppedMidFlightLosesNothing) {
 TEST_F(LogRelayTest, APoisonEventIsAnExceptionAndOnlyItsChainWaits) {
   std::vector<std::string> ids = MakeOrders(6);  // order 0: three events
   const std::string poison = ids[0];
-  orders_.Exec(absl::StrCat(
-      "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) FROM "
-      "outbox WHERE aggregate_id = '",
-      poison, "')"));
+  Poison(poison);
   Consumer consumer(billing_.url(), 0);
   Relay relay(Options(consumer.port()), &metrics_);
   relay.Start();
-  ASSERT_TRUE(WaitFor([&] {
-    return orders_.Scalar(
-               "SELECT count(*) FROM outbox_delivery WHERE status = 'dead'") ==
-           1;
-  }));
-  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() - 3; }));
-  pqxx::result dead = orders_.Query(
-      "SELECT aggregate_id, attempts, last_error FROM outbox_delivery WHERE "
-      "status = 'dead'");
-  EXPECT_EQ(dead[0][0].as<std::string>(), poison);
-  EXPECT_EQ(dead[0][1].as<int>(), 3);
-  EXPECT_NE(dead[0][2].as<std::string>().find("schema_version"),
-            std::string::npos);
+  ASSERT_NO_FATAL_FAILURE(ExpectPoisonDead(poison));
   // Its successors wait at the relay, as exceptions behind it; the log's
   // positions passed every event.
   EXPECT_EQ(
