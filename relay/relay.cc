@@ -1139,8 +1139,7 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
       req.mutable_events()->RemoveLast();
       continue;
     }
-    bad = Undeliverable(e.payload_ok,
-                        e.payload_ok ? event->ByteSizeLong() : 0);
+    bad = Undeliverable(e.payload_ok, e.payload_ok ? event->ByteSizeLong() : 0);
     if (!bad.empty()) {
       marks_.push_back({seq, event->event_id(), agg, Mark::kRejected, bad,
                         FieldsOf(*event), 0, true});

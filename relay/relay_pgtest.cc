@@ -243,8 +243,9 @@ class RelayTest : public ::testing::Test {
   // and every event not of `order` (3 events) is applied.
   void ExpectPoisonDead(const std::string& order) {
     ASSERT_TRUE(WaitFor([&] {
-      return orders_.Scalar("SELECT count(*) FROM outbox_delivery WHERE "
-                            "status = 'dead'") == 1;
+      return orders_.Scalar(
+                 "SELECT count(*) FROM outbox_delivery WHERE "
+                 "status = 'dead'") == 1;
     }));
     ASSERT_TRUE(WaitFor([&] { return Applied() == Events() - 3; }));
     pqxx::result dead = orders_.Query(
