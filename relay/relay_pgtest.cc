@@ -2466,6 +2466,32 @@ TEST_F(LogRelayTest, AConsumerOutageCostsTimeNotAttempts) {
             0);
 }
 
+// The backlog figures count what the log owes, and how old it is.
+TEST_F(LogRelayTest, TheBacklogFiguresCountWhatTheLogOwes) {
+  ClosingListener down;
+  MakeOrders(10);  // 19 events
+  orders_.Exec("UPDATE outbox SET created_at = now() - interval '1 hour'");
+  RelayOptions o = Options(down.port());
+  o.backlog_refresh = absl::Milliseconds(200);
+  Relay relay(o, &metrics_);
+  relay.Start();
+  // One gauge per owned partition.
+  const auto pending = [&] {
+    double n = 0;
+    for (absl::string_view line :
+         absl::StrSplit(metrics_.Render(), '\n')) {
+      double v = 0;
+      if (absl::StartsWith(line, "outbox_relay_pending_events{") &&
+          absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) {
+        n += v;
+      }
+    }
+    return static_cast<int64_t>(n);
+  };
+  ASSERT_TRUE(WaitFor([&] { return pending() == Events(); })) << pending();
+  EXPECT_GE(MaxOf(metrics_, "outbox_relay_oldest_pending_seconds"), 3500);
+}
+
 // Retention deletes what the log delivered, and nothing it still owes.
 TEST_F(LogRelayTest, RetentionWaitsForTheLogsPositions) {
   MakeOrders(10);
