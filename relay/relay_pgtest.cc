@@ -2478,8 +2478,7 @@ TEST_F(LogRelayTest, TheBacklogFiguresCountWhatTheLogOwes) {
   // One gauge per owned partition.
   const auto pending = [&] {
     double n = 0;
-    for (absl::string_view line :
-         absl::StrSplit(metrics_.Render(), '\n')) {
+    for (absl::string_view line : absl::StrSplit(metrics_.Render(), '\n')) {
       double v = 0;
       if (absl::StartsWith(line, "outbox_relay_pending_events{") &&
           absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) {
