@@ -114,10 +114,13 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
         mine.push_back(id);
       }
     }
-    // The newest tick, for the groups whose range is done (none needs it
-    // while every group reads within its range).
+    // The newest tick, for the groups whose range is done (a begun range
+    // is read to its own end: it needs none).
     bool wants_range = false;
-    for (int id : mine) wants_range |= !groups_.at(id).range.has_value();
+    for (int id : mine) {
+      const Group& g = groups_.at(id);
+      wants_range |= !g.range.has_value() && g.at.reading == 0;
+    }
     Tick latest;
     // Whether these partitions have exceptions, when the tick's statement
     // said so (a row made since is found at the next read).

@@ -150,19 +150,6 @@ double MinAgeSeconds(absl::Duration min_age) {
 
 }  // namespace
 
-absl::StatusOr<Tick> TickSince(pqxx::transaction_base& tx,
-                               absl::Duration min_age) {
-  static const std::string kSql = absl::StrCat(
-      "SELECT ", kTickColumns, " FROM outbox_tick_since(make_interval(secs => ",
-      "$1::float8))");
-  try {
-    pqxx::result r = tx.exec_params(kSql, MinAgeSeconds(min_age));
-    return TickFromRow(r[0]);
-  } catch (const std::exception& e) {
-    return StatusFromException(e);
-  }
-}
-
 absl::StatusOr<TickAndExceptions> TickSince(
     pqxx::transaction_base& tx, absl::Duration min_age,
     const std::string& subscription, const std::vector<int>& partitions) {

@@ -62,12 +62,8 @@ absl::StatusOr<Tick> MakeTick(pqxx::transaction_base& tx);
 
 // The newest tick if it is younger than `min_age` (InfiniteDuration: the
 // newest, whatever its age), else a new one (outbox_tick_since): ticks
-// shared by every relay.
-absl::StatusOr<Tick> TickSince(pqxx::transaction_base& tx,
-                               absl::Duration min_age);
-
-// TickSince, and in the same statement whether `subscription` has
-// exceptions (outbox_delivery rows) in `partitions`.
+// shared by every relay. In the same statement: whether `subscription`
+// has exceptions (outbox_delivery rows) in `partitions`.
 struct TickAndExceptions {
   Tick tick;
   bool exceptions = false;
