@@ -24,12 +24,39 @@ std::tuple<int64_t, int64_t, int64_t> KeyOf(const LogPosition& p) {
 }  // namespace
 
 LogPosition LogReader::Group::Position() const {
-  if (!range.has_value()) return at;
-  if (progress.done()) return LogPosition{.done = range->to};
-  const int64_t settled = progress.position();
-  if (settled <= range->after_seq) return at;  // nothing gained yet
-  return LogPosition{
-      .done = range->from, .reading = range->to, .after_seq = settled};
+  LogPosition pos = at;
+  for (const Span& s : spans) {
+    if (s.progress.done()) {
+      pos = LogPosition{.done = s.range.to};
+      continue;
+    }
+    const int64_t settled = s.progress.position();
+    if (settled > s.range.after_seq) {
+      pos = LogPosition{
+          .done = s.range.from, .reading = s.range.to, .after_seq = settled};
+    }
+    break;  // nothing gained yet here: as the span before left it
+  }
+  return pos;
+}
+
+LogPosition LogReader::Group::End() const {
+  if (spans.empty()) return at;
+  return LogPosition{.done = spans.back().range.to};
+}
+
+bool LogReader::Group::idle() const {
+  for (const Span& s : spans) {
+    if (s.progress.in_flight() > 0) return false;
+  }
+  return true;
+}
+
+LogReader::Span* LogReader::Group::Find(int64_t span) {
+  for (Span& s : spans) {
+    if (s.id == span) return &s;
+  }
+  return nullptr;
 }
 
 LogReader::LogReader(LogReaderOptions options) : options_(std::move(options)) {}
@@ -114,12 +141,37 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
         mine.push_back(id);
       }
     }
-    // The newest tick, for the groups whose range is done (a begun range
-    // is read to its own end: it needs none).
-    bool wants_range = false;
+    // Which groups read on into a new range: those with none begun, and
+    // (pipelining) those whose newest range is read to its end, unless
+    // another group is about to stand at the same tick while answers are
+    // still coming: those wait until all are answered and merge (Regroup),
+    // so that partitions read together again.
+    std::map<int64_t, int> ending;  // next range's start -> groups
+    std::set<int64_t> busy_end;     // ... of which one is in flight
+    for (const auto& [id, g] : groups_) {
+      const LogPosition end = g.End();
+      if (end.reading != 0) continue;
+      ++ending[end.done];
+      if (!g.idle()) busy_end.insert(end.done);
+    }
+    std::vector<int> extend;
     for (int id : mine) {
       const Group& g = groups_.at(id);
-      wants_range |= !g.range.has_value() && g.at.reading == 0;
+      if (!g.spans.empty() && !g.spans.back().progress.read_all()) continue;
+      if (g.spans.empty() && g.at.reading != 0) {
+        extend.push_back(id);  // a begun range: read to its own end
+        continue;
+      }
+      if (static_cast<int>(g.spans.size()) >= options_.max_ranges) continue;
+      const int64_t end = g.End().done;
+      if (ending[end] > 1 && busy_end.count(end) > 0) continue;
+      extend.push_back(id);
+    }
+    // The newest tick, for the groups that begin a range (a begun range
+    // is read to its own end: it needs none).
+    bool wants_range = false;
+    for (int id : extend) {
+      wants_range |= groups_.at(id).End().reading == 0;
     }
     Tick latest;
     // Whether these partitions have exceptions, when the tick's statement
@@ -143,20 +195,24 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
       exceptions = newest->exceptions;
       out.exceptions = newest->exceptions;
     }
-    std::vector<int> readable;
     bool caught_up = false;
-    for (int id : mine) {
+    for (int id : extend) {
       Group& g = groups_.at(id);
-      if (!g.range.has_value()) {
-        assert(g.idle());
-        g.range = NextRange(g.at, latest.id);
-        if (!g.range.has_value()) {
-          caught_up = true;
-          continue;
-        }
-        g.progress = RangeProgress(g.range->after_seq);
+      std::optional<RangeToRead> range = NextRange(g.End(), latest.id);
+      if (!range.has_value()) {
+        caught_up = true;
+        continue;
       }
-      if (!g.progress.read_all()) readable.push_back(id);
+      g.spans.push_back(Span{.id = next_span_++,
+                             .range = *range,
+                             .progress = RangeProgress(range->after_seq)});
+    }
+    std::vector<int> readable;
+    for (int id : mine) {
+      const Group& g = groups_.at(id);
+      if (!g.spans.empty() && !g.spans.back().progress.read_all()) {
+        readable.push_back(id);
+      }
     }
     if (fresh && caught_up && latest.age < options_.tick_interval) {
       out.retry_in = options_.tick_interval - latest.age;
@@ -181,14 +237,15 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
         out.more = true;
         break;
       }
-      Group& g = groups_.at(id);
-      absl::StatusOr<Tick> from = TickOf(tx, g.range->from);
+      const Span& span = groups_.at(id).spans.back();
+      absl::StatusOr<Tick> from = TickOf(tx, span.range.from);
       if (!from.ok()) return from.status();
-      absl::StatusOr<Tick> to = TickOf(tx, g.range->to);
+      absl::StatusOr<Tick> to = TickOf(tx, span.range.to);
       if (!to.ok()) return to.status();
+      const Group& g = groups_.at(id);
       LogRead read{.from = *from,
                    .to = *to,
-                   .after_seq = g.progress.read_through(),
+                   .after_seq = span.progress.read_through(),
                    .partitions = {g.partitions.begin(), g.partitions.end()},
                    .limit = left,
                    .payload_budget = budget};
@@ -236,21 +293,23 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
 
     // Owed: now it counts.
     for (size_t i = 0; i < reads.size(); ++i) {
-      Group& g = groups_.at(reads[i].group);
+      Span& span = groups_.at(reads[i].group).spans.back();
       std::vector<int64_t> seqs;
       seqs.reserve(reads[i].batch.events.size());
       for (const LogEvent& e : reads[i].batch.events) {
         seqs.push_back(e.event.seq());
       }
-      g.progress.Read(seqs, reads[i].batch.last_seq, reads[i].batch.range_done);
-      for (int64_t seq : plans[i].divert) g.progress.Settle(seq);
+      span.progress.Read(seqs, reads[i].batch.last_seq,
+                         reads[i].batch.range_done);
+      for (int64_t seq : plans[i].divert) span.progress.Settle(seq);
       out.diverted += static_cast<int64_t>(plans[i].divert.size());
       std::set<int64_t> send(plans[i].send.begin(), plans[i].send.end());
       for (LogEvent& e : reads[i].batch.events) {
         if (send.count(e.event.seq()) == 0) continue;
-        seq_group_[e.event.seq()] = reads[i].group;
+        seq_group_[e.event.seq()] = {reads[i].group, span.id};
         out.events.push_back(std::move(e));
       }
+      Compact(groups_.at(reads[i].group));
     }
   } catch (const std::exception& e) {
     return StatusFromException(e);
@@ -261,10 +320,21 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
 bool LogReader::Settle(int64_t seq) {
   auto it = seq_group_.find(seq);
   if (it == seq_group_.end()) return false;
-  const bool settled = groups_.at(it->second).progress.Settle(seq);
+  Group& g = groups_.at(it->second.first);
+  Span* span = g.Find(it->second.second);
+  assert(span != nullptr);
+  const bool settled = span->progress.Settle(seq);
   assert(settled);
   seq_group_.erase(it);
+  Compact(g);
   return settled;
+}
+
+void LogReader::Compact(Group& g) {
+  while (!g.spans.empty() && g.spans.front().progress.done()) {
+    g.at = LogPosition{.done = g.spans.front().range.to};
+    g.spans.pop_front();
+  }
 }
 
 absl::StatusOr<std::vector<int>> LogReader::Flush(pqxx::connection& conn) {
@@ -321,9 +391,16 @@ absl::StatusOr<std::vector<int>> LogReader::Flush(pqxx::connection& conn) {
 
 void LogReader::DropGroupFlight(int group) {
   Group& g = groups_.at(group);
-  g.progress.Rewind();
+  // The first span not done is read again from what is settled of it; the
+  // later ones go (what they settled is delivered again: the position
+  // never counted it).
+  Compact(g);
+  if (!g.spans.empty()) {
+    g.spans.resize(1);
+    g.spans.front().progress.Rewind();
+  }
   for (auto it = seq_group_.begin(); it != seq_group_.end();) {
-    it = it->second == group ? seq_group_.erase(it) : std::next(it);
+    it = it->second.first == group ? seq_group_.erase(it) : std::next(it);
   }
 }
 

@@ -22,6 +22,7 @@
 // Not thread-safe: one thread calls it.
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <pqxx/pqxx>
@@ -44,6 +45,9 @@ struct LogReaderOptions {
   // a fresh read that finds a range done makes one unless the newest is
   // younger, which it reads instead.
   absl::Duration tick_interval = absl::Milliseconds(5);
+  // Ranges of one group read while earlier ones wait for answers: a read
+  // need not wait for the round trip of the one before (1: it does).
+  int max_ranges = 8;
 };
 
 struct LogSend {
@@ -71,8 +75,10 @@ class LogReader {
   // the newest is older than tick_interval. The events of chains that have
   // exceptions are owed as exceptions before anything counts as read. A
   // partition whose events are in flight keeps reading within its range,
-  // never beyond it, until they settle. On an error nothing read counts
-  // (read again next time).
+  // and once a range is read to its end, the next one is read while its
+  // answers come (up to max_ranges), except when another group is about
+  // to reach the same tick: both wait for their answers and then read
+  // as one. On an error nothing read counts (read again next time).
   absl::StatusOr<LogSend> Next(pqxx::connection& conn,
                                const std::vector<int>& partitions, int limit,
                                bool fresh = true);
@@ -103,15 +109,26 @@ class LogReader {
   std::optional<LogPosition> position(int partition) const;
 
  private:
-  // Partitions at one position, read together.
+  // One range of a group, being read or waiting for answers.
+  struct Span {
+    int64_t id = 0;  // unique in the reader
+    RangeToRead range;
+    RangeProgress progress;
+  };
+  // Partitions at one position, read together. Ranges pipeline: the next
+  // one is read while the answers of earlier ones are still coming, and
+  // only the newest may be unread in part.
   struct Group {
     std::set<int> partitions;
-    LogPosition at;  // where the range below starts (or the position)
-    std::optional<RangeToRead> range;
-    RangeProgress progress;
-    // The position the events settled so far allow.
+    LogPosition at;          // where the first span starts (or the position)
+    std::deque<Span> spans;  // ascending by tick, contiguous from `at`
+    // The position the events settled so far allow: every span done from
+    // the front, and what is settled of the first that is not.
     LogPosition Position() const;
-    bool idle() const { return progress.in_flight() == 0; }
+    // Where the group's next range starts (none yet: its position).
+    LogPosition End() const;
+    bool idle() const;
+    Span* Find(int64_t span);
   };
 
   // Idle groups start over at their position, regrouped so that each lies
@@ -119,13 +136,17 @@ class LogReader {
   void Regroup(const std::set<int>& wanted);
   absl::StatusOr<Tick> TickOf(pqxx::transaction_base& tx, int64_t id);
   void DropGroupFlight(int group);
+  // Spans done at the front of `g` become its position.
+  static void Compact(Group& g);
 
   const LogReaderOptions options_;
   std::map<int, Group> groups_;
   int next_group_ = 1;
   std::map<int, int> partition_group_;
   std::map<int, LogPosition> stored_;  // as in the database, per partition
-  std::map<int64_t, int> seq_group_;   // events in flight
+  int64_t next_span_ = 1;
+  // Events in flight: seq -> (group, span).
+  std::map<int64_t, std::pair<int, int64_t>> seq_group_;
   std::map<int64_t, Tick> ticks_;      // of ranges being read
 };
 

@@ -164,6 +164,125 @@ TEST_F(LogReaderTest, ATransactionThatCommitsLateIsReadLater) {
   EXPECT_EQ(Drain(reader), (std::vector<int64_t>{}));
 }
 
+// Ranges pipeline: the next one is read while the answers of the one
+// before are coming, and the position passes a range only once it and
+// every range before it are settled.
+TEST_F(LogReaderTest, TheNextRangeIsReadWhileTheLastWaitsForAnswers) {
+  Subscribe();
+  const int64_t a = AppendCommitted("a");
+  LogReader reader = NewReader();
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{a}));
+  const int64_t b = AppendCommitted("b");
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{b}));
+  const int64_t c = AppendCommitted("c");
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{c}));
+  EXPECT_EQ(reader.in_flight(), 3u);
+  ASSERT_TRUE(reader.Settle(c));
+  ASSERT_TRUE(reader.Settle(b));
+  EXPECT_FALSE(reader.moved());  // a holds the later ranges back
+  ASSERT_TRUE(reader.Settle(a));
+  EXPECT_TRUE(reader.moved());
+  EXPECT_TRUE(Flush(reader).empty());
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_log_positions WHERE "
+                       "reading_tick = 0 AND done_tick = (SELECT max(id) "
+                       "FROM outbox_ticks)"),
+            kPartitions);
+  EXPECT_EQ(Drain(reader), (std::vector<int64_t>{}));
+}
+
+// A relay killed with ranges in flight: it resumes in the first range not
+// settled, and what later ranges settled is delivered again, never lost.
+TEST_F(LogReaderTest, ARelayKilledWithRangesInFlightResumesAtTheFirst) {
+  Subscribe();
+  const int64_t a1 = AppendCommitted("a");
+  const int64_t a2 = AppendCommitted("a");
+  int64_t b = 0;
+  {
+    LogReader reader = NewReader();
+    EXPECT_EQ(Seqs(Next(reader, 1)), (std::vector<int64_t>{a1}));
+    EXPECT_EQ(Seqs(Next(reader, 1)), (std::vector<int64_t>{a2}));
+    // The range's end, found by a read of its own (the last one stopped at
+    // its limit).
+    EXPECT_EQ(Seqs(Next(reader, 1)), (std::vector<int64_t>{}));
+    b = AppendCommitted("b");
+    EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{b}));
+    ASSERT_TRUE(reader.Settle(b));
+    ASSERT_TRUE(reader.Settle(a1));
+    EXPECT_TRUE(Flush(reader).empty());
+    EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_log_positions WHERE "
+                         "reading_tick > done_tick AND after_seq = " +
+                         std::to_string(a1)),
+              kPartitions);
+  }  // killed: a2 unanswered, b answered behind it
+  LogReader again = NewReader();
+  EXPECT_EQ(Drain(again), (std::vector<int64_t>{a2, b}));
+}
+
+// A transaction that commits late while ranges pipeline past it is read in
+// the range whose tick first sees it, after the positions moved on.
+TEST_F(LogReaderTest, ALateCommitBehindPipelinedRangesIsNotSkipped) {
+  Subscribe();
+  pqxx::connection other(db_.url());
+  pqxx::work late(other);
+  const int64_t slow = Append(late, "slow");  // the lowest seq
+  LogReader reader = NewReader();
+  const int64_t q1 = AppendCommitted("q1");
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{q1}));
+  const int64_t q2 = AppendCommitted("q2");
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{q2}));
+  ASSERT_TRUE(reader.Settle(q2));
+  ASSERT_TRUE(reader.Settle(q1));
+  EXPECT_TRUE(Flush(reader).empty());
+  late.commit();
+  LogReader again = NewReader();  // from the stored positions
+  EXPECT_EQ(Drain(again), (std::vector<int64_t>{slow}));
+  EXPECT_EQ(Drain(again), (std::vector<int64_t>{}));
+}
+
+TEST_F(LogReaderTest, ARewindReadsEveryRangeInFlightAgain) {
+  Subscribe();
+  const int64_t a = AppendCommitted("a");
+  LogReader reader = NewReader();
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{a}));
+  const int64_t b = AppendCommitted("b");
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{b}));
+  ASSERT_TRUE(reader.Settle(b));
+  reader.Rewind();  // a's answer will not come
+  EXPECT_FALSE(reader.Settle(a));
+  EXPECT_EQ(reader.in_flight(), 0u);
+  EXPECT_EQ(Drain(reader), (std::vector<int64_t>{a, b}));
+  EXPECT_EQ(Drain(reader), (std::vector<int64_t>{}));
+}
+
+// Two groups about to stand at one tick stop pipelining until both are
+// answered, and read as one from then on.
+TEST_F(LogReaderTest, GroupsThatReachOneTickReadAsOneAgain) {
+  Subscribe();
+  std::vector<int> even;
+  for (int p = 0; p < kPartitions; p += 2) even.push_back(p);
+  LogReader reader = NewReader();
+  const int64_t e0 = AppendCommitted("e0", 0);
+  EXPECT_EQ(Seqs(Next(reader, 10, even)), (std::vector<int64_t>{e0}));
+  const int64_t o1 = AppendCommitted("o1", 1);
+  // Even partitions read on from their range's end, the odd ones from the
+  // start: both ranges end at the new tick.
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{o1}));
+  AppendCommitted("later", 3);
+  EXPECT_EQ(Seqs(Next(reader, 10)), (std::vector<int64_t>{}));  // waiting
+  ASSERT_TRUE(reader.Settle(e0));
+  ASSERT_TRUE(reader.Settle(o1));
+  // One group: one read in seq order across both halves.
+  const int64_t o3 = AppendCommitted("o3", 3);
+  const int64_t e2 = AppendCommitted("e2", 2);
+  std::vector<int64_t> all = Drain(reader);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[1], o3);
+  EXPECT_EQ(all[2], e2);
+  EXPECT_EQ(db_.Scalar("SELECT count(DISTINCT (done_tick, reading_tick, "
+                       "after_seq)) FROM outbox_log_positions"),
+            1);
+}
+
 TEST_F(LogReaderTest, ChainsWithExceptionsJoinThem) {
   Subscribe();
   const int64_t a1 = AppendCommitted("a");
