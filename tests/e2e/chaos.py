@@ -30,12 +30,14 @@ from chaoslib.proxy import ProxyLoop  # noqa: E402
 from chaoslib.runner import Run  # noqa: E402
 from chaoslib.scenarios import LOG_SCENARIOS as LOG  # noqa: E402
 from chaoslib.scenarios import SCENARIOS as CORE  # noqa: E402
+from chaoslib.topology_scenarios import LOG_SCENARIOS as TOPOLOGY_LOG  # noqa
 from chaoslib.topology_scenarios import SCENARIOS as TOPOLOGY  # noqa: E402
 
 # Each scenario's group: "core" (one PostgreSQL for everything),
 # "topology" (standbys, restores, PgBouncer, a hung server: their own
 # servers, chaoslib/topology_scenarios.py) or "log" (core faults with the
-# subscription delivered from the outbox log).
+# subscription delivered from the outbox log, and the topologies too).
+LOG = LOG + TOPOLOGY_LOG
 SCENARIOS = CORE + TOPOLOGY + LOG
 BY_NAME = {s.name: s for s in SCENARIOS}
 GROUPS = {"core": CORE, "topology": TOPOLOGY, "log": LOG}

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from . import procs as P
@@ -1134,3 +1134,15 @@ SCENARIOS = [
         service_flags=HUNG_FLAGS, health_after_heal=True,
         min_seconds=FREEZE_SECONDS + 8),
 ]
+
+# The same topologies with the subscription delivered from the outbox log
+# (outbox-relay --log_delivery): its ticks and positions live in the orders
+# database and go through the same promotion, restore, pooler and freeze
+# as everything else there. Group "log".
+LOG_SCENARIOS = [
+    replace(s, name=f"log-{s.name}",
+            summary=f"{s.summary}; delivered from the outbox log",
+            relay_flags={**s.relay_flags, "log_delivery": "true"})
+    for s in SCENARIOS
+    if s.name in ("failover-orders", "failover-billing", "restore-billing",
+                  "pgbouncer-transaction", "hung-db")]
