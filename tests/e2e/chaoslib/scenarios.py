@@ -34,7 +34,7 @@ AFTER_HEAL = 20.0  # how long a binary may stay NOT_SERVING after the heal
 FAN_OUT_OVERRUN = 5.0  # s fan-out's last audit outage may end after the window
 # crash-points: how long the points stay armed after the window, with the
 # load running, for one that has not fired yet
-CRASH_POINTS_OVERRUN = 10.0
+CRASH_POINTS_OVERRUN = 20.0
 # ... and the probability a point not fired by then gets, armed alone on
 # every binary of its kind
 CRASH_POINTS_ESCALATED = 0.3
