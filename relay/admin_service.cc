@@ -7,6 +7,7 @@
 #include "common/limits.h"
 #include "common/schema.h"
 #include "common/server.h"
+#include "relay/outbox_log.h"
 
 namespace outbox::relay {
 namespace {
@@ -125,11 +126,23 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
             "FROM outbox_delivery d JOIN outbox o USING (seq) "
             "WHERE d.subscription = $1",
             *sub);
+        // On the log: what it owes besides its exceptions, counted up to
+        // kLogOwedCountCap.
+        absl::StatusOr<std::map<int, LogOwed>> owed =
+            LogOwedBy(tx, *sub, {}, kLogOwedCountCap);
+        if (!owed.ok()) return owed.status();
+        int64_t pending = r[0].as<int64_t>();
+        double oldest = r[1].as<double>();
+        for (const auto& [partition, o] : *owed) {
+          pending += o.events;
+          oldest = std::max(oldest, o.oldest_seconds);
+        }
         resp->set_diverged(OpenDivergences(tx, *sub));
-        resp->set_pending(r[0].as<int64_t>());
-        resp->set_oldest_pending_seconds(r[1].as<double>());
+        resp->set_pending(pending);
+        resp->set_oldest_pending_seconds(oldest);
         resp->set_dead_letters(r[2].as<int64_t>());
-        resp->set_delivered_total(r[3].as<int64_t>());
+        resp->set_delivered_total(std::max<int64_t>(
+            0, r[3].as<int64_t>() - (pending - r[0].as<int64_t>())));
         return absl::OkStatus();
       });
   if (!s.ok()) return ToGrpcStatus(s);

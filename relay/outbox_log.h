@@ -20,6 +20,7 @@
 // aborted.
 
 #include <cstdint>
+#include <map>
 #include <pqxx/pqxx>
 #include <set>
 #include <string>
@@ -150,6 +151,27 @@ absl::StatusOr<std::set<std::string>> ExceptedChains(
 absl::StatusOr<int64_t> OweExceptions(pqxx::transaction_base& tx,
                                       const std::string& subscription,
                                       const std::vector<int64_t>& seqs);
+
+// What the log still owes a subscription in one partition (its
+// exceptions, outbox_delivery rows, not included).
+struct LogOwed {
+  int64_t events = 0;
+  double oldest_seconds = 0;  // since the oldest of them was written
+  int64_t lowest_seq = 0;
+};
+
+// Where the admin's counts of what the log owes stop.
+inline constexpr int64_t kLogOwedCountCap = 100000;
+
+// What the log owes `subscription` in each of `partitions` (empty: all)
+// that it owes anything: the events that the oldest done tick of their
+// positions (the start tick where a partition has none yet) does not show and
+// that the log has not delivered, found by the xid index from that tick's xmin,
+// at most `cap` of them (the counts stop there). Empty for a subscription on
+// rows.
+absl::StatusOr<std::map<int, LogOwed>> LogOwedBy(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const std::vector<int>& partitions, int64_t cap);
 
 // After a dump was restored into another cluster, whose transaction ids
 // lie behind the last tick's (MakeTick then refuses): owes every event

@@ -1667,28 +1667,14 @@ void Relay::RefreshBacklog(pqxx::connection& conn,
     b.partitions[row[0].as<int>()] = {row[1].as<int64_t>(),
                                       std::max(0.0, row[2].as<double>())};
   }
-  // On the log, what it still owes: the events its positions' oldest done
-  // tick (the start tick for a partition not read yet) does not show, by
-  // the xid index, bounded as above. Nothing for a subscription on rows.
-  for (const auto& row : tx.exec_params(
-           "WITH f AS (SELECT least((SELECT min(pg_snapshot_xmin(t.snapshot)) "
-           "FROM outbox_log_positions p JOIN outbox_ticks t ON t.id = "
-           "p.done_tick WHERE p.subscription = $1 AND p.partition = "
-           "ANY($2::int[])), CASE WHEN (SELECT count(*) FROM "
-           "outbox_log_positions p WHERE p.subscription = $1 AND p.partition "
-           "= ANY($2::int[])) < cardinality($2::int[]) THEN (SELECT "
-           "pg_snapshot_xmin(t.snapshot) FROM subscriptions s JOIN "
-           "outbox_ticks t ON t.id = s.start_tick WHERE s.name = $1) END) AS "
-           "xmin), "
-           "x AS (SELECT o.partition, o.created_at FROM outbox o WHERE o.xid "
-           ">= (SELECT xmin FROM f) AND o.partition = ANY($2::int[]) AND "
-           "outbox_log_owed($1, o.seq, o.xid, o.partition) LIMIT $3) "
-           "SELECT partition, count(*), coalesce(extract(epoch FROM now() - "
-           "min(created_at)), 0)::float8 FROM x GROUP BY partition",
-           options_.subscription, ArrayLiteral(owned).str(), kBacklogScanCap)) {
-    auto& [n, age] = b.partitions[row[0].as<int>()];
-    n += row[1].as<int64_t>();
-    age = std::max(age, std::max(0.0, row[2].as<double>()));
+  // On the log, what it still owes (nothing for a subscription on rows).
+  absl::StatusOr<std::map<int, LogOwed>> owed =
+      LogOwedBy(tx, options_.subscription, owned, kBacklogScanCap);
+  if (!owed.ok()) throw std::runtime_error(owed.status().ToString());
+  for (const auto& [partition, o] : *owed) {
+    auto& [n, age] = b.partitions[partition];
+    n += o.events;
+    age = std::max(age, o.oldest_seconds);
   }
   const pqxx::row dead = tx.exec_params1(
       "SELECT count(*), coalesce(extract(epoch FROM now() - min(dead_at)), "

@@ -2491,6 +2491,62 @@ TEST_F(LogRelayTest, TheBacklogFiguresCountWhatTheLogOwes) {
   EXPECT_GE(MaxOf(metrics_, "outbox_relay_oldest_pending_seconds"), 3500);
 }
 
+// The admin's figures count what the log owes as pending, not delivered:
+// GetStats and the subscriptions' list, before and after the drain.
+TEST_F(LogRelayTest, TheAdminCountsWhatTheLogOwesAsPending) {
+  MakeOrders(10);  // 19 events
+  orders_.Exec("UPDATE outbox SET created_at = now() - interval '1 hour'");
+  // Paused until the figures are read: nothing is delivered yet.
+  orders_.Exec(
+      "UPDATE subscriptions SET paused_at = now(), paused_by = 'test', "
+      "paused_reason = 'figures first'");
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  Database admin_db(orders_.url(), 2, "relay-test-admin");
+  RelayAdminImpl admin(&admin_db, &relay);
+  auto server =
+      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                        {{&admin, v1::RelayAdmin::service_full_name()}});
+  ASSERT_TRUE(server.ok());
+  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  const auto stats = [&] {
+    grpc::ClientContext ctx;
+    v1::RelayStats out;
+    EXPECT_TRUE(stub->GetStats(&ctx, {}, &out).ok());
+    return out;
+  };
+  const auto listed = [&] {
+    grpc::ClientContext ctx;
+    v1::ListSubscriptionsResponse resp;
+    EXPECT_TRUE(stub->ListSubscriptions(&ctx, {}, &resp).ok());
+    EXPECT_EQ(resp.subscriptions_size(), 1);
+    return resp.subscriptions_size() > 0 ? resp.subscriptions(0)
+                                         : v1::Subscription{};
+  };
+  EXPECT_EQ(Rows(), 0);
+  v1::RelayStats owed = stats();
+  EXPECT_EQ(owed.pending(), Events());
+  EXPECT_EQ(owed.delivered_total(), 0);
+  EXPECT_GE(owed.oldest_pending_seconds(), 3500);
+  v1::Subscription sub = listed();
+  EXPECT_EQ(sub.pending(), Events());
+  EXPECT_GE(sub.oldest_pending_seconds(), 3500);
+  EXPECT_EQ(sub.lowest_undelivered_seq(),
+            orders_.Scalar("SELECT min(seq) FROM outbox"));
+  EXPECT_EQ(sub.lowest_undelivered_status(), "pending");
+
+  orders_.Exec(
+      "UPDATE subscriptions SET paused_at = NULL, paused_by = NULL, "
+      "paused_reason = NULL");
+  ASSERT_TRUE(WaitFor([&] { return Owed() == 0; })) << Owed();
+  v1::RelayStats done = stats();
+  EXPECT_EQ(done.pending(), 0);
+  EXPECT_EQ(done.delivered_total(), Events());
+  EXPECT_EQ(listed().pending(), 0);
+  EXPECT_EQ(listed().lowest_undelivered_seq(), 0);
+}
+
 // Retention deletes what the log delivered, and nothing it still owes.
 TEST_F(LogRelayTest, RetentionWaitsForTheLogsPositions) {
   MakeOrders(10);

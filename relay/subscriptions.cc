@@ -1,6 +1,11 @@
 #include "relay/subscriptions.h"
 
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
 #include "absl/strings/str_cat.h"
+#include "relay/outbox_log.h"
 
 namespace outbox::relay {
 
@@ -42,7 +47,8 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
            "s.paused_at IS NOT NULL, coalesce(s.paused_by, ''), "
            "coalesce(s.paused_reason, ''), "
            "coalesce(extract(epoch FROM s.paused_at), 0)::float8, "
-           "coalesce(extract(epoch FROM now() - o.created_at), 0)::float8 "
+           "coalesce(extract(epoch FROM now() - o.created_at), 0)::float8, "
+           "s.start_tick IS NOT NULL AS on_log "
            "FROM subscriptions s " +
            count_rows +
            "LEFT JOIN LATERAL (SELECT d.seq, d.status FROM outbox_delivery d "
@@ -72,7 +78,23 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
       s.paused_at = absl::FromUnixMicros(
           static_cast<int64_t>(row[13].as<double>() * 1e6));
     }
-    const double lowest_age = row[14].as<double>();
+    double lowest_age = row[14].as<double>();
+    if (counts && row["on_log"].as<bool>()) {
+      // What the log owes besides the exceptions counted above.
+      absl::StatusOr<std::map<int, LogOwed>> owed =
+          LogOwedBy(tx, s.name, {}, kLogOwedCountCap);
+      if (!owed.ok()) throw std::runtime_error(owed.status().ToString());
+      for (const auto& [partition, o] : *owed) {
+        s.pending += o.events;
+        s.oldest_pending_seconds =
+            std::max(s.oldest_pending_seconds, o.oldest_seconds);
+        if (s.lowest_seq == 0 || o.lowest_seq < s.lowest_seq) {
+          s.lowest_seq = o.lowest_seq;
+          s.lowest_status = "pending";
+          lowest_age = o.oldest_seconds;
+        }
+      }
+    }
     if (retention > absl::ZeroDuration() && s.lowest_seq > 0 &&
         lowest_age > absl::ToDoubleSeconds(retention)) {
       s.retention_pinned_seconds =
