@@ -593,6 +593,32 @@ CREATE UNIQUE INDEX IF NOT EXISTS outbox_divergences_open_chain_idx
       {6, "the outbox as a log: each event's transaction, ticks", kOutboxV6},
       {7, "the log delivers to subscriptions with a start tick",
        kOutboxV7WithView.c_str()},
+      {8, "a subscription moved onto the log starts with no old positions",
+       R"sql(
+-- Positions left by a subscription of the same name that was deleted
+-- would point before the new start tick (or at ticks pruned since): they
+-- go when a subscription begins on the log.
+CREATE OR REPLACE FUNCTION outbox_log_subscribe(sub text)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  tick bigint;
+BEGIN
+  SELECT start_tick INTO tick FROM subscriptions WHERE name = sub FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no subscription "%"', sub USING ERRCODE = '42704';
+  END IF;
+  IF tick IS NOT NULL THEN
+    RETURN tick;
+  END IF;
+  DELETE FROM outbox_log_positions WHERE subscription = sub;
+  tick := (outbox_tick()).id;
+  UPDATE subscriptions SET start_tick = tick WHERE name = sub;
+  RETURN tick;
+END $$;
+DELETE FROM outbox_log_positions p
+ WHERE NOT EXISTS (SELECT 1 FROM subscriptions s
+                    WHERE s.name = p.subscription AND s.start_tick IS NOT NULL);
+)sql"},
   };
   return kMigrations;
 }

@@ -338,6 +338,28 @@ TEST_F(OutboxLogTest, APositionStartsAtItsSubscriptionsStartTick) {
   EXPECT_EQ(at->done, 1);
 }
 
+// A subscription deleted and made again under its name does not inherit
+// the old one's positions: they would point before its start tick, or at
+// ticks pruned since.
+TEST_F(OutboxLogTest, ASubscriptionMadeAgainStartsWithoutTheOldPositions) {
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  db_.Exec("SELECT outbox_log_subscribe('billing')");
+  {
+    pqxx::work tx(conn_);
+    ASSERT_TRUE(ReadPosition(tx, "billing", 3).ok());
+    tx.commit();
+  }
+  db_.Exec("DELETE FROM subscriptions WHERE name = 'billing'");  // by SQL
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_log_positions"), 1);
+  const int64_t start = db_.Scalar("SELECT outbox_log_subscribe('billing')");
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_log_positions"), 0);
+  pqxx::work tx(conn_);
+  absl::StatusOr<LogPosition> at = ReadPosition(tx, "billing", 3);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->done, start);
+}
+
 TEST_F(OutboxLogTest, OnlyTheLeaseHolderMovesAPositionAndOnlyForward) {
   db_.Exec(
       "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");

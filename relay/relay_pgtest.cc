@@ -2547,6 +2547,35 @@ TEST_F(LogRelayTest, TheAdminCountsWhatTheLogOwesAsPending) {
   EXPECT_EQ(listed().lowest_undelivered_seq(), 0);
 }
 
+// Dropping a subscription on the log says what the log owed it and takes
+// its positions along.
+TEST_F(LogRelayTest, ADropTakesThePositionsAndCountsWhatTheLogOwed) {
+  MakeOrders(10);  // 19 events
+  {
+    Consumer consumer(billing_.url(), 0);
+    Relay relay(Options(consumer.port()), &metrics_);
+    relay.Start();
+    ASSERT_TRUE(WaitFor([&] { return Owed() == 0; })) << Owed();
+  }
+  MakeOrders(2);  // owed by the log
+  const int64_t owed = Owed();
+  ASSERT_GT(owed, 0);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_log_positions"),
+            kPartitionCount);
+  pqxx::connection conn(orders_.url());
+  pqxx::work tx(conn);
+  ASSERT_TRUE(ActOnSubscription(tx, "billing", SubscriptionAction::kDrop,
+                                "test", "moving on", true)
+                  .ok());
+  tx.commit();
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_log_positions"), 0);
+  EXPECT_EQ(orders_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM subscription_actions WHERE detail LIKE "
+                "'owed then: ",
+                owed, " pending,%'")),
+            1);
+}
+
 // Retention deletes what the log delivered, and nothing it still owes.
 TEST_F(LogRelayTest, RetentionWaitsForTheLogsPositions) {
   MakeOrders(10);

@@ -160,12 +160,20 @@ absl::Status ActOnSubscription(pqxx::transaction_base& tx,
             " now: stop them first (a relay of a dropped subscription "
             "refuses to make it again without --resubscribe), or force"));
       }
+      // What the log owed it besides, counted before its positions go.
+      absl::StatusOr<std::map<int, LogOwed>> owed =
+          LogOwedBy(tx, name, {}, kLogOwedCountCap);
+      if (!owed.ok()) return owed.status();
+      int64_t log_owed = 0;
+      for (const auto& [partition, o] : *owed) log_owed += o.events;
       const pqxx::row gone = tx.exec_params1(
           "WITH d AS (DELETE FROM outbox_delivery WHERE subscription = $1 "
           "RETURNING status) SELECT count(*) FILTER (WHERE status = "
           "'pending'), count(*) FILTER (WHERE status = 'dead'), count(*) "
           "FILTER (WHERE status = 'diverged') FROM d",
           name);
+      tx.exec_params("DELETE FROM outbox_log_positions WHERE subscription = $1",
+                     name);
       tx.exec_params(
           "DELETE FROM outbox_partition_leases WHERE subscription = $1", name);
       tx.exec_params("DELETE FROM outbox_relay_members WHERE subscription = $1",
@@ -175,8 +183,8 @@ absl::Status ActOnSubscription(pqxx::transaction_base& tx,
           "resolved_at IS NULL",
           name);
       tx.exec_params("DELETE FROM subscriptions WHERE name = $1", name);
-      detail = absl::StrCat("owed then: ", gone[0].as<int64_t>(), " pending, ",
-                            gone[1].as<int64_t>(), " dead, ",
+      detail = absl::StrCat("owed then: ", gone[0].as<int64_t>() + log_owed,
+                            " pending, ", gone[1].as<int64_t>(), " dead, ",
                             gone[2].as<int64_t>(), " diverged; ", relays,
                             " relay(s) alive");
       break;
