@@ -1932,9 +1932,14 @@ void Relay::Run() {
     // Deliveries are written by the round's first claim, one statement
     // instead of two; before a rebalance (which gives up partitions only
     // once nothing of theirs is outstanding) and when stopping, on their
-    // own, as are rejections.
+    // own, as are rejections. On the log, before the reads: an answered
+    // event from the log is settled by its mark, and until it is, its
+    // group of partitions can neither be split between the streams nor
+    // read past its range (a claim of exceptions, which would carry the
+    // marks, runs only now and then).
     const bool rebalance_due = absl::Now() >= next_rebalance_;
-    if (db_ok && (stopping || rebalance_due || !MarksRideWithClaim())) {
+    if (db_ok &&
+        (stopping || rebalance_due || !MarksRideWithClaim() || on_log_)) {
       db_ok = FlushMarks();
     }
     if (db_ok) db_ok = FlushLog(stopping || rebalance_due);
