@@ -348,21 +348,9 @@ absl::StatusOr<std::map<int, LogOwed>> LogOwedBy(
     pqxx::transaction_base& tx, const std::string& subscription,
     const std::vector<int>& partitions, int64_t cap) {
   static const std::string kSql =
-      "WITH f AS (SELECT least((SELECT min(pg_snapshot_xmin(t.snapshot)) "
-      "FROM outbox_log_positions p JOIN outbox_ticks t ON t.id = "
-      "p.done_tick WHERE p.subscription = $1 AND p.partition = "
-      "ANY($2::int[])), CASE WHEN (SELECT count(*) FROM "
-      "outbox_log_positions p WHERE p.subscription = $1 AND p.partition "
-      "= ANY($2::int[])) < cardinality($2::int[]) THEN (SELECT "
-      "pg_snapshot_xmin(t.snapshot) FROM subscriptions s JOIN "
-      "outbox_ticks t ON t.id = s.start_tick WHERE s.name = $1) END) AS "
-      "xmin), "
-      "x AS (SELECT o.partition, o.seq, o.created_at FROM outbox o WHERE "
-      "o.xid >= (SELECT xmin FROM f) AND o.partition = ANY($2::int[]) AND "
-      "outbox_log_owed($1, o.seq, o.xid, o.partition) LIMIT $3) "
-      "SELECT partition, count(*) AS events, coalesce(extract(epoch FROM "
-      "now() - min(created_at)), 0)::float8 AS oldest, min(seq) AS lowest "
-      "FROM x GROUP BY partition";
+      "SELECT part, events, coalesce(extract(epoch FROM now() - oldest), "
+      "0)::float8 AS oldest, lowest FROM outbox_log_owed_by($1, $2::int[], "
+      "$3)";
   std::vector<int> which = partitions;
   if (which.empty()) {
     for (int p = 0; p < kPartitionCount; ++p) which.push_back(p);
@@ -371,7 +359,7 @@ absl::StatusOr<std::map<int, LogOwed>> LogOwedBy(
   try {
     for (const auto& row :
          tx.exec_params(kSql, subscription, ArrayLiteral(which).str(), cap)) {
-      out[row["partition"].as<int>()] =
+      out[row["part"].as<int>()] =
           LogOwed{.events = row["events"].as<int64_t>(),
                   .oldest_seconds = std::max(0.0, row["oldest"].as<double>()),
                   .lowest_seq = row["lowest"].as<int64_t>()};

@@ -397,6 +397,68 @@ TEST_F(OutboxLogTest, OnlyTheLeaseHolderMovesAPositionAndOnlyForward) {
   EXPECT_TRUE(move(3, "relay-a", begun, {.done = 3}));
 }
 
+// LogOwedBy (outbox_log_owed_by, one scan) counts what outbox_log_owed
+// says of each event: partitions without a position, done at a tick, in a
+// begun range, one with a transaction that committed late, the start seq.
+TEST_F(OutboxLogTest, WhatTheLogOwesCountedAtOnceAsEventByEvent) {
+  db_.Exec("INSERT INTO subscriptions (name, start_seq) VALUES ('billing', 3)");
+  db_.Exec("SELECT outbox_log_subscribe('billing')");
+  pqxx::connection other(db_.url());
+  pqxx::work late(other);
+  Append(late, "late", 0, 2);  // drawn early, committed after the tick
+  const auto append = [&](int partition, int n) {
+    pqxx::work tx(conn_);
+    for (int i = 0; i < n; ++i) Append(tx, absl::StrCat("a", i), 0, partition);
+    tx.commit();
+  };
+  for (int p = 0; p < 4; ++p) append(p, 3);
+  absl::StatusOr<Tick> mid = TickIn(conn_);
+  ASSERT_TRUE(mid.ok());
+  late.commit();
+  for (int p = 0; p < 4; ++p) append(p, 2);
+  absl::StatusOr<Tick> end = TickIn(conn_);
+  ASSERT_TRUE(end.ok());
+  // Partition 0: no position. 1: done at `mid`. 2: reading (mid, end]
+  // after its first event there. 3: done at `end`.
+  db_.Exec(absl::StrCat(
+      "INSERT INTO outbox_log_positions (subscription, partition, "
+      "done_tick, reading_tick, after_seq) VALUES ('billing', 1, ",
+      mid->id, ", 0, 0), ('billing', 2, ", mid->id, ", ", end->id,
+      ", (SELECT min(seq) FROM outbox WHERE partition = 2 AND NOT "
+      "pg_visible_in_snapshot(xid, (SELECT snapshot FROM outbox_ticks WHERE "
+      "id = ",
+      mid->id, ")))), ('billing', 3, ", end->id, ", 0, 0)"));
+  std::map<int, std::pair<int64_t, int64_t>> expected;  // count, lowest
+  for (const auto& row : db_.Query(
+           "SELECT partition, count(*), min(seq) FROM outbox WHERE "
+           "outbox_log_owed('billing', seq, xid, partition) GROUP BY 1")) {
+    expected[row[0].as<int>()] = {row[1].as<int64_t>(), row[2].as<int64_t>()};
+  }
+  ASSERT_EQ(expected.size(), 3u);  // partition 3 owes nothing
+  pqxx::work tx(conn_);
+  absl::StatusOr<std::map<int, LogOwed>> owed =
+      LogOwedBy(tx, "billing", {}, 1000);
+  ASSERT_TRUE(owed.ok()) << owed.status();
+  std::map<int, std::pair<int64_t, int64_t>> got;
+  for (const auto& [p, o] : *owed) got[p] = {o.events, o.lowest_seq};
+  EXPECT_EQ(got, expected);
+  // Only the partitions asked for; and at most `cap` counted.
+  owed = LogOwedBy(tx, "billing", {2, 3}, 1000);
+  ASSERT_TRUE(owed.ok()) << owed.status();
+  EXPECT_EQ(owed->size(), 1u);
+  EXPECT_EQ(owed->count(2), 1u);
+  owed = LogOwedBy(tx, "billing", {}, 2);
+  ASSERT_TRUE(owed.ok()) << owed.status();
+  int64_t counted = 0;
+  for (const auto& [p, o] : *owed) counted += o.events;
+  EXPECT_EQ(counted, 2);
+  // A subscription on rows: the log owes it nothing.
+  tx.exec("INSERT INTO subscriptions (name) VALUES ('rows')");
+  owed = LogOwedBy(tx, "rows", {}, 1000);
+  ASSERT_TRUE(owed.ok()) << owed.status();
+  EXPECT_TRUE(owed->empty());
+}
+
 // outbox_log_delivered, the question the admin API, the checker and
 // retention ask of an event: done iff its range is done, or the read of
 // the begun range passed it.
