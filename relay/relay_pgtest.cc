@@ -86,6 +86,29 @@ class Consumer {
   std::unique_ptr<GrpcServer> server_;
 };
 
+// `relay`'s admin service served in-process on a free port, as outboxctl
+// reaches it; stub() is null (and the test failed) if it cannot serve.
+class AdminOnLoopback {
+ public:
+  AdminOnLoopback(const std::string& url, const Relay* relay)
+      : db_(url, 2, "relay-test-admin"), admin_(&db_, relay) {
+    auto server =
+        GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
+                          {{&admin_, v1::RelayAdmin::service_full_name()}});
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return;
+    server_ = std::move(*server);
+    stub_ = v1::RelayAdmin::NewStub(testing::Loopback(server_->port()));
+  }
+  v1::RelayAdmin::Stub* stub() const { return stub_.get(); }
+
+ private:
+  Database db_;
+  RelayAdminImpl admin_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<v1::RelayAdmin::Stub> stub_;
+};
+
 // An EventSink that answers each batch (every event APPLIED) only once the
 // test releases it, and records the batches as they arrive, whether
 // answered or not, with the stream each came on.
@@ -870,13 +893,9 @@ TEST_F(RelayTest, PoisonEventDeadLettersWhileOthersFlowAndRequeueDeliversIt) {
 
   // The operator fixes the cause and requeues through the admin API.
   orders_.Exec("UPDATE outbox SET schema_version = 1");
-  Database admin_db(orders_.url(), 2, "relay-test-admin");
-  RelayAdminImpl admin(&admin_db, &relay);
-  auto server =
-      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                        {{&admin, v1::RelayAdmin::service_full_name()}});
-  ASSERT_TRUE(server.ok());
-  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  AdminOnLoopback admin(orders_.url(), &relay);
+  v1::RelayAdmin::Stub* stub = admin.stub();
+  ASSERT_NE(stub, nullptr);
   {
     grpc::ClientContext ctx;
     v1::RelayStats stats;
@@ -1553,13 +1572,9 @@ TEST_F(RelayTest, BulkRequeueByTimeAndErrorReportsItsCount) {
                    ids[1], "'"));
   orders_.Exec("UPDATE outbox SET schema_version = 1");
 
-  Database admin_db(orders_.url(), 2, "relay-test-admin");
-  RelayAdminImpl admin(&admin_db, &relay);
-  auto server =
-      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                        {{&admin, v1::RelayAdmin::service_full_name()}});
-  ASSERT_TRUE(server.ok());
-  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  AdminOnLoopback admin(orders_.url(), &relay);
+  v1::RelayAdmin::Stub* stub = admin.stub();
+  ASSERT_NE(stub, nullptr);
   auto requeue = [&](const v1::RequeueRequest& req, v1::RequeueResponse* resp) {
     grpc::ClientContext ctx;
     return stub->Requeue(&ctx, req, resp);
@@ -1899,13 +1914,9 @@ TEST_F(RelayTest,
   EXPECT_FALSE(rec->ok());
 
   // The operator adopts the producer's history.
-  Database admin_db(orders_.url(), 2, "relay-test-admin");
-  RelayAdminImpl admin(&admin_db, &relay);
-  auto server =
-      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                        {{&admin, v1::RelayAdmin::service_full_name()}});
-  ASSERT_TRUE(server.ok());
-  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  AdminOnLoopback admin(orders_.url(), &relay);
+  v1::RelayAdmin::Stub* stub = admin.stub();
+  ASSERT_NE(stub, nullptr);
   {
     grpc::ClientContext ctx;
     v1::ListDivergencesResponse list;
@@ -2137,13 +2148,9 @@ TEST_F(RelayTest, ADeadLetterListingIsBoundedBySizeAndPages) {
       "UPDATE outbox_delivery SET status = 'dead', dead_at = now(), "
       "attempts = 3");
   Relay relay(Options(1), &metrics_);  // not started: the admin API reads
-  Database admin_db(orders_.url(), 2, "relay-test-admin");
-  RelayAdminImpl admin(&admin_db, &relay);
-  auto server =
-      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                        {{&admin, v1::RelayAdmin::service_full_name()}});
-  ASSERT_TRUE(server.ok());
-  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  AdminOnLoopback admin(orders_.url(), &relay);
+  v1::RelayAdmin::Stub* stub = admin.stub();
+  ASSERT_NE(stub, nullptr);
   std::vector<int64_t> seen;
   int64_t after = 0;
   int pages = 0;
@@ -2191,13 +2198,9 @@ TEST_F(RelayTest, SubscriptionsAreListedPausedResumedAndDropped) {
   options.backlog_refresh = absl::Milliseconds(100);
   Relay relay(options, &metrics_);
   relay.Start();
-  Database admin_db(orders_.url(), 2, "relay-test-admin");
-  RelayAdminImpl admin(&admin_db, &relay);
-  auto server =
-      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                        {{&admin, v1::RelayAdmin::service_full_name()}});
-  ASSERT_TRUE(server.ok());
-  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  AdminOnLoopback admin(orders_.url(), &relay);
+  v1::RelayAdmin::Stub* stub = admin.stub();
+  ASSERT_NE(stub, nullptr);
   const auto act = [&](const char* what, const std::string& sub,
                        const std::string& reason, bool force = false) {
     grpc::ClientContext ctx;
@@ -2521,13 +2524,9 @@ TEST_F(LogRelayTest, TheAdminCountsWhatTheLogOwesAsPending) {
   Consumer consumer(billing_.url(), 0);
   Relay relay(Options(consumer.port()), &metrics_);
   relay.Start();
-  Database admin_db(orders_.url(), 2, "relay-test-admin");
-  RelayAdminImpl admin(&admin_db, &relay);
-  auto server =
-      GrpcServer::Start({"127.0.0.1:0", absl::Seconds(1)},
-                        {{&admin, v1::RelayAdmin::service_full_name()}});
-  ASSERT_TRUE(server.ok());
-  auto stub = v1::RelayAdmin::NewStub(testing::Loopback((*server)->port()));
+  AdminOnLoopback admin(orders_.url(), &relay);
+  v1::RelayAdmin::Stub* stub = admin.stub();
+  ASSERT_NE(stub, nullptr);
   const auto stats = [&] {
     grpc::ClientContext ctx;
     v1::RelayStats out;
