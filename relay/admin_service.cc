@@ -131,18 +131,16 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
         absl::StatusOr<std::map<int, LogOwed>> owed =
             LogOwedBy(tx, *sub, {}, kLogOwedCountCap);
         if (!owed.ok()) return owed.status();
-        int64_t pending = r[0].as<int64_t>();
-        double oldest = r[1].as<double>();
-        for (const auto& [partition, o] : *owed) {
-          pending += o.events;
-          oldest = std::max(oldest, o.oldest_seconds);
-        }
+        const LogOwed log_owed = LogOwedTotal(*owed);
         resp->set_diverged(OpenDivergences(tx, *sub));
-        resp->set_pending(pending);
-        resp->set_oldest_pending_seconds(oldest);
+        resp->set_pending(r[0].as<int64_t>() + log_owed.events);
+        resp->set_oldest_pending_seconds(
+            std::max(r[1].as<double>(), log_owed.oldest_seconds));
         resp->set_dead_letters(r[2].as<int64_t>());
-        resp->set_delivered_total(std::max<int64_t>(
-            0, r[3].as<int64_t>() - (pending - r[0].as<int64_t>())));
+        // Every event since its start without a row, less what the log
+        // still owes.
+        resp->set_delivered_total(
+            std::max<int64_t>(0, r[3].as<int64_t>() - log_owed.events));
         return absl::OkStatus();
       });
   if (!s.ok()) return ToGrpcStatus(s);

@@ -370,6 +370,18 @@ absl::StatusOr<std::map<int, LogOwed>> LogOwedBy(
   return out;
 }
 
+LogOwed LogOwedTotal(const std::map<int, LogOwed>& owed) {
+  LogOwed total;
+  for (const auto& [partition, o] : owed) {
+    total.events += o.events;
+    total.oldest_seconds = std::max(total.oldest_seconds, o.oldest_seconds);
+    if (total.lowest_seq == 0 || o.lowest_seq < total.lowest_seq) {
+      total.lowest_seq = o.lowest_seq;
+    }
+  }
+  return total;
+}
+
 absl::StatusOr<int64_t> OweExceptions(pqxx::transaction_base& tx,
                                       const std::string& subscription,
                                       const std::vector<int64_t>& seqs) {

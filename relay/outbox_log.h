@@ -173,6 +173,10 @@ absl::StatusOr<std::map<int, LogOwed>> LogOwedBy(
     pqxx::transaction_base& tx, const std::string& subscription,
     const std::vector<int>& partitions, int64_t cap);
 
+// What LogOwedBy found over all its partitions: their events summed, the
+// oldest of them, the lowest seq (0: none).
+LogOwed LogOwedTotal(const std::map<int, LogOwed>& owed);
+
 // After a dump was restored into another cluster, whose transaction ids
 // lie behind the last tick's (MakeTick then refuses): owes every event
 // that the positions had not delivered to its subscription as an

@@ -84,15 +84,15 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
       absl::StatusOr<std::map<int, LogOwed>> owed =
           LogOwedBy(tx, s.name, {}, kLogOwedCountCap);
       if (!owed.ok()) throw std::runtime_error(owed.status().ToString());
-      for (const auto& [partition, o] : *owed) {
-        s.pending += o.events;
-        s.oldest_pending_seconds =
-            std::max(s.oldest_pending_seconds, o.oldest_seconds);
-        if (s.lowest_seq == 0 || o.lowest_seq < s.lowest_seq) {
-          s.lowest_seq = o.lowest_seq;
-          s.lowest_status = "pending";
-          lowest_age = o.oldest_seconds;
-        }
+      const LogOwed log_owed = LogOwedTotal(*owed);
+      s.pending += log_owed.events;
+      s.oldest_pending_seconds =
+          std::max(s.oldest_pending_seconds, log_owed.oldest_seconds);
+      if (log_owed.lowest_seq > 0 &&
+          (s.lowest_seq == 0 || log_owed.lowest_seq < s.lowest_seq)) {
+        s.lowest_seq = log_owed.lowest_seq;
+        s.lowest_status = "pending";
+        lowest_age = log_owed.oldest_seconds;
       }
     }
     if (retention > absl::ZeroDuration() && s.lowest_seq > 0 &&
@@ -164,8 +164,7 @@ absl::Status ActOnSubscription(pqxx::transaction_base& tx,
       absl::StatusOr<std::map<int, LogOwed>> owed =
           LogOwedBy(tx, name, {}, kLogOwedCountCap);
       if (!owed.ok()) return owed.status();
-      int64_t log_owed = 0;
-      for (const auto& [partition, o] : *owed) log_owed += o.events;
+      const int64_t log_owed = LogOwedTotal(*owed).events;
       const pqxx::row gone = tx.exec_params1(
           "WITH d AS (DELETE FROM outbox_delivery WHERE subscription = $1 "
           "RETURNING status) SELECT count(*) FILTER (WHERE status = "

@@ -326,24 +326,27 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
     }
     for (;;) {
       pqxx::nontransaction o(orders), b(billing);
+      // Pending rows not behind a dead or diverged event of their
+      // aggregate, and what the log still owes (read, it joins the rows
+      // above), counted in one scan rather than a function call per event.
+      static const std::string kUndrainedSql =
+          "SELECT (SELECT count(*) FROM outbox_delivery p"
+          "          JOIN outbox op ON op.seq = p.seq"
+          "         WHERE p.subscription = $1 AND p.status = 'pending'"
+          "           AND NOT EXISTS ("
+          "               SELECT 1 FROM outbox_delivery d"
+          "                 JOIN outbox od ON od.seq = d.seq"
+          "                WHERE d.subscription = $1"
+          "                  AND d.aggregate_id = p.aggregate_id"
+          "                  AND od.aggregate_type = op.aggregate_type"
+          "                  AND d.status IN ('dead', 'diverged')))"
+          "     + (SELECT coalesce(sum(events), 0)"
+          "          FROM outbox_log_owed_by($1, $2::int[], 1000000000))";
+      std::vector<int> every_partition;
+      for (int p = 0; p < kPartitionCount; ++p) every_partition.push_back(p);
       const int64_t undrained =
-          o.exec_params(
-               absl::StrCat(
-                   "SELECT (SELECT count(*) FROM outbox_delivery p JOIN outbox "
-                   "op "
-                   "ON op.seq = p.seq WHERE p.subscription = $1 AND p.status = "
-                   "'pending' AND NOT EXISTS (SELECT 1 FROM outbox_delivery d "
-                   "JOIN outbox od ON od.seq = d.seq WHERE d.subscription = $1 "
-                   "AND d.aggregate_id = p.aggregate_id AND od.aggregate_type "
-                   "= "
-                   "op.aggregate_type AND d.status IN ('dead', 'diverged'))) + "
-                   // What the log still owes (read, it joins the rows above),
-                   // in one scan rather than a function call per event.
-                   "(SELECT coalesce(sum(events), 0) FROM "
-                   "outbox_log_owed_by($1, "
-                   "(SELECT array_agg(g) FROM generate_series(0, ",
-                   kPartitionCount - 1, ") g), 1000000000))"),
-               subscription)[0][0]
+          o.exec_params(kUndrainedSql, subscription,
+                        ArrayLiteral(every_partition).str())[0][0]
               .as<int64_t>();
       ArrayLiteral waiting;
       for (const auto& [agg, why] : diverged_aggregates(o)) {
