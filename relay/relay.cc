@@ -8,7 +8,6 @@
 #include <optional>
 #include <pqxx/pqxx>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -18,7 +17,6 @@
 #include "common/limits.h"
 #include "common/schema.h"
 #include "common/service.h"
-#include "relay/retention.h"
 
 namespace outbox::relay {
 namespace {
@@ -81,8 +79,6 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                               "Delivery streams that broke or timed out.")),
       batches_(metrics->AddCounter("outbox_relay_batches_total",
                                    "Delivery batches sent.")),
-      pruned_(metrics->AddCounter("outbox_relay_pruned_total",
-                                  "Delivered rows deleted by --retention.")),
       redelivered_held_(metrics->AddCounter(
           "outbox_relay_redelivered_total{reason=\"held\"}",
           "Events owed again because the consumer lacked them after it had "
@@ -98,10 +94,6 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
           "Aggregates recorded as diverged by this process (DIVERGED "
           "answers and heals): producer and consumer hold different "
           "histories; an operator decides (RelayAdmin.ResolveDivergence).")),
-      heals_(metrics->AddCounter(
-          "outbox_relay_heals_total",
-          "Heals run (the consumer's cursors compared with what was "
-          "delivered) after a database changed identity.")),
       claim_seconds_(metrics->AddHistogram(
           "outbox_relay_claim_seconds",
           "Time of one claim query (pending rows of a stream's partitions; "
@@ -174,6 +166,20 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
       options_.consumer, MakeChannelCredentials(options_.consumer_tls), args);
   stub_ = v1::EventSink::NewStub(channel_);
   health_stub_ = grpc::health::v1::Health::NewStub(channel_);
+  housekeeping_ = std::make_unique<Housekeeping>(
+      Housekeeping::Options{
+          .db_url = options_.db_url,
+          .subscription = options_.subscription,
+          .session = session_,
+          .retention = options_.retention,
+          .backlog_refresh = options_.backlog_refresh,
+          .owned = [this] { return State().partitions_owned; },
+          .source = [this] { return source(); },
+          .wake = [this] { Wake(); },
+          .consumer = stub_.get(),
+          .redelivered_heal = redelivered_heal_,
+          .diverged = diverged_},
+      metrics);
   metrics->AddGauge("outbox_relay_in_flight", "Events sent, not yet answered.",
                     [this] { return static_cast<double>(State().in_flight); });
   metrics->AddGauge(
@@ -187,113 +193,6 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   metrics->AddGauge("outbox_relay_stream_connected",
                     "1 while every delivery stream (--streams) is open.",
                     [this] { return State().stream_connected ? 1.0 : 0.0; });
-  metrics->AddGaugeFamily(
-      "outbox_relay_pending_events",
-      "Undelivered events of each partition this replica owns, as of the "
-      "last refresh (every 15 s; the scan stops at 100000 events).",
-      [this] {
-        std::vector<std::pair<Labels, double>> out;
-        std::lock_guard<std::mutex> lock(backlog_mu_);
-        for (const auto& [p, v] : backlog_.partitions) {
-          out.push_back({{{"partition", std::to_string(p)}},
-                         static_cast<double>(v.first)});
-        }
-        return out;
-      });
-  metrics->AddGaugeFamily(
-      "outbox_relay_oldest_pending_seconds",
-      "Age of the oldest undelivered event of each partition this replica "
-      "owns (0: none), as of the last refresh; while refreshes fail, grown "
-      "by the time since.",
-      [this] {
-        std::vector<std::pair<Labels, double>> out;
-        std::lock_guard<std::mutex> lock(backlog_mu_);
-        for (const auto& [p, v] : backlog_.partitions) {
-          out.push_back({{{"partition", std::to_string(p)}},
-                         backlog_.Age(v.second, v.first > 0)});
-        }
-        return out;
-      });
-  metrics->AddGauge("outbox_relay_dead_letters",
-                    "Dead letters of the subscription now (not requeued).",
-                    [this] {
-                      std::lock_guard<std::mutex> lock(backlog_mu_);
-                      return static_cast<double>(backlog_.dead_letters);
-                    });
-  metrics->AddGauge("outbox_relay_oldest_dead_letter_seconds",
-                    "Since the oldest dead letter of the subscription died "
-                    "(0: none).",
-                    [this] {
-                      std::lock_guard<std::mutex> lock(backlog_mu_);
-                      return backlog_.Age(backlog_.oldest_dead_seconds,
-                                          backlog_.dead_letters > 0);
-                    });
-  // Every subscription of the database, as this replica last read them:
-  // one that no relay delivers any more, or that an operator paused, shows
-  // from any relay left, and so does what holds retention back.
-  auto each_subscription = [this](double (*value)(const SubscriptionInfo&),
-                                  bool with_kind) {
-    std::vector<std::pair<Labels, double>> out;
-    std::lock_guard<std::mutex> lock(backlog_mu_);
-    for (const SubscriptionInfo& s : backlog_.subscriptions) {
-      Labels l{{"of_subscription", s.name}};
-      if (with_kind) {
-        l["kind"] = s.pinned_by.empty() ? "none" : s.pinned_by;
-      }
-      out.push_back({std::move(l), value(s)});
-    }
-    return out;
-  };
-  metrics->AddGaugeFamily(
-      "outbox_subscription_relays_alive",
-      "Relays delivering each subscription of the database (their "
-      "membership not expired), as of the last refresh.",
-      [each_subscription] {
-        return each_subscription(
-            [](const SubscriptionInfo& s) {
-              return static_cast<double>(s.relays_alive);
-            },
-            false);
-      });
-  metrics->AddGaugeFamily(
-      "outbox_subscription_paused",
-      "1 while an operator has paused the subscription (outboxctl "
-      "subscriptions pause).",
-      [each_subscription] {
-        return each_subscription(
-            [](const SubscriptionInfo& s) { return s.paused ? 1.0 : 0.0; },
-            false);
-      });
-  metrics->AddGaugeFamily(
-      "outbox_retention_pinned_seconds",
-      "How long past --retention the subscription's oldest undelivered "
-      "event is: retention deletes nothing from there while it stays; kind "
-      "says why (dead_letter, diverged, paused, abandoned, pending; none "
-      "and 0 when it pins nothing).",
-      [each_subscription] {
-        return each_subscription(
-            [](const SubscriptionInfo& s) {
-              return s.retention_pinned_seconds;
-            },
-            true);
-      });
-  metrics->AddGauge(
-      "outbox_relay_backlog_figures_age_seconds",
-      "Since this replica last read its backlog figures (pending events, "
-      "dead letters, their ages) from the database, or since it started; "
-      "about the refresh interval (15 s) at most while reads succeed.",
-      [this] {
-        std::lock_guard<std::mutex> lock(backlog_mu_);
-        return absl::ToDoubleSeconds(absl::Now() - backlog_.as_of);
-      });
-  metrics->AddGauge(
-      "outbox_relay_diverged_aggregates",
-      "Aggregates of the subscription whose producer and consumer histories "
-      "diverged and wait for an operator (outboxctl diverged).",
-      [this] {
-        std::lock_guard<std::mutex> lock(backlog_mu_);
-        return static_cast<double>(backlog_.diverged);
-      });
   metrics->AddGauge(
       "outbox_relay_paused",
       "1 while this replica holds claimed events back (a replication fence "
@@ -316,11 +215,7 @@ void Relay::Start() {
       .wake = [this] { Wake(); },
       .on_listening = options_.on_listening});
   worker_ = std::thread([this] { Run(); });
-  housekeeping_ = std::make_unique<PeriodicTask>(
-      absl::Seconds(1), [this] { return Housekeep(); },
-      // Retention works off old rows in short steps this far apart, so
-      // that claims and marks keep their share of the database.
-      absl::Milliseconds(250));
+  housekeeping_->Start();
   listener_->Start();
   if (options_.consumer_unready_after > absl::ZeroDuration()) {
     prober_ = std::make_unique<PeriodicTask>(absl::Seconds(1), [this] {
@@ -381,18 +276,8 @@ void Relay::Stop(absl::Duration drain) {
   if (worker_.joinable()) worker_.join();
   prober_.reset();
   // A retention delete waiting on a lock, or a long vacuum, must not hold
-  // up the shutdown: what it had not done is done by the next start.
-  // Cancelled until the run in progress ends: a statement that began just
-  // after one cancel meets the next.
-  housekeeping_stop_ = true;
-  while (housekeeping_busy_) {
-    {
-      std::lock_guard<std::mutex> lock(housekeeping_mu_);
-      if (housekeeping_conn_ != nullptr) housekeeping_conn_->cancel_query();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  housekeeping_.reset();
+  // up the shutdown.
+  housekeeping_->Stop();
   if (listener_ != nullptr) listener_->Stop();
 }
 
@@ -1488,7 +1373,7 @@ void Relay::MarksWritten(int64_t dead) {
     if (m.from_log && log_ != nullptr) log_->Settle(m.seq);
   }
   delivered_->Add(delivered);
-  deleted_since_vacuum_ += deleted;
+  housekeeping_->Deleted(deleted);
   rejected_->Add(rejected);
   dead_->Add(dead);
   for (const Mark& m : marks_) Untrack(m.chain);
@@ -1643,185 +1528,6 @@ bool Relay::ReleaseFenced(Lane& lane) {
   }
   fence_waiting_ = waiting;
   return true;
-}
-
-void Relay::RefreshBacklog(pqxx::connection& conn,
-                           const std::vector<int>& owned) {
-  constexpr int kBacklogScanCap = 100000;
-  Backlog b;
-  for (int p : owned) b.partitions[p] = {0, 0.0};
-  auto unit = OpenUnit(conn);
-  pqxx::transaction_base& tx = *unit;
-  // Bounded: the first kBacklogScanCap pending rows in seq order (the
-  // primary key), then one outbox lookup per partition.
-  for (const auto& row : tx.exec_params(
-           "WITH x AS (SELECT partition, seq FROM outbox_delivery WHERE "
-           "subscription = $1 AND status = 'pending' AND partition = "
-           "ANY($2::int[]) ORDER BY seq LIMIT $3), "
-           "p AS (SELECT partition, count(*) AS n, min(seq) AS first FROM x "
-           "GROUP BY partition) "
-           "SELECT p.partition, p.n, coalesce(extract(epoch FROM now() - "
-           "o.created_at), 0)::float8 FROM p LEFT JOIN outbox o ON o.seq = "
-           "p.first",
-           options_.subscription, ArrayLiteral(owned).str(), kBacklogScanCap)) {
-    b.partitions[row[0].as<int>()] = {row[1].as<int64_t>(),
-                                      std::max(0.0, row[2].as<double>())};
-  }
-  // On the log, what it still owes (nothing for a subscription on rows).
-  absl::StatusOr<std::map<int, LogOwed>> owed =
-      LogOwedBy(tx, options_.subscription, owned, kBacklogScanCap);
-  if (!owed.ok()) throw std::runtime_error(owed.status().ToString());
-  for (const auto& [partition, o] : *owed) {
-    auto& [n, age] = b.partitions[partition];
-    n += o.events;
-    age = std::max(age, o.oldest_seconds);
-  }
-  const pqxx::row dead = tx.exec_params1(
-      "SELECT count(*), coalesce(extract(epoch FROM now() - min(dead_at)), "
-      "0)::float8 FROM outbox_delivery WHERE subscription = $1 AND status "
-      "= 'dead'",
-      options_.subscription);
-  b.dead_letters = dead[0].as<int64_t>();
-  b.oldest_dead_seconds = std::max(0.0, dead[1].as<double>());
-  b.diverged = OpenDivergences(tx, options_.subscription);
-  b.subscriptions = ReadSubscriptions(tx, options_.retention, false);
-  unit->commit();
-  b.as_of = absl::Now();
-  std::lock_guard<std::mutex> lock(backlog_mu_);
-  backlog_ = std::move(b);
-}
-
-bool Relay::Housekeep() {
-  housekeeping_busy_ = true;
-  absl::Cleanup idle = [this] { housekeeping_busy_ = false; };
-  if (housekeeping_stop_) return false;
-  std::vector<int> owned;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    owned = state_.partitions_owned;
-  }
-  const char* step = "housekeeping";
-  // Until the figures are read: then a failure leaves them stale.
-  bool refresh_due =
-      owned != backlog_owned_ || absl::Now() >= next_backlog_refresh_;
-  try {
-    if (housekeeping_conn_ == nullptr || !housekeeping_conn_->is_open()) {
-      auto conn =
-          Connect(options_.db_url, "outbox-relay-housekeeping", session_);
-      if (!conn.ok()) throw std::runtime_error(conn.status().ToString());
-      std::lock_guard<std::mutex> lock(housekeeping_mu_);
-      housekeeping_conn_ = std::move(*conn);
-    }
-    Connection& conn = *housekeeping_conn_;
-    if (housekeeping_stop_) return false;
-    if (refresh_due) {
-      step = "backlog figures";
-      RefreshBacklog(conn, owned);
-      refresh_due = false;
-      backlog_owned_ = owned;
-      next_backlog_refresh_ = absl::Now() + options_.backlog_refresh;
-    }
-    bool more = false;
-    // By the replica that owns partition 0: one at a time, mostly (two
-    // for a moment after it moves do no harm).
-    if (options_.retention > absl::ZeroDuration() && !owned.empty() &&
-        owned.front() == 0 && absl::Now() >= next_prune_ &&
-        !housekeeping_stop_) {
-      step = "retention";
-      more = PruneDelivered(conn);
-      if (!more) next_prune_ = absl::Now() + absl::Minutes(1);
-    }
-    if (!owned.empty() && owned.front() == 0 && !housekeeping_stop_) {
-      step = "heal";
-      HealIfDue(conn);
-    }
-    step = "vacuum";
-    if (!housekeeping_stop_ && !conn.info().pooled) VacuumDeliveries(conn);
-    return more;
-  } catch (const std::exception& e) {
-    if (!housekeeping_stop_) {
-      spdlog::warn("relay: {}: {}", step,
-                   std::string(StatusFromException(e).message()));
-    }
-    if (refresh_due) {
-      std::lock_guard<std::mutex> lock(backlog_mu_);
-      backlog_.stale = true;
-    }
-    std::lock_guard<std::mutex> lock(housekeeping_mu_);
-    housekeeping_conn_.reset();
-    return false;
-  }
-}
-
-void Relay::HealIfDue(pqxx::connection& conn) {
-  if (absl::Now() < next_heal_check_) return;
-  next_heal_check_ = absl::Now() + absl::Seconds(1);
-  std::optional<HealDue> due;
-  {
-    auto tx = OpenUnit(conn);
-    due = DueHeal(*tx, options_.subscription);
-    tx->commit();
-  }
-  if (!due.has_value()) return;
-  if (healer_ == nullptr) {
-    healer_ = std::make_unique<Healer>(options_.subscription, stub_.get());
-  }
-  spdlog::warn("relay: heal of subscription {}: {}", options_.subscription,
-               due->reason);
-  absl::StatusOr<HealReport> report = healer_->Run(conn, source());
-  if (!report.ok()) {
-    // The consumer or the database is away: the next round tries again.
-    spdlog::warn("relay: heal of subscription {}: {}; trying again",
-                 options_.subscription, std::string(report.status().message()));
-    next_heal_check_ = absl::Now() + absl::Seconds(2);
-    return;
-  }
-  heals_->Add();
-  redelivered_heal_->Add(report->redelivered);
-  diverged_->Add(report->diverged);
-  {
-    auto tx = OpenUnit(conn);
-    HealDone(*tx, options_.subscription, *due);
-    tx->commit();
-  }
-  if (report->redelivered > 0 || report->diverged > 0) {
-    spdlog::warn("relay: heal of subscription {} done: {}",
-                 options_.subscription, report->Summary());
-  } else {
-    spdlog::info("relay: heal of subscription {} done, nothing missing: {}",
-                 options_.subscription, report->Summary());
-  }
-  if (report->redelivered > 0) Wake();
-}
-
-bool Relay::PruneDelivered(pqxx::connection& conn) {
-  constexpr int kBatch = 1000;
-  auto unit = OpenUnit(conn);
-  pqxx::transaction_base& tx = *unit;
-  // Small batches keep each transaction short, so vacuum is never held
-  // back.
-  const int64_t deleted = PruneOutbox(tx, options_.retention, kBatch);
-  unit->commit();
-  pruned_->Add(deleted);
-  return static_cast<int>(deleted) == kBatch;
-}
-
-void Relay::VacuumDeliveries(pqxx::connection& conn) {
-  // Delivered rows are deleted, and a claim scans the delivery table in
-  // seq order from its start: until vacuum removes their index entries,
-  // every claim steps over all rows delivered since, and a large backlog
-  // drains ever slower. Autovacuum may wake only once a minute; so the
-  // relay vacuums the table itself after each 10000 deletes, at most once a
-  // second, never waiting for another vacuum of it. Behind a long history
-  // one took 300 ms.
-  const int64_t deleted = deleted_since_vacuum_.load();
-  if (deleted < 10000) return;
-  const absl::Time t0 = absl::Now();
-  pqxx::nontransaction tx(conn);
-  tx.exec("VACUUM (SKIP_LOCKED) outbox_delivery");
-  spdlog::debug("relay: vacuumed outbox_delivery after {} deletes in {}",
-                deleted, absl::FormatDuration(absl::Now() - t0));
-  deleted_since_vacuum_ -= deleted;
 }
 
 void Relay::DropStream(Lane& lane, const std::string& why) {

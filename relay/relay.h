@@ -26,9 +26,10 @@
 // Beside the worker, a listener thread holds a LISTEN connection (NOTIFY
 // wakes the worker; while every stream awaits an answer there is nothing
 // to wake it for, and under steady load the listener stops listening
-// until the worker wants wakes again) and a housekeeping thread a third
-// connection for the backlog figures, the retention deletes and the delivery
-// table's vacuum, so that none of them ever holds up a claim or a mark.
+// until the worker wants wakes again, relay/listener.h) and housekeeping a
+// third connection for the backlog figures, the retention deletes, heals
+// and the delivery table's vacuum, so that none of them ever holds up a
+// claim or a mark (relay/housekeeping.h).
 //
 // A REJECTED answer counts an attempt and reschedules the row with backoff;
 // after max_attempts the row is a dead letter. Later rows of that aggregate
@@ -63,7 +64,7 @@
 #include "relay/delivery_store.h"
 #include "relay/delivery_stream.h"
 #include "relay/fence.h"
-#include "relay/heal.h"
+#include "relay/housekeeping.h"
 #include "relay/leases.h"
 #include "relay/listener.h"
 #include "relay/log_reader.h"
@@ -342,15 +343,6 @@ class Relay {
   void DropEverything(const std::string& why);
   // Sends the fenced batches of `lane` that the standbys have flushed.
   bool ReleaseFenced(Lane& lane);
-  // On housekeeping_'s thread and connection: the backlog figures, the
-  // retention deletes and the delivery table's vacuum, none of which the
-  // worker ever waits for (behind a long history or a large backlog each
-  // can take hundreds of milliseconds, or wait on a lock). True while
-  // retention has more to delete.
-  bool Housekeep();
-  // Each throws on a database error. True if a full batch was deleted.
-  bool PruneDelivered(pqxx::connection& conn);
-  void VacuumDeliveries(pqxx::connection& conn);
   void HandleResponses(Lane& lane);
   void DropStream(Lane& lane, const std::string& why);
   void EnsureStream(Lane& lane);
@@ -367,45 +359,13 @@ class Relay {
   Counter* const dead_;
   Counter* const reconnects_;
   Counter* const batches_;
-  Counter* const pruned_;
   Counter* const redelivered_held_;
   Counter* const redelivered_heal_;
   Counter* const diverged_;
-  Counter* const heals_;
   Histogram* const claim_seconds_;
   Histogram* const answer_seconds_;
   Histogram* const mark_seconds_;
   Histogram* const batch_events_;
-
-  // The backlog as the database saw it at the last refresh (by Housekeep,
-  // never on a scrape; see RelayOptions::backlog_refresh): per
-  // owned partition, pending events (the scan stops at kBacklogScanCap in
-  // all) and the age of the oldest; the subscription's dead letters.
-  void RefreshBacklog(pqxx::connection& conn, const std::vector<int>& owned);
-  // On housekeeping_'s thread, by the replica that owns partition 0: a heal
-  // when one is due.
-  void HealIfDue(pqxx::connection& conn);
-  struct Backlog {
-    std::map<int, std::pair<int64_t, double>> partitions;  // n, oldest age
-    int64_t dead_letters = 0;
-    double oldest_dead_seconds = 0;
-    int64_t diverged = 0;  // open divergences of the subscription
-    // Every subscription of the database, without counts (for the gauges
-    // of retention and of abandoned or paused subscriptions).
-    std::vector<SubscriptionInfo> subscriptions;
-    absl::Time as_of = absl::Now();  // when they were read (or none yet)
-    // A refresh was due and failed: the ages are reported as grown since
-    // as_of (their events assumed still there), so that an alert on them
-    // still fires while the relay cannot read them.
-    bool stale = false;
-    // An age of `as_of`, as reported now.
-    double Age(double age, bool any) const {
-      return stale && any ? age + absl::ToDoubleSeconds(absl::Now() - as_of)
-                          : age;
-    }
-  };
-  mutable std::mutex backlog_mu_;
-  Backlog backlog_ ABSL_GUARDED_BY(backlog_mu_);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::EventSink::Stub> stub_;
@@ -463,19 +423,6 @@ class Relay {
   absl::Time next_db_attempt_ = absl::InfinitePast();
   Backoff db_backoff_;
   absl::Time next_rebalance_ = absl::InfinitePast();
-  // Rows this relay deleted from outbox_delivery since it last vacuumed it.
-  std::atomic<int64_t> deleted_since_vacuum_{0};
-  // Housekeeping state, on its thread; Stop reads the connection's pointer
-  // under housekeeping_mu_ (to cancel its statement), which guards every
-  // change of it.
-  std::mutex housekeeping_mu_;
-  std::atomic<bool> housekeeping_stop_{false};
-  std::atomic<bool> housekeeping_busy_{false};  // a Housekeep runs
-  std::unique_ptr<Connection> housekeeping_conn_;
-  std::vector<int> backlog_owned_;  // the partitions of the last refresh
-  absl::Time next_backlog_refresh_ = absl::InfinitePast();
-  absl::Time next_prune_ = absl::InfinitePast();
-  std::unique_ptr<PeriodicTask> housekeeping_;  // after what it uses
   uint64_t next_batch_id_ = 1;
 
   // Aggregates with events in flight or answered and not yet marked: not
@@ -493,9 +440,6 @@ class Relay {
   std::vector<ChainRange> reowe_;  // HELD answers: events the consumer lacks
   std::string fence_waiting_;      // why the fence holds batches, or ""
   absl::Time next_fence_log_ = absl::InfinitePast();
-  // Housekeeping thread: heals.
-  std::unique_ptr<Healer> healer_;
-  absl::Time next_heal_check_ = absl::InfinitePast();
   // A backlog was seen and not yet worked off: the partitions are spread
   // over every open lane (see RelayOptions::lanes).
   bool spread_ = false;
@@ -511,6 +455,9 @@ class Relay {
   std::thread worker_;
   // Made by Start(), before the worker's thread, which uses it.
   std::unique_ptr<CommitListener> listener_;
+  // The backlog figures, retention, heals and vacuum, on a thread and a
+  // connection of their own (made by the constructor, started by Start).
+  std::unique_ptr<Housekeeping> housekeeping_;
 
   // The consumer link (RelayOptions::consumer_unready_after): when the
   // consumer last answered (a batch, or the prober's health check), the

@@ -1,0 +1,173 @@
+// The relay's housekeeping against a real PostgreSQL: its backlog figures
+// follow the partitions the relay owns at once, only the owner of
+// partition 0 deletes old events, a stop cancels a delete waiting on a
+// lock, and many deletes by the worker bring a vacuum of the delivery
+// table.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/metrics.h"
+#include "common/schema.h"
+#include "relay/housekeeping.h"
+#include "relay/log_testing.h"
+#include "tests/testing/pg.h"
+#include "tests/testing/wait.h"
+
+namespace outbox::relay {
+namespace {
+
+// The sum of a gauge family's series in `metrics`' text.
+double SumOf(const Metrics& metrics, const std::string& family) {
+  double sum = 0;
+  for (absl::string_view line : absl::StrSplit(metrics.Render(), '\n')) {
+    if (!absl::StartsWith(line, family + "{") &&
+        !absl::StartsWith(line, family + " ")) {
+      continue;
+    }
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
+  }
+  return sum;
+}
+
+class HousekeepingTest : public ::testing::Test {
+ protected:
+  HousekeepingTest() : db_("housekeeping", {OutboxSchema()}) {}
+
+  // Housekeeping of subscription "billing" for the partitions in owned_.
+  std::unique_ptr<Housekeeping> Make(absl::Duration retention) {
+    Housekeeping::Options options{
+        .db_url = db_.url(),
+        .subscription = "billing",
+        .retention = retention,
+        // Only a change of the owned partitions refreshes the figures.
+        .backlog_refresh = absl::Hours(1),
+        .owned =
+            [this] {
+              std::lock_guard<std::mutex> lock(owned_mu_);
+              return owned_;
+            },
+        .source = [] { return std::string("orders"); },
+        .wake = [] {},
+        .redelivered_heal = metrics_.AddCounter("redelivered", ""),
+        .diverged = metrics_.AddCounter("diverged", "")};
+    return std::make_unique<Housekeeping>(std::move(options), &metrics_);
+  }
+
+  void Own(std::vector<int> partitions) {
+    std::lock_guard<std::mutex> lock(owned_mu_);
+    owned_ = std::move(partitions);
+  }
+
+  // Appends `n` events of aggregate `aggregate` in partition `partition`.
+  void Append(const std::string& aggregate, int partition, int n) {
+    pqxx::connection c(db_.url());
+    pqxx::work tx(c);
+    for (int i = 0; i < n; ++i) relay::Append(tx, aggregate, 0, partition);
+    tx.commit();
+  }
+
+  double Pending() { return SumOf(metrics_, "outbox_relay_pending_events"); }
+
+  testing::TestDatabase db_;
+  Metrics metrics_;
+  std::mutex owned_mu_;
+  std::vector<int> owned_;
+};
+
+TEST_F(HousekeepingTest, TheFiguresFollowTheOwnedPartitionsAtOnce) {
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  Append("a", 1, 3);
+  Append("b", 2, 5);
+  ASSERT_EQ(db_.Scalar("SELECT count(*) FROM outbox_delivery WHERE "
+                       "subscription = 'billing' AND status = 'pending'"),
+            8);
+  Own({1, 2, 3});
+  std::unique_ptr<Housekeeping> hk = Make(absl::ZeroDuration());
+  hk->Start();
+  ASSERT_TRUE(testing::WaitFor([&] { return Pending() == 8; }))
+      << metrics_.Render();
+  // A partition given up leaves the figures at the next round, not after
+  // the refresh interval (an hour here).
+  Own({2, 3});
+  ASSERT_TRUE(testing::WaitFor([&] { return Pending() == 5; }))
+      << metrics_.Render();
+  EXPECT_NE(
+      metrics_.Render().find("outbox_relay_pending_events{partition=\"3\""),
+      std::string::npos)
+      << "an owned partition without events shows as 0";
+  hk->Stop();
+  hk->Stop();  // again: nothing
+}
+
+TEST_F(HousekeepingTest, OnlyTheOwnerOfPartitionZeroDeletesOldEvents) {
+  // No subscription: every event is delivered to all there are.
+  Append("a", 0, 4);
+  Append("b", 5, 4);
+  Own({5, 6});
+  std::unique_ptr<Housekeeping> hk = Make(absl::Milliseconds(1));
+  hk->Start();
+  // Two rounds at least (one a second), and nothing goes.
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox"), 8);
+  Own({0, 5, 6});
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return db_.Scalar("SELECT count(*) FROM outbox") == 0; }));
+  EXPECT_EQ(SumOf(metrics_, "outbox_relay_pruned_total"), 8);
+}
+
+TEST_F(HousekeepingTest, StopCancelsADeleteWaitingOnALock) {
+  Append("a", 0, 2);
+  pqxx::connection holder(db_.url());
+  auto lock = std::make_unique<pqxx::work>(holder);
+  lock->exec(
+      "SELECT 1 FROM outbox WHERE seq = (SELECT min(seq) FROM outbox) FOR "
+      "UPDATE");
+  Own({0});
+  std::unique_ptr<Housekeeping> hk = Make(absl::Milliseconds(1));
+  hk->Start();
+  ASSERT_TRUE(testing::WaitFor([&] {
+    return db_.Scalar(
+               "SELECT count(*) FROM pg_stat_activity WHERE "
+               "wait_event_type = 'Lock' AND query LIKE '%DELETE "
+               "FROM outbox%'") == 1;
+  }));
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    hk->Stop();
+    stopped = true;
+  });
+  const bool stopped_while_locked =
+      testing::WaitFor([&] { return stopped.load(); }, absl::Minutes(1));
+  EXPECT_TRUE(stopped_while_locked) << "Stop waited for the delete's lock";
+  lock.reset();  // frees a stop that hung on it
+  stopper.join();
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox"), 2);
+}
+
+TEST_F(HousekeepingTest, ManyDeletesBringAVacuumOfTheDeliveryTable) {
+  const auto vacuums = [&] {
+    return db_.Scalar(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = "
+        "'outbox_delivery'");
+  };
+  const int64_t before = vacuums();
+  Own({1});
+  std::unique_ptr<Housekeeping> hk = Make(absl::ZeroDuration());
+  hk->Deleted(9999);
+  hk->Start();
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_EQ(vacuums(), before) << "vacuumed before 10000 deletes";
+  hk->Deleted(1);
+  EXPECT_TRUE(testing::WaitFor([&] { return vacuums() > before; }));
+}
+
+}  // namespace
+}  // namespace outbox::relay
