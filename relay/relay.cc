@@ -149,23 +149,11 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
     lanes_[i].stream_backoff =
         Backoff(options_.retry_initial, options_.retry_max);
   }
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  // gRPC's own reconnect backoff decides how soon a restarted consumer is
-  // seen again: keep it short (and no longer than --retry_max), or a
-  // consumer that restarts every few seconds is never connected to.
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-              static_cast<int>(std::clamp<int64_t>(
-                  absl::ToInt64Milliseconds(options_.retry_max), 100, 1000)));
-  channel_ = grpc::CreateCustomChannel(
-      options_.consumer, MakeChannelCredentials(options_.consumer_tls), args);
-  stub_ = v1::EventSink::NewStub(channel_);
-  health_stub_ = grpc::health::v1::Health::NewStub(channel_);
+  link_ = std::make_unique<ConsumerLink>(
+      ConsumerLink::Options{.target = options_.consumer,
+                            .tls = options_.consumer_tls,
+                            .retry_max = options_.retry_max,
+                            .unready_after = options_.consumer_unready_after});
   housekeeping_ = std::make_unique<Housekeeping>(
       Housekeeping::Options{
           .db_url = options_.db_url,
@@ -176,7 +164,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
           .owned = [this] { return State().partitions_owned; },
           .source = [this] { return source(); },
           .wake = [this] { Wake(); },
-          .consumer = stub_.get(),
+          .consumer = link_->stub(),
           .redelivered_heal = redelivered_heal_,
           .diverged = diverged_},
       metrics);
@@ -206,7 +194,7 @@ Relay::~Relay() { Stop(absl::ZeroDuration()); }
 void Relay::Start() {
   spdlog::info("relay {}: delivering to {}", replica_id_, options_.consumer);
   // The consumer gets --consumer_unready_after from now to answer.
-  consumer_answered_ns_ = absl::ToUnixNanos(absl::Now());
+  link_->Start();
   listener_ = std::make_unique<CommitListener>(CommitListener::Options{
       .url = options_.notify_url.empty() ? options_.db_url
                                          : options_.notify_url,
@@ -217,45 +205,6 @@ void Relay::Start() {
   worker_ = std::thread([this] { Run(); });
   housekeeping_->Start();
   listener_->Start();
-  if (options_.consumer_unready_after > absl::ZeroDuration()) {
-    prober_ = std::make_unique<PeriodicTask>(absl::Seconds(1), [this] {
-      ProbeConsumer();
-      return false;
-    });
-  }
-}
-
-void Relay::ProbeConsumer() {
-  // A consumer that answered a batch within the last second needs no probe.
-  if (absl::Now() - absl::FromUnixNanos(consumer_answered_ns_) <
-      absl::Seconds(1)) {
-    return;
-  }
-  grpc::health::v1::HealthCheckRequest req;
-  req.set_service(v1::EventSink::service_full_name());
-  grpc::health::v1::HealthCheckResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  const grpc::Status s = health_stub_->Check(&ctx, req, &resp);
-  std::lock_guard<std::mutex> lock(probe_mu_);
-  if (s.ok() &&
-      resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
-    consumer_answered_ns_ = absl::ToUnixNanos(absl::Now());
-    probe_error_.clear();
-    return;
-  }
-  probe_error_ =
-      s.ok() ? "its health check answers NOT_SERVING"
-             : absl::StrCat("its health check failed: ",
-                            absl::StatusCodeToString(
-                                static_cast<absl::StatusCode>(s.error_code())),
-                            ": ", s.error_message());
-}
-
-bool Relay::ConsumerUnreachable() const {
-  return options_.consumer_unready_after > absl::ZeroDuration() &&
-         absl::Now() - absl::FromUnixNanos(consumer_answered_ns_) >
-             options_.consumer_unready_after;
 }
 
 std::optional<std::string> Relay::Unready() const {
@@ -274,7 +223,7 @@ void Relay::Stop(absl::Duration drain) {
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
-  prober_.reset();
+  link_->Stop();
   // A retention delete waiting on a lock, or a long vacuum, must not hold
   // up the shutdown.
   housekeeping_->Stop();
@@ -1128,7 +1077,7 @@ void Relay::HandleResponses(Lane& lane) {
   for (const v1::DeliverResponse& resp : lane.stream->TakeResponses()) {
     // The consumer answers: whatever broke the last stream is over.
     lane.stream_backoff.Reset();
-    consumer_answered_ns_ = absl::ToUnixNanos(absl::Now());
+    link_->Answered();
     auto it = lane.in_flight.find(resp.batch_id());
     if (it == lane.in_flight.end()) {
       spdlog::warn("relay: answer for unknown batch {}", resp.batch_id());
@@ -1563,14 +1512,14 @@ void Relay::EnsureStream(Lane& lane) {
   if (lane.stream != nullptr || absl::Now() < lane.next_stream_attempt) return;
   // Opening a stream blocks until the channel connects; only open it on a
   // ready channel so this thread never waits on the network.
-  grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+  const grpc_connectivity_state state = link_->State();
   if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
     lane.next_stream_attempt = absl::Now() + lane.stream_backoff.Next();
     return;
   }
   if (state != GRPC_CHANNEL_READY) return;
   lane.stream =
-      std::make_unique<DeliveryStream>(stub_.get(), [this] { Wake(); });
+      std::make_unique<DeliveryStream>(link_->stub(), [this] { Wake(); });
   // The backoff resets on the first answer, not here: a consumer that
   // accepts streams but fails every batch (its database is read-only) is
   // retried less and less often, up to --retry_max.
@@ -1600,7 +1549,7 @@ void Relay::Run() {
     }
     // A consumer that answers neither batches nor health checks: readiness
     // NOT_SERVING, and the partitions go to replicas that reach it.
-    if (const bool unreachable = !stopping && ConsumerUnreachable();
+    if (const bool unreachable = !stopping && link_->Unreachable().has_value();
         unreachable != unlinked_) {
       unlinked_ = unreachable;
       next_rebalance_ = absl::InfinitePast();  // give up, or take a share
@@ -1753,16 +1702,10 @@ void Relay::Run() {
     state_.stream_connected = all_connected;
     state_.paused_reason = paused_.empty() ? fence_waiting_ : paused_;
     state_.consumer_unreachable.clear();
-    if (unlinked_) {
-      std::lock_guard<std::mutex> probe_lock(probe_mu_);
+    if (std::optional<std::string> why;
+        unlinked_ && (why = link_->Unreachable()).has_value()) {
       state_.consumer_unreachable = absl::StrCat(
-          "the consumer ", options_.consumer, " has not answered for ",
-          absl::FormatDuration(absl::Trunc(
-              absl::Now() - absl::FromUnixNanos(consumer_answered_ns_),
-              absl::Seconds(1))),
-          probe_error_.empty() ? "" : " (", probe_error_,
-          probe_error_.empty() ? "" : ")",
-          "; its partitions are left to replicas that reach it");
+          *why, "; its partitions are left to replicas that reach it");
     }
     cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), [&] { return woken_; });
     woken_ = false;

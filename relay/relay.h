@@ -55,12 +55,11 @@
 #include "common/db.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "common/periodic.h"
 #include "common/tls.h"
 #include "common/watchdog.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "outbox/v1/relay.pb.h"
 #include "outbox/v1/sink.grpc.pb.h"
+#include "relay/consumer_link.h"
 #include "relay/delivery_store.h"
 #include "relay/delivery_stream.h"
 #include "relay/fence.h"
@@ -206,7 +205,7 @@ class Relay {
 
   // The channel to the consumer, with the relay's identity, for calls of
   // the admin service (EventSink.Rewind). Thread-safe.
-  v1::EventSink::Stub* consumer_stub() const { return stub_.get(); }
+  v1::EventSink::Stub* consumer_stub() const { return link_->stub(); }
 
  private:
   struct InFlight {
@@ -367,9 +366,9 @@ class Relay {
   Histogram* const mark_seconds_;
   Histogram* const batch_events_;
 
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::EventSink::Stub> stub_;
-  std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
+  // The channel to the consumer and whether it answers (made by the
+  // constructor: the streams, heals and the admin service use its stub).
+  std::unique_ptr<ConsumerLink> link_;
 
   // The outbox database's identity, as every session of this relay sees it
   // (a change sets own_db_changed_, which the worker handles).
@@ -459,17 +458,9 @@ class Relay {
   // connection of their own (made by the constructor, started by Start).
   std::unique_ptr<Housekeeping> housekeeping_;
 
-  // The consumer link (RelayOptions::consumer_unready_after): when the
-  // consumer last answered (a batch, or the prober's health check), the
-  // prober's last failure, and whether the worker gave up its partitions
-  // for it.
-  void ProbeConsumer();
-  bool ConsumerUnreachable() const;
-  std::atomic<int64_t> consumer_answered_ns_{0};
-  mutable std::mutex probe_mu_;
-  std::string probe_error_ ABSL_GUARDED_BY(probe_mu_);
-  bool unlinked_ = false;  // worker thread
-  std::unique_ptr<PeriodicTask> prober_;
+  // The consumer has not answered for consumer_unready_after: the worker
+  // gave up its partitions for it (worker thread).
+  bool unlinked_ = false;
 };
 
 }  // namespace outbox::relay
