@@ -44,19 +44,6 @@ int NewMemberKey() {
 
 }  // namespace
 
-bool IsSubscriptionName(absl::string_view name) {
-  if (name.empty() || name.size() > 63 || name[0] < 'a' || name[0] > 'z') {
-    return false;
-  }
-  for (char ch : name) {
-    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' ||
-          ch == '-')) {
-      return false;
-    }
-  }
-  return true;
-}
-
 Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
     : options_(std::move(options)),
       replica_id_([] {
@@ -244,219 +231,9 @@ void Relay::Wake() {
   cv_.notify_all();
 }
 
-bool Relay::EnsureSource(pqxx::connection& conn) {
-  // Read first: a read-only database (a standby behind the address) must
-  // not fail on a write that is not needed.
-  auto read = [&] {
-    auto tx = OpenUnit(conn);
-    pqxx::result r = tx->exec("SELECT name FROM outbox_source");
-    tx->commit();
-    return r;
-  };
-  pqxx::result r = read();
-  if (r.empty()) {
-    auto tx = OpenUnit(conn);
-    tx->exec_params(
-        "INSERT INTO outbox_source (name, recorded_by) VALUES (coalesce("
-        "nullif($1, ''), left(coalesce(nullif(regexp_replace("
-        "current_database(), '[^A-Za-z0-9._-]+', '-', 'g'), ''), 'outbox'), "
-        "55) || '-' || substr(md5(random()::text || clock_timestamp()::text), "
-        "1, 8)), $2) ON CONFLICT DO NOTHING",
-        options_.source, replica_id_);
-    tx->commit();
-    r = read();
-    if (r.empty()) return false;
-  }
-  const std::string name = r[0][0].as<std::string>();
-  if (!options_.source.empty() && name != options_.source) {
-    std::string why =
-        absl::StrCat("--source=", options_.source,
-                     ": this outbox's events carry source ", name,
-                     " (outbox_source); consumers name each chain by it, so it "
-                     "cannot change under them: start the relay with --source=",
-                     name, " or without --source");
-    if (why != subscription_refused_) spdlog::error("relay: {}", why);
-    subscription_refused_ = std::move(why);
-    return false;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (source_ != name) spdlog::info("relay: events carry source {}", name);
-  source_ = name;
-  return true;
-}
-
 std::string Relay::source() const {
   std::lock_guard<std::mutex> lock(mu_);
   return source_;
-}
-
-bool Relay::EnsureSubscription(pqxx::connection& conn) {
-  if (!EnsureSource(conn)) return false;
-  int64_t start = 0;
-  {
-    auto tx = OpenUnit(conn);
-    pqxx::result r = tx->exec_params(
-        "SELECT id, start_seq, chain_from FROM subscriptions WHERE name = $1",
-        options_.subscription);
-    tx->commit();
-    if (!r.empty()) {
-      subscription_id_ = r[0][0].as<int>();
-      start = r[0][1].as<int64_t>();
-      chain_from_ = r[0][2].as<int64_t>();
-      if (chain_from_ >= 0) return true;
-      // Made by a replica that has not settled it yet (or died first).
-      return SettleSubscription(conn, start);
-    }
-  }
-  // One an operator dropped is not made again behind their back.
-  {
-    auto tx = OpenUnit(conn);
-    std::optional<std::string> dropped = LastDrop(*tx, options_.subscription);
-    tx->commit();
-    if (dropped.has_value() && !options_.resubscribe) {
-      std::string why = absl::StrCat(
-          "subscription ", options_.subscription, " was dropped ", *dropped,
-          "; this relay does not make it again (start it with --resubscribe "
-          "to deliver it anew, per --start_from)");
-      if (why != subscription_refused_) spdlog::error("relay: {}", why);
-      subscription_refused_ = std::move(why);
-      return false;
-    }
-    subscription_refused_.clear();
-  }
-  // A new subscription: created with the deliveries it is owed, in one
-  // transaction, so that no replica ever sees it half made. From now: the
-  // events after the newest, and chains start there. From the oldest:
-  // every event, and chains start at the oldest retained one, known once
-  // in-flight writes have landed (-1 until then: not deliverable yet).
-  {
-    pqxx::work tx(conn);
-    ApplyLimits(tx);
-    pqxx::result r = tx.exec_params(
-        "INSERT INTO subscriptions (name, start_seq, chain_from) "
-        "SELECT $1, x, CASE WHEN $2 THEN x ELSE -1 END FROM (SELECT CASE "
-        "WHEN $2 THEN (SELECT coalesce(max(seq), 0) + 1 FROM outbox) ELSE 0 "
-        "END AS x) s "
-        "ON CONFLICT DO NOTHING RETURNING id, start_seq, chain_from",
-        options_.subscription, options_.start_from == StartFrom::kNow);
-    if (!r.empty() && options_.resubscribe) {
-      tx.exec_params(
-          "INSERT INTO subscription_actions (subscription, action, actor, "
-          "reason) SELECT $1, 'resubscribe', $2, 'outbox-relay "
-          "--resubscribe' WHERE EXISTS (SELECT 1 FROM subscription_actions "
-          "WHERE subscription = $1)",
-          options_.subscription, replica_id_);
-    }
-    if (r.empty()) {
-      // Another replica made it meanwhile; it is visible once that commits.
-      tx.abort();
-      return false;
-    }
-    subscription_id_ = r[0][0].as<int>();
-    start = r[0][1].as<int64_t>();
-    chain_from_ = r[0][2].as<int64_t>();
-    tx.exec_params(
-        "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
-        "partition) SELECT $1, seq, aggregate_id, partition FROM outbox "
-        "WHERE seq >= $2 ON CONFLICT DO NOTHING",
-        options_.subscription, start);
-    tx.commit();
-  }
-  spdlog::info(
-      "relay: created subscription {} (from {})", options_.subscription,
-      options_.start_from == StartFrom::kNow ? "now" : "the oldest event");
-  return SettleSubscription(conn, start);
-}
-
-bool Relay::SettleSubscription(pqxx::connection& conn, int64_t start) {
-  // Producers that inserted events while the subscription was being made
-  // may not have seen it: once every transaction older than now has ended,
-  // give those events to it as well (some again, maybe: the consumer
-  // answers DUPLICATE). Each statement is a unit of its own: behind a
-  // transaction pooler a unit is a transaction, which must not stay open
-  // across the waits.
-  auto once = [&](const auto& fn) {
-    auto tx = OpenUnit(conn);
-    auto r = fn(*tx);
-    tx->commit();
-    return r;
-  };
-  // Only writers of this database matter: the transactions that hold an
-  // xid here now (a cluster-wide xmin would also wait for every other
-  // database's long transactions). One that has no xid yet has written
-  // nothing, and its next insert's trigger sees the subscription.
-  const std::string writers = once([](pqxx::transaction_base& tx) {
-    return tx
-        .exec(
-            "SELECT coalesce(string_agg(pid::text || ':' || "
-            "backend_xid::text, ','), '') FROM pg_stat_activity WHERE "
-            "datname = current_database() AND backend_xid IS NOT NULL AND "
-            "pid <> pg_backend_pid()")[0][0]
-        .as<std::string>();
-  });
-  for (int i = 0; !writers.empty(); ++i) {
-    // Done when none of them still runs the same transaction.
-    if (once([&](pqxx::transaction_base& tx) {
-          return tx
-              .exec_params(
-                  "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity a JOIN "
-                  "unnest(string_to_array($1, ',')) AS w(x) ON a.pid::text "
-                  "|| ':' || a.backend_xid::text = w.x)",
-                  writers)[0][0]
-              .as<bool>();
-        })) {
-      break;
-    }
-    if (i == 600) return false;  // try again later
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  once([&](pqxx::transaction_base& tx) {
-    return tx.exec_params(
-        "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
-        "partition) SELECT $1, seq, aggregate_id, partition FROM outbox "
-        "WHERE seq >= $2 ON CONFLICT DO NOTHING",
-        options_.subscription, start);
-  });
-  if (chain_from_ < 0) {
-    // Every write that could land below the oldest retained event has
-    // landed: an event whose predecessor is older than that had it deleted
-    // by retention before this subscription existed.
-    chain_from_ = once([&](pqxx::transaction_base& tx) {
-      tx.exec_params(
-          "UPDATE subscriptions SET chain_from = coalesce((SELECT min(seq) "
-          "FROM outbox), (SELECT CASE WHEN is_called THEN last_value + 1 "
-          "ELSE last_value END FROM outbox_seq_seq)) WHERE name = $1 AND "
-          "chain_from < 0",
-          options_.subscription);
-      return tx
-          .exec_params("SELECT chain_from FROM subscriptions WHERE name = $1",
-                       options_.subscription)[0][0]
-          .as<int64_t>();
-    });
-  }
-  return true;
-}
-
-void Relay::EnsureLog(pqxx::connection& conn) {
-  auto tx = OpenUnit(conn);
-  const pqxx::result r = tx->exec_params(
-      "SELECT CASE WHEN start_tick IS NULL AND $2 THEN "
-      "outbox_log_subscribe(name) ELSE start_tick END AS start_tick FROM "
-      "subscriptions WHERE name = $1",
-      options_.subscription, options_.log_delivery);
-  tx->commit();
-  const bool on_log = !r.empty() && !r[0]["start_tick"].is_null();
-  if (on_log && !on_log_) {
-    spdlog::info(
-        "relay: subscription {} is delivered from the outbox log (start "
-        "tick {}); its exceptions as before",
-        options_.subscription, r[0]["start_tick"].as<int64_t>());
-  }
-  on_log_ = on_log;
 }
 
 bool Relay::EnsureConnection() {
@@ -479,13 +256,46 @@ bool Relay::EnsureConnection() {
             "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
             "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
       }
-      if (!EnsureSubscription(**conn)) {
-        last_db_error_ =
-            !subscription_refused_.empty()
-                ? subscription_refused_
-                : absl::StrCat("subscription ", options_.subscription,
-                               " is being created");
+      absl::StatusOr<Subscribed> sub =
+          TakeUpSubscription(**conn, {.subscription = options_.subscription,
+                                      .source = options_.source,
+                                      .start_from = options_.start_from,
+                                      .resubscribe = options_.resubscribe,
+                                      .actor = replica_id_,
+                                      .stopping = [this] {
+                                        std::lock_guard<std::mutex> lock(mu_);
+                                        return stopping_;
+                                      }});
+      absl::StatusOr<std::optional<int64_t>> start_tick;
+      if (!sub.ok()) {
+        last_db_error_ = std::string(sub.status().message());
+      } else if (!sub->refused.empty()) {
+        if (sub->refused != subscription_refused_) {
+          spdlog::error("relay: {}", sub->refused);
+        }
+        subscription_refused_ = last_db_error_ = sub->refused;
+      } else if (start_tick = EnsureLogDelivery(**conn, options_.subscription,
+                                                options_.log_delivery);
+                 !start_tick.ok()) {
+        last_db_error_ = std::string(start_tick.status().message());
       } else {
+        subscription_refused_.clear();
+        subscription_id_ = sub->id;
+        chain_from_ = sub->chain_from;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (source_ != sub->source) {
+            spdlog::info("relay: events carry source {}", sub->source);
+          }
+          source_ = sub->source;
+        }
+        if (start_tick->has_value() && !on_log_) {
+          spdlog::info(
+              "relay: subscription {} is delivered from the outbox log "
+              "(start tick {}); its exceptions as before",
+              options_.subscription, **start_tick);
+        }
+        on_log_ = start_tick->has_value();
         auto tx = OpenUnit(**conn);
         // The database's own record of its identity: a failover or restore
         // while this relay was down shows now.
@@ -494,7 +304,6 @@ bool Relay::EnsureConnection() {
         }
         consumer_identity_ = ConsumerIdentity(*tx, options_.subscription);
         tx->commit();
-        EnsureLog(**conn);
         try {
           auto rec = OpenUnit(**conn);
           RecordIdentity(*rec, (*conn)->info().identity);
@@ -542,7 +351,7 @@ bool Relay::Rebalance() {
           "FROM subscriptions WHERE name = $1",
           options_.subscription);
       if (sub.empty()) {
-        // Dropped: the next session finds out how (EnsureSubscription).
+        // Dropped: the next session finds out how (TakeUpSubscription).
         last_db_error_ = absl::StrCat("subscription ", options_.subscription,
                                       " is gone from the database");
         spdlog::error("relay: {}", last_db_error_);

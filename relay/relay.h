@@ -69,18 +69,10 @@
 #include "relay/log_reader.h"
 #include "relay/outbox_row.h"
 #include "relay/policy.h"
+#include "relay/subscribe.h"
 #include "relay/subscriptions.h"
 
 namespace outbox::relay {
-
-// A subscription's name: [a-z][a-z0-9_-]{0,62} (subscriptions.name's check).
-bool IsSubscriptionName(absl::string_view name);
-
-// Where a new subscription starts.
-enum class StartFrom {
-  kOldest,  // every event still retained
-  kNow,     // events after the newest at its creation
-};
 
 struct RelayOptions {
   std::string db_url;
@@ -284,15 +276,7 @@ class Relay {
   void Wake();
   // Each returns false when the database connection is lost.
   bool EnsureConnection();
-  bool EnsureSubscription(pqxx::connection& conn);
-  // Waits out the writes in flight when `options_.subscription` was made,
-  // gives it those events, and fixes where its chains start (chain_from).
-  bool SettleSubscription(pqxx::connection& conn, int64_t start);
   void Untrack(const std::string& chain);
-  // Reads the source name events carry (outbox_source), recording
-  // --source (or a default) on an outbox that has none; false, with
-  // subscription_refused_ saying why, if --source names another.
-  bool EnsureSource(pqxx::connection& conn);
   bool Rebalance();
   // What one cycle's claims found (for choosing the lanes of the next).
   struct ClaimRound {
@@ -315,9 +299,6 @@ class Relay {
   // Stores the log positions that answers moved (written marks only), at
   // most every kLogFlushInterval unless `now`.
   bool FlushLog(bool now);
-  // Reads whether the subscription is on the log, moving it there first
-  // when options_.log_delivery says so. Throws on a database error.
-  void EnsureLog(pqxx::connection& conn);
   // The outbox's transaction ids went behind the log's (a dump restored
   // into another cluster): owes what the log had not delivered and
   // restarts it (RebaseLog).
@@ -414,9 +395,10 @@ class Relay {
   // Why the subscription is not delivered: an operator paused it ("" when
   // not), read every rebalance round.
   std::string paused_;
-  // Why EnsureSubscription refused: the subscription was dropped.
+  // Why TakeUpSubscription refused (it was dropped, or --source names
+  // another), as last logged.
   std::string subscription_refused_;
-  std::string source_;  // written under mu_ (EnsureSource)
+  std::string source_;  // written under mu_ (EnsureConnection)
   std::set<int> owned_;
   std::vector<Lane> lanes_;
   absl::Time next_db_attempt_ = absl::InfinitePast();

@@ -1,0 +1,76 @@
+#pragma once
+// How a relay takes up its subscription on a connection to the outbox
+// database, before it delivers anything: the source name its events carry
+// (outbox_source, recorded by the first relay), the subscription itself
+// (made on first use with the deliveries it is owed, unless an operator
+// dropped it), settled once the writes in flight when it was made have
+// landed, and whether it is delivered from the outbox log.
+//
+// Example (the relay, on each new session):
+//   absl::StatusOr<Subscribed> s = TakeUpSubscription(conn, {...});
+//   if (!s.ok()) try again later;
+//   else if (!s->refused.empty()) refuse loudly, and try again later;
+//   absl::StatusOr<std::optional<int64_t>> tick =
+//       EnsureLogDelivery(conn, name, move_onto_log);
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <pqxx/pqxx>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace outbox::relay {
+
+// A subscription's name: [a-z][a-z0-9_-]{0,62} (subscriptions.name's check).
+bool IsSubscriptionName(absl::string_view name);
+
+// Where a new subscription starts.
+enum class StartFrom {
+  kOldest,  // every event still retained
+  kNow,     // events after the newest at its creation
+};
+
+struct SubscribeOptions {
+  std::string subscription;
+  // The name the outbox's events must carry; "" takes what is recorded,
+  // or records a default (the database's name and a random suffix).
+  std::string source;
+  StartFrom start_from = StartFrom::kOldest;
+  // Make it anew even if an operator dropped it.
+  bool resubscribe = false;
+  std::string actor;  // who makes it (recorded with a resubscribe)
+  // Whether to give up waiting for writers in flight (the relay stops).
+  std::function<bool()> stopping = [] { return false; };
+};
+
+struct Subscribed {
+  int id = 0;
+  std::string source;  // the name events carry
+  // Events whose prev_seq is below this are the first of their chain for
+  // this subscription (their predecessor was never owed to it).
+  int64_t chain_from = 0;
+  bool created = false;  // by this call
+  // Why the relay may not deliver it (the rest is unset), or "": an
+  // operator dropped it (and not resubscribe), or `source` names another
+  // than the outbox's.
+  std::string refused;
+};
+
+// Reads (or records) the source and reads (or makes and settles) the
+// subscription, or says why it is refused. Unavailable when not yet:
+// another replica is making it, or writers in flight did not end within a
+// minute, or `stopping`. Other errors are the database's. A read-only
+// database does when both are there: nothing is written that is.
+absl::StatusOr<Subscribed> TakeUpSubscription(pqxx::connection& conn,
+                                              const SubscribeOptions& options);
+
+// Whether `subscription` is on the outbox log (docs/log-delivery.md): its
+// start tick, or nothing. With `move`, one on rows is moved onto the log
+// first (outbox_log_subscribe).
+absl::StatusOr<std::optional<int64_t>> EnsureLogDelivery(
+    pqxx::connection& conn, const std::string& subscription, bool move);
+
+}  // namespace outbox::relay

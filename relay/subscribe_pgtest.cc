@@ -1,0 +1,218 @@
+// How a relay takes up its subscription, against a real PostgreSQL: the
+// source is recorded once and kept, a new subscription is owed every
+// retained event (or none from now) and waits for the writers in flight
+// when it was made, an operator's drop is respected unless resubscribed, a
+// read-only database serves what is there, and the log is entered on
+// request only.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "common/schema.h"
+#include "relay/log_testing.h"
+#include "relay/subscribe.h"
+#include "relay/subscriptions.h"
+#include "tests/testing/pg.h"
+#include "tests/testing/wait.h"
+
+namespace outbox::relay {
+namespace {
+
+class SubscribeTest : public ::testing::Test {
+ protected:
+  SubscribeTest() : db_("subscribe", {OutboxSchema()}), conn_(db_.url()) {}
+
+  SubscribeOptions Options(StartFrom from = StartFrom::kOldest) {
+    return {.subscription = "billing", .start_from = from, .actor = "test"};
+  }
+
+  Subscribed TakeUp(const SubscribeOptions& options) {
+    absl::StatusOr<Subscribed> s = TakeUpSubscription(conn_, options);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : Subscribed{};
+  }
+
+  int64_t AppendOne(const std::string& aggregate) {
+    pqxx::connection c(db_.url());
+    pqxx::work tx(c);
+    const int64_t seq = Append(tx, aggregate);
+    tx.commit();
+    return seq;
+  }
+
+  int64_t Owed() {
+    return db_.Scalar(
+        "SELECT count(*) FROM outbox_delivery WHERE subscription = "
+        "'billing'");
+  }
+
+  testing::TestDatabase db_;
+  pqxx::connection conn_;
+};
+
+TEST(SubscriptionName, IsWhatTheTableAccepts) {
+  EXPECT_TRUE(IsSubscriptionName("billing"));
+  EXPECT_TRUE(IsSubscriptionName("b-2_x"));
+  EXPECT_FALSE(IsSubscriptionName(""));
+  EXPECT_FALSE(IsSubscriptionName("Billing"));
+  EXPECT_FALSE(IsSubscriptionName("2billing"));
+  EXPECT_FALSE(IsSubscriptionName("bill ing"));
+  EXPECT_FALSE(IsSubscriptionName(std::string(64, 'a')));
+  EXPECT_TRUE(IsSubscriptionName(std::string(63, 'a')));
+}
+
+TEST_F(SubscribeTest, TheSourceIsRecordedOnceAndAnotherIsRefused) {
+  const Subscribed first = TakeUp(Options());
+  EXPECT_TRUE(first.refused.empty()) << first.refused;
+  EXPECT_TRUE(absl::StartsWith(first.source, db_.name() + "-")) << first.source;
+  EXPECT_EQ(TakeUp(Options()).source, first.source);
+  SubscribeOptions other = Options();
+  other.source = "elsewhere";
+  const Subscribed refused = TakeUp(other);
+  EXPECT_TRUE(absl::StrContains(refused.refused, "elsewhere"))
+      << refused.refused;
+  EXPECT_TRUE(absl::StrContains(refused.refused, first.source))
+      << refused.refused;
+  other.source = first.source;
+  EXPECT_TRUE(TakeUp(other).refused.empty());
+}
+
+TEST_F(SubscribeTest, FromTheOldestEveryRetainedEventIsOwed) {
+  const int64_t a = AppendOne("a");
+  AppendOne("b");
+  AppendOne("c");
+  db_.Exec("DELETE FROM outbox WHERE seq = " + std::to_string(a));
+  const Subscribed s = TakeUp(Options());
+  EXPECT_TRUE(s.created);
+  EXPECT_GT(s.id, 0);
+  EXPECT_EQ(Owed(), 2);
+  // Chains start at the oldest retained event: a's successor would have
+  // its predecessor deleted before the subscription existed.
+  EXPECT_EQ(s.chain_from, a + 1);
+  // Taken up again: the same, nothing made twice.
+  const Subscribed again = TakeUp(Options());
+  EXPECT_FALSE(again.created);
+  EXPECT_EQ(again.id, s.id);
+  EXPECT_EQ(again.chain_from, s.chain_from);
+  EXPECT_EQ(Owed(), 2);
+}
+
+TEST_F(SubscribeTest, FromNowOnlyLaterEventsAreOwed) {
+  const int64_t old = AppendOne("a");
+  const Subscribed s = TakeUp(Options(StartFrom::kNow));
+  EXPECT_TRUE(s.created);
+  EXPECT_EQ(Owed(), 0);
+  EXPECT_EQ(s.chain_from, old + 1);
+  AppendOne("a");
+  EXPECT_EQ(Owed(), 1);
+}
+
+TEST_F(SubscribeTest, AWriterInFlightWhenItIsMadeIsWaitedForAndOwed) {
+  // A producer's transaction that wrote before the subscription existed
+  // and commits after: its trigger never saw the subscription.
+  pqxx::connection writer_conn(db_.url());
+  auto writer = std::make_unique<pqxx::work>(writer_conn);
+  const int64_t late = Append(*writer, "late");
+  std::atomic<bool> done{false};
+  absl::StatusOr<Subscribed> s;
+  std::thread taker([&] {
+    pqxx::connection c(db_.url());
+    s = TakeUpSubscription(c, Options());
+    done = true;
+  });
+  EXPECT_FALSE(
+      testing::WaitFor([&] { return done.load(); }, absl::Milliseconds(700)))
+      << "did not wait for the writer";
+  writer->commit();
+  ASSERT_TRUE(testing::WaitFor([&] { return done.load(); }));
+  taker.join();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_delivery WHERE seq = " +
+                       std::to_string(late)),
+            1);
+  EXPECT_EQ(s->chain_from, late);
+}
+
+TEST_F(SubscribeTest, AStopEndsTheWaitForAWriter) {
+  pqxx::connection writer_conn(db_.url());
+  pqxx::work writer(writer_conn);
+  Append(writer, "late");
+  SubscribeOptions options = Options();
+  options.stopping = [] { return true; };
+  const absl::StatusOr<Subscribed> s = TakeUpSubscription(conn_, options);
+  EXPECT_TRUE(absl::IsUnavailable(s.status())) << s.status();
+  // Made, not settled: the next try settles it.
+  EXPECT_EQ(db_.Scalar("SELECT chain_from FROM subscriptions"), -1);
+  writer.commit();
+  const Subscribed settled = TakeUp(Options());
+  EXPECT_GT(settled.chain_from, 0);
+  EXPECT_EQ(Owed(), 1);
+}
+
+TEST_F(SubscribeTest, ADroppedSubscriptionIsRefusedUnlessResubscribed) {
+  const Subscribed s = TakeUp(Options());
+  {
+    pqxx::work tx(conn_);
+    ASSERT_TRUE(ActOnSubscription(tx, "billing", SubscriptionAction::kDrop,
+                                  "ops", "moved to JetStream", true)
+                    .ok());
+    tx.commit();
+  }
+  const Subscribed refused = TakeUp(Options());
+  EXPECT_TRUE(absl::StrContains(refused.refused, "was dropped"))
+      << refused.refused;
+  EXPECT_TRUE(absl::StrContains(refused.refused, "moved to JetStream"))
+      << refused.refused;
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM subscriptions"), 0);
+  SubscribeOptions anew = Options();
+  anew.resubscribe = true;
+  const Subscribed made = TakeUp(anew);
+  EXPECT_TRUE(made.refused.empty()) << made.refused;
+  EXPECT_TRUE(made.created);
+  EXPECT_NE(made.id, s.id);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM subscription_actions WHERE "
+                       "action = 'resubscribe' AND actor = 'test'"),
+            1);
+}
+
+TEST_F(SubscribeTest, AReadOnlyDatabaseServesWhatIsThere) {
+  const Subscribed s = TakeUp(Options());
+  db_.Exec("ALTER DATABASE " + db_.name() +
+           " SET default_transaction_read_only = on");
+  pqxx::connection ro(db_.url());
+  absl::StatusOr<Subscribed> again = TakeUpSubscription(ro, Options());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->id, s.id);
+  EXPECT_EQ(again->source, s.source);
+  // One that is not there cannot be made: an error of the world, retried.
+  SubscribeOptions other = Options();
+  other.subscription = "audit";
+  EXPECT_FALSE(TakeUpSubscription(ro, other).ok());
+  db_.Exec("ALTER DATABASE " + db_.name() +
+           " RESET default_transaction_read_only");
+}
+
+TEST_F(SubscribeTest, TheLogIsEnteredOnRequestOnly) {
+  TakeUp(Options());
+  absl::StatusOr<std::optional<int64_t>> tick =
+      EnsureLogDelivery(conn_, "billing", false);
+  ASSERT_TRUE(tick.ok()) << tick.status();
+  EXPECT_FALSE(tick->has_value());
+  tick = EnsureLogDelivery(conn_, "billing", true);
+  ASSERT_TRUE(tick.ok()) << tick.status();
+  ASSERT_TRUE(tick->has_value());
+  const int64_t start = **tick;
+  // On the log it stays, whatever a later relay asks.
+  tick = EnsureLogDelivery(conn_, "billing", false);
+  ASSERT_TRUE(tick.ok()) << tick.status();
+  EXPECT_EQ(tick->value_or(0), start);
+  tick = EnsureLogDelivery(conn_, "nobody", true);
+  ASSERT_TRUE(tick.ok()) << tick.status();
+  EXPECT_FALSE(tick->has_value());
+}
+
+}  // namespace
+}  // namespace outbox::relay
