@@ -10,32 +10,18 @@
 #include <mutex>
 #include <thread>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "common/metrics.h"
 #include "common/schema.h"
 #include "relay/housekeeping.h"
 #include "relay/log_testing.h"
+#include "tests/testing/metrics.h"
 #include "tests/testing/pg.h"
 #include "tests/testing/wait.h"
 
 namespace outbox::relay {
 namespace {
 
-// The sum of a gauge family's series in `metrics`' text.
-double SumOf(const Metrics& metrics, const std::string& family) {
-  double sum = 0;
-  for (absl::string_view line : absl::StrSplit(metrics.Render(), '\n')) {
-    if (!absl::StartsWith(line, family + "{") &&
-        !absl::StartsWith(line, family + " ")) {
-      continue;
-    }
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
-  }
-  return sum;
-}
+using ::outbox::testing::SumOf;
 
 class HousekeepingTest : public ::testing::Test {
  protected:

@@ -36,6 +36,7 @@
 #include "relay/admin_service.h"
 #include "relay/relay.h"
 #include "tests/testing/grpc.h"
+#include "tests/testing/metrics.h"
 #include "tests/testing/pg.h"
 #include "tests/testing/wait.h"
 #include "tools/checker.h"
@@ -1229,21 +1230,7 @@ TEST_F(RelayTest, HousekeepingWaitingOnALockDelaysNoDelivery) {
   ASSERT_TRUE(WaitFor([&] { return Events() == young_events; }));
 }
 
-// The largest value of a gauge family in `metrics`' text (0: none).
-double MaxOf(const Metrics& metrics, const std::string& family) {
-  double max = 0;
-  for (absl::string_view line : absl::StrSplit(metrics.Render(), '\n')) {
-    if (!absl::StartsWith(line, family + "{") &&
-        !absl::StartsWith(line, family + " ")) {
-      continue;
-    }
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) {
-      max = std::max(max, v);
-    }
-  }
-  return max;
-}
+using ::outbox::testing::MaxOf;
 
 // While the backlog figures cannot be read, the age of the oldest pending
 // event keeps growing from the last figure instead of freezing there, so
@@ -2498,15 +2485,8 @@ TEST_F(LogRelayTest, TheBacklogFiguresCountWhatTheLogOwes) {
   relay.Start();
   // One gauge per owned partition.
   const auto pending = [&] {
-    double n = 0;
-    for (absl::string_view line : absl::StrSplit(metrics_.Render(), '\n')) {
-      double v = 0;
-      if (absl::StartsWith(line, "outbox_relay_pending_events{") &&
-          absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) {
-        n += v;
-      }
-    }
-    return static_cast<int64_t>(n);
+    return static_cast<int64_t>(
+        testing::SumOf(metrics_, "outbox_relay_pending_events"));
   };
   ASSERT_TRUE(WaitFor([&] { return pending() == Events(); })) << pending();
   EXPECT_GE(MaxOf(metrics_, "outbox_relay_oldest_pending_seconds"), 3500);
