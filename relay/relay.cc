@@ -8,7 +8,6 @@
 #include <optional>
 #include <pqxx/pqxx>
 
-#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/db.h"
@@ -36,11 +35,6 @@ std::string Undeliverable(bool parsed, size_t size) {
 // How often at most a relay stores the log positions that moved (always
 // before it gives up partitions and when it stops).
 constexpr absl::Duration kLogFlushInterval = absl::Milliseconds(200);
-
-int NewMemberKey() {
-  thread_local absl::BitGen gen;
-  return absl::Uniform<int>(gen, 1, 1 << 30);
-}
 
 }  // namespace
 
@@ -113,8 +107,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                                  Wake();
                                })),
       session_(options_.session),
-      leases_(options_.subscription, replica_id_, options_.lease_ttl),
-      member_key_(NewMemberKey()),
+      ownership_(options_.subscription, replica_id_, options_.lease_ttl),
       db_backoff_(options_.retry_initial, options_.retry_max) {
   session_.identity_watch = own_watch_.get();
   if (options_.fence.enabled()) {
@@ -329,14 +322,13 @@ bool Relay::EnsureConnection() {
   conn_ = std::move(*conn);
   db_backoff_.Reset();
   log_.reset();  // positions are read again in this session
-  owned_.clear();
-  releasing_.clear();
+  ownership_.Forget();
   next_rebalance_ = absl::InfinitePast();
   return true;
 }
 
 bool Relay::Rebalance() {
-  const size_t before = owned_.size();
+  const size_t before = ownership_.owned().size();
   try {
     auto tx = OpenUnit(*conn_);
     if (conn_->info().pooled) {
@@ -345,12 +337,9 @@ bool Relay::Rebalance() {
       own_watch_->Observe(ReadIdentity(*tx));
     }
     {
-      const pqxx::result sub = tx->exec_params(
-          "SELECT paused_at IS NOT NULL, coalesce(paused_by, ''), "
-          "coalesce(paused_reason, ''), start_tick IS NOT NULL AS on_log "
-          "FROM subscriptions WHERE name = $1",
-          options_.subscription);
-      if (sub.empty()) {
+      const std::optional<SubscriptionState> sub =
+          ReadSubscriptionState(*tx, options_.subscription);
+      if (!sub.has_value()) {
         // Dropped: the next session finds out how (TakeUpSubscription).
         last_db_error_ = absl::StrCat("subscription ", options_.subscription,
                                       " is gone from the database");
@@ -358,12 +347,11 @@ bool Relay::Rebalance() {
         return false;
       }
       std::string paused;
-      if (sub[0][0].as<bool>()) {
+      if (!sub->paused.empty()) {
         paused = absl::StrCat("subscription ", options_.subscription,
-                              " paused by ", sub[0][1].as<std::string>(), ": ",
-                              sub[0][2].as<std::string>());
+                              " paused ", sub->paused);
       }
-      if (const bool on_log = sub[0]["on_log"].as<bool>(); on_log != on_log_) {
+      if (const bool on_log = sub->on_log; on_log != on_log_) {
         // Another replica moved it onto the log (or a rebase restarted it).
         spdlog::info(
             "relay {}: subscription {} is {}delivered from the "
@@ -387,66 +375,44 @@ bool Relay::Rebalance() {
       // Not a member while the consumer does not answer: the replicas that
       // reach it share every partition. Nothing is in flight (the streams
       // were dropped) and the marks were written before this round.
-      leases_.ReleaseAll(*tx);
+      ownership_.ReleaseAll(*tx);
       tx->commit();
-      if (!owned_.empty()) {
+      if (before > 0) {
         spdlog::warn(
             "relay {}: gave up its {} partitions: its consumer does not "
             "answer",
-            replica_id_, owned_.size());
+            replica_id_, before);
       }
-      owned_.clear();
-      releasing_.clear();
       return true;
     }
-    const LeaseRound round = leases_.Heartbeat(*tx, owned_, kPartitionCount);
+    const OwnershipRound round = ownership_.Balance(*tx, [&](int p) {
+      for (const Lane& lane : lanes_) {
+        for (const auto& [id, batch] : lane.in_flight) {
+          for (int q : batch.partitions) {
+            if (q == p) return true;
+          }
+        }
+      }
+      return false;
+    });
     for (int p : round.lost) {
       spdlog::warn(
           "relay {}: the lease of partition {} was taken over (this relay "
           "did not renew it within --lease_ttl); it stops claiming it",
           replica_id_, p);
-      releasing_.erase(p);
     }
-    if (log_ != nullptr) log_->Forget({round.lost.begin(), round.lost.end()});
-    owned_ = round.owned;
-    const size_t target = PartitionTarget(kPartitionCount, round.members);
-    // Give up the highest partitions, each once nothing of it is in flight.
-    const std::set<int> release = PartitionsToRelease(owned_, target);
-    if (release.empty()) {
-      releasing_.clear();
-    } else {
-      releasing_.insert(release.begin(), release.end());
-    }
-    std::set<int> free_now;
-    for (int p : releasing_) {
-      bool busy = false;
-      for (const Lane& lane : lanes_) {
-        for (const auto& [id, batch] : lane.in_flight) {
-          for (int q : batch.partitions) busy |= q == p;
-        }
-      }
-      if (!busy && owned_.count(p)) free_now.insert(p);
-    }
-    leases_.Release(*tx, free_now);
     if (log_ != nullptr) {
-      // Their positions were stored before this round (FlushLog).
-      log_->Forget({free_now.begin(), free_now.end()});
-    }
-    for (int p : free_now) {
-      owned_.erase(p);
-      releasing_.erase(p);
-    }
-    if (owned_.size() < target) {
-      for (int p :
-           leases_.Acquire(*tx, AcquireOrder(kPartitionCount, member_key_),
-                           target - owned_.size())) {
-        owned_.insert(p);
-      }
+      // The positions of those released were stored before this round
+      // (FlushLog); those lost are another replica's now.
+      std::set<int> gone = round.lost;
+      gone.insert(round.released.begin(), round.released.end());
+      log_->Forget({gone.begin(), gone.end()});
     }
     tx->commit();
-    if (owned_.size() != before) {
+    if (ownership_.owned().size() != before) {
       spdlog::info("relay {}: owns {} of {} partitions ({} replicas)",
-                   replica_id_, owned_.size(), kPartitionCount, round.members);
+                   replica_id_, ownership_.owned().size(), kPartitionCount,
+                   round.members);
     }
     return true;
   } catch (const std::exception& e) {
@@ -491,8 +457,7 @@ std::vector<Relay::Lane*> Relay::ServingLanes() {
 }
 
 bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
-  const std::vector<int> partitions =
-      LanePartitions(owned_, releasing_, slot, slots);
+  const std::vector<int> partitions = ownership_.ForSlot(slot, slots);
   if (partitions.empty()) return true;
   try {
     // First above what was sent, then all (and all at least once per poll).
@@ -563,16 +528,16 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         static const std::string kSql[2][2] = {
             {ClaimSql(false, false), ClaimSql(false, true)},
             {ClaimSql(true, false), ClaimSql(true, true)}};
-        rows =
-            ride ? ExecPrepared(*tx, "mark_and_claim", kSql[1][lsn].c_str(),
-                                options_.subscription,
-                                ArrayLiteral(partitions).str(), excluded.str(),
-                                limit, after, marking.str(), leases_.member(),
-                                marking_ids.str())
-                 : ExecPrepared(*tx, "claim", kSql[0][lsn].c_str(),
-                                options_.subscription,
-                                ArrayLiteral(partitions).str(), excluded.str(),
-                                limit, after, marking.str(), leases_.member());
+        rows = ride ? ExecPrepared(*tx, "mark_and_claim", kSql[1][lsn].c_str(),
+                                   options_.subscription,
+                                   ArrayLiteral(partitions).str(),
+                                   excluded.str(), limit, after, marking.str(),
+                                   ownership_.member(), marking_ids.str())
+                    : ExecPrepared(*tx, "claim", kSql[0][lsn].c_str(),
+                                   options_.subscription,
+                                   ArrayLiteral(partitions).str(),
+                                   excluded.str(), limit, after, marking.str(),
+                                   ownership_.member());
         tx->commit();
       }
       claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
@@ -684,8 +649,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
 }
 
 bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
-  const std::vector<int> partitions =
-      LanePartitions(owned_, releasing_, slot, slots);
+  const std::vector<int> partitions = ownership_.ForSlot(slot, slots);
   if (partitions.empty()) return true;
   const int limit = LaneLimit(lane);
   if (limit == 0) {
@@ -695,7 +659,7 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   if (log_ == nullptr) {
     log_ = std::make_unique<LogReader>(
         LogReaderOptions{.subscription = options_.subscription,
-                         .member = leases_.member(),
+                         .member = ownership_.member(),
                          .payload_budget = kMaxDeliveryBatchBytes});
   }
   round->ran = true;
@@ -1476,8 +1440,7 @@ void Relay::Run() {
       // session renews those still ours (Rebalance).
       conn_.reset();
       log_.reset();
-      owned_.clear();
-      releasing_.clear();
+      ownership_.Forget();
     }
     if (watchdog_ != nullptr && !stopping) {
       if (!db_ok) {
@@ -1506,7 +1469,8 @@ void Relay::Run() {
           wait, std::max(absl::ZeroDuration(), log_retry_at_ - absl::Now()));
     }
     std::unique_lock<std::mutex> lock(mu_);
-    state_.partitions_owned.assign(owned_.begin(), owned_.end());
+    state_.partitions_owned.assign(ownership_.owned().begin(),
+                                   ownership_.owned().end());
     state_.in_flight = InFlightEvents();
     state_.stream_connected = all_connected;
     state_.paused_reason = paused_.empty() ? fence_waiting_ : paused_;
@@ -1542,7 +1506,7 @@ void Relay::Run() {
       // The others take the partitions over now, not when the leases
       // would expire.
       auto tx = OpenUnit(*conn_);
-      leases_.ReleaseAll(*tx);
+      ownership_.ReleaseAll(*tx);
       tx->commit();
     } catch (const std::exception& e) {
       spdlog::warn("relay: releasing its partitions: {}",

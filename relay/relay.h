@@ -64,10 +64,10 @@
 #include "relay/delivery_stream.h"
 #include "relay/fence.h"
 #include "relay/housekeeping.h"
-#include "relay/leases.h"
 #include "relay/listener.h"
 #include "relay/log_reader.h"
 #include "relay/outbox_row.h"
+#include "relay/ownership.h"
 #include "relay/policy.h"
 #include "relay/subscribe.h"
 #include "relay/subscriptions.h"
@@ -193,7 +193,7 @@ class Relay {
   const std::string& session_name() const { return session_name_; }
 
   // Its name among the subscription's replicas (partition leases).
-  const std::string& member() const { return leases_.member(); }
+  const std::string& member() const { return ownership_.member(); }
 
   // The channel to the consumer, with the relay's identity, for calls of
   // the admin service (EventSink.Rewind). Thread-safe.
@@ -364,8 +364,7 @@ class Relay {
 
   // Worker-thread state.
   std::unique_ptr<Connection> conn_;
-  PartitionLeases leases_;
-  int member_key_;  // where this replica's partition choice starts
+  PartitionOwnership ownership_;
   int subscription_id_ = 0;
   // Events whose prev_seq is below this are the first of their chain for
   // this subscription (their predecessor was never owed to it).
@@ -399,7 +398,6 @@ class Relay {
   // another), as last logged.
   std::string subscription_refused_;
   std::string source_;  // written under mu_ (EnsureConnection)
-  std::set<int> owned_;
   std::vector<Lane> lanes_;
   absl::Time next_db_attempt_ = absl::InfinitePast();
   Backoff db_backoff_;
@@ -411,7 +409,6 @@ class Relay {
   std::map<std::string, int> busy_aggregates_;
   uint64_t freed_ = 0;       // times an aggregate stopped being busy
   std::vector<Mark> marks_;  // answered, not yet written
-  std::set<int> releasing_;  // partitions being given up: no new claims
   DatabaseIdentity consumer_identity_;  // as stored for the subscription
   // The highest inbox number answered so far (see InFlight), and why the
   // consumer's inbox went back when an answer showed it ("" if not).

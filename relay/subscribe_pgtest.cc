@@ -214,5 +214,33 @@ TEST_F(SubscribeTest, TheLogIsEnteredOnRequestOnly) {
   EXPECT_FALSE(tick->has_value());
 }
 
+// What its relays read every round: paused and by whom, on the log or not,
+// and gone once dropped.
+TEST_F(SubscribeTest, ItsStateIsWhatOperatorsAndTheLogMadeIt) {
+  TakeUp(Options());
+  const auto state = [&] {
+    pqxx::work tx(conn_);
+    return ReadSubscriptionState(tx, "billing");
+  };
+  const auto act = [&](SubscriptionAction action) {
+    pqxx::work tx(conn_);
+    ASSERT_TRUE(ActOnSubscription(tx, "billing", action, "ops", "maintenance",
+                                  /*force=*/true)
+                    .ok());
+    tx.commit();
+  };
+  ASSERT_TRUE(state().has_value());
+  EXPECT_EQ(state()->paused, "");
+  EXPECT_FALSE(state()->on_log);
+  act(SubscriptionAction::kPause);
+  EXPECT_EQ(state()->paused, "by ops: maintenance");
+  act(SubscriptionAction::kResume);
+  EXPECT_EQ(state()->paused, "");
+  ASSERT_TRUE(EnsureLogDelivery(conn_, "billing", true).ok());
+  EXPECT_TRUE(state()->on_log);
+  act(SubscriptionAction::kDrop);
+  EXPECT_FALSE(state().has_value());
+}
+
 }  // namespace
 }  // namespace outbox::relay

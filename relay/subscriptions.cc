@@ -196,6 +196,22 @@ absl::Status ActOnSubscription(pqxx::transaction_base& tx,
   return absl::OkStatus();
 }
 
+std::optional<SubscriptionState> ReadSubscriptionState(
+    pqxx::transaction_base& tx, const std::string& name) {
+  const pqxx::result r = tx.exec_params(
+      "SELECT paused_at IS NOT NULL AS paused, coalesce(paused_by, '') AS "
+      "paused_by, coalesce(paused_reason, '') AS paused_reason, start_tick "
+      "IS NOT NULL AS on_log FROM subscriptions WHERE name = $1",
+      name);
+  if (r.empty()) return std::nullopt;
+  SubscriptionState state{.on_log = r[0]["on_log"].as<bool>()};
+  if (r[0]["paused"].as<bool>()) {
+    state.paused = absl::StrCat("by ", r[0]["paused_by"].as<std::string>(),
+                                ": ", r[0]["paused_reason"].as<std::string>());
+  }
+  return state;
+}
+
 std::optional<std::string> LastDrop(pqxx::transaction_base& tx,
                                     const std::string& name) {
   const pqxx::result r = tx.exec_params(

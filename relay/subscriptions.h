@@ -71,6 +71,18 @@ absl::Status ActOnSubscription(pqxx::transaction_base& tx,
                                const std::string& actor,
                                const std::string& reason, bool force);
 
+// What the relays of a subscription read every round.
+struct SubscriptionState {
+  // "by WHO: WHY" while an operator has it paused, "" when not.
+  std::string paused;
+  bool on_log = false;  // delivered from the outbox log
+};
+
+// The state of `name`; nullopt when it is gone (dropped). Throws as
+// libpqxx does.
+std::optional<SubscriptionState> ReadSubscriptionState(
+    pqxx::transaction_base& tx, const std::string& name);
+
 // The last drop of `name` recorded ("by WHO at WHEN: REASON"), if the
 // subscription was dropped and not made again since.
 std::optional<std::string> LastDrop(pqxx::transaction_base& tx,
