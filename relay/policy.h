@@ -1,6 +1,6 @@
 #pragma once
-// The relay's decisions, apart from its I/O (relay.cc does the SQL and the
-// streams): how long to back off, how many partitions a replica should
+// The relay's decisions, apart from its I/O (the SQL and the streams are
+// elsewhere): how long to back off, how many partitions a replica should
 // own and which to give up, which partitions a delivery stream claims
 // for, and how many events a claim may ask for. Pure, so they are
 // unit-tested without PostgreSQL (policy_test.cc).

@@ -48,52 +48,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
       session_name_(absl::StrCat("outbox-relay ",
                                  replica_id_.substr(replica_id_.size() - 8))),
       watchdog_(watchdog),
-      delivered_(metrics->AddCounter("outbox_relay_delivered_total",
-                                     "Rows marked delivered by this process.")),
-      rejected_(metrics->AddCounter(
-          "outbox_relay_rejected_total",
-          "REJECTED answers (each counts an attempt of its row).")),
-      dead_(metrics->AddCounter("outbox_relay_dead_letters_total",
-                                "Rows that became dead letters.")),
-      reconnects_(
-          metrics->AddCounter("outbox_relay_stream_failures_total",
-                              "Delivery streams that broke or timed out.")),
-      batches_(metrics->AddCounter("outbox_relay_batches_total",
-                                   "Delivery batches sent.")),
-      redelivered_held_(metrics->AddCounter(
-          "outbox_relay_redelivered_total{reason=\"held\"}",
-          "Events owed again because the consumer lacked them after it had "
-          "answered them: a HELD answer showed a missing predecessor, or a "
-          "heal found its cursor behind (its database lost commits).")),
-      redelivered_heal_(metrics->AddCounter(
-          "outbox_relay_redelivered_total{reason=\"heal\"}",
-          "Events owed again because the consumer lacked them after it had "
-          "answered them: a HELD answer showed a missing predecessor, or a "
-          "heal found its cursor behind (its database lost commits).")),
-      diverged_(metrics->AddCounter(
-          "outbox_relay_diverged_total",
-          "Aggregates recorded as diverged by this process (DIVERGED "
-          "answers and heals): producer and consumer hold different "
-          "histories; an operator decides (RelayAdmin.ResolveDivergence).")),
-      claim_seconds_(metrics->AddHistogram(
-          "outbox_relay_claim_seconds",
-          "Time of one claim query (pending rows of a stream's partitions; "
-          "it also deletes the rows answered delivered since the claim "
-          "before).",
-          Histogram::LatencyBuckets())),
-      answer_seconds_(metrics->AddHistogram(
-          "outbox_relay_answer_seconds",
-          "From sending a batch to the consumer's answer.",
-          Histogram::LatencyBuckets())),
-      mark_seconds_(metrics->AddHistogram(
-          "outbox_relay_mark_seconds",
-          "Time of one mark statement or transaction of its own (rejected "
-          "rows rescheduled; delivered rows deleted when no claim follows, "
-          "before a rebalance or when stopping).",
-          Histogram::LatencyBuckets())),
-      batch_events_(metrics->AddHistogram("outbox_relay_batch_events",
-                                          "Events per delivery batch sent.",
-                                          Histogram::SizeBuckets())),
+      counters_(metrics),
       // Any session of this relay may be the first to see the outbox
       // database change (the worker's, the listener's, housekeeping's); the
       // worker acts on it.
@@ -112,16 +67,6 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   session_.identity_watch = own_watch_.get();
   if (options_.fence.enabled()) {
     fence_ = std::make_unique<ReplicationFence>(options_.fence);
-  }
-  const char* kinds[4] = {"failover", "new_server", "recreated", "went_back"};
-  for (int i = 0; i < 4; ++i) {
-    consumer_changes_[i] = metrics->AddCounter(
-        absl::StrCat("outbox_relay_consumer_database_changes_total{kind=\"",
-                     kinds[i], "\"}"),
-        "Times the subscription's consumer database was seen to change "
-        "identity (a failover, another server, a restore), or to go back in "
-        "time under the same identity (a restore in place); each requests a "
-        "heal.");
   }
   lanes_.resize(std::max(1, options_.lanes));
   for (size_t i = 0; i < lanes_.size(); ++i) {
@@ -145,27 +90,10 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
           .source = [this] { return source(); },
           .wake = [this] { Wake(); },
           .consumer = link_->stub(),
-          .redelivered_heal = redelivered_heal_,
-          .diverged = diverged_},
+          .redelivered_heal = counters_.redelivered_heal,
+          .diverged = counters_.diverged},
       metrics);
-  metrics->AddGauge("outbox_relay_in_flight", "Events sent, not yet answered.",
-                    [this] { return static_cast<double>(State().in_flight); });
-  metrics->AddGauge(
-      "outbox_relay_partitions_owned", "Partitions this replica streams.",
-      [this] { return static_cast<double>(State().partitions_owned.size()); });
-  metrics->AddGauge(
-      "outbox_relay_consumer_reachable",
-      "0 while the consumer has not answered for --consumer_unready_after "
-      "(readiness NOT_SERVING, partitions given up), else 1.",
-      [this] { return State().consumer_unreachable.empty() ? 1.0 : 0.0; });
-  metrics->AddGauge("outbox_relay_stream_connected",
-                    "1 while every delivery stream (--streams) is open.",
-                    [this] { return State().stream_connected ? 1.0 : 0.0; });
-  metrics->AddGauge(
-      "outbox_relay_paused",
-      "1 while this replica holds claimed events back (a replication fence "
-      "waiting for standbys); the reason is in its log and GetStats.",
-      [this] { return State().paused_reason.empty() ? 0.0 : 1.0; });
+  AddStateGauges(metrics, [this] { return State(); });
   state_.replica_id = replica_id_;
 }
 
@@ -213,8 +141,8 @@ void Relay::Stop(absl::Duration drain) {
 RelayState Relay::State() const {
   std::lock_guard<std::mutex> lock(mu_);
   RelayState state = state_;
-  state.delivered = delivered_->value();
-  state.rejected = rejected_->value();
+  state.delivered = counters_.delivered->value();
+  state.rejected = counters_.rejected->value();
   return state;
 }
 
@@ -422,13 +350,7 @@ bool Relay::Rebalance() {
   }
 }
 
-void Relay::Untrack(const std::string& chain) {
-  auto it = busy_aggregates_.find(chain);
-  if (it != busy_aggregates_.end() && --it->second <= 0) {
-    busy_aggregates_.erase(it);
-    ++freed_;
-  }
-}
+void Relay::Untrack(const std::string& chain) { busy_.Remove(chain); }
 
 std::vector<Relay::Lane*> Relay::ServingLanes() {
   std::vector<Lane*> open;
@@ -475,15 +397,11 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     if (MarksRideWithClaim()) {
       for (const Mark& m : marks_) ++riding[m.chain];
     }
-    bool frees = false;
-    for (const auto& [agg, n] : riding) {
-      auto it = busy_aggregates_.find(agg);
-      frees |= it == busy_aggregates_.end() || it->second <= n;
-    }
+    const bool frees = busy_.Frees(riding);
     bool fresh =
         !few_ahead && lane.sent_through > 0 &&
         absl::Now() < lane.next_full_claim &&
-        !(lane.passed_over && (lane.freed_at_claim != freed_ || frees));
+        !(lane.passed_over && (lane.freed_at_claim != busy_.freed() || frees));
     if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
     // Each claim of this round continues after the last row the one before
     // returned: a row that could not go (its predecessor backing off or
@@ -498,22 +416,14 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       // find marks_ empty, or holding the rejections of rows it could not
       // read, which FlushMarks writes.
       const bool ride = !riding.empty();
-      ArrayLiteral marking, marking_ids;
-      if (ride) {
-        for (const Mark& m : marks_) {
-          if (m.from_log) continue;  // no row: settled by MarksWritten
-          marking.Add(m.seq);
-          marking_ids.Add(m.event_id);
-        }
-      }
+      // Those from the log have no row: MarksWritten settles them.
+      const MarkPlan marking = ride ? PlanMarks(marks_) : MarkPlan{};
+      const std::string marked = ArrayLiteral(marking.delivered).str();
       // By id: a busy chain keeps the other chains of its id (other types)
       // out of this claim too, which only delays them.
       ArrayLiteral excluded;
-      for (const auto& [agg, n] : busy_aggregates_) {
-        auto it = riding.find(agg);
-        if (n > (it == riding.end() ? 0 : it->second)) {
-          excluded.Add(ChainIdOf(agg));
-        }
+      for (const std::string& chain : busy_.BusyAfter(riding)) {
+        excluded.Add(ChainIdOf(chain));
       }
       pqxx::result rows;
       const absl::Time t0 = absl::Now();
@@ -528,19 +438,19 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         static const std::string kSql[2][2] = {
             {ClaimSql(false, false), ClaimSql(false, true)},
             {ClaimSql(true, false), ClaimSql(true, true)}};
-        rows = ride ? ExecPrepared(*tx, "mark_and_claim", kSql[1][lsn].c_str(),
-                                   options_.subscription,
-                                   ArrayLiteral(partitions).str(),
-                                   excluded.str(), limit, after, marking.str(),
-                                   ownership_.member(), marking_ids.str())
-                    : ExecPrepared(*tx, "claim", kSql[0][lsn].c_str(),
-                                   options_.subscription,
-                                   ArrayLiteral(partitions).str(),
-                                   excluded.str(), limit, after, marking.str(),
-                                   ownership_.member());
+        rows =
+            ride ? ExecPrepared(*tx, "mark_and_claim", kSql[1][lsn].c_str(),
+                                options_.subscription,
+                                ArrayLiteral(partitions).str(), excluded.str(),
+                                limit, after, marked, ownership_.member(),
+                                ArrayLiteral(marking.delivered_ids).str())
+                 : ExecPrepared(*tx, "claim", kSql[0][lsn].c_str(),
+                                options_.subscription,
+                                ArrayLiteral(partitions).str(), excluded.str(),
+                                limit, after, marked, ownership_.member());
         tx->commit();
       }
-      claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+      counters_.claim_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
       if (ride) {
         MaybeCrash("relay.after_mark_commit");
         MarksWritten(0);
@@ -548,7 +458,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       }
       if (fresh) {
         lane.passed_over |= !excluded.empty();
-        lane.freed_at_claim = freed_;
+        lane.freed_at_claim = busy_.freed();
       } else {
         lane.passed_over = false;  // this claim saw every ready row
       }
@@ -605,7 +515,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         }
         if (parsed) size = event->ByteSizeLong();
         bad = Undeliverable(parsed, size);
-        ++busy_aggregates_[agg];
+        busy_.Add(agg);
         if (!bad.empty()) {
           // Its successors must not overtake it: they wait for its fate.
           marks_.push_back({seq, event->event_id(), agg, Mark::kRejected, bad,
@@ -684,7 +594,7 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
     spdlog::warn("relay: reading the outbox log: {}", last_db_error_);
     return false;
   }
-  claim_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+  counters_.claim_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   if (options_.after_claim) options_.after_claim(read->events.size());
   log_active_ = !read->events.empty() || read->diverted > 0;
   log_exceptions_round_ |= read->exceptions;
@@ -728,11 +638,11 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
     const int64_t seq = e.event.seq();
     const std::string agg =
         OutboxChain(e.event.aggregate_type(), e.event.aggregate_id());
-    if (sent_here.count(agg) == 0 && busy_aggregates_.count(agg) > 0) {
+    if (sent_here.count(agg) == 0 && busy_.busy(agg)) {
       cut.insert(agg);
     }
     sent_here.insert(agg);
-    ++busy_aggregates_[agg];
+    busy_.Add(agg);
     v1::Event* event = req.add_events();
     *event = std::move(e.event);
     event->set_source(source_);
@@ -770,7 +680,7 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
 
 void Relay::Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
                      const std::string& lsn) {
-  batch_events_->Observe(static_cast<double>(req.events_size()));
+  counters_.batch_events->Observe(static_cast<double>(req.events_size()));
   batch.inbox_high_at_send = inbox_high_;
   if (fence_ != nullptr) {
     // Every event read had committed before this position: the batch goes
@@ -782,7 +692,7 @@ void Relay::Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
     batch.sent_at = absl::Now();
     lane.in_flight[batch.batch_id] = std::move(batch);
     lane.stream->Send(std::move(req));
-    batches_->Add();
+    counters_.batches->Add();
   }
 }
 
@@ -856,7 +766,7 @@ void Relay::HandleResponses(Lane& lane) {
       spdlog::warn("relay: answer for unknown batch {}", resp.batch_id());
       continue;
     }
-    answer_seconds_->Observe(
+    counters_.answer_seconds->Observe(
         absl::ToDoubleSeconds(absl::Now() - it->second.sent_at));
     if (resp.has_inbox()) {
       const DatabaseIdentity inbox = FromProto(resp.inbox());
@@ -884,63 +794,18 @@ void Relay::HandleResponses(Lane& lane) {
       }
       inbox_high_ = std::max(inbox_high_, resp.applied_through());
     }
-    std::map<int64_t, const v1::EventResult*> by_seq;
-    for (const auto& r : resp.results()) by_seq[r.seq()] = &r;
-    const InFlight& batch = it->second;
-    const auto mark = [&](Mark m) {
-      m.from_log = batch.from_log;
-      marks_.push_back(std::move(m));
-    };
-    for (size_t i = 0; i < batch.seqs.size(); ++i) {
-      const int64_t seq = batch.seqs[i];
-      const std::string agg = OutboxChain(batch.events[i].aggregate_type,
-                                          batch.events[i].aggregate_id);
-      const std::string& event_id = batch.events[i].event_id;
-      lane.in_flight_seqs.erase(seq);
-      auto r = by_seq.find(seq);
-      const v1::DeliveryOutcome outcome = r == by_seq.end()
-                                              ? v1::DELIVERY_OUTCOME_UNSPECIFIED
-                                              : r->second->outcome();
-      switch (outcome) {
-        case v1::HELD:
-          // Sent only once its predecessor was answered: the consumer
-          // lacks events it had (its database lost commits, or was
-          // restored). They are owed again at once; the held event drains
-          // when they arrive.
-          if (batch.prev_seqs[i] > 0 &&
-              r->second->applied_seq() < batch.prev_seqs[i]) {
-            reowe_.push_back(
-                {agg, r->second->applied_seq(), batch.prev_seqs[i]});
-          }
-          [[fallthrough]];
-        case v1::APPLIED:
-        case v1::DUPLICATE:
-          mark({seq, event_id, agg, Mark::kDelivered, "", {}});
-          break;
-        case v1::REJECTED:
-          mark({seq, event_id, agg, Mark::kRejected, r->second->reason(),
-                batch.events[i]});
-          {
-            LogEventScope scope(batch.events[i]);
-            spdlog::info("relay: row {} REJECTED by the consumer: {}", seq,
-                         r->second->reason());
-          }
-          break;
-        case v1::DIVERGED:
-          mark({seq, event_id, agg, Mark::kDiverged, r->second->reason(),
-                batch.events[i], r->second->applied_seq()});
-          break;
-        default:
-          // Unanswered or DEFERRED (behind an event rejected in the same
-          // batch): stays pending, no attempt counted. One from the log
-          // becomes an exception, as the events behind it will.
-          if (batch.from_log) {
-            mark({seq, event_id, agg, Mark::kOwed, "", batch.events[i]});
-          } else {
-            Untrack(agg);
-          }
+    for (int64_t seq : it->second.seqs) lane.in_flight_seqs.erase(seq);
+    Answer answer = AnswerOf(it->second, resp);
+    for (Mark& m : answer.marks) {
+      if (m.kind == Mark::kRejected) {
+        LogEventScope scope(m.log_fields);
+        spdlog::info("relay: row {} REJECTED by the consumer: {}", m.seq,
+                     m.reason);
       }
+      marks_.push_back(std::move(m));
     }
+    reowe_.insert(reowe_.end(), answer.reowe.begin(), answer.reowe.end());
+    for (const std::string& chain : answer.unanswered) Untrack(chain);
     lane.in_flight.erase(it);
   }
 }
@@ -955,128 +820,41 @@ bool Relay::FlushMarks() {
   if (marks_.empty()) return true;
   // Answered by the consumer, not yet marked: redelivery must follow.
   MaybeCrash("relay.after_send_before_mark");
-  ArrayLiteral delivered, delivered_ids;
-  size_t deliveries = 0;      // rows to delete
-  std::vector<int64_t> owed;  // events from the log that become exceptions
-  bool only_deliveries = true;
-  for (const Mark& m : marks_) {
-    only_deliveries &= m.delivered();
-    if (m.from_log) {
-      if (!m.delivered()) owed.push_back(m.seq);
-      continue;
-    }
-    if (!m.delivered()) continue;
-    delivered.Add(m.seq);
-    delivered_ids.Add(m.event_id);
-    ++deliveries;
-  }
-  if (only_deliveries && deliveries == 0) {
+  const MarkPlan plan = PlanMarks(marks_);
+  if (plan.nothing()) {
     MarksWritten(0);  // from the log only: nothing to write
     return true;
   }
-  int64_t dead = 0, diverged = 0;
+  if (!plan.owed.empty()) log_exceptions_ = true;
+  WrittenMarks written;
   const absl::Time t0 = absl::Now();
   try {
     // Only deliveries: one statement in autocommit, one round trip instead
     // of three (BEGIN, DELETE, COMMIT). Rejections are written together in
     // one transaction.
-    std::unique_ptr<pqxx::transaction_base> txp;
-    const bool autocommit = only_deliveries;
-    if (autocommit) {
+    std::unique_ptr<pqxx::transaction_base> tx;
+    if (plan.only_deliveries) {
       MaybeCrash("relay.before_mark_commit");  // nothing written yet
-      txp = OpenUnit(*conn_);
+      tx = OpenUnit(*conn_);
     } else {
-      txp = std::make_unique<pqxx::work>(*conn_);
-      ApplyLimits(*txp);
+      tx = std::make_unique<pqxx::work>(*conn_);
+      ApplyLimits(*tx);
     }
-    pqxx::transaction_base& tx = *txp;
-    if (deliveries > 0) {
-      // Delivered: the row's work is done; deleting it writes no new row
-      // version and leaves the claims a smaller table. A row goes only if
-      // its event is the one answered.
-      ExecPrepared(tx, "mark_delivered",
-                   "DELETE FROM outbox_delivery d USING "
-                   "unnest($2::bigint[], $3::uuid[]) AS k(s, e), outbox o "
-                   "WHERE d.subscription = $1 AND d.seq = k.s AND d.status = "
-                   "'pending' AND o.seq = k.s AND o.event_id = k.e",
-                   options_.subscription, delivered.str(), delivered_ids.str());
-    }
-    if (!owed.empty()) {
-      log_exceptions_ = true;
-      // Rows first: the rejections and divergences below are theirs.
-      absl::StatusOr<int64_t> n =
-          OweExceptions(tx, options_.subscription, owed);
-      if (!n.ok()) throw std::runtime_error(n.status().ToString());
-    }
-    // A rejected row backs off by policy.h's RetryDelay after its attempts
-    // (the n-th of $5 after the n-th failure; the last one beyond, long
-    // capped by then): one schedule for the rows of this flush.
-    std::string reject_delays;
-    for (const Mark& m : marks_) {
-      if (m.kind == Mark::kRejected) {
-        if (reject_delays.empty()) {
-          ArrayLiteral delays;
-          for (absl::Duration d : RetryDelays(
-                   options_.reject_backoff, options_.reject_backoff_max,
-                   std::min(options_.max_attempts, kMaxCountedFailures),
-                   RandomJitter)) {
-            delays.Add(absl::StrCat(absl::ToDoubleSeconds(d)));
-          }
-          reject_delays = delays.str();
-        }
-        pqxx::result r = tx.exec_params(
-            "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = "
-            "$3, status = CASE WHEN attempts + 1 >= $4 THEN 'dead' ELSE "
-            "'pending' END, dead_at = CASE WHEN attempts + 1 >= $4 THEN now() "
-            "END, available_at = now() + make_interval(secs => "
-            "($5::float8[])[least(attempts + 1, cardinality($5::float8[]))]) "
-            "WHERE subscription = $1 AND seq = $2 AND status = 'pending' AND "
-            "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND o.event_id = "
-            "$6::uuid) RETURNING status",
-            options_.subscription, m.seq, m.reason.substr(0, 2000),
-            options_.max_attempts, reject_delays, m.event_id);
-        if (!r.empty() && r[0][0].as<std::string>() == kDeliveryDead) {
-          ++dead;
-          LogEventScope scope(m.log_fields);
-          spdlog::warn("relay: row {} is a dead letter: {}", m.seq, m.reason);
-        }
-      } else if (m.kind == Mark::kDiverged) {
-        // Not the event's fault, and no attempt: it waits, with its
-        // aggregate, for an operator.
-        pqxx::result r = tx.exec_params(
-            "UPDATE outbox_delivery SET status = 'diverged', last_error = $3 "
-            "WHERE subscription = $1 AND seq = $2 AND status = 'pending' AND "
-            "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND o.event_id "
-            "= $4::uuid) RETURNING 1",
-            options_.subscription, m.seq, m.reason.substr(0, 2000), m.event_id);
-        if (r.empty()) continue;
-        NewDivergence d = NewDivergence::Of(options_.subscription, m.chain);
-        d.kind = absl::StartsWith(m.reason, "position reused")
-                     ? "position_reused"
-                     : "chain_broken";
-        d.detail = m.reason;
-        d.consumer_seq = m.applied_seq;
-        d.outbox_seq = m.seq;
-        d.outbox_event_id = m.event_id;
-        if (RecordDivergence(tx, d)) ++diverged;
-        LogEventScope scope(m.log_fields);
-        spdlog::error(
-            "relay: aggregate {} diverged at row {}: {}; it waits for an "
-            "operator (outboxctl diverged, outboxctl resolve)",
-            ChainLabel(m.chain), m.seq, m.reason);
-      }
-    }
-    if (!autocommit) MaybeCrash("relay.before_mark_commit");
-    tx.commit();
+    written = WriteMarks(*tx, options_.subscription, marks_, plan,
+                         {.max_attempts = options_.max_attempts,
+                          .backoff = options_.reject_backoff,
+                          .backoff_max = options_.reject_backoff_max});
+    if (!plan.only_deliveries) MaybeCrash("relay.before_mark_commit");
+    tx->commit();
     MaybeCrash("relay.after_mark_commit");
-    mark_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+    counters_.mark_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   } catch (const std::exception& e) {
     last_db_error_ = std::string(StatusFromException(e).message());
     spdlog::warn("relay: marking {} rows: {}", marks_.size(), last_db_error_);
     return false;
   }
-  diverged_->Add(diverged);
-  MarksWritten(dead);
+  counters_.diverged->Add(written.diverged);
+  MarksWritten(written.dead);
   return true;
 }
 
@@ -1086,18 +864,15 @@ bool Relay::MarksRideWithClaim() const {
 }
 
 void Relay::MarksWritten(int64_t dead) {
-  int64_t delivered = 0, rejected = 0, deleted = 0;
+  const MarkTally tally = TallyMarks(marks_);
   for (const Mark& m : marks_) {
-    delivered += m.delivered() ? 1 : 0;
-    rejected += m.kind == Mark::kRejected ? 1 : 0;
-    deleted += m.delivered() && !m.from_log ? 1 : 0;
     // Answered, or an exception now: the log's position may pass it.
     if (m.from_log && log_ != nullptr) log_->Settle(m.seq);
   }
-  delivered_->Add(delivered);
-  housekeeping_->Deleted(deleted);
-  rejected_->Add(rejected);
-  dead_->Add(dead);
+  counters_.delivered->Add(tally.delivered);
+  housekeeping_->Deleted(tally.rows_deleted);
+  counters_.rejected->Add(tally.rejected);
+  counters_.dead->Add(dead);
   for (const Mark& m : marks_) Untrack(m.chain);
   marks_.clear();
 }
@@ -1123,7 +898,7 @@ bool Relay::WriteRepairs() {
       owed = ReOwe(*tx, options_.subscription, reowe_);
       log_exceptions_ = true;
     }
-    diverged_->Add(RecordGaps(*tx, options_.subscription, owed));
+    counters_.diverged->Add(RecordGaps(*tx, options_.subscription, owed));
     tx->commit();
     if (consumer_identity_seen_.has_value()) {
       const DatabaseIdentity seen = *consumer_identity_seen_;
@@ -1134,10 +909,7 @@ bool Relay::WriteRepairs() {
                                           : old.value_or(DatabaseIdentity{});
       const IdentityChange c = CompareIdentity(before, seen);
       if (c.changed()) {
-        consumer_changes_[c.kind == IdentityChange::kFailover    ? 0
-                          : c.kind == IdentityChange::kNewServer ? 1
-                                                                 : 2]
-            ->Add();
+        counters_.ConsumerChanged(c);
         spdlog::error(
             "relay: subscription {}'s consumer database {}; was {}, now {}; "
             "{}",
@@ -1156,7 +928,7 @@ bool Relay::WriteRepairs() {
       state_.consumer_database = seen.Key();
     }
     if (!inbox_went_back_.empty()) {
-      consumer_changes_[3]->Add();
+      counters_.ConsumerWentBack();
       spdlog::error(
           "relay: subscription {}'s consumer {}; a heal compares its cursors "
           "with what was delivered and delivers again what it lost",
@@ -1166,7 +938,7 @@ bool Relay::WriteRepairs() {
     if (!reowe_.empty()) {
       std::set<std::string> aggs;
       for (const ChainRange& r : reowe_) aggs.insert(r.chain);
-      redelivered_held_->Add(owed.owed);
+      counters_.redelivered_held->Add(owed.owed);
       spdlog::warn(
           "relay: the consumer answered HELD for events whose predecessors "
           "it had answered before (its database lost commits?): {} events "
@@ -1197,10 +969,9 @@ void Relay::DropEverything(const std::string& why) {
   }
   marks_.clear();
   reowe_.clear();
-  busy_aggregates_.clear();
+  busy_.Clear();
   log_.reset();  // positions are read again
   log_exceptions_ = true;
-  ++freed_;
   try {
     auto tx = OpenUnit(*conn_);
     RequestHeal(*tx, options_.subscription, why);
@@ -1231,7 +1002,7 @@ bool Relay::ReleaseFenced(Lane& lane) {
     auto it = lane.in_flight.find(req.batch_id());
     if (it != lane.in_flight.end()) it->second.sent_at = absl::Now();
     lane.stream->Send(std::move(req));
-    batches_->Add();
+    counters_.batches->Add();
   }
   std::string waiting;
   if (!lane.fenced.empty()) {
@@ -1262,7 +1033,7 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   } else {
     spdlog::info("relay: delivery stream {} closed ({})", lane.index, why);
   }
-  reconnects_->Add();
+  counters_.stream_failures->Add();
   lane.stream->Cancel();
   lane.stream.reset();
   bool from_log = false;

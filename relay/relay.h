@@ -59,6 +59,7 @@
 #include "common/watchdog.h"
 #include "outbox/v1/relay.pb.h"
 #include "outbox/v1/sink.grpc.pb.h"
+#include "relay/busy_chains.h"
 #include "relay/consumer_link.h"
 #include "relay/delivery_store.h"
 #include "relay/delivery_stream.h"
@@ -66,9 +67,11 @@
 #include "relay/housekeeping.h"
 #include "relay/listener.h"
 #include "relay/log_reader.h"
+#include "relay/marks.h"
 #include "relay/outbox_row.h"
 #include "relay/ownership.h"
 #include "relay/policy.h"
+#include "relay/relay_metrics.h"
 #include "relay/subscribe.h"
 #include "relay/subscriptions.h"
 
@@ -200,38 +203,6 @@ class Relay {
   v1::EventSink::Stub* consumer_stub() const { return link_->stub(); }
 
  private:
-  struct InFlight {
-    uint64_t batch_id;
-    absl::Time sent_at;  // InfiniteFuture while held by the fence
-    std::vector<int64_t> seqs;
-    std::vector<int> partitions;
-    // Of each seq: its event (aggregate, id, trace) for tracking and logs,
-    // and its prev_seq as sent.
-    std::vector<EventLogFields> events;
-    std::vector<int64_t> prev_seqs;
-    // The highest inbox number (DeliverResponse.applied_through) answered
-    // before this batch was sent: the consumer numbers this batch's rows
-    // above it, unless its database went back in time.
-    int64_t inbox_high_at_send = 0;
-    // Its claim returned as many rows as it asked for, or it reached the
-    // size limit: more rows were likely ready (a backlog).
-    bool full = false;
-    bool from_log = false;  // read from the log (LogReader), not claimed
-  };
-  struct Mark {
-    // kOwed: an event from the log that was not answered (or could not be
-    // sent) becomes an exception, with no attempt counted.
-    enum Kind { kDelivered, kRejected, kDiverged, kOwed };
-    int64_t seq;
-    std::string event_id;  // the row is marked only if its event is this
-    std::string chain;     // OutboxChain of its aggregate
-    Kind kind;
-    std::string reason;  // for rejected and diverged
-    EventLogFields log_fields;
-    int64_t applied_seq = 0;  // diverged: the consumer's applied position
-    bool from_log = false;    // of an event read from the log
-    bool delivered() const { return kind == kDelivered; }
-  };
   // One delivery stream and what is in flight on it.
   struct Lane {
     int index = 0;
@@ -251,8 +222,8 @@ class Relay {
     // A claim above sent_through skips the rows of busy aggregates (the
     // next event of an order whose previous one is in flight). Set when one
     // ran while an aggregate was busy: once an aggregate has been freed
-    // since (freed_ moved past freed_at_claim), the next claim starts from
-    // the start, so that such a row waits for its predecessor's mark, not
+    // since (busy_.freed() moved past freed_at_claim), the next claim starts
+    // from the start, so that such a row waits for its predecessor's mark, not
     // for poll_interval.
     bool passed_over = false;
     uint64_t freed_at_claim = 0;
@@ -334,18 +305,7 @@ class Relay {
   // reconnect can end its own stale session (and free its locks).
   const std::string session_name_;
   Watchdog* const watchdog_;
-  Counter* const delivered_;
-  Counter* const rejected_;
-  Counter* const dead_;
-  Counter* const reconnects_;
-  Counter* const batches_;
-  Counter* const redelivered_held_;
-  Counter* const redelivered_heal_;
-  Counter* const diverged_;
-  Histogram* const claim_seconds_;
-  Histogram* const answer_seconds_;
-  Histogram* const mark_seconds_;
-  Histogram* const batch_events_;
+  const RelayCounters counters_;
 
   // The channel to the consumer and whether it answers (made by the
   // constructor: the streams, heals and the admin service use its stub).
@@ -359,8 +319,6 @@ class Relay {
   std::mutex change_mu_;
   std::string own_db_change_ ABSL_GUARDED_BY(change_mu_);
   std::unique_ptr<ReplicationFence> fence_;  // null: no fence
-  // By kind: failover, new_server, recreated, went_back.
-  Counter* consumer_changes_[4];
 
   // Worker-thread state.
   std::unique_ptr<Connection> conn_;
@@ -406,8 +364,7 @@ class Relay {
 
   // Aggregates with events in flight or answered and not yet marked: not
   // claimed again until marked (event count each).
-  std::map<std::string, int> busy_aggregates_;
-  uint64_t freed_ = 0;       // times an aggregate stopped being busy
+  BusyChains busy_;
   std::vector<Mark> marks_;  // answered, not yet written
   DatabaseIdentity consumer_identity_;  // as stored for the subscription
   // The highest inbox number answered so far (see InFlight), and why the

@@ -1,0 +1,189 @@
+#include "relay/marks.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/db.h"
+#include "common/ids.h"
+#include "common/schema.h"
+#include "relay/delivery_store.h"
+#include "relay/outbox_log.h"
+#include "relay/policy.h"
+#include "spdlog/spdlog.h"
+
+namespace outbox::relay {
+namespace {
+
+// The reason stored with a row: a consumer's message, cut short.
+std::string Stored(const std::string& reason) { return reason.substr(0, 2000); }
+
+}  // namespace
+
+const char kMarkDeliveredSql[] =
+    "DELETE FROM outbox_delivery d USING "
+    "unnest($2::bigint[], $3::uuid[]) AS k(s, e), outbox o "
+    "WHERE d.subscription = $1 AND d.seq = k.s AND d.status = "
+    "'pending' AND o.seq = k.s AND o.event_id = k.e";
+
+Answer AnswerOf(const InFlight& batch, const v1::DeliverResponse& response) {
+  std::map<int64_t, const v1::EventResult*> by_seq;
+  for (const v1::EventResult& r : response.results()) by_seq[r.seq()] = &r;
+  Answer answer;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const int64_t seq = batch.seqs[i];
+    const EventLogFields& event = batch.events[i];
+    const std::string chain =
+        OutboxChain(event.aggregate_type, event.aggregate_id);
+    auto r = by_seq.find(seq);
+    const v1::DeliveryOutcome outcome = r == by_seq.end()
+                                            ? v1::DELIVERY_OUTCOME_UNSPECIFIED
+                                            : r->second->outcome();
+    Mark m{.seq = seq,
+           .event_id = event.event_id,
+           .chain = chain,
+           .kind = Mark::kDelivered};
+    m.from_log = batch.from_log;
+    switch (outcome) {
+      case v1::HELD:
+        // Sent only once its predecessor was answered: the consumer lacks
+        // events it had.
+        if (batch.prev_seqs[i] > 0 &&
+            r->second->applied_seq() < batch.prev_seqs[i]) {
+          answer.reowe.push_back(
+              {chain, r->second->applied_seq(), batch.prev_seqs[i]});
+        }
+        [[fallthrough]];
+      case v1::APPLIED:
+      case v1::DUPLICATE:
+        break;
+      case v1::REJECTED:
+        m.kind = Mark::kRejected;
+        m.reason = r->second->reason();
+        m.log_fields = event;
+        break;
+      case v1::DIVERGED:
+        m.kind = Mark::kDiverged;
+        m.reason = r->second->reason();
+        m.log_fields = event;
+        m.applied_seq = r->second->applied_seq();
+        break;
+      default:
+        if (!batch.from_log) {
+          answer.unanswered.push_back(chain);
+          continue;
+        }
+        m.kind = Mark::kOwed;
+        m.log_fields = event;
+    }
+    answer.marks.push_back(std::move(m));
+  }
+  return answer;
+}
+
+MarkPlan PlanMarks(const std::vector<Mark>& marks) {
+  MarkPlan plan;
+  for (const Mark& m : marks) {
+    plan.only_deliveries &= m.delivered();
+    if (m.from_log) {
+      if (!m.delivered()) plan.owed.push_back(m.seq);
+      continue;
+    }
+    if (!m.delivered()) continue;
+    plan.delivered.push_back(m.seq);
+    plan.delivered_ids.push_back(m.event_id);
+  }
+  return plan;
+}
+
+MarkTally TallyMarks(const std::vector<Mark>& marks) {
+  MarkTally tally;
+  for (const Mark& m : marks) {
+    tally.delivered += m.delivered() ? 1 : 0;
+    tally.rejected += m.kind == Mark::kRejected ? 1 : 0;
+    tally.rows_deleted += m.delivered() && !m.from_log ? 1 : 0;
+  }
+  return tally;
+}
+
+WrittenMarks WriteMarks(pqxx::transaction_base& tx,
+                        const std::string& subscription,
+                        const std::vector<Mark>& marks, const MarkPlan& plan,
+                        const RejectPolicy& policy) {
+  WrittenMarks written;
+  if (!plan.delivered.empty()) {
+    // Delivered: the row's work is done; deleting it writes no new row
+    // version and leaves the claims a smaller table. A row goes only if
+    // its event is the one answered.
+    ExecPrepared(tx, "mark_delivered", kMarkDeliveredSql, subscription,
+                 ArrayLiteral(plan.delivered).str(),
+                 ArrayLiteral(plan.delivered_ids).str());
+  }
+  if (!plan.owed.empty()) {
+    // Rows first: the rejections and divergences below are theirs.
+    absl::StatusOr<int64_t> n = OweExceptions(tx, subscription, plan.owed);
+    if (!n.ok()) throw std::runtime_error(n.status().ToString());
+  }
+  // A rejected row backs off by RetryDelay after its attempts (the n-th of
+  // $5 after the n-th failure; the last one beyond, long capped by then):
+  // one schedule for the rows of this flush.
+  std::string reject_delays;
+  for (const Mark& m : marks) {
+    if (m.kind == Mark::kRejected) {
+      if (reject_delays.empty()) {
+        ArrayLiteral delays;
+        for (absl::Duration d :
+             RetryDelays(policy.backoff, policy.backoff_max,
+                         std::min(policy.max_attempts, kMaxCountedFailures),
+                         RandomJitter)) {
+          delays.Add(absl::StrCat(absl::ToDoubleSeconds(d)));
+        }
+        reject_delays = delays.str();
+      }
+      const pqxx::result r = tx.exec_params(
+          "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = "
+          "$3, status = CASE WHEN attempts + 1 >= $4 THEN 'dead' ELSE "
+          "'pending' END, dead_at = CASE WHEN attempts + 1 >= $4 THEN now() "
+          "END, available_at = now() + make_interval(secs => "
+          "($5::float8[])[least(attempts + 1, cardinality($5::float8[]))]) "
+          "WHERE subscription = $1 AND seq = $2 AND status = 'pending' AND "
+          "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND o.event_id = "
+          "$6::uuid) RETURNING status",
+          subscription, m.seq, Stored(m.reason), policy.max_attempts,
+          reject_delays, m.event_id);
+      if (!r.empty() && r[0]["status"].as<std::string>() == kDeliveryDead) {
+        ++written.dead;
+        LogEventScope scope(m.log_fields);
+        spdlog::warn("relay: row {} is a dead letter: {}", m.seq, m.reason);
+      }
+    } else if (m.kind == Mark::kDiverged) {
+      // Not the event's fault, and no attempt: it waits, with its
+      // aggregate, for an operator.
+      const pqxx::result r = tx.exec_params(
+          "UPDATE outbox_delivery SET status = 'diverged', last_error = $3 "
+          "WHERE subscription = $1 AND seq = $2 AND status = 'pending' AND "
+          "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND o.event_id "
+          "= $4::uuid) RETURNING 1",
+          subscription, m.seq, Stored(m.reason), m.event_id);
+      if (r.empty()) continue;
+      NewDivergence d = NewDivergence::Of(subscription, m.chain);
+      d.kind = absl::StartsWith(m.reason, "position reused") ? "position_reused"
+                                                             : "chain_broken";
+      d.detail = m.reason;
+      d.consumer_seq = m.applied_seq;
+      d.outbox_seq = m.seq;
+      d.outbox_event_id = m.event_id;
+      if (RecordDivergence(tx, d)) ++written.diverged;
+      LogEventScope scope(m.log_fields);
+      spdlog::error(
+          "relay: aggregate {} diverged at row {}: {}; it waits for an "
+          "operator (outboxctl diverged, outboxctl resolve)",
+          ChainLabel(m.chain), m.seq, m.reason);
+    }
+  }
+  return written;
+}
+
+}  // namespace outbox::relay
