@@ -153,20 +153,6 @@ struct RelayOptions {
   std::function<void(bool listening)> on_listening;
 };
 
-// A consistent copy of the relay's own state, for stats.
-struct RelayState {
-  std::vector<int> partitions_owned;
-  int64_t in_flight = 0;
-  bool stream_connected = false;
-  std::string replica_id;
-  int64_t delivered = 0;          // rows this process marked delivered
-  int64_t rejected = 0;           // REJECTED answers this process recorded
-  std::string paused_reason;      // why it does not deliver now, or ""
-  std::string consumer_database;  // its identity as last seen
-  // Why the consumer counts as unreachable (consumer_unready_after), or "".
-  std::string consumer_unreachable;
-};
-
 class Relay {
  public:
   // `metrics` must outlive the relay; so must `watchdog` (may be null),

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "relay/relay.h"
 
 namespace outbox::relay {
 namespace {

@@ -1,17 +1,32 @@
 #pragma once
 // The relay's own counters and histograms, named and explained in one
 // place (the backlog's gauges are housekeeping's: relay/housekeeping.h;
-// the README's Metrics section lists them all), and the gauges that show
-// its state.
+// the README's Metrics section lists them all), and its state, which
+// gauges and the admin API show.
 
+#include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "common/db_identity.h"
 #include "common/metrics.h"
 
 namespace outbox::relay {
 
-struct RelayState;
+// A consistent copy of the relay's own state, for stats.
+struct RelayState {
+  std::vector<int> partitions_owned;
+  int64_t in_flight = 0;
+  bool stream_connected = false;
+  std::string replica_id;
+  int64_t delivered = 0;          // rows this process marked delivered
+  int64_t rejected = 0;           // REJECTED answers this process recorded
+  std::string paused_reason;      // why it does not deliver now, or ""
+  std::string consumer_database;  // its identity as last seen
+  // Why the consumer counts as unreachable (consumer_unready_after), or "".
+  std::string consumer_unreachable;
+};
 
 struct RelayCounters {
   explicit RelayCounters(Metrics* metrics);
