@@ -116,13 +116,12 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
         // Undelivered rows only: the table of them is small; the delivered
         // total is what the outbox retains beyond them.
         pqxx::row r = tx.exec_params1(
-            "SELECT count(*) FILTER (WHERE d.status = 'pending'), "
+            "SELECT count(*) FILTER (WHERE d.status = 'pending') AS pending, "
             "coalesce(extract(epoch FROM now() - min(o.created_at) FILTER "
-            "(WHERE "
-            "d.status = 'pending')), 0)::float8, "
-            "count(*) FILTER (WHERE d.status = 'dead'), "
+            "(WHERE d.status = 'pending')), 0)::float8 AS oldest, "
+            "count(*) FILTER (WHERE d.status = 'dead') AS dead, "
             "(SELECT count(*) FROM outbox WHERE seq >= (SELECT start_seq FROM "
-            "subscriptions WHERE name = $1)) - count(*) "
+            "subscriptions WHERE name = $1)) - count(*) AS delivered "
             "FROM outbox_delivery d JOIN outbox o USING (seq) "
             "WHERE d.subscription = $1",
             *sub);
@@ -133,14 +132,14 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
         if (!owed.ok()) return owed.status();
         const LogOwed log_owed = LogOwedTotal(*owed);
         resp->set_diverged(OpenDivergences(tx, *sub));
-        resp->set_pending(r[0].as<int64_t>() + log_owed.events);
+        resp->set_pending(r["pending"].as<int64_t>() + log_owed.events);
         resp->set_oldest_pending_seconds(
-            std::max(r[1].as<double>(), log_owed.oldest_seconds));
-        resp->set_dead_letters(r[2].as<int64_t>());
+            std::max(r["oldest"].as<double>(), log_owed.oldest_seconds));
+        resp->set_dead_letters(r["dead"].as<int64_t>());
         // Every event since its start without a row, less what the log
         // still owes.
-        resp->set_delivered_total(
-            std::max<int64_t>(0, r[3].as<int64_t>() - log_owed.events));
+        resp->set_delivered_total(std::max<int64_t>(
+            0, r["delivered"].as<int64_t>() - log_owed.events));
         return absl::OkStatus();
       });
   if (!s.ok()) return ToGrpcStatus(s);

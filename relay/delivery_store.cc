@@ -219,7 +219,8 @@ std::vector<std::pair<int64_t, std::string>> ChainOf(
            "outbox o ON o.seq = c.prev_seq WHERE c.prev_seq > 0) "
            "SELECT DISTINCT seq, event_id::text FROM chain ORDER BY seq",
            aggregate_id, aggregate_type)) {
-    chain.emplace_back(row[0].as<int64_t>(), row[1].as<std::string>());
+    chain.emplace_back(row["seq"].as<int64_t>(),
+                       row["event_id"].as<std::string>());
   }
   return chain;
 }
@@ -232,7 +233,7 @@ Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
       "), i AS (INSERT INTO outbox_delivery (subscription, seq, "
       "aggregate_id, partition) SELECT $1, seq, aggregate_id, partition FROM "
       "m ON CONFLICT DO NOTHING RETURNING 1) SELECT (SELECT count(*) FROM "
-      "m), (SELECT count(*) FROM i)";
+      "m) AS matched, (SELECT count(*) FROM i) AS owed";
   const char* kHead =
       "WITH s AS (SELECT start_seq FROM subscriptions WHERE name = $1), m AS "
       "(SELECT o.seq, o.aggregate_id, o.partition FROM outbox o, s WHERE "
@@ -268,8 +269,8 @@ Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
             : absl::ToUnixMicros(sel.until) / 1e6);
   }
   Replayed out;
-  out.matched = r[0][0].as<int64_t>();
-  out.owed = r[0][1].as<int64_t>();
+  out.matched = r[0]["matched"].as<int64_t>();
+  out.owed = r[0]["owed"].as<int64_t>();
   if (out.owed > 0) {
     tx.exec_params("SELECT pg_notify($1, '')", kNotifyChannel);
   }
@@ -404,12 +405,14 @@ void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
 std::optional<HealDue> DueHeal(pqxx::transaction_base& tx,
                                const std::string& subscription) {
   pqxx::result r = tx.exec_params(
-      "SELECT heal_requested_at::text, coalesce(heal_reason, '') FROM "
-      "subscriptions WHERE name = $1 AND heal_requested_at IS NOT NULL AND "
+      "SELECT heal_requested_at::text, coalesce(heal_reason, '') AS "
+      "heal_reason FROM subscriptions WHERE name = $1 AND heal_requested_at IS "
+      "NOT NULL AND "
       "(healed_at IS NULL OR healed_at < heal_requested_at)",
       subscription);
   if (r.empty()) return std::nullopt;
-  return HealDue{r[0][0].as<std::string>(), r[0][1].as<std::string>()};
+  return HealDue{r[0]["heal_requested_at"].as<std::string>(),
+                 r[0]["heal_reason"].as<std::string>()};
 }
 
 void HealDone(pqxx::transaction_base& tx, const std::string& subscription,

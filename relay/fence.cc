@@ -63,14 +63,17 @@ FenceState FenceOf(const std::vector<StandbyPosition>& standbys,
 FenceState ReplicationFence::Read(pqxx::transaction_base& tx) const {
   std::vector<StandbyPosition> standbys;
   for (const auto& row :
-       tx.exec("SELECT coalesce(application_name, ''), flush_lsn::text, "
-               "coalesce(state = 'streaming', false), state IS NULL FROM "
+       tx.exec("SELECT coalesce(application_name, '') AS name, "
+               "flush_lsn::text AS flushed, coalesce(state = 'streaming', "
+               "false) AS streaming, state IS NULL AS hidden FROM "
                "pg_stat_replication")) {
     StandbyPosition s;
-    s.name = row[0].as<std::string>();
-    if (!row[1].is_null()) s.flushed = ParseLsn(row[1].as<std::string>());
-    s.streaming = row[2].as<bool>();
-    s.hidden = row[3].as<bool>();
+    s.name = row["name"].as<std::string>();
+    if (!row["flushed"].is_null()) {
+      s.flushed = ParseLsn(row["flushed"].as<std::string>());
+    }
+    s.streaming = row["streaming"].as<bool>();
+    s.hidden = row["hidden"].as<bool>();
     standbys.push_back(std::move(s));
   }
   return FenceOf(standbys, options_);

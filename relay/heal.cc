@@ -74,11 +74,11 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
         diverged_ids.insert(d.aggregate_id());
       }
       const pqxx::row r = unit->exec_params1(
-          "SELECT coalesce((SELECT min(seq) FROM outbox), 0), start_seq FROM "
-          "subscriptions WHERE name = $1",
+          "SELECT coalesce((SELECT min(seq) FROM outbox), 0) AS min_retained, "
+          "start_seq FROM subscriptions WHERE name = $1",
           subscription_);
-      min_retained = r[0].as<int64_t>();
-      start_seq = r[1].as<int64_t>();
+      min_retained = r["min_retained"].as<int64_t>();
+      start_seq = r["start_seq"].as<int64_t>();
       unit->commit();
     }
 
@@ -100,7 +100,7 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
                "SELECT event_id::text FROM outbox WHERE event_id = "
                "ANY($1::uuid[])",
                ids.str())) {
-        held_here.insert(row[0].as<std::string>());
+        held_here.insert(row["event_id"].as<std::string>());
       }
       for (const v1::AggregateCursor& c : page->cursors()) {
         if (c.applied_event_id().empty() || c.applied_seq() < min_retained ||
@@ -144,13 +144,13 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
     {
       auto unit = OpenUnit(conn);
       for (const auto& row : unit->exec_params(
-               "SELECT o.aggregate_type, d.aggregate_id, min(d.seq) FROM "
-               "outbox_delivery d JOIN outbox o ON o.seq = d.seq WHERE "
+               "SELECT o.aggregate_type, d.aggregate_id, min(d.seq) AS first "
+               "FROM outbox_delivery d JOIN outbox o ON o.seq = d.seq WHERE "
                "d.subscription = $1 GROUP BY 1, 2",
                subscription_)) {
-        first_undelivered[OutboxChain(row[0].as<std::string>(),
-                                      row[1].as<std::string>())] =
-            row[2].as<int64_t>();
+        first_undelivered[OutboxChain(row["aggregate_type"].as<std::string>(),
+                                      row["aggregate_id"].as<std::string>())] =
+            row["first"].as<int64_t>();
       }
       unit->commit();
     }
@@ -165,16 +165,18 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
             "aggregate_type, aggregate_id LIMIT $3",
             after_type, after_id, kPage);
         if (heads.empty()) break;
-        after_type = heads[heads.size() - 1][0].as<std::string>();
-        after_id = heads[heads.size() - 1][1].as<std::string>();
+        after_type =
+            heads[heads.size() - 1]["aggregate_type"].as<std::string>();
+        after_id = heads[heads.size() - 1]["aggregate_id"].as<std::string>();
         ArrayLiteral firsts;
         for (const auto& h : heads) {
           const std::string agg =
-              OutboxChain(h[0].as<std::string>(), h[1].as<std::string>());
+              OutboxChain(h["aggregate_type"].as<std::string>(),
+                          h["aggregate_id"].as<std::string>());
           int64_t& d = delivered_through[agg];
           auto f = first_undelivered.find(agg);
           if (f == first_undelivered.end()) {
-            d = std::max(d, h[2].as<int64_t>());
+            d = std::max(d, h["last_seq"].as<int64_t>());
           } else {
             firsts.Add(f->second);
           }
@@ -184,8 +186,9 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
                  "WHERE seq = ANY($1::bigint[])",
                  firsts.str())) {
           int64_t& d = delivered_through[OutboxChain(
-              row[0].as<std::string>(), row[1].as<std::string>())];
-          d = std::max(d, row[2].as<int64_t>());
+              row["aggregate_type"].as<std::string>(),
+              row["aggregate_id"].as<std::string>())];
+          d = std::max(d, row["prev_seq"].as<int64_t>());
         }
         unit->commit();
         report.outbox_aggregates += heads.size();

@@ -183,11 +183,11 @@ void Housekeeping::RefreshBacklog(pqxx::connection& conn,
            "p AS (SELECT partition, count(*) AS n, min(seq) AS first FROM x "
            "GROUP BY partition) "
            "SELECT p.partition, p.n, coalesce(extract(epoch FROM now() - "
-           "o.created_at), 0)::float8 FROM p LEFT JOIN outbox o ON o.seq = "
-           "p.first",
+           "o.created_at), 0)::float8 AS age FROM p LEFT JOIN outbox o ON "
+           "o.seq = p.first",
            options_.subscription, ArrayLiteral(owned).str(), kBacklogScanCap)) {
-    b.partitions[row[0].as<int>()] = {row[1].as<int64_t>(),
-                                      std::max(0.0, row[2].as<double>())};
+    b.partitions[row["partition"].as<int>()] = {
+        row["n"].as<int64_t>(), std::max(0.0, row["age"].as<double>())};
   }
   // On the log, what it still owes (nothing for a subscription on rows).
   absl::StatusOr<std::map<int, LogOwed>> owed =
@@ -199,12 +199,12 @@ void Housekeeping::RefreshBacklog(pqxx::connection& conn,
     age = std::max(age, o.oldest_seconds);
   }
   const pqxx::row dead = tx.exec_params1(
-      "SELECT count(*), coalesce(extract(epoch FROM now() - min(dead_at)), "
-      "0)::float8 FROM outbox_delivery WHERE subscription = $1 AND status "
-      "= 'dead'",
+      "SELECT count(*) AS n, coalesce(extract(epoch FROM now() - "
+      "min(dead_at)), 0)::float8 AS age FROM outbox_delivery WHERE "
+      "subscription = $1 AND status = 'dead'",
       options_.subscription);
-  b.dead_letters = dead[0].as<int64_t>();
-  b.oldest_dead_seconds = std::max(0.0, dead[1].as<double>());
+  b.dead_letters = dead["n"].as<int64_t>();
+  b.oldest_dead_seconds = std::max(0.0, dead["age"].as<double>());
   b.diverged = OpenDivergences(tx, options_.subscription);
   b.subscriptions = ReadSubscriptions(tx, options_.retention, false);
   unit->commit();

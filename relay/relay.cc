@@ -474,14 +474,15 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         lane.next_full_claim = absl::Now() + options_.poll_interval;
         continue;
       }
-      after = std::max(after, rows[rows.size() - 1][0].as<int64_t>());
+      after = std::max(after, rows[rows.size() - 1]["seq"].as<int64_t>());
       // A chain goes when its first row here is its first undelivered
       // event; then all its rows here go, in chain order.
       std::map<std::string, bool> goes;
       std::vector<std::string> chains;  // of each row
       chains.reserve(rows.size());
       for (const auto& row : rows) {
-        chains.push_back(OutboxChain(row[3].c_str(), row[4].c_str()));
+        chains.push_back(OutboxChain(row["aggregate_type"].c_str(),
+                                     row["aggregate_id"].c_str()));
         goes.emplace(chains.back(), row["prev_done"].as<bool>());
       }
       v1::DeliverRequest req;
@@ -502,7 +503,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
           full = true;
           break;
         }
-        const int64_t seq = row[0].as<int64_t>();
+        const int64_t seq = row["seq"].as<int64_t>();
         std::string bad;
         size_t size = 0;
         v1::Event* event = req.add_events();

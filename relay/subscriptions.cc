@@ -38,16 +38,19 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
                "s.name) c "
              : "CROSS JOIN (SELECT 0 AS pending, 0 AS dead, 0 AS diverged) c ";
   for (const auto& row : tx.exec(
-           "SELECT s.name, extract(epoch FROM s.created_at)::float8, "
-           "s.start_seq, c.pending, c.dead, c.diverged, "
+           "SELECT s.name, extract(epoch FROM s.created_at)::float8 AS "
+           "created_at, s.start_seq, c.pending, c.dead, c.diverged, "
            "(SELECT count(*) FROM outbox_relay_members m WHERE "
-           "m.subscription = s.name AND m.expires_at > now()), "
-           "coalesce(u.seq, 0), coalesce(u.status, ''), "
-           "coalesce(extract(epoch FROM now() - op.created_at), 0)::float8, "
-           "s.paused_at IS NOT NULL, coalesce(s.paused_by, ''), "
-           "coalesce(s.paused_reason, ''), "
-           "coalesce(extract(epoch FROM s.paused_at), 0)::float8, "
-           "coalesce(extract(epoch FROM now() - o.created_at), 0)::float8, "
+           "m.subscription = s.name AND m.expires_at > now()) AS "
+           "relays_alive, coalesce(u.seq, 0) AS lowest_seq, "
+           "coalesce(u.status, '') AS lowest_status, "
+           "coalesce(extract(epoch FROM now() - op.created_at), 0)::float8 "
+           "AS oldest_pending, s.paused_at IS NOT NULL AS paused, "
+           "coalesce(s.paused_by, '') AS paused_by, "
+           "coalesce(s.paused_reason, '') AS paused_reason, "
+           "coalesce(extract(epoch FROM s.paused_at), 0)::float8 AS "
+           "paused_at, coalesce(extract(epoch FROM now() - o.created_at), "
+           "0)::float8 AS lowest_age, "
            "s.start_tick IS NOT NULL AS on_log "
            "FROM subscriptions s " +
            count_rows +
@@ -60,25 +63,26 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
            "LEFT JOIN outbox op ON op.seq = p.seq "
            "ORDER BY s.name")) {
     SubscriptionInfo s;
-    s.name = row[0].as<std::string>();
+    s.name = row["name"].as<std::string>();
     s.created_at = absl::FromUnixMicros(
-        static_cast<int64_t>(row[1].as<double>() * 1e6));
-    s.start_seq = row[2].as<int64_t>();
-    s.pending = row[3].as<int64_t>();
-    s.dead_letters = row[4].as<int64_t>();
-    s.diverged = row[5].as<int64_t>();
-    s.relays_alive = row[6].as<int64_t>();
-    s.lowest_seq = row[7].as<int64_t>();
-    s.lowest_status = row[8].as<std::string>();
-    s.oldest_pending_seconds = std::max(0.0, row[9].as<double>());
-    s.paused = row[10].as<bool>();
-    s.paused_by = row[11].as<std::string>();
-    s.paused_reason = row[12].as<std::string>();
+        static_cast<int64_t>(row["created_at"].as<double>() * 1e6));
+    s.start_seq = row["start_seq"].as<int64_t>();
+    s.pending = row["pending"].as<int64_t>();
+    s.dead_letters = row["dead"].as<int64_t>();
+    s.diverged = row["diverged"].as<int64_t>();
+    s.relays_alive = row["relays_alive"].as<int64_t>();
+    s.lowest_seq = row["lowest_seq"].as<int64_t>();
+    s.lowest_status = row["lowest_status"].as<std::string>();
+    s.oldest_pending_seconds =
+        std::max(0.0, row["oldest_pending"].as<double>());
+    s.paused = row["paused"].as<bool>();
+    s.paused_by = row["paused_by"].as<std::string>();
+    s.paused_reason = row["paused_reason"].as<std::string>();
     if (s.paused) {
       s.paused_at = absl::FromUnixMicros(
-          static_cast<int64_t>(row[13].as<double>() * 1e6));
+          static_cast<int64_t>(row["paused_at"].as<double>() * 1e6));
     }
-    double lowest_age = row[14].as<double>();
+    double lowest_age = row["lowest_age"].as<double>();
     if (counts && row["on_log"].as<bool>()) {
       // What the log owes besides the exceptions counted above.
       absl::StatusOr<std::map<int, LogOwed>> owed =
@@ -116,17 +120,17 @@ absl::Status ActOnSubscription(pqxx::transaction_base& tx,
                                const std::string& actor,
                                const std::string& reason, bool force) {
   const pqxx::result cur = tx.exec_params(
-      "SELECT paused_at IS NOT NULL, coalesce(paused_by, ''), "
-      "(SELECT count(*) FROM outbox_relay_members m WHERE m.subscription = "
-      "s.name AND m.expires_at > now()) FROM subscriptions s WHERE name = $1 "
-      "FOR UPDATE",
+      "SELECT paused_at IS NOT NULL AS paused, coalesce(paused_by, '') AS "
+      "paused_by, (SELECT count(*) FROM outbox_relay_members m WHERE "
+      "m.subscription = s.name AND m.expires_at > now()) AS relays FROM "
+      "subscriptions s WHERE name = $1 FOR UPDATE",
       name);
   if (cur.empty()) {
     return absl::NotFoundError(
         absl::StrCat("subscription: no subscription \"", name, "\""));
   }
-  const bool paused = cur[0][0].as<bool>();
-  const int64_t relays = cur[0][2].as<int64_t>();
+  const bool paused = cur[0]["paused"].as<bool>();
+  const int64_t relays = cur[0]["relays"].as<int64_t>();
   const char* verb = "pause";
   std::string detail;
   switch (action) {
@@ -134,7 +138,7 @@ absl::Status ActOnSubscription(pqxx::transaction_base& tx,
       if (paused) {
         return absl::FailedPreconditionError(
             absl::StrCat("subscription ", name, " is paused already (by ",
-                         cur[0][1].as<std::string>(), ")"));
+                         cur[0]["paused_by"].as<std::string>(), ")"));
       }
       tx.exec_params(
           "UPDATE subscriptions SET paused_at = now(), paused_by = $2, "
@@ -215,14 +219,17 @@ std::optional<SubscriptionState> ReadSubscriptionState(
 std::optional<std::string> LastDrop(pqxx::transaction_base& tx,
                                     const std::string& name) {
   const pqxx::result r = tx.exec_params(
-      "SELECT action, actor, to_char(at, 'YYYY-MM-DD HH24:MI:SS TZ'), reason "
+      "SELECT action, actor, to_char(at, 'YYYY-MM-DD HH24:MI:SS TZ') AS at, "
+      "reason "
       "FROM subscription_actions WHERE subscription = $1 AND action IN "
       "('drop', 'resubscribe') ORDER BY id DESC LIMIT 1",
       name);
-  if (r.empty() || r[0][0].as<std::string>() != "drop") return std::nullopt;
-  return absl::StrCat("by ", r[0][1].as<std::string>(), " at ",
-                      r[0][2].as<std::string>(), ": ",
-                      r[0][3].as<std::string>());
+  if (r.empty() || r[0]["action"].as<std::string>() != "drop") {
+    return std::nullopt;
+  }
+  return absl::StrCat("by ", r[0]["actor"].as<std::string>(), " at ",
+                      r[0]["at"].as<std::string>(), ": ",
+                      r[0]["reason"].as<std::string>());
 }
 
 }  // namespace outbox::relay
