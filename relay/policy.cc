@@ -85,4 +85,9 @@ int ClaimLimit(int batch_size, int window, int pipeline_depth,
   return std::max(0, std::min(batch_size, window - in_flight_events));
 }
 
+bool ClaimAboveSent(const ClaimStart& c) {
+  return c.outstanding >= c.batch_size && c.sent_through > 0 &&
+         !c.full_claim_due && !(c.passed_over && c.freed_since);
+}
+
 }  // namespace outbox::relay

@@ -83,4 +83,24 @@ int ClaimLimit(int batch_size, int window, int pipeline_depth,
                int in_flight_events, int in_flight_batches,
                bool in_flight_full);
 
+// Where a stream's claim starts: above the highest seq it sent (only rows
+// newer than what is out) or from the start of its partitions (every ready
+// row, and those that committed after a higher seq was sent, which a claim
+// above misses).
+struct ClaimStart {
+  // Events in flight and answered but not marked, against the batch size:
+  // with fewer, a claim from the start reads past them at little cost.
+  int64_t outstanding = 0;
+  int batch_size = 0;
+  int64_t sent_through = 0;    // 0: nothing sent on this stream yet
+  bool full_claim_due = true;  // a claim from the start is due (per poll)
+  // The last claim above passed over busy aggregates' rows, and since
+  // then an aggregate was freed (or the marks riding with this claim free
+  // one): that row must not wait a poll for its predecessor's mark.
+  bool passed_over = false;
+  bool freed_since = false;
+};
+// True: above sent_through only.
+bool ClaimAboveSent(const ClaimStart& c);
+
 }  // namespace outbox::relay

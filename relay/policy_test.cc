@@ -119,5 +119,33 @@ TEST(ClaimLimit, ASecondBatchOnlyBehindFullOnes) {
   EXPECT_EQ(ClaimLimit(256, 2048, 2, 256, 1, true), 256);  // behind a full one
 }
 
+TEST(ClaimAboveSent, OnlyBehindABacklogAndNeverPastAFreedAggregate) {
+  const ClaimStart backlog{.outstanding = 512,
+                           .batch_size = 256,
+                           .sent_through = 900,
+                           .full_claim_due = false};
+  EXPECT_TRUE(ClaimAboveSent(backlog));
+  // Fewer out than a batch: from the start costs little and sees all.
+  ClaimStart c = backlog;
+  c.outstanding = 255;
+  EXPECT_FALSE(ClaimAboveSent(c));
+  // Nothing sent yet on this stream, or the poll's full claim is due.
+  c = backlog;
+  c.sent_through = 0;
+  EXPECT_FALSE(ClaimAboveSent(c));
+  c = backlog;
+  c.full_claim_due = true;
+  EXPECT_FALSE(ClaimAboveSent(c));
+  // Rows passed over: above is fine until one of their aggregates is freed.
+  c = backlog;
+  c.passed_over = true;
+  EXPECT_TRUE(ClaimAboveSent(c));
+  c.freed_since = true;
+  EXPECT_FALSE(ClaimAboveSent(c));
+  // A freed aggregate matters only if rows were passed over.
+  c.passed_over = false;
+  EXPECT_TRUE(ClaimAboveSent(c));
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -387,9 +387,6 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     // past them at little cost, and it also finds the rows that committed
     // after a larger seq was sent, which a claim above sent_through misses:
     // then it is the only claim of the round, one statement instead of two.
-    const bool few_ahead =
-        InFlightEvents() + static_cast<int64_t>(marks_.size()) <
-        options_.batch_size;
     // Answered deliveries (only those: MarksRideWithClaim) are deleted by
     // the next claim statement, which frees their aggregates unless more of
     // their events are out: as if marked before this claim began.
@@ -398,10 +395,13 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       for (const Mark& m : marks_) ++riding[m.chain];
     }
     const bool frees = busy_.Frees(riding);
-    bool fresh =
-        !few_ahead && lane.sent_through > 0 &&
-        absl::Now() < lane.next_full_claim &&
-        !(lane.passed_over && (lane.freed_at_claim != busy_.freed() || frees));
+    bool fresh = ClaimAboveSent(
+        {.outstanding = InFlightEvents() + static_cast<int64_t>(marks_.size()),
+         .batch_size = options_.batch_size,
+         .sent_through = lane.sent_through,
+         .full_claim_due = absl::Now() >= lane.next_full_claim,
+         .passed_over = lane.passed_over,
+         .freed_since = lane.freed_at_claim != busy_.freed() || frees});
     if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
     // Each claim of this round continues after the last row the one before
     // returned: a row that could not go (its predecessor backing off or
