@@ -20,13 +20,15 @@ namespace {
 // The reason stored with a row: a consumer's message, cut short.
 std::string Stored(const std::string& reason) { return reason.substr(0, 2000); }
 
-}  // namespace
-
-const char kMarkDeliveredSql[] =
+// Deletes delivered rows: $1 the subscription, $2 and $3 MarkPlan's
+// delivered and delivered_ids as array literals.
+constexpr char kMarkDeliveredSql[] =
     "DELETE FROM outbox_delivery d USING "
     "unnest($2::bigint[], $3::uuid[]) AS k(s, e), outbox o "
     "WHERE d.subscription = $1 AND d.seq = k.s AND d.status = "
     "'pending' AND o.seq = k.s AND o.event_id = k.e";
+
+}  // namespace
 
 Answer AnswerOf(const InFlight& batch, const v1::DeliverResponse& response) {
   std::map<int64_t, const v1::EventResult*> by_seq;

@@ -118,10 +118,6 @@ struct WrittenMarks {
   int64_t diverged = 0;  // divergences recorded (not open already)
 };
 
-// The statement that deletes delivered rows: $1 the subscription, $2 and
-// $3 MarkPlan's delivered and delivered_ids as array literals.
-extern const char kMarkDeliveredSql[];
-
 // Writes `marks` (planned by PlanMarks) in `tx`; the caller commits. Logs
 // each new dead letter and divergence. Throws as libpqxx does.
 WrittenMarks WriteMarks(pqxx::transaction_base& tx,

@@ -313,16 +313,14 @@ bool Relay::Rebalance() {
       }
       return true;
     }
-    const OwnershipRound round = ownership_.Balance(*tx, [&](int p) {
-      for (const Lane& lane : lanes_) {
-        for (const auto& [id, batch] : lane.in_flight) {
-          for (int q : batch.partitions) {
-            if (q == p) return true;
-          }
-        }
+    std::set<int> in_flight;  // partitions with a batch out
+    for (const Lane& lane : lanes_) {
+      for (const auto& [id, batch] : lane.in_flight) {
+        in_flight.insert(batch.partitions.begin(), batch.partitions.end());
       }
-      return false;
-    });
+    }
+    const OwnershipRound round =
+        ownership_.Balance(*tx, [&](int p) { return in_flight.count(p) > 0; });
     for (int p : round.lost) {
       spdlog::warn(
           "relay {}: the lease of partition {} was taken over (this relay "
@@ -349,8 +347,6 @@ bool Relay::Rebalance() {
     return false;
   }
 }
-
-void Relay::Untrack(const std::string& chain) { busy_.Remove(chain); }
 
 std::vector<Relay::Lane*> Relay::ServingLanes() {
   std::vector<Lane*> open;
@@ -806,7 +802,7 @@ void Relay::HandleResponses(Lane& lane) {
       marks_.push_back(std::move(m));
     }
     reowe_.insert(reowe_.end(), answer.reowe.begin(), answer.reowe.end());
-    for (const std::string& chain : answer.unanswered) Untrack(chain);
+    for (const std::string& chain : answer.unanswered) busy_.Remove(chain);
     lane.in_flight.erase(it);
   }
 }
@@ -874,7 +870,7 @@ void Relay::MarksWritten(int64_t dead) {
   housekeeping_->Deleted(tally.rows_deleted);
   counters_.rejected->Add(tally.rejected);
   counters_.dead->Add(dead);
-  for (const Mark& m : marks_) Untrack(m.chain);
+  for (const Mark& m : marks_) busy_.Remove(m.chain);
   marks_.clear();
 }
 
@@ -1044,7 +1040,7 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   if (from_log && log_ != nullptr) log_->Rewind();
   for (const auto& [id, batch] : lane.in_flight) {
     for (const EventLogFields& e : batch.events) {
-      Untrack(OutboxChain(e.aggregate_type, e.aggregate_id));
+      busy_.Remove(OutboxChain(e.aggregate_type, e.aggregate_id));
     }
   }
   lane.in_flight.clear();

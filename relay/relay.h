@@ -233,7 +233,6 @@ class Relay {
   void Wake();
   // Each returns false when the database connection is lost.
   bool EnsureConnection();
-  void Untrack(const std::string& chain);
   bool Rebalance();
   // What one cycle's claims found (for choosing the lanes of the next).
   struct ClaimRound {
