@@ -329,6 +329,28 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Connect(
   if (s == NATS_OK)
     s = natsOptions_SetFailRequestsOnDisconnect(opts.get(), true);
   if (s != NATS_OK) return ToStatus(s, {}, "nats options");
+  if (!options.user.empty()) {
+    s = natsOptions_SetUserInfo(opts.get(), options.user.c_str(),
+                                options.password.c_str());
+  } else if (!options.token.empty()) {
+    s = natsOptions_SetToken(opts.get(), options.token.c_str());
+  } else if (!options.creds_file.empty()) {
+    s = natsOptions_SetUserCredentialsFromFiles(
+        opts.get(), options.creds_file.c_str(), nullptr);
+  }
+  if (s != NATS_OK) return ToStatus(s, {}, "nats credentials");
+  if (!options.ca_file.empty() || !options.cert_file.empty()) {
+    s = natsOptions_SetSecure(opts.get(), true);
+    if (s == NATS_OK && !options.ca_file.empty()) {
+      s = natsOptions_LoadCATrustedCertificates(opts.get(),
+                                                options.ca_file.c_str());
+    }
+    if (s == NATS_OK && !options.cert_file.empty()) {
+      s = natsOptions_LoadCertificatesChain(
+          opts.get(), options.cert_file.c_str(), options.key_file.c_str());
+    }
+    if (s != NATS_OK) return ToStatus(s, {}, "nats TLS files");
+  }
 
   auto handles = std::make_unique<internal::Handles>();
   natsConnection* conn = nullptr;

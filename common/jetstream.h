@@ -75,6 +75,14 @@ struct ConnectOptions {
   absl::Duration reconnect_wait = absl::Milliseconds(250);
   // A silent server is given up after ping_interval * 2.
   absl::Duration ping_interval = absl::Seconds(2);
+  // Credentials, at most one kind: a user and password, a token, or a
+  // .creds file (a user JWT and its NKey seed, as `nsc` writes it).
+  std::string user, password;
+  std::string token;
+  std::string creds_file;
+  // TLS: set ca_file to verify the servers (tls:// URLs or servers that
+  // require TLS); cert_file and key_file add a client certificate.
+  std::string ca_file, cert_file, key_file;
 };
 
 struct StreamOptions {

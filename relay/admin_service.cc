@@ -403,6 +403,14 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
         absl::StrCat("subscription: this relay delivers ",
                      relay_->subscription(), "; ask a relay of ", *sub));
   }
+  v1::EventSink::Stub* consumer = relay_->consumer_stub();
+  if (consumer == nullptr) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "this relay publishes to a broker, which keeps the history it was "
+        "given: purge the aggregate's subject from the stream, then requeue "
+        "its events");
+  }
   const std::string who = CallerName(check_, *ctx);
   // 1. The producer's history of the chain, as the outbox holds it.
   std::vector<std::pair<int64_t, std::string>> chain;
@@ -444,7 +452,7 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
     grpc::ClientContext cctx;
     cctx.set_deadline(std::chrono::system_clock::now() +
                       std::chrono::seconds(30));
-    grpc::Status r = relay_->consumer_stub()->Rewind(&cctx, rewind, &rewound);
+    grpc::Status r = consumer->Rewind(&cctx, rewind, &rewound);
     if (!r.ok()) {
       return grpc::Status(
           r.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "relay/delivery_stream.h"
 
 namespace outbox::relay {
 
@@ -41,6 +42,21 @@ void ConsumerLink::Start() {
 }
 
 void ConsumerLink::Stop() { prober_.reset(); }
+
+Sink::Readiness ConsumerLink::readiness() {
+  switch (State()) {
+    case GRPC_CHANNEL_READY:
+      return Readiness::kReady;
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+      return Readiness::kFailing;
+    default:
+      return Readiness::kConnecting;
+  }
+}
+
+std::unique_ptr<BatchStream> ConsumerLink::Open(std::function<void()> wake) {
+  return std::make_unique<DeliveryStream>(stub_.get(), std::move(wake));
+}
 
 void ConsumerLink::Probe() {
   // A consumer that answered a batch within the last second needs no probe.

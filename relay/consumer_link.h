@@ -11,13 +11,14 @@
 //   ConsumerLink link({.target = "127.0.0.1:50052",
 //                      .unready_after = absl::Seconds(15)});
 //   link.Start();
-//   if (link.Ready()) stream = DeliveryStream(link.stub(), ...);
+//   if (link.readiness() == Sink::Readiness::kReady) stream = link.Open(wake);
 //   ... an answer: link.Answered();
 //   if (std::optional<std::string> why = link.Unreachable()) ...
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,10 +30,11 @@
 #include "common/tls.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "outbox/v1/sink.grpc.pb.h"
+#include "relay/sink.h"
 
 namespace outbox::relay {
 
-class ConsumerLink {
+class ConsumerLink : public Sink {
  public:
   struct Options {
     std::string target;  // host:port of EventSink
@@ -45,16 +47,16 @@ class ConsumerLink {
   };
 
   explicit ConsumerLink(Options options);
-  ~ConsumerLink();  // Stop()
+  ~ConsumerLink() override;  // Stop()
   ConsumerLink(const ConsumerLink&) = delete;
   ConsumerLink& operator=(const ConsumerLink&) = delete;
 
   // The consumer has unready_after from now to answer; starts the health
   // checks. At most once.
-  void Start();
+  void Start() override;
   // Stops the health checks (waits for one in progress, 2 s at most).
   // Idempotent.
-  void Stop();
+  void Stop() override;
 
   // The stub for calls and streams; lives as long as this. Thread-safe.
   v1::EventSink::Stub* stub() const { return stub_.get(); }
@@ -63,12 +65,19 @@ class ConsumerLink {
   // network.
   grpc_connectivity_state State() { return channel_->GetState(true); }
 
+  // Sink: the target; READY is kReady, TRANSIENT_FAILURE kFailing.
+  std::string name() const override { return options_.target; }
+  Readiness readiness() override;
+  // A DeliveryStream on the stub.
+  std::unique_ptr<BatchStream> Open(std::function<void()> wake) override;
+  v1::EventSink::Stub* consumer() const override { return stub_.get(); }
+
   // A batch was answered. Thread-safe.
-  void Answered() { answered_ns_ = absl::ToUnixNanos(absl::Now()); }
+  void Answered() override { answered_ns_ = absl::ToUnixNanos(absl::Now()); }
   // Why the consumer counts as unreachable (it answered neither a batch
   // nor a health check for unready_after, and what its last health check
   // said), or nothing. Thread-safe.
-  std::optional<std::string> Unreachable() const;
+  std::optional<std::string> Unreachable() const override;
 
  private:
   void Probe();

@@ -15,29 +15,30 @@
 
 #include "absl/base/thread_annotations.h"
 #include "outbox/v1/sink.grpc.pb.h"
+#include "relay/sink.h"
 
 namespace outbox::relay {
 
-class DeliveryStream {
+class DeliveryStream : public BatchStream {
  public:
   // Opens the stream on `stub` (which must outlive it). `wake` is called
   // (from the stream's threads) whenever an answer arrives or the stream
   // breaks.
   DeliveryStream(v1::EventSink::Stub* stub, std::function<void()> wake);
   // Cancels the call if still open, joins the threads.
-  ~DeliveryStream();
+  ~DeliveryStream() override;
 
   // Queues a batch; never blocks.
-  void Send(v1::DeliverRequest request);
+  void Send(v1::DeliverRequest request) override;
   // Answers received since the last call, in arrival order.
-  std::vector<v1::DeliverResponse> TakeResponses();
+  std::vector<v1::DeliverResponse> TakeResponses() override;
   // True once the stream can carry nothing more; `error()` says why.
-  bool broken() const { return broken_.load(); }
-  std::string error() const;
+  bool broken() const override { return broken_.load(); }
+  std::string error() const override;
   // Aborts the call (answers not yet received are lost; rows stay pending).
-  void Cancel();
+  void Cancel() override;
   // Half-closes after the queued batches are written (graceful shutdown).
-  void CloseSend();
+  void CloseSend() override;
 
  private:
   void WriteLoop();

@@ -280,6 +280,20 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
     tx->commit();
   }
   if (!due.has_value()) return;
+  if (options_.consumer == nullptr) {
+    // A broker keeps no cursors to compare: its per-subject chain check
+    // answers DIVERGED for another history instead, event by event.
+    if (!heal_skipped_) {
+      spdlog::warn(
+          "relay: heal of subscription {} requested ({}), but the sink keeps "
+          "no cursors: events of another history are refused as DIVERGED "
+          "when they are published",
+          options_.subscription, due->reason);
+      heal_skipped_ = true;
+    }
+    next_heal_check_ = absl::Now() + absl::Seconds(60);
+    return;
+  }
   if (healer_ == nullptr) {
     healer_ =
         std::make_unique<Healer>(options_.subscription, options_.consumer);

@@ -54,7 +54,7 @@ class Housekeeping {
     std::function<std::string()> source;
     // A heal owed events again: the worker should look for them now.
     std::function<void()> wake;
-    // The consumer, for heals; outlives this.
+    // The consumer, for heals; outlives this. Null: none (a broker).
     v1::EventSink::Stub* consumer = nullptr;
     // Counted by heals and by the worker alike; outlive this.
     Counter* redelivered_heal = nullptr;
@@ -134,6 +134,7 @@ class Housekeeping {
   absl::Time next_prune_ = absl::InfinitePast();
   absl::Time next_heal_check_ = absl::InfinitePast();
   std::unique_ptr<Healer> healer_;
+  bool heal_skipped_ = false;  // logged once: no consumer to heal from
 
   std::unique_ptr<PeriodicTask> task_;  // last: it uses all of the above
 };

@@ -5,14 +5,17 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/db.h"
 #include "common/db_flags.h"
 #include "common/fault.h"
 #include "common/ids.h"
+#include "common/jetstream_flags.h"
 #include "common/schema.h"
 #include "common/service.h"
 #include "relay/admin_service.h"
+#include "relay/jetstream_sink.h"
 #include "relay/relay.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50052",
@@ -93,6 +96,17 @@ ABSL_FLAG(int, fence_standbys, 0,
 ABSL_FLAG(std::string, fence_standby_names, "",
           "Comma-separated application_names of the standbys that count for "
           "--fence_standbys; empty: any.");
+
+ABSL_FLAG(int, jetstream_replicas, 3,
+          "With --jetstream: replicas of the stream the relay creates (1-5; "
+          "3 on a 3-node cluster keeps acknowledged events through the loss "
+          "of one node).");
+ABSL_FLAG(bool, jetstream_create_stream, true,
+          "With --jetstream: create the stream, or update it to "
+          "--jetstream_replicas; false: it must exist.");
+ABSL_FLAG(absl::Duration, jetstream_duplicate_window, absl::Minutes(2),
+          "With --jetstream: how long the broker drops a repeated event_id "
+          "by itself (the relay's chain check covers any age).");
 
 int main(int argc, char** argv) {
   outbox::InitProcess(argc, argv,
@@ -202,6 +216,31 @@ int main(int argc, char** argv) {
         "--batch_size 1-1000, "
         "--window >= --batch_size, positive --poll_interval and --ack_timeout");
     return 2;
+  }
+  absl::StatusOr<outbox::JetStreamFlags> js = outbox::JetStreamFromFlags(
+      absl::StrCat("outbox-relay ", options.subscription),
+      outbox::DefaultStreamFor(options.subscription),
+      absl::StrCat("outbox.", options.subscription));
+  if (!js.ok()) {
+    spdlog::critical("outbox-relay: {}", std::string(js.status().message()));
+    return 2;
+  }
+  if (js->enabled) {
+    auto sink = outbox::relay::JetStreamSink::Create(
+        {.connect = js->connect,
+         .stream = js->stream,
+         .subject_prefix = js->subjects,
+         .ensure_stream = absl::GetFlag(FLAGS_jetstream_create_stream),
+         .replicas = absl::GetFlag(FLAGS_jetstream_replicas),
+         .duplicate_window = absl::GetFlag(FLAGS_jetstream_duplicate_window),
+         .subscription = options.subscription,
+         .unready_after = options.consumer_unready_after});
+    if (!sink.ok()) {
+      spdlog::critical("outbox-relay: --jetstream_replicas: {}",
+                       std::string(sink.status().message()));
+      return 2;
+    }
+    options.sink = *std::move(sink);
   }
   if (auto exit_code =
           outbox::MigrateAtStartup("outbox-relay", options.db_url,

@@ -74,11 +74,15 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
     lanes_[i].stream_backoff =
         Backoff(options_.retry_initial, options_.retry_max);
   }
-  link_ = std::make_unique<ConsumerLink>(
-      ConsumerLink::Options{.target = options_.consumer,
-                            .tls = options_.consumer_tls,
-                            .retry_max = options_.retry_max,
-                            .unready_after = options_.consumer_unready_after});
+  if (options_.sink != nullptr) {
+    sink_ = options_.sink;
+  } else {
+    sink_ = std::make_shared<ConsumerLink>(ConsumerLink::Options{
+        .target = options_.consumer,
+        .tls = options_.consumer_tls,
+        .retry_max = options_.retry_max,
+        .unready_after = options_.consumer_unready_after});
+  }
   housekeeping_ = std::make_unique<Housekeeping>(
       Housekeeping::Options{
           .db_url = options_.db_url,
@@ -89,7 +93,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
           .owned = [this] { return State().partitions_owned; },
           .source = [this] { return source(); },
           .wake = [this] { Wake(); },
-          .consumer = link_->stub(),
+          .consumer = sink_->consumer(),
           .redelivered_heal = counters_.redelivered_heal,
           .diverged = counters_.diverged},
       metrics);
@@ -100,9 +104,9 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
 Relay::~Relay() { Stop(absl::ZeroDuration()); }
 
 void Relay::Start() {
-  spdlog::info("relay {}: delivering to {}", replica_id_, options_.consumer);
+  spdlog::info("relay {}: delivering to {}", replica_id_, sink_->name());
   // The consumer gets --consumer_unready_after from now to answer.
-  link_->Start();
+  sink_->Start();
   listener_ = std::make_unique<CommitListener>(CommitListener::Options{
       .url = options_.notify_url.empty() ? options_.db_url
                                          : options_.notify_url,
@@ -131,7 +135,7 @@ void Relay::Stop(absl::Duration drain) {
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
-  link_->Stop();
+  sink_->Stop();
   // A retention delete waiting on a lock, or a long vacuum, must not hold
   // up the shutdown.
   housekeeping_->Stop();
@@ -757,7 +761,7 @@ void Relay::HandleResponses(Lane& lane) {
   for (const v1::DeliverResponse& resp : lane.stream->TakeResponses()) {
     // The consumer answers: whatever broke the last stream is over.
     lane.stream_backoff.Reset();
-    link_->Answered();
+    sink_->Answered();
     auto it = lane.in_flight.find(resp.batch_id());
     if (it == lane.in_flight.end()) {
       spdlog::warn("relay: answer for unknown batch {}", resp.batch_id());
@@ -1053,19 +1057,18 @@ void Relay::EnsureStream(Lane& lane) {
   if (lane.stream != nullptr || absl::Now() < lane.next_stream_attempt) return;
   // Opening a stream blocks until the channel connects; only open it on a
   // ready channel so this thread never waits on the network.
-  const grpc_connectivity_state state = link_->State();
-  if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+  const Sink::Readiness readiness = sink_->readiness();
+  if (readiness == Sink::Readiness::kFailing) {
     lane.next_stream_attempt = absl::Now() + lane.stream_backoff.Next();
     return;
   }
-  if (state != GRPC_CHANNEL_READY) return;
-  lane.stream =
-      std::make_unique<DeliveryStream>(link_->stub(), [this] { Wake(); });
+  if (readiness != Sink::Readiness::kReady) return;
+  lane.stream = sink_->Open([this] { Wake(); });
   // The backoff resets on the first answer, not here: a consumer that
   // accepts streams but fails every batch (its database is read-only) is
   // retried less and less often, up to --retry_max.
   spdlog::info("relay: delivery stream {} open to {}", lane.index,
-               options_.consumer);
+               sink_->name());
 }
 
 void Relay::Run() {
@@ -1090,7 +1093,7 @@ void Relay::Run() {
     }
     // A consumer that answers neither batches nor health checks: readiness
     // NOT_SERVING, and the partitions go to replicas that reach it.
-    if (const bool unreachable = !stopping && link_->Unreachable().has_value();
+    if (const bool unreachable = !stopping && sink_->Unreachable().has_value();
         unreachable != unlinked_) {
       unlinked_ = unreachable;
       next_rebalance_ = absl::InfinitePast();  // give up, or take a share
@@ -1103,13 +1106,13 @@ void Relay::Run() {
         spdlog::error(
             "relay {}: the consumer {} has not answered for {}: readiness "
             "NOT_SERVING; its partitions go to replicas that reach it",
-            replica_id_, options_.consumer,
+            replica_id_, sink_->name(),
             absl::FormatDuration(options_.consumer_unready_after));
       } else {
         spdlog::info(
             "relay {}: the consumer {} answers again: readiness SERVING; "
             "it takes a share of the partitions",
-            replica_id_, options_.consumer);
+            replica_id_, sink_->name());
       }
     }
     // The stall clock runs while this pass talks to the database: a
@@ -1244,7 +1247,7 @@ void Relay::Run() {
     state_.paused_reason = paused_.empty() ? fence_waiting_ : paused_;
     state_.consumer_unreachable.clear();
     if (std::optional<std::string> why;
-        unlinked_ && (why = link_->Unreachable()).has_value()) {
+        unlinked_ && (why = sink_->Unreachable()).has_value()) {
       state_.consumer_unreachable = absl::StrCat(
           *why, "; its partitions are left to replicas that reach it");
     }

@@ -97,6 +97,9 @@ struct RelayOptions {
   bool log_delivery = false;
   DbSession session;            // limits of every database session
   std::string consumer;         // host:port of EventSink
+  // Where batches go instead of `consumer` (a JetStreamSink), started and
+  // stopped by the relay. Null: the consumer over gRPC.
+  std::shared_ptr<Sink> sink;
   ClientTlsFiles consumer_tls;  // none: plaintext
   int max_attempts = 5;
   int batch_size = 256;  // events per DeliverRequest
@@ -186,13 +189,14 @@ class Relay {
 
   // The channel to the consumer, with the relay's identity, for calls of
   // the admin service (EventSink.Rewind). Thread-safe.
-  v1::EventSink::Stub* consumer_stub() const { return link_->stub(); }
+  // The consumer's EventSink; null when the sink is not a consumer.
+  v1::EventSink::Stub* consumer_stub() const { return sink_->consumer(); }
 
  private:
   // One delivery stream and what is in flight on it.
   struct Lane {
     int index = 0;
-    std::unique_ptr<DeliveryStream> stream;
+    std::unique_ptr<BatchStream> stream;
     absl::Time next_stream_attempt = absl::InfinitePast();
     Backoff stream_backoff{absl::Milliseconds(100), absl::Seconds(5)};
     std::map<uint64_t, InFlight> in_flight;
@@ -292,9 +296,9 @@ class Relay {
   Watchdog* const watchdog_;
   const RelayCounters counters_;
 
-  // The channel to the consumer and whether it answers (made by the
-  // constructor: the streams, heals and the admin service use its stub).
-  std::unique_ptr<ConsumerLink> link_;
+  // Where batches go and whether it answers (made by the constructor: the
+  // streams, heals and the admin service use it).
+  std::shared_ptr<Sink> sink_;
 
   // The outbox database's identity, as every session of this relay sees it
   // (a change sets own_db_changed_, which the worker handles).

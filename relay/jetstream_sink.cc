@@ -1,0 +1,538 @@
+#include "relay/jetstream_sink.h"
+
+#include <deque>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/jetstream_subject.h"
+#include "relay/policy.h"
+#include "spdlog/spdlog.h"
+
+namespace outbox::relay {
+namespace {
+
+constexpr char kSeqHeader[] = "Outbox-Seq";
+constexpr char kPrevSeqHeader[] = "Outbox-Prev-Seq";
+constexpr char kPrevStreamSeqHeader[] = "Outbox-Prev-Stream-Seq";
+constexpr char kMsgIdHeader[] = "Nats-Msg-Id";
+constexpr char kContentType[] =
+    "application/protobuf; messageType=outbox.v1.Event";
+// Tips remembered per stream before the memory starts afresh.
+constexpr size_t kMaxTips = 200000;
+
+Placement Diverged(std::string reason) {
+  return {.kind = Placement::kDiverged, .reason = std::move(reason)};
+}
+
+// What the stream's threads and its owner share: the owner may go (Cancel,
+// destruction) while a publish still waits on the broker, so the thread
+// holds this, and the wake callback is dropped before the owner goes.
+struct Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<v1::DeliverRequest> queue ABSL_GUARDED_BY(mu);
+  std::vector<v1::DeliverResponse> responses ABSL_GUARDED_BY(mu);
+  bool close_send ABSL_GUARDED_BY(mu) = false;
+  std::string error ABSL_GUARDED_BY(mu);
+  std::atomic<bool> broken{false};
+  std::mutex wake_mu;
+  std::function<void()> wake ABSL_GUARDED_BY(wake_mu);
+
+  void Wake() {
+    std::lock_guard<std::mutex> lock(wake_mu);
+    if (wake) wake();
+  }
+  void Break(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (error.empty()) error = why;
+      broken = true;
+      cv.notify_all();
+    }
+    Wake();
+  }
+};
+
+// Publishes the batches of one stream, in order, on a thread of its own.
+class Publisher {
+ public:
+  Publisher(std::shared_ptr<jetstream::Connection> conn,
+            const JetStreamSinkOptions& options, std::shared_ptr<Shared> shared)
+      : conn_(std::move(conn)), options_(options), shared_(std::move(shared)) {}
+
+  void Run() {
+    for (;;) {
+      v1::DeliverRequest request;
+      {
+        std::unique_lock<std::mutex> lock(shared_->mu);
+        shared_->cv.wait(lock, [&] {
+          return shared_->broken || !shared_->queue.empty() ||
+                 shared_->close_send;
+        });
+        if (shared_->broken) return;
+        if (shared_->queue.empty()) {
+          lock.unlock();
+          shared_->Break("closed after its batches were answered");
+          return;
+        }
+        request = std::move(shared_->queue.front());
+        shared_->queue.pop_front();
+      }
+      absl::StatusOr<v1::DeliverResponse> response = PublishBatch(request);
+      if (!response.ok()) {
+        shared_->Break(std::string(response.status().message()));
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> lock(shared_->mu);
+        if (shared_->broken) return;
+        shared_->responses.push_back(*std::move(response));
+      }
+      shared_->Wake();
+    }
+  }
+
+ private:
+  // Every event answered, or the world's fault (nothing answered).
+  absl::StatusOr<v1::DeliverResponse> PublishBatch(
+      const v1::DeliverRequest& request) {
+    v1::DeliverResponse response;
+    response.set_batch_id(request.batch_id());
+    // Aggregates of this batch with an event not published: the events
+    // behind it wait (DEFERRED), as sink.proto asks.
+    absl::flat_hash_map<std::string, int64_t> stopped;
+    for (const v1::Event& event : request.events()) {
+      if (shared_->broken) return absl::CancelledError("cancelled");
+      absl::StatusOr<std::string> subject =
+          jetstream::EventSubject(options_.subject_prefix,
+                                  event.aggregate_type(), event.aggregate_id());
+      if (!subject.ok()) return subject.status();  // checked by Create
+      v1::EventResult* result = response.add_results();
+      result->set_event_id(event.event_id());
+      result->set_seq(event.seq());
+      if (auto it = stopped.find(*subject); it != stopped.end()) {
+        result->set_outcome(v1::DEFERRED);
+        result->set_reason(absl::StrCat("behind seq ", it->second,
+                                        " of its aggregate, not published"));
+        continue;
+      }
+      absl::Status s = PublishOne(event, *subject, result);
+      if (!s.ok()) return s;
+      if (result->outcome() != v1::APPLIED &&
+          result->outcome() != v1::DUPLICATE) {
+        stopped[*subject] = event.seq();
+      }
+    }
+    return response;
+  }
+
+  absl::Status PublishOne(const v1::Event& event, const std::string& subject,
+                          v1::EventResult* result) {
+    for (int round = 0; round < 3; ++round) {
+      absl::StatusOr<SubjectTip> tip = Tip(subject);
+      if (!tip.ok()) return tip.status();
+      Placement place = Place(*tip, event);
+      if (place.kind == Placement::kWalkBack) {
+        absl::StatusOr<Placement> walked = WalkBack(*tip, event);
+        if (!walked.ok()) return walked.status();
+        place = *std::move(walked);
+      }
+      switch (place.kind) {
+        case Placement::kDuplicate:
+          result->set_outcome(v1::DUPLICATE);
+          return absl::OkStatus();
+        case Placement::kDiverged:
+          result->set_outcome(v1::DIVERGED);
+          result->set_reason(place.reason);
+          result->set_applied_seq(tip->outbox_seq);
+          return absl::OkStatus();
+        case Placement::kNoPredecessor:
+          result->set_outcome(v1::REJECTED);
+          result->set_reason(place.reason);
+          return absl::OkStatus();
+        case Placement::kWalkBack:
+        case Placement::kPublish:
+          break;
+      }
+      absl::StatusOr<jetstream::PublishAck> ack =
+          conn_->Publish(Message(event, subject, place.expected));
+      if (ack.ok()) {
+        Remember(subject, {.stream_seq = ack->sequence,
+                           .outbox_seq = event.seq(),
+                           .event_id = event.event_id(),
+                           .prev_stream_seq = place.expected});
+        result->set_outcome(ack->duplicate ? v1::DUPLICATE : v1::APPLIED);
+        return absl::OkStatus();
+      }
+      tips_.erase(subject);
+      if (jetstream::IsWrongLastSequence(ack.status())) continue;  // moved
+      if (ack.status().code() == absl::StatusCode::kInvalidArgument) {
+        // The broker will never take it (above the stream's message size).
+        result->set_outcome(v1::REJECTED);
+        result->set_reason(std::string(ack.status().message()));
+        return absl::OkStatus();
+      }
+      return ack.status();  // the world's: the batch goes again
+    }
+    result->set_outcome(v1::DEFERRED);
+    result->set_reason(
+        "the aggregate's last subject sequence moved on every try (another "
+        "relay publishes it)");
+    return absl::OkStatus();
+  }
+
+  jetstream::OutgoingMessage Message(const v1::Event& event,
+                                     const std::string& subject,
+                                     uint64_t expected) const {
+    jetstream::OutgoingMessage m;
+    m.subject = subject;
+    m.data = event.SerializeAsString();
+    m.msg_id = event.event_id();
+    m.expected_last_subject_seq = expected;
+    m.headers = {{kSeqHeader, absl::StrCat(event.seq())},
+                 {kPrevSeqHeader, absl::StrCat(event.prev_seq())},
+                 {kPrevStreamSeqHeader, absl::StrCat(expected)},
+                 {"Outbox-Event-Type", event.event_type()},
+                 {"Outbox-Source", event.source()},
+                 {"Outbox-Subscription", options_.subscription},
+                 {"Content-Type", kContentType}};
+    // A header value is one line: drop what would break it.
+    for (auto& [key, value] : m.headers) {
+      for (char& c : value) {
+        if (c == '\r' || c == '\n') c = ' ';
+      }
+    }
+    return m;
+  }
+
+  void Remember(const std::string& subject, SubjectTip tip) {
+    if (tips_.size() >= kMaxTips) tips_.clear();
+    tips_[subject] = std::move(tip);
+  }
+
+  absl::StatusOr<SubjectTip> Tip(const std::string& subject) {
+    if (auto it = tips_.find(subject); it != tips_.end()) return it->second;
+    absl::StatusOr<jetstream::StoredMessage> last =
+        conn_->LastOnSubject(options_.stream, subject);
+    SubjectTip tip;
+    if (last.ok()) {
+      absl::StatusOr<SubjectTip> t = TipOf(*last);
+      if (!t.ok()) {
+        // Not the relay's message: never publish on top of it.
+        tip = {.stream_seq = last->sequence, .outbox_seq = -1};
+        return tip;
+      }
+      tip = *std::move(t);
+    } else if (last.status().code() != absl::StatusCode::kNotFound) {
+      return last.status();
+    }
+    Remember(subject, tip);
+    return tip;
+  }
+
+  absl::StatusOr<Placement> WalkBack(const SubjectTip& tip,
+                                     const v1::Event& event) {
+    SubjectTip at = tip;
+    for (int step = 0; step <= options_.max_walk; ++step) {
+      if (at.outbox_seq == event.seq()) {
+        if (at.event_id == event.event_id()) {
+          return Placement{.kind = Placement::kDuplicate};
+        }
+        return Diverged(absl::StrCat("another event (", at.event_id,
+                                     ") holds seq ", at.outbox_seq,
+                                     " of this aggregate in the stream"));
+      }
+      if (at.outbox_seq < event.seq()) {
+        return Diverged(absl::StrCat(
+            "the stream's history of this aggregate goes from seq ",
+            at.outbox_seq, " to a later one without this event"));
+      }
+      if (at.prev_stream_seq == 0) {
+        return Diverged(absl::StrCat(
+            "the stream's history of this aggregate begins at seq ",
+            at.outbox_seq, ", after this event"));
+      }
+      absl::StatusOr<jetstream::StoredMessage> m =
+          conn_->GetMessage(options_.stream, at.prev_stream_seq);
+      if (m.status().code() == absl::StatusCode::kNotFound) {
+        return Diverged(absl::StrCat(
+            "its position is older than the stream keeps (message ",
+            at.prev_stream_seq, " is gone)"));
+      }
+      if (!m.ok()) return m.status();
+      absl::StatusOr<SubjectTip> prev = TipOf(*m);
+      if (!prev.ok()) return Diverged(std::string(prev.status().message()));
+      at = *std::move(prev);
+    }
+    return Diverged(absl::StrCat("its position is more than ",
+                                 options_.max_walk,
+                                 " messages behind the aggregate's newest"));
+  }
+
+  const std::shared_ptr<jetstream::Connection> conn_;
+  const JetStreamSinkOptions options_;
+  const std::shared_ptr<Shared> shared_;
+  absl::flat_hash_map<std::string, SubjectTip> tips_;
+};
+
+class JetStreamBatches : public BatchStream {
+ public:
+  JetStreamBatches(std::shared_ptr<jetstream::Connection> conn,
+                   const JetStreamSinkOptions& options,
+                   std::function<void()> wake)
+      : shared_(std::make_shared<Shared>()) {
+    {
+      std::lock_guard<std::mutex> lock(shared_->wake_mu);
+      shared_->wake = std::move(wake);
+    }
+    if (conn == nullptr) {
+      shared_->Break("not connected to JetStream");
+      return;
+    }
+    // Detached: a publish waiting on a silent broker must not hold up the
+    // relay's loop when it drops this stream; the thread ends at its next
+    // step (at most the request timeout) and owns what it uses.
+    std::thread([p = std::make_shared<Publisher>(std::move(conn), options,
+                                                 shared_)] {
+      p->Run();
+    }).detach();
+  }
+  ~JetStreamBatches() override {
+    Cancel();
+    std::lock_guard<std::mutex> lock(shared_->wake_mu);
+    shared_->wake = nullptr;
+  }
+
+  void Send(v1::DeliverRequest request) override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->queue.push_back(std::move(request));
+    shared_->cv.notify_all();
+  }
+  std::vector<v1::DeliverResponse> TakeResponses() override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    std::vector<v1::DeliverResponse> out;
+    out.swap(shared_->responses);
+    return out;
+  }
+  bool broken() const override { return shared_->broken; }
+  std::string error() const override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    return shared_->error;
+  }
+  void Cancel() override { shared_->Break("cancelled by the relay"); }
+  void CloseSend() override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->close_send = true;
+    shared_->cv.notify_all();
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace
+
+Placement Place(const SubjectTip& tip, const v1::Event& event) {
+  if (tip.stream_seq == 0) {
+    if (event.prev_seq() == 0) return {.kind = Placement::kPublish};
+    return {.kind = Placement::kNoPredecessor,
+            .reason = absl::StrCat("its predecessor (seq ", event.prev_seq(),
+                                   ") is not in the stream: the aggregate "
+                                   "has no message there")};
+  }
+  if (tip.outbox_seq < 0) {
+    return Diverged(absl::StrCat("message ", tip.stream_seq,
+                                 " on the aggregate's subject was not "
+                                 "published by a relay"));
+  }
+  if (tip.outbox_seq == event.seq()) {
+    if (tip.event_id == event.event_id()) {
+      return {.kind = Placement::kDuplicate};
+    }
+    return Diverged(absl::StrCat("another event (", tip.event_id,
+                                 ") holds seq ", tip.outbox_seq,
+                                 " of this aggregate in the stream"));
+  }
+  if (tip.outbox_seq == event.prev_seq()) {
+    return {.kind = Placement::kPublish, .expected = tip.stream_seq};
+  }
+  if (tip.outbox_seq > event.seq()) return {.kind = Placement::kWalkBack};
+  if (tip.outbox_seq < event.prev_seq()) {
+    return {.kind = Placement::kNoPredecessor,
+            .reason = absl::StrCat("its predecessor (seq ", event.prev_seq(),
+                                   ") is not in the stream: the aggregate's "
+                                   "newest message there is seq ",
+                                   tip.outbox_seq)};
+  }
+  return Diverged(absl::StrCat("the stream has seq ", tip.outbox_seq,
+                               " of this aggregate after its predecessor (seq ",
+                               event.prev_seq(), "): another history"));
+}
+
+absl::StatusOr<SubjectTip> TipOf(const jetstream::StoredMessage& message) {
+  SubjectTip tip{.stream_seq = message.sequence,
+                 .event_id = message.Header(kMsgIdHeader)};
+  if (!absl::SimpleAtoi(message.Header(kSeqHeader), &tip.outbox_seq) ||
+      tip.outbox_seq <= 0 || tip.event_id.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "message ", message.sequence, " on ", message.subject,
+        " lacks the relay's ", kSeqHeader, " or ", kMsgIdHeader, " header"));
+  }
+  const std::string prev = message.Header(kPrevStreamSeqHeader);
+  if (!prev.empty() && !absl::SimpleAtoi(prev, &tip.prev_stream_seq)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("message ", message.sequence, " on ", message.subject,
+                     " has a bad ", kPrevStreamSeqHeader, " header"));
+  }
+  return tip;
+}
+
+absl::StatusOr<std::unique_ptr<JetStreamSink>> JetStreamSink::Create(
+    JetStreamSinkOptions options) {
+  if (options.connect.servers.empty()) {
+    return absl::InvalidArgumentError("jetstream: no server URL given");
+  }
+  if (!jetstream::IsValidPrefix(options.subject_prefix)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("jetstream subject prefix \"", options.subject_prefix,
+                     "\": dot-separated tokens of A-Z a-z 0-9 - _ only"));
+  }
+  if (options.stream.empty() ||
+      options.stream.find_first_of(".*> \t\r\n/\\") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "jetstream stream name \"", options.stream,
+        "\": must be non-empty, without . * > / \\ or whitespace"));
+  }
+  if (options.replicas < 1 || options.replicas > 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("jetstream replicas ", options.replicas, ": must be 1-5"));
+  }
+  return std::unique_ptr<JetStreamSink>(new JetStreamSink(std::move(options)));
+}
+
+JetStreamSink::JetStreamSink(JetStreamSinkOptions options)
+    : options_(std::move(options)) {}
+
+JetStreamSink::~JetStreamSink() { Stop(); }
+
+void JetStreamSink::Start() {
+  if (watcher_.joinable()) return;  // started already
+  Answered();
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+void JetStreamSink::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+std::string JetStreamSink::name() const {
+  return absl::StrCat("JetStream stream ", options_.stream, " at ",
+                      absl::StrJoin(options_.connect.servers, ","));
+}
+
+Sink::Readiness JetStreamSink::readiness() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn_ != nullptr && stream_ready_ && !conn_->ConnectedUrl().empty()) {
+    return Readiness::kReady;
+  }
+  return last_error_.empty() ? Readiness::kConnecting : Readiness::kFailing;
+}
+
+std::unique_ptr<BatchStream> JetStreamSink::Open(std::function<void()> wake) {
+  std::shared_ptr<jetstream::Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = conn_;
+  }
+  return std::make_unique<JetStreamBatches>(std::move(conn), options_,
+                                            std::move(wake));
+}
+
+std::optional<std::string> JetStreamSink::Unreachable() const {
+  if (options_.unready_after <= absl::ZeroDuration()) return std::nullopt;
+  const absl::Duration since =
+      absl::Now() - absl::FromUnixNanos(answered_ns_.load());
+  if (since < options_.unready_after) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  return absl::StrCat(
+      name(), " has not answered for ",
+      absl::FormatDuration(absl::Trunc(since, absl::Seconds(1))),
+      last_error_.empty() ? "" : ": ", last_error_);
+}
+
+void JetStreamSink::Watch() {
+  Backoff backoff(absl::Milliseconds(250), absl::Seconds(5));
+  std::shared_ptr<jetstream::Connection> conn;
+  bool ready = false;
+  for (;;) {
+    absl::Status status;
+    if (conn == nullptr) {
+      absl::StatusOr<std::unique_ptr<jetstream::Connection>> c =
+          jetstream::Connection::Connect(options_.connect);
+      if (c.ok()) conn = std::shared_ptr<jetstream::Connection>(*std::move(c));
+      status = c.status();
+    }
+    if (conn != nullptr && !ready) {
+      status = options_.ensure_stream
+                   ? conn->EnsureStream(
+                         {.name = options_.stream,
+                          .subjects = {jetstream::AllEventsUnder(
+                              options_.subject_prefix)},
+                          .replicas = options_.replicas,
+                          .duplicate_window = options_.duplicate_window})
+                   : conn->GetStreamInfo(options_.stream).status();
+      if (status.ok()) {
+        ready = true;
+        Answered();
+        spdlog::info("relay: {} ready ({} replicas, subjects {}.>)", name(),
+                     options_.replicas, options_.subject_prefix);
+      }
+    } else if (conn != nullptr) {
+      absl::StatusOr<jetstream::StreamInfo> info =
+          conn->GetStreamInfo(options_.stream);
+      status = info.status();
+      if (info.ok() && info->leader.empty() && options_.replicas > 1) {
+        status = absl::UnavailableError(
+            absl::StrCat("stream ", options_.stream, " has no leader"));
+      }
+      if (status.ok()) Answered();
+      // Deleted under us: make it again (or wait for the operator's).
+      if (status.code() == absl::StatusCode::kNotFound) ready = false;
+    }
+    absl::Duration wait = absl::Seconds(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conn_ = conn;
+      stream_ready_ = ready;
+      if (!status.ok()) {
+        if (last_error_ != status.message()) {
+          spdlog::warn("relay: {}: {}", name(), std::string(status.message()));
+        }
+        last_error_ = std::string(status.message());
+      } else {
+        last_error_.clear();
+      }
+    }
+    if (!status.ok() && !ready) {
+      wait = backoff.Next();
+    } else {
+      backoff.Reset();
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, absl::ToChronoMilliseconds(wait),
+                     [&] { return stopping_; })) {
+      return;
+    }
+  }
+}
+
+}  // namespace outbox::relay
