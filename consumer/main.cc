@@ -6,10 +6,13 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/db.h"
 #include "common/db_flags.h"
 #include "common/fault.h"
+#include "common/jetstream_flags.h"
+#include "common/jetstream_subject.h"
 #include "common/schema.h"
 #include "common/service.h"
 #include "consumer/audit.h"
@@ -17,6 +20,7 @@
 #include "consumer/query_service.h"
 #include "inbox/engine.h"
 #include "inbox/gauges.h"
+#include "inbox/jetstream_source.h"
 #include "inbox/retention.h"
 #include "inbox/sink_service.h"
 
@@ -38,6 +42,15 @@ ABSL_FLAG(absl::Duration, inbox_retention, absl::ZeroDuration(),
           "(0: keep them). Redeliveries of their events are still answered "
           "DUPLICATE: each aggregate's cursor records how far rows were "
           "deleted.");
+ABSL_FLAG(std::string, jetstream_durable, "outbox-consumer",
+          "With --jetstream: the durable pull consumer's name, shared by "
+          "this consumer's replicas.");
+ABSL_FLAG(int, jetstream_batch, 256,
+          "With --jetstream: messages per fetch, applied in one transaction "
+          "(1-1000).");
+ABSL_FLAG(absl::Duration, jetstream_ack_wait, absl::Seconds(30),
+          "With --jetstream: a message not acknowledged this long is "
+          "delivered again.");
 ABSL_FLAG(int64_t, max_held_per_aggregate, 1000,
           "Events one aggregate may hold while it waits for a predecessor; "
           "more are REJECTED.");
@@ -91,6 +104,25 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_handler));
     return 2;
   }
+  absl::StatusOr<outbox::JetStreamFlags> js = outbox::JetStreamFromFlags(
+      "outbox-consumer", outbox::DefaultStreamFor(handler->name()),
+      absl::StrCat("outbox.", handler->name()));
+  if (!js.ok()) {
+    spdlog::critical("outbox-consumer: {}", std::string(js.status().message()));
+    return 2;
+  }
+  const std::string durable = absl::GetFlag(FLAGS_jetstream_durable);
+  if (js->enabled &&
+      (durable.empty() ||
+       durable.find_first_of(".*> \t\r\n") != std::string::npos ||
+       absl::GetFlag(FLAGS_jetstream_batch) < 1 ||
+       absl::GetFlag(FLAGS_jetstream_batch) > 1000 ||
+       absl::GetFlag(FLAGS_jetstream_ack_wait) < absl::Seconds(1))) {
+    spdlog::critical(
+        "outbox-consumer: need a --jetstream_durable without . * > or "
+        "whitespace, --jetstream_batch 1-1000 and --jetstream_ack_wait >= 1s");
+    return 2;
+  }
   if (auto exit_code = outbox::MigrateAtStartup(
           "outbox-consumer", url,
           {outbox::InboxSchema(), {handler->name(), &handler->migrations()}},
@@ -112,6 +144,20 @@ int main(int argc, char** argv) {
                                &watchdog);
   outbox::inbox::InboxRepair repair(&db, handler.get());
   outbox::inbox::EventSinkImpl sink(&engine, &check, &repair);
+  // From JetStream too, when asked: the same engine, handlers and inbox.
+  std::unique_ptr<outbox::inbox::JetStreamSource> source;
+  if (js->enabled) {
+    source = std::make_unique<outbox::inbox::JetStreamSource>(
+        outbox::inbox::JetStreamSourceOptions{
+            .connect = js->connect,
+            .stream = js->stream,
+            .durable = absl::GetFlag(FLAGS_jetstream_durable),
+            .filter_subject = outbox::jetstream::AllEventsUnder(js->subjects),
+            .batch = absl::GetFlag(FLAGS_jetstream_batch),
+            .ack_wait = absl::GetFlag(FLAGS_jetstream_ack_wait)},
+        &engine, &metrics);
+    source->Start();
+  }
   // Its own connection, so that pruning never takes one delivery needs.
   std::unique_ptr<outbox::Database> retention_db;
   std::unique_ptr<outbox::inbox::InboxRetention> retention;

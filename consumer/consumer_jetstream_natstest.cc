@@ -1,0 +1,255 @@
+// End to end through JetStream: the producer's store writes orders into a
+// real PostgreSQL outbox, a relay publishes them with its JetStream sink to
+// a replicated stream on a real 3-node cluster (its own, on loopback), and
+// the consumer's JetStream source applies them with the billing handler.
+// The stream's leader is killed and the source restarted mid-way; a poison
+// event keeps coming back without holding up other aggregates. At the end
+// every event is in the inbox exactly once, each aggregate's in seq order.
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/jetstream_subject.h"
+#include "consumer/billing.h"
+#include "inbox/engine.h"
+#include "inbox/jetstream_source.h"
+#include "producer/order_logic.h"
+#include "producer/order_schema.h"
+#include "producer/order_store.h"
+#include "relay/jetstream_sink.h"
+#include "relay/relay.h"
+#include "tests/testing/nats_cluster.h"
+#include "tests/testing/pg.h"
+#include "tests/testing/wait.h"
+
+namespace outbox {
+namespace {
+
+using ::outbox::testing::NatsCluster;
+using ::outbox::testing::WaitFor;
+
+consumer::BillingHandler* Billing() {
+  static consumer::BillingHandler handler;
+  return &handler;
+}
+
+class ConsumerJetStreamTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!::outbox::testing::NatsServerInstalled()) return;
+    auto cluster = NatsCluster::Start();
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = cluster->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  ConsumerJetStreamTest()
+      : orders_("js_orders", producer::OrdersSchemas()),
+        billing_("js_billing", {InboxSchema(),
+                                {Billing()->name(), &Billing()->migrations()}}),
+        orders_db_(orders_.url(), 4, "js-test-producer"),
+        billing_db_(billing_.url(), 4, "js-test-consumer"),
+        writer_({.notify_url = orders_.url()}),
+        store_(&orders_db_, &writer_),
+        engine_(&billing_db_, Billing(), &consumer_metrics_) {
+    orders_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  }
+
+  void SetUp() override {
+    if (!::outbox::testing::NatsServerInstalled()) {
+      GTEST_SKIP() << "nats-server is not installed (Debian: nats-server; "
+                      "scripts/lib/common.sh installs it)";
+    }
+    ASSERT_NE(cluster_, nullptr);
+    auto conn = jetstream::Connection::Connect({.servers = cluster_->urls()});
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    conn_ = std::move(*conn);
+  }
+  void TearDown() override {
+    if (conn_ != nullptr) (void)conn_->DeleteStream(kStream);
+  }
+
+  std::shared_ptr<relay::JetStreamSink> Sink() {
+    auto sink = relay::JetStreamSink::Create(
+        {.connect = {.servers = cluster_->urls(),
+                     .request_timeout = absl::Seconds(2)},
+         .stream = kStream,
+         .subject_prefix = "outbox.billing",
+         .replicas = 3,
+         .subscription = "billing"});
+    EXPECT_TRUE(sink.ok()) << sink.status();
+    return sink.ok() ? std::shared_ptr<relay::JetStreamSink>(std::move(*sink))
+                     : nullptr;
+  }
+  relay::RelayOptions RelayOptions(std::shared_ptr<relay::Sink> sink) {
+    relay::RelayOptions o;
+    o.db_url = orders_.url();
+    o.sink = std::move(sink);
+    o.batch_size = 32;
+    o.window = 128;
+    o.poll_interval = absl::Milliseconds(100);
+    o.rebalance_interval = absl::Milliseconds(100);
+    o.retry_initial = absl::Milliseconds(20);
+    o.retry_max = absl::Milliseconds(500);
+    o.ack_timeout = absl::Seconds(8);
+    return o;
+  }
+  std::unique_ptr<inbox::JetStreamSource> Source() {
+    return std::make_unique<inbox::JetStreamSource>(
+        inbox::JetStreamSourceOptions{
+            .connect = {.servers = cluster_->urls(),
+                        .request_timeout = absl::Seconds(2)},
+            .stream = kStream,
+            .durable = "billing",
+            .filter_subject = jetstream::AllEventsUnder("outbox.billing"),
+            .batch = 64,
+            .ack_wait = absl::Seconds(5),
+            .reject_backoff = absl::Milliseconds(100),
+            .reject_backoff_max = absl::Milliseconds(400)},
+        &engine_, &consumer_metrics_);
+  }
+
+  // `n` orders from `first`; every second one paid, every third cancelled.
+  std::vector<std::string> MakeOrders(int n, int first = 0) {
+    std::vector<std::string> ids;
+    for (int i = first; i < first + n; ++i) {
+      v1::CreateOrderRequest req;
+      req.set_customer_id(absl::StrCat("c", i));
+      req.set_currency("EUR");
+      auto* item = req.add_items();
+      item->set_sku("sku");
+      item->set_quantity(1);
+      item->set_unit_price_cents(100);
+      auto order = store_.Create(req, *producer::ValidateCreate(req), "");
+      EXPECT_TRUE(order.ok()) << order.status();
+      if (!order.ok()) break;
+      ids.push_back(order->order_id());
+      if (i % 2 == 0) {
+        v1::PayOrderRequest pay;
+        pay.set_order_id(order->order_id());
+        pay.set_amount_cents(order->total_cents());
+        EXPECT_TRUE(store_.Pay(pay, "").ok());
+      }
+      if (i % 3 == 0) {
+        v1::CancelOrderRequest cancel;
+        cancel.set_order_id(order->order_id());
+        EXPECT_TRUE(store_.Cancel(cancel, "").ok());
+      }
+    }
+    return ids;
+  }
+  int64_t Events() { return orders_.Scalar("SELECT count(*) FROM outbox"); }
+  int64_t Applied() { return billing_.Scalar("SELECT count(*) FROM inbox"); }
+
+  // Every outbox event but those of `except` is in the inbox exactly once,
+  // each aggregate's applied in seq order.
+  void ExpectExactlyOnceInOrder(const std::string& except = "") {
+    std::set<std::string> sent, applied;
+    for (const auto& r : orders_.Query(
+             "SELECT event_id::text FROM outbox WHERE aggregate_id <> '" +
+             except + "'")) {
+      sent.insert(r[0].as<std::string>());
+    }
+    for (const auto& r : billing_.Query(
+             "SELECT event_id::text FROM inbox WHERE aggregate_id <> '" +
+             except + "'")) {
+      applied.insert(r[0].as<std::string>());
+    }
+    EXPECT_EQ(sent, applied);
+    EXPECT_EQ(static_cast<size_t>(billing_.Scalar(
+                  "SELECT count(*) FROM inbox WHERE aggregate_id <> '" +
+                  except + "'")),
+              applied.size());
+    EXPECT_EQ(billing_.Scalar(
+                  "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION "
+                  "BY aggregate_id ORDER BY apply_id) AS before FROM inbox) x "
+                  "WHERE before >= seq"),
+              0);
+  }
+
+  static constexpr char kStream[] = "OUTBOX_BILLING_E2E";
+  static NatsCluster* cluster_;
+  testing::TestDatabase orders_;
+  testing::TestDatabase billing_;
+  Database orders_db_;
+  Database billing_db_;
+  Writer writer_;
+  producer::OrderStore store_;
+  Metrics relay_metrics_;
+  Metrics consumer_metrics_;
+  inbox::Engine engine_;
+  std::unique_ptr<jetstream::Connection> conn_;
+};
+
+NatsCluster* ConsumerJetStreamTest::cluster_ = nullptr;
+
+TEST_F(ConsumerJetStreamTest,
+       EveryEventOnceInOrderThroughLeaderLossAndRestart) {
+  MakeOrders(120);
+  relay::Relay relay(RelayOptions(Sink()), &relay_metrics_);
+  relay.Start();
+  auto source = Source();
+  source->Start();
+  ASSERT_TRUE(WaitFor([&] { return Applied() >= 60; }, absl::Seconds(60)))
+      << Applied();
+  // The consumer stops mid-drain and comes back on the same durable.
+  source.reset();
+  MakeOrders(40, 120);
+  source = Source();
+  source->Start();
+  ASSERT_TRUE(WaitFor([&] { return Applied() >= Events() / 2 + 40; },
+                      absl::Seconds(60)));
+  // The stream's leader dies: relay and consumer both ride the election.
+  auto info = conn_->GetStreamInfo(kStream);
+  ASSERT_TRUE(info.ok()) << info.status();
+  const int leader = NatsCluster::NodeOf(info->leader);
+  ASSERT_GT(leader, 0) << info->leader;
+  ASSERT_TRUE(cluster_->Kill(leader).ok());
+  MakeOrders(40, 160);
+  ASSERT_TRUE(
+      WaitFor([&] { return Applied() == Events(); }, absl::Seconds(120)))
+      << Applied() << " of " << Events() << "\n"
+      << cluster_->Logs();
+  ASSERT_TRUE(cluster_->Restart(leader).ok());
+  ExpectExactlyOnceInOrder();
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM held_events"), 0);
+  EXPECT_EQ(source->acknowledged() > 0, true);
+}
+
+TEST_F(ConsumerJetStreamTest, APoisonEventComesBackWithoutHoldingUpOthers) {
+  std::vector<std::string> ids = MakeOrders(12);
+  // Order 0 has three events; its first can never apply here.
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) "
+      "FROM outbox WHERE aggregate_id = '",
+      ids[0], "')"));
+  relay::Relay relay(RelayOptions(Sink()), &relay_metrics_);
+  relay.Start();
+  auto source = Source();
+  source->Start();
+  ASSERT_TRUE(
+      WaitFor([&] { return Applied() == Events() - 3; }, absl::Seconds(60)))
+      << Applied() << " of " << Events();
+  // Its two successors wait, parked; the poison event is redelivered again
+  // and again, never dropped nor applied.
+  ASSERT_TRUE(WaitFor([&] {
+    return billing_.Scalar("SELECT count(*) FROM held_events") == 2;
+  }));
+  auto redeliveries = [&] {
+    return consumer_metrics_
+        .AddCounter("outbox_consumer_jetstream_redeliveries_total", "")
+        ->value();
+  };
+  const int64_t before = redeliveries();
+  ASSERT_TRUE(WaitFor([&] { return redeliveries() > before + 2; }));
+  EXPECT_EQ(Applied(), Events() - 3);
+  ExpectExactlyOnceInOrder(ids[0]);
+}
+
+}  // namespace
+}  // namespace outbox

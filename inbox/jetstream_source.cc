@@ -1,0 +1,197 @@
+#include "inbox/jetstream_source.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/fault.h"
+#include "spdlog/spdlog.h"
+
+namespace outbox::inbox {
+namespace {
+
+// The delay before the n-th redelivery of an event the engine refused.
+absl::Duration RefusedDelay(const JetStreamSourceOptions& o,
+                            uint64_t delivered) {
+  absl::Duration d = o.reject_backoff;
+  for (uint64_t i = 1; i < delivered && d < o.reject_backoff_max; ++i) d *= 2;
+  return std::min(d, o.reject_backoff_max);
+}
+
+}  // namespace
+
+JetStreamSource::JetStreamSource(JetStreamSourceOptions options, Engine* engine,
+                                 Metrics* metrics)
+    : options_(std::move(options)),
+      engine_(engine),
+      applied_(metrics->AddCounter(
+          "outbox_consumer_jetstream_acks_total",
+          "JetStream messages acknowledged after their inbox transaction "
+          "committed (applied, duplicate or held).")),
+      redelivered_(metrics->AddCounter(
+          "outbox_consumer_jetstream_redeliveries_total",
+          "JetStream messages left for redelivery: refused by the engine "
+          "(REJECTED, DIVERGED, DEFERRED) or not taken by the database.")),
+      unreadable_(metrics->AddCounter(
+          "outbox_consumer_jetstream_unreadable_total",
+          "JetStream messages that were not an outbox Event, acknowledged "
+          "and dropped.")),
+      failures_(metrics->AddCounter(
+          "outbox_consumer_jetstream_failures_total",
+          "Failed JetStream calls (connect, bind, fetch, ack).")) {}
+
+JetStreamSource::~JetStreamSource() { Stop(); }
+
+void JetStreamSource::Start() {
+  if (worker_.joinable()) return;
+  worker_ = std::thread([this] { Run(); });
+}
+
+void JetStreamSource::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
+bool JetStreamSource::Sleep(absl::Duration d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return !cv_.wait_for(lock, absl::ToChronoMilliseconds(d),
+                       [&] { return stopping_; });
+}
+
+void JetStreamSource::Run() {
+  absl::Duration backoff = absl::Milliseconds(250);
+  std::string last_error;
+  auto failed = [&](const absl::Status& s) {
+    failures_->Add();
+    if (last_error != s.message()) {
+      spdlog::warn("consumer: JetStream {}: {}", options_.stream,
+                   std::string(s.message()));
+      last_error = std::string(s.message());
+    }
+    if (!Sleep(backoff)) return false;
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+    return true;
+  };
+  for (;;) {
+    absl::StatusOr<std::unique_ptr<jetstream::Connection>> conn =
+        jetstream::Connection::Connect(options_.connect);
+    if (!conn.ok()) {
+      if (!failed(conn.status())) return;
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<jetstream::PullConsumer>> consumer;
+    for (;;) {
+      consumer =
+          (*conn)->PullSubscribe({.stream = options_.stream,
+                                  .durable = options_.durable,
+                                  .filter_subject = options_.filter_subject,
+                                  .ack_wait = options_.ack_wait,
+                                  .max_ack_pending = options_.max_ack_pending});
+      if (consumer.ok()) break;
+      if (!failed(consumer.status())) return;
+    }
+    spdlog::info("consumer: reading JetStream stream {} as {}", options_.stream,
+                 options_.durable);
+    last_error.clear();
+    backoff = absl::Milliseconds(250);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) return;
+      }
+      if (Step(**consumer)) {
+        backoff = absl::Milliseconds(250);
+      } else if (!Sleep(backoff)) {
+        return;
+      } else {
+        backoff = std::min(backoff * 2, absl::Seconds(5));
+      }
+    }
+  }
+}
+
+bool JetStreamSource::Step(jetstream::PullConsumer& consumer) {
+  absl::StatusOr<std::vector<jetstream::Message>> fetched =
+      consumer.Fetch(options_.batch, absl::Seconds(1));
+  if (!fetched.ok()) {
+    failures_->Add();
+    spdlog::warn("consumer: JetStream fetch: {}",
+                 std::string(fetched.status().message()));
+    return false;
+  }
+  if (fetched->empty()) return true;
+  std::vector<v1::Event> events;
+  std::vector<jetstream::Message*> of_event;
+  events.reserve(fetched->size());
+  for (jetstream::Message& m : *fetched) {
+    v1::Event e;
+    if (!e.ParseFromString(m.data()) || e.event_id().empty()) {
+      spdlog::error(
+          "consumer: JetStream message {} on {} is not an outbox Event; "
+          "acknowledged and dropped",
+          m.stream_seq(), m.subject());
+      unreadable_->Add();
+      if (m.Ack().ok()) ++acked_;
+      continue;
+    }
+    events.push_back(std::move(e));
+    of_event.push_back(&m);
+  }
+  if (events.empty()) return true;
+  std::vector<const v1::Event*> batch;
+  for (const v1::Event& e : events) batch.push_back(&e);
+  absl::StatusOr<std::vector<v1::EventResult>> results =
+      engine_->ApplyBatch(batch);
+  if (!results.ok()) {
+    // Not the events' fault: they come again, uncounted.
+    spdlog::warn("consumer: JetStream batch of {} not applied: {}",
+                 events.size(), std::string(results.status().message()));
+    for (jetstream::Message* m : of_event) (void)m->Nak(absl::Seconds(1));
+    redelivered_->Add(static_cast<int64_t>(of_event.size()));
+    return false;
+  }
+  // Committed, not acknowledged: redelivered, and DUPLICATE then.
+  MaybeCrash("consumer.after_commit_before_answer");
+  bool ack_failed = false;
+  for (size_t i = 0; i < of_event.size() && i < results->size(); ++i) {
+    jetstream::Message& m = *of_event[i];
+    const v1::EventResult& r = (*results)[i];
+    switch (r.outcome()) {
+      case v1::APPLIED:
+      case v1::DUPLICATE:
+      case v1::HELD:
+        if (absl::Status s = m.Ack(); s.ok()) {
+          ++acked_;
+          applied_->Add();
+        } else if (!ack_failed) {
+          // Redelivered after ack_wait: DUPLICATE then.
+          failures_->Add();
+          spdlog::warn("consumer: JetStream ack of {}: {}", m.stream_seq(),
+                       std::string(s.message()));
+          ack_failed = true;
+        }
+        break;
+      case v1::DEFERRED:
+        (void)m.Nak(absl::Seconds(1));
+        redelivered_->Add();
+        break;
+      default: {
+        const absl::Duration delay = RefusedDelay(options_, m.num_delivered());
+        spdlog::warn(
+            "consumer: event {} (seq {}) {} on delivery {}: {}; again in {}",
+            r.event_id(), r.seq(), v1::DeliveryOutcome_Name(r.outcome()),
+            m.num_delivered(), r.reason(), absl::FormatDuration(delay));
+        (void)m.Nak(delay);
+        redelivered_->Add();
+      }
+    }
+  }
+  return !ack_failed;
+}
+
+}  // namespace outbox::inbox
