@@ -3,7 +3,11 @@
 #include <nats/nats.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -53,6 +57,7 @@ struct MsgHandle {
 };
 struct SubHandle {
   std::unique_ptr<natsSubscription, SubDeleter> sub;
+  natsConnection* conn = nullptr;  // the Connection's; outlives this
   int64_t wait_ms = 5000;
 };
 
@@ -245,6 +250,12 @@ absl::Status Message::Ack() {
   return ToStatus(s, code, absl::StrCat("ack of stream seq ", stream_seq_));
 }
 
+absl::Status Message::AckNoWait() {
+  const natsStatus s = natsMsg_Ack(msg_->msg.get(), nullptr);
+  return ToStatus(s, static_cast<jsErrCode>(0),
+                  absl::StrCat("ack of stream seq ", stream_seq_));
+}
+
 absl::Status Message::Nak(absl::Duration delay) {
   const natsStatus s =
       delay > absl::ZeroDuration()
@@ -285,6 +296,13 @@ absl::StatusOr<std::vector<Message>> PullConsumer::Fetch(
   }
   natsMsgList_Destroy(&list);
   return out;
+}
+
+absl::Status PullConsumer::Flush(absl::Duration timeout) {
+  if (sub_->conn == nullptr) return absl::OkStatus();
+  const natsStatus s = natsConnection_FlushTimeout(
+      sub_->conn, std::max<int64_t>(1, Millis(timeout)));
+  return ToStatus(s, static_cast<jsErrCode>(0), "flush");
 }
 
 // ---- Connection
@@ -395,6 +413,9 @@ absl::Status Connection::EnsureStream(const StreamOptions& options) {
   cfg.Replicas = options.replicas;
   cfg.MaxAge = Nanos(options.max_age);
   cfg.Duplicates = Nanos(options.duplicate_window);
+  if (options.max_msgs_per_subject > 0) {
+    cfg.MaxMsgsPerSubject = options.max_msgs_per_subject;
+  }
   jsErrCode code = static_cast<jsErrCode>(0);
   natsStatus s =
       js_AddStream(nullptr, handles_->js.get(), &cfg, nullptr, &code);
@@ -442,7 +463,12 @@ absl::StatusOr<StreamInfo> Connection::GetStreamInfo(const std::string& name) {
   return out;
 }
 
-absl::StatusOr<PublishAck> Connection::Publish(const OutgoingMessage& message) {
+namespace {
+
+// The natsMsg of `message`, its headers set; `expected` keeps the text of
+// the expected sequence for error messages.
+absl::StatusOr<NatsMsgPtr> BuildMsg(const OutgoingMessage& message,
+                                    std::string* expected) {
   natsMsg* raw = nullptr;
   natsStatus s = natsMsg_Create(&raw, message.subject.c_str(), nullptr,
                                 message.data.data(),
@@ -456,11 +482,10 @@ absl::StatusOr<PublishAck> Connection::Publish(const OutgoingMessage& message) {
   if (!message.msg_id.empty()) {
     s = natsMsgHeader_Set(msg.get(), "Nats-Msg-Id", message.msg_id.c_str());
   }
-  std::string expected;
   if (s == NATS_OK && message.expected_last_subject_seq.has_value()) {
-    expected = absl::StrCat(*message.expected_last_subject_seq);
+    *expected = absl::StrCat(*message.expected_last_subject_seq);
     s = natsMsgHeader_Set(msg.get(), "Nats-Expected-Last-Subject-Sequence",
-                          expected.c_str());
+                          expected->c_str());
   }
   for (const auto& [key, value] : message.headers) {
     if (s != NATS_OK) break;
@@ -469,26 +494,156 @@ absl::StatusOr<PublishAck> Connection::Publish(const OutgoingMessage& message) {
   if (s != NATS_OK) {
     return ToStatus(s, {}, absl::StrCat("headers of ", message.subject));
   }
+  return msg;
+}
+
+std::string PublishWhat(const OutgoingMessage& message,
+                        const std::string& expected) {
+  return absl::StrCat("publish to ", message.subject,
+                      message.msg_id.empty() ? "" : " msg id ", message.msg_id,
+                      expected.empty() ? "" : " expecting last subject seq ",
+                      expected);
+}
+
+// The acks of one PublishAll, filled in by the library's thread.
+struct AsyncAcks {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<natsMsg*, size_t> index;  // published, not answered
+  std::vector<absl::StatusOr<PublishAck>>* results = nullptr;
+  const std::vector<OutgoingMessage>* messages = nullptr;
+  const std::vector<std::string>* expected = nullptr;
+  size_t open = 0;  // published and neither answered nor taken back
+
+  static void OnAck(jsCtx*, natsMsg* msg, jsPubAck* pa, jsPubAckErr* pae,
+                    void* closure) {
+    auto* self = static_cast<AsyncAcks*>(closure);
+    {
+      std::lock_guard<std::mutex> lock(self->mu);
+      auto it = self->index.find(msg);
+      if (it != self->index.end()) {
+        const size_t i = it->second;
+        if (pa != nullptr) {
+          PublishAck ack;
+          if (pa->Stream != nullptr) ack.stream = pa->Stream;
+          ack.sequence = pa->Sequence;
+          ack.duplicate = pa->Duplicate;
+          (*self->results)[i] = ack;
+        } else {
+          const natsStatus err = pae != nullptr ? pae->Err : NATS_ERR;
+          const jsErrCode code =
+              pae != nullptr ? pae->ErrCode : static_cast<jsErrCode>(0);
+          (*self->results)[i] = ToStatus(
+              err, code,
+              absl::StrCat(
+                  PublishWhat((*self->messages)[i], (*self->expected)[i]),
+                  pae != nullptr && pae->ErrText != nullptr
+                      ? absl::StrCat(" (", pae->ErrText, ")")
+                      : ""));
+        }
+        self->index.erase(it);
+        --self->open;
+      }
+      self->cv.notify_all();
+    }
+    natsMsg_Destroy(msg);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<PublishAck> Connection::Publish(const OutgoingMessage& message) {
+  std::string expected;
+  absl::StatusOr<NatsMsgPtr> msg = BuildMsg(message, &expected);
+  if (!msg.ok()) return msg.status();
   jsPubOptions opts;
   jsPubOptions_Init(&opts);
   opts.MaxWait = Millis(request_timeout_);
   jsPubAck* raw_ack = nullptr;
   jsErrCode code = static_cast<jsErrCode>(0);
-  s = js_PublishMsg(&raw_ack, handles_->js.get(), msg.get(), &opts, &code);
+  const natsStatus s =
+      js_PublishMsg(&raw_ack, handles_->js.get(), msg->get(), &opts, &code);
   std::unique_ptr<jsPubAck, internal::PubAckDeleter> ack(raw_ack);
-  if (s != NATS_OK) {
-    return ToStatus(
-        s, code,
-        absl::StrCat("publish to ", message.subject,
-                     message.msg_id.empty() ? "" : " msg id ", message.msg_id,
-                     expected.empty() ? "" : " expecting last subject seq ",
-                     expected));
-  }
+  if (s != NATS_OK) return ToStatus(s, code, PublishWhat(message, expected));
   PublishAck out;
   if (ack->Stream != nullptr) out.stream = ack->Stream;
   out.sequence = ack->Sequence;
   out.duplicate = ack->Duplicate;
   return out;
+}
+
+std::vector<absl::StatusOr<PublishAck>> Connection::PublishAll(
+    const std::vector<OutgoingMessage>& messages) {
+  std::vector<absl::StatusOr<PublishAck>> results(
+      messages.size(), absl::DeadlineExceededError("no publish ack in time"));
+  if (messages.empty()) return results;
+  std::vector<std::string> expected(messages.size());
+  AsyncAcks acks;
+  acks.results = &results;
+  acks.messages = &messages;
+  acks.expected = &expected;
+  // A context of this call's own: its acks, and only its, come to `acks`.
+  jsOptions js_opts;
+  jsOptions_Init(&js_opts);
+  js_opts.Wait = Millis(request_timeout_);
+  js_opts.PublishAsync.AckHandler = &AsyncAcks::OnAck;
+  js_opts.PublishAsync.AckHandlerClosure = &acks;
+  js_opts.PublishAsync.MaxPending = static_cast<int64_t>(messages.size()) + 1;
+  jsCtx* raw_js = nullptr;
+  natsStatus s =
+      natsConnection_JetStream(&raw_js, handles_->conn.get(), &js_opts);
+  std::unique_ptr<jsCtx, internal::CtxDeleter> js(raw_js);
+  if (s != NATS_OK) {
+    const absl::Status st = ToStatus(s, {}, "jetstream context");
+    for (auto& r : results) r = st;
+    return results;
+  }
+  jsPubOptions opts;
+  jsPubOptions_Init(&opts);
+  opts.MaxWait = Millis(request_timeout_);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    absl::StatusOr<NatsMsgPtr> built = BuildMsg(messages[i], &expected[i]);
+    if (!built.ok()) {
+      results[i] = built.status();
+      continue;
+    }
+    natsMsg* m = built->release();
+    {
+      std::lock_guard<std::mutex> lock(acks.mu);
+      acks.index[m] = i;
+      ++acks.open;
+    }
+    natsMsg* handed = m;
+    s = js_PublishMsgAsync(js.get(), &handed, &opts);
+    if (s != NATS_OK) {
+      // Not taken: still ours, and no ack will name it.
+      {
+        std::lock_guard<std::mutex> lock(acks.mu);
+        acks.index.erase(m);
+        --acks.open;
+      }
+      natsMsg_Destroy(handed);
+      results[i] = ToStatus(s, {}, PublishWhat(messages[i], expected[i]));
+    }
+  }
+  jsPubOptions wait;
+  jsPubOptions_Init(&wait);
+  wait.MaxWait = Millis(request_timeout_) + 1000;
+  (void)js_PublishAsyncComplete(js.get(), &wait);
+  natsMsgList pending{};
+  if (js_PublishAsyncGetPendingList(&pending, js.get()) == NATS_OK) {
+    std::lock_guard<std::mutex> lock(acks.mu);
+    for (int k = 0; k < pending.Count; ++k) {
+      if (acks.index.erase(pending.Msgs[k]) > 0) --acks.open;
+    }
+  }
+  natsMsgList_Destroy(&pending);
+  // An ack being handed over as the list was taken: wait for it, so that
+  // nothing touches `acks` once this returns.
+  std::unique_lock<std::mutex> lock(acks.mu);
+  acks.cv.wait_for(lock, std::chrono::seconds(2),
+                   [&] { return acks.open == 0; });
+  return results;
 }
 
 absl::StatusOr<StoredMessage> Connection::LastOnSubject(
@@ -569,6 +724,7 @@ absl::StatusOr<std::unique_ptr<PullConsumer>> Connection::PullSubscribe(
       options.durable.c_str(), nullptr, &sub_opts, &code);
   auto handle = std::make_unique<internal::SubHandle>();
   handle->sub.reset(raw_sub);
+  handle->conn = handles_->conn.get();
   handle->wait_ms = Millis(request_timeout_);
   if (s != NATS_OK) {
     return ToStatus(s, code,

@@ -93,6 +93,8 @@ struct StreamOptions {
   absl::Duration max_age = absl::ZeroDuration();
   // How long the broker remembers a msg_id to drop its repeats.
   absl::Duration duplicate_window = absl::Minutes(2);
+  // Messages kept per subject, the oldest removed first (0: no limit).
+  int64_t max_msgs_per_subject = 0;
 };
 
 // What a stream's leader reports about the stream.
@@ -161,6 +163,8 @@ class Message {
   // OK the message is not redelivered to this consumer. An error leaves
   // that open; the message may come again.
   absl::Status Ack();
+  // Acknowledges without waiting for the server (see PullConsumer::Flush).
+  absl::Status AckNoWait();
   // Asks for redelivery after `delay` (at once if zero), before AckWait.
   absl::Status Nak(absl::Duration delay = absl::ZeroDuration());
 
@@ -200,6 +204,9 @@ class PullConsumer {
   // Up to `max` messages, waiting at most `timeout` for the first; an
   // empty vector when none came in time (not an error).
   absl::StatusOr<std::vector<Message>> Fetch(int max, absl::Duration timeout);
+  // Waits until the server has everything sent so far (the AckNoWait acks
+  // among it): one round trip for a batch of acks.
+  absl::Status Flush(absl::Duration timeout);
 
  private:
   friend class Connection;
@@ -227,6 +234,14 @@ class Connection {
   // Publishes and waits for the stream's ack (after the replicas' quorum
   // has the message). See the error list at the top.
   absl::StatusOr<PublishAck> Publish(const OutgoingMessage& message);
+  // Publishes every message (each as Publish would) without waiting for
+  // each ack in turn: their acks come back together, one round trip for
+  // the lot. One result per message, in order; a message whose ack did not
+  // come within the request timeout is DeadlineExceeded (it may be
+  // stored). The messages may be stored in any order: give each subject at
+  // most one message per call when their order matters.
+  std::vector<absl::StatusOr<PublishAck>> PublishAll(
+      const std::vector<OutgoingMessage>& messages);
 
   // The newest message on `subject` (NotFound when it has none): after a
   // refused compare-and-set, its Nats-Msg-Id tells whether the refused

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -212,6 +213,52 @@ TEST_F(JetStreamTest, RetryWithStaleExpectationIsResolvedByTheLastMsgId) {
   auto info = conn_->GetStreamInfo("RETRY");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->messages, 2u);
+}
+
+TEST_F(JetStreamTest, PublishAllAnswersEachMessageInOrder) {
+  MakeStream("ALL", "all");
+  const std::string a = Subject("all", "a"), b = Subject("all", "b");
+  auto first = conn_->Publish({.subject = a,
+                               .data = "a1",
+                               .msg_id = "a1",
+                               .expected_last_subject_seq = 0});
+  ASSERT_TRUE(first.ok()) << first.status();
+  // 20 new subjects, a's successor, a stale expectation on a, a repeat.
+  std::vector<OutgoingMessage> batch;
+  for (int i = 0; i < 20; ++i) {
+    batch.push_back({.subject = Subject("all", absl::StrCat("n", i)),
+                     .data = absl::StrCat(i),
+                     .msg_id = absl::StrCat("n", i),
+                     .expected_last_subject_seq = 0});
+  }
+  batch.push_back({.subject = a,
+                   .data = "a2",
+                   .msg_id = "a2",
+                   .expected_last_subject_seq = first->sequence});
+  batch.push_back({.subject = b,
+                   .data = "b?",
+                   .msg_id = "b?",
+                   .expected_last_subject_seq = 99});
+  batch.push_back({.subject = Subject("all", "n0"),
+                   .data = "0",
+                   .msg_id = "n0"});  // no expectation: the msg id repeats
+  std::vector<absl::StatusOr<PublishAck>> acks = conn_->PublishAll(batch);
+  ASSERT_EQ(acks.size(), batch.size());
+  std::set<uint64_t> seqs;
+  for (int i = 0; i < 21; ++i) {
+    ASSERT_TRUE(acks[i].ok()) << i << ": " << acks[i].status();
+    EXPECT_FALSE(acks[i]->duplicate);
+    seqs.insert(acks[i]->sequence);
+  }
+  EXPECT_EQ(seqs.size(), 21u);
+  EXPECT_TRUE(IsWrongLastSequence(acks[21].status())) << acks[21].status();
+  ASSERT_TRUE(acks[22].ok()) << acks[22].status();
+  EXPECT_TRUE(acks[22]->duplicate);
+  EXPECT_EQ(acks[22]->sequence, acks[0]->sequence);
+  auto info = conn_->GetStreamInfo("ALL");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->messages, 22u);
+  EXPECT_TRUE(conn_->PublishAll({}).empty());
 }
 
 TEST_F(JetStreamTest, EnsureStreamIsIdempotentAndUpdates) {

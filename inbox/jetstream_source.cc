@@ -157,7 +157,11 @@ bool JetStreamSource::Step(jetstream::PullConsumer& consumer) {
   }
   // Committed, not acknowledged: redelivered, and DUPLICATE then.
   MaybeCrash("consumer.after_commit_before_answer");
-  bool ack_failed = false;
+  // The acks go out together and one flush waits for the server to have
+  // them all; one that is lost anyway brings its message back after
+  // ack_wait, answered DUPLICATE then.
+  absl::Status ack_status;
+  int64_t acks = 0;
   for (size_t i = 0; i < of_event.size() && i < results->size(); ++i) {
     jetstream::Message& m = *of_event[i];
     const v1::EventResult& r = (*results)[i];
@@ -165,15 +169,10 @@ bool JetStreamSource::Step(jetstream::PullConsumer& consumer) {
       case v1::APPLIED:
       case v1::DUPLICATE:
       case v1::HELD:
-        if (absl::Status s = m.Ack(); s.ok()) {
-          ++acked_;
-          applied_->Add();
-        } else if (!ack_failed) {
-          // Redelivered after ack_wait: DUPLICATE then.
-          failures_->Add();
-          spdlog::warn("consumer: JetStream ack of {}: {}", m.stream_seq(),
-                       std::string(s.message()));
-          ack_failed = true;
+        if (absl::Status s = m.AckNoWait(); s.ok()) {
+          ++acks;
+        } else if (ack_status.ok()) {
+          ack_status = s;
         }
         break;
       case v1::DEFERRED:
@@ -191,7 +190,16 @@ bool JetStreamSource::Step(jetstream::PullConsumer& consumer) {
       }
     }
   }
-  return !ack_failed;
+  if (ack_status.ok()) ack_status = consumer.Flush(absl::Seconds(5));
+  if (!ack_status.ok()) {
+    failures_->Add();
+    spdlog::warn("consumer: JetStream acks of a batch of {}: {}",
+                 of_event.size(), std::string(ack_status.message()));
+    return false;
+  }
+  acked_ += acks;
+  applied_->Add(acks);
+  return true;
 }
 
 }  // namespace outbox::inbox

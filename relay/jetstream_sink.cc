@@ -97,92 +97,151 @@ class Publisher {
   }
 
  private:
-  // Every event answered, or the world's fault (nothing answered).
+  // Every event answered, or the world's fault (nothing answered). The
+  // batch goes in rounds: each round publishes the next event of every
+  // aggregate at once (one round trip for their acks), since an event's
+  // expectation is its predecessor's stream sequence, known once that one
+  // is acknowledged.
   absl::StatusOr<v1::DeliverResponse> PublishBatch(
       const v1::DeliverRequest& request) {
+    const int n = request.events_size();
     v1::DeliverResponse response;
     response.set_batch_id(request.batch_id());
-    // Aggregates of this batch with an event not published: the events
-    // behind it wait (DEFERRED), as sink.proto asks.
-    absl::flat_hash_map<std::string, int64_t> stopped;
-    for (const v1::Event& event : request.events()) {
-      if (shared_->broken) return absl::CancelledError("cancelled");
-      absl::StatusOr<std::string> subject =
-          jetstream::EventSubject(options_.subject_prefix,
-                                  event.aggregate_type(), event.aggregate_id());
+    std::vector<std::string> subjects(n);
+    // Each aggregate's events, in batch order, not yet answered.
+    absl::flat_hash_map<std::string, std::deque<int>> open;
+    std::vector<std::string> order;  // aggregates, first seen first
+    for (int i = 0; i < n; ++i) {
+      const v1::Event& e = request.events(i);
+      v1::EventResult* r = response.add_results();
+      r->set_event_id(e.event_id());
+      r->set_seq(e.seq());
+      absl::StatusOr<std::string> subject = jetstream::EventSubject(
+          options_.subject_prefix, e.aggregate_type(), e.aggregate_id());
       if (!subject.ok()) return subject.status();  // checked by Create
-      v1::EventResult* result = response.add_results();
-      result->set_event_id(event.event_id());
-      result->set_seq(event.seq());
-      if (auto it = stopped.find(*subject); it != stopped.end()) {
-        result->set_outcome(v1::DEFERRED);
-        result->set_reason(absl::StrCat("behind seq ", it->second,
-                                        " of its aggregate, not published"));
-        continue;
-      }
-      absl::Status s = PublishOne(event, *subject, result);
-      if (!s.ok()) return s;
-      if (result->outcome() != v1::APPLIED &&
-          result->outcome() != v1::DUPLICATE) {
-        stopped[*subject] = event.seq();
-      }
+      subjects[i] = *subject;
+      auto [it, fresh] = open.try_emplace(*subject);
+      if (fresh) order.push_back(*subject);
+      it->second.push_back(i);
     }
-    return response;
+    std::vector<int> refusals(n, 0);
+    // An event not published: the events behind it wait (DEFERRED), as
+    // sink.proto asks.
+    auto stop = [&](const std::string& subject) {
+      std::deque<int>& q = open[subject];
+      const int64_t at = request.events(q.front()).seq();
+      q.pop_front();
+      for (int j : q) {
+        v1::EventResult* r = response.mutable_results(j);
+        r->set_outcome(v1::DEFERRED);
+        r->set_reason(absl::StrCat("behind seq ", at,
+                                   " of its aggregate, not published"));
+      }
+      q.clear();
+    };
+    for (;;) {
+      if (shared_->broken) return absl::CancelledError("cancelled");
+      std::vector<int> round;
+      std::vector<jetstream::OutgoingMessage> messages;
+      bool any = false;
+      for (const std::string& subject : order) {
+        std::deque<int>& q = open[subject];
+        if (q.empty()) continue;
+        any = true;
+        const int i = q.front();
+        const v1::Event& e = request.events(i);
+        v1::EventResult* r = response.mutable_results(i);
+        absl::StatusOr<Placement> place = PlaceEvent(e, subject, refusals[i]);
+        if (!place.ok()) return place.status();
+        switch (place->kind) {
+          case Placement::kDuplicate:
+            r->set_outcome(v1::DUPLICATE);
+            q.pop_front();
+            continue;
+          case Placement::kDiverged:
+            r->set_outcome(v1::DIVERGED);
+            r->set_reason(place->reason);
+            r->set_applied_seq(TipSeq(subject));
+            stop(subject);
+            continue;
+          case Placement::kNoPredecessor:
+            r->set_outcome(v1::REJECTED);
+            r->set_reason(place->reason);
+            stop(subject);
+            continue;
+          case Placement::kWalkBack:
+          case Placement::kPublish:
+            break;
+        }
+        round.push_back(i);
+        messages.push_back(Message(e, subject, place->expected));
+      }
+      if (!any) return response;
+      if (round.empty()) continue;
+      std::vector<absl::StatusOr<jetstream::PublishAck>> acks =
+          conn_->PublishAll(messages);
+      absl::Status world;
+      for (size_t k = 0; k < round.size(); ++k) {
+        const int i = round[k];
+        const std::string& subject = subjects[i];
+        const v1::Event& e = request.events(i);
+        v1::EventResult* r = response.mutable_results(i);
+        const absl::StatusOr<jetstream::PublishAck>& ack = acks[k];
+        if (ack.ok()) {
+          Remember(subject,
+                   {.stream_seq = ack->sequence,
+                    .outbox_seq = e.seq(),
+                    .event_id = e.event_id(),
+                    .prev_stream_seq = *messages[k].expected_last_subject_seq});
+          r->set_outcome(ack->duplicate ? v1::DUPLICATE : v1::APPLIED);
+          open[subject].pop_front();
+          continue;
+        }
+        tips_.erase(subject);
+        if (jetstream::IsWrongLastSequence(ack.status())) {
+          // Moved on (another relay), or a guess that the aggregate was
+          // new: read its tip and decide again.
+          if (++refusals[i] > 3) {
+            r->set_outcome(v1::DEFERRED);
+            r->set_reason(
+                "the aggregate's last subject sequence moved on every try "
+                "(another relay publishes it)");
+            stop(subject);
+          }
+          continue;
+        }
+        if (ack.status().code() == absl::StatusCode::kInvalidArgument) {
+          // The broker will never take it (above the stream's size limit).
+          r->set_outcome(v1::REJECTED);
+          r->set_reason(std::string(ack.status().message()));
+          stop(subject);
+          continue;
+        }
+        if (world.ok()) world = ack.status();
+      }
+      if (!world.ok()) return world;  // the world's: the batch goes again
+    }
   }
 
-  absl::Status PublishOne(const v1::Event& event, const std::string& subject,
-                          v1::EventResult* result) {
-    for (int round = 0; round < 3; ++round) {
-      absl::StatusOr<SubjectTip> tip = Tip(subject);
-      if (!tip.ok()) return tip.status();
-      Placement place = Place(*tip, event);
-      if (place.kind == Placement::kWalkBack) {
-        absl::StatusOr<Placement> walked = WalkBack(*tip, event);
-        if (!walked.ok()) return walked.status();
-        place = *std::move(walked);
-      }
-      switch (place.kind) {
-        case Placement::kDuplicate:
-          result->set_outcome(v1::DUPLICATE);
-          return absl::OkStatus();
-        case Placement::kDiverged:
-          result->set_outcome(v1::DIVERGED);
-          result->set_reason(place.reason);
-          result->set_applied_seq(tip->outbox_seq);
-          return absl::OkStatus();
-        case Placement::kNoPredecessor:
-          result->set_outcome(v1::REJECTED);
-          result->set_reason(place.reason);
-          return absl::OkStatus();
-        case Placement::kWalkBack:
-        case Placement::kPublish:
-          break;
-      }
-      absl::StatusOr<jetstream::PublishAck> ack =
-          conn_->Publish(Message(event, subject, place.expected));
-      if (ack.ok()) {
-        Remember(subject, {.stream_seq = ack->sequence,
-                           .outbox_seq = event.seq(),
-                           .event_id = event.event_id(),
-                           .prev_stream_seq = place.expected});
-        result->set_outcome(ack->duplicate ? v1::DUPLICATE : v1::APPLIED);
-        return absl::OkStatus();
-      }
-      tips_.erase(subject);
-      if (jetstream::IsWrongLastSequence(ack.status())) continue;  // moved
-      if (ack.status().code() == absl::StatusCode::kInvalidArgument) {
-        // The broker will never take it (above the stream's message size).
-        result->set_outcome(v1::REJECTED);
-        result->set_reason(std::string(ack.status().message()));
-        return absl::OkStatus();
-      }
-      return ack.status();  // the world's: the batch goes again
+  // Where `event` goes. An aggregate's first event (prev_seq 0) whose tip
+  // is not known is guessed new, without a read: the broker refuses the
+  // guess if the subject has a message, and the tip is read then.
+  absl::StatusOr<Placement> PlaceEvent(const v1::Event& event,
+                                       const std::string& subject,
+                                       int refusals) {
+    if (event.prev_seq() == 0 && refusals == 0 && !tips_.contains(subject)) {
+      return Placement{.kind = Placement::kPublish, .expected = 0};
     }
-    result->set_outcome(v1::DEFERRED);
-    result->set_reason(
-        "the aggregate's last subject sequence moved on every try (another "
-        "relay publishes it)");
-    return absl::OkStatus();
+    absl::StatusOr<SubjectTip> tip = Tip(subject);
+    if (!tip.ok()) return tip.status();
+    Placement place = Place(*tip, event);
+    if (place.kind == Placement::kWalkBack) return WalkBack(*tip, event);
+    return place;
+  }
+
+  int64_t TipSeq(const std::string& subject) const {
+    auto it = tips_.find(subject);
+    return it == tips_.end() ? 0 : std::max<int64_t>(0, it->second.outbox_seq);
   }
 
   jetstream::OutgoingMessage Message(const v1::Event& event,
@@ -407,6 +466,10 @@ absl::StatusOr<std::unique_ptr<JetStreamSink>> JetStreamSink::Create(
         "jetstream stream name \"", options.stream,
         "\": must be non-empty, without . * > / \\ or whitespace"));
   }
+  if (options.max_per_aggregate < 0) {
+    return absl::InvalidArgumentError(
+        "jetstream events kept per aggregate: must be 0 (all) or more");
+  }
   if (options.replicas < 1 || options.replicas > 5) {
     return absl::InvalidArgumentError(
         absl::StrCat("jetstream replicas ", options.replicas, ": must be 1-5"));
@@ -488,7 +551,8 @@ void JetStreamSink::Watch() {
                           .subjects = {jetstream::AllEventsUnder(
                               options_.subject_prefix)},
                           .replicas = options_.replicas,
-                          .duplicate_window = options_.duplicate_window})
+                          .duplicate_window = options_.duplicate_window,
+                          .max_msgs_per_subject = options_.max_per_aggregate})
                    : conn->GetStreamInfo(options_.stream).status();
       if (status.ok()) {
         ready = true;

@@ -16,8 +16,12 @@
 //   Outbox-Event-Type, Outbox-Source, Outbox-Subscription
 //   Content-Type             application/protobuf; messageType=outbox.v1.Event
 //
+// A batch is published in rounds: each round publishes the next event of
+// every aggregate in it at once and waits for their acks together.
 // Before publishing, the aggregate's newest message (its tip, read once
-// per stream and then remembered) says where the event belongs (Place):
+// per stream and then remembered; an aggregate's first event is published
+// expecting an empty subject, unread, and a refusal reads it) says where
+// the event belongs (Place):
 //   - the tip is the event's predecessor: publish, expecting the tip;
 //   - the tip is the event itself: DUPLICATE (a publish whose ack was lost,
 //     or a redelivery);
@@ -64,6 +68,9 @@ struct JetStreamSinkOptions {
   bool ensure_stream = true;
   int replicas = 3;
   absl::Duration duplicate_window = absl::Minutes(2);
+  // Events kept per aggregate (the oldest go first, never the newest, which
+  // the chain check needs); 0: every one.
+  int64_t max_per_aggregate = 0;
   std::string subscription;  // the Outbox-Subscription header
   // No publish acknowledged and no stream info read for this long:
   // unreachable (the relay turns NOT_SERVING). Zero: never.

@@ -218,6 +218,37 @@ TEST_F(JetStreamSinkTest,
             0u);
 }
 
+TEST_F(JetStreamSinkTest, KeepingTwoPerAggregateStillChainsOnTheNewest) {
+  JetStreamSinkOptions o = SinkOptions();
+  o.max_per_aggregate = 2;
+  auto created = JetStreamSink::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::shared_ptr<JetStreamSink> sink = std::move(*created);
+  sink->Start();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto info = conn_->GetStreamInfo(stream_);
+        return sink->readiness() == Sink::Readiness::kReady && info.ok() &&
+               !info->leader.empty() && info->current_replicas.size() == 2;
+      },
+      absl::Seconds(30)));
+  std::vector<v1::Event> chain;
+  for (int i = 1; i <= 5; ++i) chain.push_back(Event("k", i, i - 1));
+  EXPECT_EQ(Outcomes(Deliver(*sink, chain)),
+            std::vector<v1::DeliveryOutcome>(5, v1::APPLIED));
+  // On a new stream of the sink (the tip read again): the next one chains.
+  EXPECT_EQ(Outcomes(Deliver(*sink, {Event("k", 6, 5)}, 2)),
+            (std::vector<v1::DeliveryOutcome>{v1::APPLIED}));
+  auto contents = StreamContents();
+  const auto& k = contents[*jetstream::EventSubject(prefix_, "order", "k")];
+  ASSERT_EQ(k.size(), 2u);
+  EXPECT_EQ(k[0].seq, 5);
+  EXPECT_EQ(k[1].seq, 6);
+  // What went is older than the stream keeps: not taken for a duplicate.
+  EXPECT_EQ(Outcomes(Deliver(*sink, {Event("k", 2, 1)}, 3)),
+            (std::vector<v1::DeliveryOutcome>{v1::DIVERGED}));
+}
+
 TEST_F(JetStreamSinkTest, TwoRelaysRacingOnOneAggregateStoreOneChain) {
   auto one = ReadySink();
   ASSERT_NE(one, nullptr);

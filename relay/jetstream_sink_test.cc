@@ -113,6 +113,10 @@ TEST(JetStreamSinkTest, CreateRefusesBadSettingsByName) {
   EXPECT_NE(JetStreamSink::Create(o).status().message().find("replicas"),
             std::string::npos);
   o.replicas = 3;
+  o.max_per_aggregate = -1;
+  EXPECT_NE(JetStreamSink::Create(o).status().message().find("per aggregate"),
+            std::string::npos);
+  o.max_per_aggregate = 0;
   EXPECT_TRUE(JetStreamSink::Create(o).ok());
 }
 

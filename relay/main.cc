@@ -104,6 +104,10 @@ ABSL_FLAG(int, jetstream_replicas, 3,
 ABSL_FLAG(bool, jetstream_create_stream, true,
           "With --jetstream: create the stream, or update it to "
           "--jetstream_replicas; false: it must exist.");
+ABSL_FLAG(int64_t, jetstream_keep_per_aggregate, 0,
+          "With --jetstream_create_stream: events the stream keeps per "
+          "aggregate, the oldest removed first (its retention: the newest, "
+          "which the chain check needs, always stays); 0: every event.");
 ABSL_FLAG(absl::Duration, jetstream_duplicate_window, absl::Minutes(2),
           "With --jetstream: how long the broker drops a repeated event_id "
           "by itself (the relay's chain check covers any age).");
@@ -233,11 +237,14 @@ int main(int argc, char** argv) {
          .ensure_stream = absl::GetFlag(FLAGS_jetstream_create_stream),
          .replicas = absl::GetFlag(FLAGS_jetstream_replicas),
          .duplicate_window = absl::GetFlag(FLAGS_jetstream_duplicate_window),
+         .max_per_aggregate = absl::GetFlag(FLAGS_jetstream_keep_per_aggregate),
          .subscription = options.subscription,
          .unready_after = options.consumer_unready_after});
     if (!sink.ok()) {
-      spdlog::critical("outbox-relay: --jetstream_replicas: {}",
-                       std::string(sink.status().message()));
+      spdlog::critical(
+          "outbox-relay: --jetstream_replicas or "
+          "--jetstream_keep_per_aggregate: {}",
+          std::string(sink.status().message()));
       return 2;
     }
     options.sink = *std::move(sink);
