@@ -774,6 +774,23 @@ def cmd_report(a):
     ratio_row("P7 drain of a %s-event chain on one aggregate (events/s)" % n7, ["p7"],
               g("p7.chain_rate"), "/s", g("p7.many_rate"), "/s", "%s aggregates" % n7, "p7")
 
+    # Through JetStream, beside the direct gRPC path in the same phase (no
+    # goal: what the broker's replication costs).
+    n_js = fmt_num(g("js.backlog"))
+    ratio_row("JetStream drain of a %s-event backlog, replicas=3 (events/s)" % n_js, ["js"],
+              g("js.jetstream.drain_rate"), "/s", g("js.grpc.drain_rate"), "/s",
+              "direct gRPC, same phase", None)
+    if not not_run("js"):
+        for path, label in (("jetstream", "through JetStream"), ("grpc", "direct gRPC")):
+            lat = g("p4.js_%s.latency" % path) or {}
+            for pct in ("p50", "p99"):
+                v = lat.get(pct + "_ms")
+                rows.append(["Latency %s %s (created→applied)" % (pct, label),
+                             fmt_num(v, " ms") if v is not None else (err("js") or "-"),
+                             "at %s calls/s (target %s)" % (
+                                 fmt_num(g("p4.js_%s.load_rate" % path)), fmt_num(g("js.rate"))),
+                             "-", "-", "-"])
+
     widths = [max(len(str(row[i])) for row in rows + [HEAD]) for i in range(6)]
     lines = []
     lines.append("  ".join(str(h).ljust(widths[i]) for i, h in enumerate(HEAD)))
