@@ -26,29 +26,13 @@ namespace {
 using ::outbox::testing::NatsCluster;
 using ::outbox::testing::WaitFor;
 
-class JetStreamTest : public ::testing::Test {
+class JetStreamTest : public ::outbox::testing::NatsClusterTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!::outbox::testing::NatsServerInstalled()) return;
-    const absl::Time start = absl::Now();
-    auto cluster = NatsCluster::Start();
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = cluster->release();
-    std::cout << "3-node cluster up in " << (absl::Now() - start) << "\n";
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-
   void SetUp() override {
-    if (!::outbox::testing::NatsServerInstalled()) {
-      GTEST_SKIP() << "nats-server is not installed (Debian: nats-server; "
-                      "scripts/lib/common.sh installs it)";
-    }
-    ASSERT_NE(cluster_, nullptr);
+    NatsClusterTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     auto conn = Connection::Connect(
-        {.servers = cluster_->urls(), .request_timeout = absl::Seconds(2)});
+        {.servers = cluster()->urls(), .request_timeout = absl::Seconds(2)});
     ASSERT_TRUE(conn.ok()) << conn.status();
     conn_ = std::move(*conn);
   }
@@ -82,11 +66,8 @@ class JetStreamTest : public ::testing::Test {
     return subject.value_or("");
   }
 
-  static NatsCluster* cluster_;
   std::unique_ptr<Connection> conn_;
 };
-
-NatsCluster* JetStreamTest::cluster_ = nullptr;
 
 TEST_F(JetStreamTest, SameMsgIdTwiceIsStoredOnce) {
   MakeStream("DEDUP", "dedup");
@@ -287,17 +268,17 @@ TEST_F(JetStreamTest, NoStreamIsUnavailableAFrozenClusterDeadlineExceeded) {
   EXPECT_TRUE(absl::IsUnavailable(nobody.status())) << nobody.status();
 
   auto fast = Connection::Connect(
-      {.servers = cluster_->urls(), .request_timeout = absl::Seconds(1)});
+      {.servers = cluster()->urls(), .request_timeout = absl::Seconds(1)});
   ASSERT_TRUE(fast.ok()) << fast.status();
   for (int node = 1; node <= 3; ++node) {
-    ASSERT_TRUE(cluster_->Pause(node).ok());
+    ASSERT_TRUE(cluster()->Pause(node).ok());
   }
   const absl::Time sent = absl::Now();
   auto frozen = (*fast)->Publish(
       {.subject = Subject("frozen", "o-1"), .data = "x", .msg_id = "f1"});
   const absl::Duration took = absl::Now() - sent;
   for (int node = 1; node <= 3; ++node) {
-    ASSERT_TRUE(cluster_->Resume(node).ok());
+    ASSERT_TRUE(cluster()->Resume(node).ok());
   }
   EXPECT_TRUE(absl::IsDeadlineExceeded(frozen.status())) << frozen.status();
   EXPECT_FALSE(IsWrongLastSequence(frozen.status()));
@@ -474,7 +455,7 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
   const int node = NatsCluster::NodeOf(old_leader);
   ASSERT_NE(node, 0) << "leader " << old_leader;
   const absl::Time killed = absl::Now();
-  ASSERT_TRUE(cluster_->Kill(node).ok());
+  ASSERT_TRUE(cluster()->Kill(node).ok());
 
   attempts = 0;
   publish_some(1);  // the first acknowledged publish after the crash
@@ -489,7 +470,7 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
   EXPECT_EQ(during->messages, acked.size());
 
   const absl::Time restarted = absl::Now();
-  ASSERT_TRUE(cluster_->Restart(node).ok()) << cluster_->Logs();
+  ASSERT_TRUE(cluster()->Restart(node).ok()) << cluster()->Logs();
   ASSERT_TRUE(WaitFor(
       [&] {
         auto info = conn_->GetStreamInfo("HA");
@@ -497,7 +478,7 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
       },
       absl::Seconds(30)))
       << "the restarted node did not catch up\n"
-      << cluster_->Logs();
+      << cluster()->Logs();
   std::cout << "old leader back and current after " << (absl::Now() - restarted)
             << "\n";
 
@@ -508,7 +489,7 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
   ASSERT_TRUE(now.ok()) << now.status();
   const int second = NatsCluster::NodeOf(now->leader);
   ASSERT_NE(second, 0) << "leader " << now->leader;
-  ASSERT_TRUE(cluster_->Kill(second).ok());
+  ASSERT_TRUE(cluster()->Kill(second).ok());
   const absl::Time second_killed = absl::Now();
 
   // Every acknowledged event, once, in its subject's order, through a
@@ -563,7 +544,7 @@ TEST_F(JetStreamTest, ReplicatedStreamSurvivesItsLeadersCrash) {
       << info.status();
   EXPECT_EQ(info->messages, acked.size());
   EXPECT_NE(info->leader, now->leader);
-  ASSERT_TRUE(cluster_->Restart(second).ok()) << cluster_->Logs();
+  ASSERT_TRUE(cluster()->Restart(second).ok()) << cluster()->Logs();
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "relay/jetstream_sink.h"
 #include "relay/relay.h"
 #include "tests/testing/nats_cluster.h"
+#include "tests/testing/orders.h"
 #include "tests/testing/pg.h"
 #include "tests/testing/wait.h"
 
@@ -35,19 +36,8 @@ consumer::BillingHandler* Billing() {
   return &handler;
 }
 
-class ConsumerJetStreamTest : public ::testing::Test {
+class ConsumerJetStreamTest : public ::outbox::testing::NatsClusterTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!::outbox::testing::NatsServerInstalled()) return;
-    auto cluster = NatsCluster::Start();
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = cluster->release();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-
   ConsumerJetStreamTest()
       : orders_("js_orders", producer::OrdersSchemas()),
         billing_("js_billing", {InboxSchema(),
@@ -61,12 +51,9 @@ class ConsumerJetStreamTest : public ::testing::Test {
   }
 
   void SetUp() override {
-    if (!::outbox::testing::NatsServerInstalled()) {
-      GTEST_SKIP() << "nats-server is not installed (Debian: nats-server; "
-                      "scripts/lib/common.sh installs it)";
-    }
-    ASSERT_NE(cluster_, nullptr);
-    auto conn = jetstream::Connection::Connect({.servers = cluster_->urls()});
+    NatsClusterTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    auto conn = jetstream::Connection::Connect({.servers = cluster()->urls()});
     ASSERT_TRUE(conn.ok()) << conn.status();
     conn_ = std::move(*conn);
   }
@@ -76,7 +63,7 @@ class ConsumerJetStreamTest : public ::testing::Test {
 
   std::shared_ptr<relay::JetStreamSink> Sink() {
     auto sink = relay::JetStreamSink::Create(
-        {.connect = {.servers = cluster_->urls(),
+        {.connect = {.servers = cluster()->urls(),
                      .request_timeout = absl::Seconds(2)},
          .stream = kStream,
          .subject_prefix = "outbox.billing",
@@ -102,7 +89,7 @@ class ConsumerJetStreamTest : public ::testing::Test {
   std::unique_ptr<inbox::JetStreamSource> Source() {
     return std::make_unique<inbox::JetStreamSource>(
         inbox::JetStreamSourceOptions{
-            .connect = {.servers = cluster_->urls(),
+            .connect = {.servers = cluster()->urls(),
                         .request_timeout = absl::Seconds(2)},
             .stream = kStream,
             .durable = "billing",
@@ -116,32 +103,7 @@ class ConsumerJetStreamTest : public ::testing::Test {
 
   // `n` orders from `first`; every second one paid, every third cancelled.
   std::vector<std::string> MakeOrders(int n, int first = 0) {
-    std::vector<std::string> ids;
-    for (int i = first; i < first + n; ++i) {
-      v1::CreateOrderRequest req;
-      req.set_customer_id(absl::StrCat("c", i));
-      req.set_currency("EUR");
-      auto* item = req.add_items();
-      item->set_sku("sku");
-      item->set_quantity(1);
-      item->set_unit_price_cents(100);
-      auto order = store_.Create(req, *producer::ValidateCreate(req), "");
-      EXPECT_TRUE(order.ok()) << order.status();
-      if (!order.ok()) break;
-      ids.push_back(order->order_id());
-      if (i % 2 == 0) {
-        v1::PayOrderRequest pay;
-        pay.set_order_id(order->order_id());
-        pay.set_amount_cents(order->total_cents());
-        EXPECT_TRUE(store_.Pay(pay, "").ok());
-      }
-      if (i % 3 == 0) {
-        v1::CancelOrderRequest cancel;
-        cancel.set_order_id(order->order_id());
-        EXPECT_TRUE(store_.Cancel(cancel, "").ok());
-      }
-    }
-    return ids;
+    return testing::MakeOrders(store_, n, first);
   }
   int64_t Events() { return orders_.Scalar("SELECT count(*) FROM outbox"); }
   int64_t Applied() { return billing_.Scalar("SELECT count(*) FROM inbox"); }
@@ -173,7 +135,6 @@ class ConsumerJetStreamTest : public ::testing::Test {
   }
 
   static constexpr char kStream[] = "OUTBOX_BILLING_E2E";
-  static NatsCluster* cluster_;
   testing::TestDatabase orders_;
   testing::TestDatabase billing_;
   Database orders_db_;
@@ -185,8 +146,6 @@ class ConsumerJetStreamTest : public ::testing::Test {
   inbox::Engine engine_;
   std::unique_ptr<jetstream::Connection> conn_;
 };
-
-NatsCluster* ConsumerJetStreamTest::cluster_ = nullptr;
 
 TEST_F(ConsumerJetStreamTest,
        EveryEventOnceInOrderThroughLeaderLossAndRestart) {
@@ -209,13 +168,13 @@ TEST_F(ConsumerJetStreamTest,
   ASSERT_TRUE(info.ok()) << info.status();
   const int leader = NatsCluster::NodeOf(info->leader);
   ASSERT_GT(leader, 0) << info->leader;
-  ASSERT_TRUE(cluster_->Kill(leader).ok());
+  ASSERT_TRUE(cluster()->Kill(leader).ok());
   MakeOrders(40, 160);
   ASSERT_TRUE(
       WaitFor([&] { return Applied() == Events(); }, absl::Seconds(120)))
       << Applied() << " of " << Events() << "\n"
-      << cluster_->Logs();
-  ASSERT_TRUE(cluster_->Restart(leader).ok());
+      << cluster()->Logs();
+  ASSERT_TRUE(cluster()->Restart(leader).ok());
   ExpectExactlyOnceInOrder();
   EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM held_events"), 0);
   EXPECT_EQ(source->acknowledged() > 0, true);

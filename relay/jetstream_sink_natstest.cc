@@ -21,6 +21,7 @@
 #include "relay/jetstream_sink.h"
 #include "relay/relay.h"
 #include "tests/testing/nats_cluster.h"
+#include "tests/testing/orders.h"
 #include "tests/testing/pg.h"
 #include "tests/testing/wait.h"
 
@@ -30,27 +31,13 @@ namespace {
 using ::outbox::testing::NatsCluster;
 using ::outbox::testing::WaitFor;
 
-class JetStreamSinkTest : public ::testing::Test {
+class JetStreamSinkTest : public ::outbox::testing::NatsClusterTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!::outbox::testing::NatsServerInstalled()) return;
-    auto cluster = NatsCluster::Start();
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = cluster->release();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-
   void SetUp() override {
-    if (!::outbox::testing::NatsServerInstalled()) {
-      GTEST_SKIP() << "nats-server is not installed (Debian: nats-server; "
-                      "scripts/lib/common.sh installs it)";
-    }
-    ASSERT_NE(cluster_, nullptr);
+    NatsClusterTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     auto conn = jetstream::Connection::Connect(
-        {.servers = cluster_->urls(), .request_timeout = absl::Seconds(2)});
+        {.servers = cluster()->urls(), .request_timeout = absl::Seconds(2)});
     ASSERT_TRUE(conn.ok()) << conn.status();
     conn_ = std::move(*conn);
     stream_ = absl::StrCat(
@@ -62,7 +49,7 @@ class JetStreamSinkTest : public ::testing::Test {
   }
 
   JetStreamSinkOptions SinkOptions() {
-    return {.connect = {.servers = cluster_->urls(),
+    return {.connect = {.servers = cluster()->urls(),
                         .request_timeout = absl::Seconds(2)},
             .stream = stream_,
             .subject_prefix = prefix_,
@@ -153,13 +140,11 @@ class JetStreamSinkTest : public ::testing::Test {
     return out;
   }
 
-  static NatsCluster* cluster_;
   static int streams_;
   std::unique_ptr<jetstream::Connection> conn_;
   std::string stream_, prefix_;
 };
 
-NatsCluster* JetStreamSinkTest::cluster_ = nullptr;
 int JetStreamSinkTest::streams_ = 0;
 
 TEST_F(JetStreamSinkTest, PublishesAChainAndAnswersItsRepeatAsDuplicates) {
@@ -324,30 +309,7 @@ class RelayToJetStreamTest : public JetStreamSinkTest {
 
   // `n` orders; every second one paid, every third cancelled: one to three
   // events per aggregate.
-  void MakeOrders(int n) {
-    for (int i = 0; i < n; ++i) {
-      v1::CreateOrderRequest req;
-      req.set_customer_id(absl::StrCat("c", i));
-      req.set_currency("EUR");
-      auto* item = req.add_items();
-      item->set_sku("sku");
-      item->set_quantity(1);
-      item->set_unit_price_cents(100);
-      auto order = store_.Create(req, *producer::ValidateCreate(req), "");
-      ASSERT_TRUE(order.ok()) << order.status();
-      if (i % 2 == 0) {
-        v1::PayOrderRequest pay;
-        pay.set_order_id(order->order_id());
-        pay.set_amount_cents(order->total_cents());
-        ASSERT_TRUE(store_.Pay(pay, "").ok());
-      }
-      if (i % 3 == 0) {
-        v1::CancelOrderRequest cancel;
-        cancel.set_order_id(order->order_id());
-        ASSERT_TRUE(store_.Cancel(cancel, "").ok());
-      }
-    }
-  }
+  void MakeOrders(int n) { testing::MakeOrders(store_, n); }
   int64_t Pending() {
     return orders_.Scalar(
         "SELECT count(*) FROM outbox_delivery WHERE status = 'pending'");
@@ -407,12 +369,12 @@ TEST_F(RelayToJetStreamTest,
     ASSERT_TRUE(info.ok()) << info.status();
     const int leader = NatsCluster::NodeOf(info->leader);
     ASSERT_GT(leader, 0) << info->leader;
-    ASSERT_TRUE(cluster_->Kill(leader).ok());
+    ASSERT_TRUE(cluster()->Kill(leader).ok());
     MakeOrders(50);
     ASSERT_TRUE(WaitFor([&] { return Pending() == 0; }, absl::Seconds(90)))
         << Pending() << " pending, " << InStream() << " in the stream\n"
-        << cluster_->Logs();
-    ASSERT_TRUE(cluster_->Restart(leader).ok());
+        << cluster()->Logs();
+    ASSERT_TRUE(cluster()->Restart(leader).ok());
   }  // stopped
   // Marks lost: every row owed again, delivered by a fresh relay (and a
   // fresh sink, with no remembered tips): all duplicates.

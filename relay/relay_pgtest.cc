@@ -37,6 +37,7 @@
 #include "relay/relay.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/metrics.h"
+#include "tests/testing/orders.h"
 #include "tests/testing/pg.h"
 #include "tests/testing/wait.h"
 #include "tools/checker.h"
@@ -308,31 +309,7 @@ class RelayTest : public ::testing::Test {
   // Creates `n` orders; pays every second one and cancels every third, so
   // aggregates carry one to three events.
   std::vector<std::string> MakeOrders(int n) {
-    std::vector<std::string> ids;
-    for (int i = 0; i < n; ++i) {
-      v1::CreateOrderRequest req;
-      req.set_customer_id(absl::StrCat("c", i));
-      req.set_currency("EUR");
-      auto* item = req.add_items();
-      item->set_sku("sku");
-      item->set_quantity(1 + i % 3);
-      item->set_unit_price_cents(100);
-      auto order = store_.Create(req, *producer::ValidateCreate(req), "");
-      EXPECT_TRUE(order.ok()) << order.status();
-      ids.push_back(order->order_id());
-      if (i % 2 == 0) {
-        v1::PayOrderRequest pay;
-        pay.set_order_id(order->order_id());
-        pay.set_amount_cents(order->total_cents());
-        EXPECT_TRUE(store_.Pay(pay, "").ok());
-      }
-      if (i % 3 == 0) {
-        v1::CancelOrderRequest cancel;
-        cancel.set_order_id(order->order_id());
-        EXPECT_TRUE(store_.Cancel(cancel, "").ok());
-      }
-    }
-    return ids;
+    return testing::MakeOrders(store_, n);
   }
 
   // `n` NOTIFYs on the relays' channel, 10 ms apart, each heard alone.

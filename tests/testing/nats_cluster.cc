@@ -109,4 +109,26 @@ std::string NatsCluster::Logs() const {
   return out;
 }
 
+NatsCluster* NatsClusterTest::cluster_ = nullptr;
+
+void NatsClusterTest::SetUpTestSuite() {
+  if (!NatsServerInstalled()) return;
+  auto cluster = NatsCluster::Start();
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  cluster_ = cluster->release();
+}
+
+void NatsClusterTest::TearDownTestSuite() {
+  delete cluster_;
+  cluster_ = nullptr;
+}
+
+void NatsClusterTest::SetUp() {
+  if (!NatsServerInstalled()) {
+    GTEST_SKIP() << "nats-server is not installed (Debian: nats-server; "
+                    "scripts/lib/common.sh installs it)";
+  }
+  ASSERT_NE(cluster_, nullptr) << "the suite's NATS cluster did not start";
+}
+
 }  // namespace outbox::testing

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
 
 namespace outbox::testing {
 
@@ -51,6 +52,23 @@ class NatsCluster {
 
   std::string dir_;
   std::vector<std::string> urls_;
+};
+
+// A GoogleTest fixture whose suite shares one NatsCluster, started before
+// its first test and stopped after its last; each test is skipped when
+// nats-server is not installed.
+//
+//   class SinkTest : public outbox::testing::NatsClusterTest { ... };
+//   TEST_F(SinkTest, X) { Connect({.servers = cluster()->urls()}); }
+class NatsClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite();
+  static void TearDownTestSuite();
+  void SetUp() override;
+  static NatsCluster* cluster() { return cluster_; }
+
+ private:
+  static NatsCluster* cluster_;
 };
 
 }  // namespace outbox::testing
