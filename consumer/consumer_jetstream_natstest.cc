@@ -97,7 +97,8 @@ class ConsumerJetStreamTest : public ::outbox::testing::NatsClusterTest {
             .batch = 64,
             .ack_wait = absl::Seconds(5),
             .reject_backoff = absl::Milliseconds(100),
-            .reject_backoff_max = absl::Milliseconds(400)},
+            .reject_backoff_max = absl::Milliseconds(400),
+            .park_after = park_after_},
         &engine_, &consumer_metrics_);
   }
 
@@ -135,6 +136,7 @@ class ConsumerJetStreamTest : public ::outbox::testing::NatsClusterTest {
   }
 
   static constexpr char kStream[] = "OUTBOX_BILLING_E2E";
+  int64_t park_after_ = 1000;
   testing::TestDatabase orders_;
   testing::TestDatabase billing_;
   Database orders_db_;
@@ -208,6 +210,61 @@ TEST_F(ConsumerJetStreamTest, APoisonEventComesBackWithoutHoldingUpOthers) {
   ASSERT_TRUE(WaitFor([&] { return redeliveries() > before + 2; }));
   EXPECT_EQ(Applied(), Events() - 3);
   ExpectExactlyOnceInOrder(ids[0]);
+}
+
+TEST_F(ConsumerJetStreamTest,
+       AnEventRefusedOnEveryDeliveryIsParkedForAnOperator) {
+  park_after_ = 3;
+  std::vector<std::string> ids = MakeOrders(12);
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) "
+      "FROM outbox WHERE aggregate_id = '",
+      ids[0], "')"));
+  const std::string poison =
+      orders_
+          .Query(absl::StrCat(
+              "SELECT event_id::text FROM outbox WHERE aggregate_id = '",
+              ids[0], "' ORDER BY seq LIMIT 1"))[0][0]
+          .as<std::string>();
+  relay::Relay relay(RelayOptions(Sink()), &relay_metrics_);
+  relay.Start();
+  auto source = Source();
+  source->Start();
+  // Refused three times, then parked (failed, with its reason) and
+  // acknowledged; its two successors wait behind it.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return billing_.Scalar(
+                   "SELECT count(*) FROM held_events WHERE failed_at IS NOT "
+                   "NULL "
+                   "AND attempts = 3 AND last_error LIKE '%schema_version%' "
+                   "AND "
+                   "event_id = '" +
+                   poison + "'") == 1 &&
+               billing_.Scalar("SELECT count(*) FROM held_events") == 3;
+      },
+      absl::Seconds(60)));
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() - 3; }));
+  auto parked = [&] {
+    return consumer_metrics_
+        .AddCounter("outbox_consumer_jetstream_parked_total", "")
+        ->value();
+  };
+  EXPECT_EQ(parked(), 1);
+  // Nothing comes back any more: every message is acknowledged.
+  ASSERT_TRUE(WaitFor([&] {
+    auto info = conn_->GetStreamInfo(kStream);
+    return info.ok() && static_cast<int64_t>(source->acknowledged()) ==
+                            static_cast<int64_t>(info->messages);
+  })) << source->acknowledged();
+  // The operator gives up on it: the chain drains behind it.
+  absl::StatusOr<inbox::HeldActionResult> skipped =
+      engine_.SkipHeld(poison, "test", "schema 2 is unknown here");
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(skipped->drained, 2);
+  EXPECT_EQ(Applied(), Events());
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM held_events"), 0);
+  ExpectExactlyOnceInOrder();
 }
 
 }  // namespace

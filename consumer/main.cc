@@ -48,6 +48,11 @@ ABSL_FLAG(std::string, jetstream_durable, "outbox-consumer",
 ABSL_FLAG(int, jetstream_batch, 256,
           "With --jetstream: messages per fetch, applied in one transaction "
           "(1-1000).");
+ABSL_FLAG(int64_t, jetstream_park_after, 5,
+          "With --jetstream: deliveries of an event refused on each (a "
+          "handler or schema that refuses it) before it is parked as a "
+          "failed held event for an operator (outboxctl held --failed) and "
+          "acknowledged.");
 ABSL_FLAG(absl::Duration, jetstream_ack_wait, absl::Seconds(30),
           "With --jetstream: a message not acknowledged this long is "
           "delivered again.");
@@ -117,10 +122,12 @@ int main(int argc, char** argv) {
        durable.find_first_of(".*> \t\r\n") != std::string::npos ||
        absl::GetFlag(FLAGS_jetstream_batch) < 1 ||
        absl::GetFlag(FLAGS_jetstream_batch) > 1000 ||
-       absl::GetFlag(FLAGS_jetstream_ack_wait) < absl::Seconds(1))) {
+       absl::GetFlag(FLAGS_jetstream_ack_wait) < absl::Seconds(1) ||
+       absl::GetFlag(FLAGS_jetstream_park_after) < 1)) {
     spdlog::critical(
         "outbox-consumer: need a --jetstream_durable without . * > or "
-        "whitespace, --jetstream_batch 1-1000 and --jetstream_ack_wait >= 1s");
+        "whitespace, --jetstream_batch 1-1000, --jetstream_ack_wait >= 1s "
+        "and --jetstream_park_after >= 1");
     return 2;
   }
   if (auto exit_code = outbox::MigrateAtStartup(
@@ -154,7 +161,8 @@ int main(int argc, char** argv) {
             .durable = absl::GetFlag(FLAGS_jetstream_durable),
             .filter_subject = outbox::jetstream::AllEventsUnder(js->subjects),
             .batch = absl::GetFlag(FLAGS_jetstream_batch),
-            .ack_wait = absl::GetFlag(FLAGS_jetstream_ack_wait)},
+            .ack_wait = absl::GetFlag(FLAGS_jetstream_ack_wait),
+            .park_after = absl::GetFlag(FLAGS_jetstream_park_after)},
         &engine, &metrics);
     source->Start();
   }

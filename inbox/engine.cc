@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/fault.h"
 #include "common/ids.h"
@@ -790,6 +791,79 @@ absl::Status Engine::ChargeHeld(const std::string& id,
     tx.commit();
     return absl::OkStatus();
   });
+}
+
+absl::Status Engine::ParkRefused(const v1::Event& event,
+                                 const std::string& reason, int64_t attempts) {
+  if (absl::Status v = ValidateEnvelope(event); !v.ok()) return v;
+  std::string refused;
+  absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
+    refused.clear();
+    pqxx::work tx(c);
+    ApplyLimits(tx);
+    // The chain's cursor row, locked as a batch locks it.
+    tx.exec_params(
+        "INSERT INTO aggregate_cursors (source, aggregate_type, aggregate_id) "
+        "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        event.source(), event.aggregate_type(), event.aggregate_id());
+    const pqxx::row cursor = tx.exec_params1(
+        "SELECT last_seq, held_count, EXISTS (SELECT 1 FROM held_events WHERE "
+        "event_id = $4) AS parked, EXISTS (SELECT 1 FROM inbox WHERE event_id "
+        "= $4) AS applied FROM aggregate_cursors WHERE source = $1 AND "
+        "aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE",
+        event.source(), event.aggregate_type(), event.aggregate_id(),
+        event.event_id());
+    if (cursor["parked"].as<bool>()) {
+      tx.exec_params(
+          "UPDATE held_events SET attempts = greatest(attempts, $2), "
+          "last_error = $3, failed_at = coalesce(failed_at, now()) WHERE "
+          "event_id = $1",
+          event.event_id(), attempts, reason.substr(0, 2000));
+      tx.commit();
+      return absl::OkStatus();
+    }
+    if (cursor["applied"].as<bool>()) {
+      refused = "its event_id is in the inbox";
+    } else if (event.seq() <= cursor["last_seq"].as<int64_t>()) {
+      refused = absl::StrCat("its chain passed seq ", event.seq());
+    } else if (cursor["held_count"].as<int64_t>() >=
+               options_.plan.max_held_per_aggregate) {
+      refused = absl::StrCat("its aggregate holds ",
+                             cursor["held_count"].as<int64_t>(), " events");
+    }
+    if (!refused.empty()) return absl::OkStatus();
+    const pqxx::result in = tx.exec_params(
+        "INSERT INTO held_events (event_id, source, aggregate_type, "
+        "aggregate_id, seq, prev_seq, payload, attempts, last_error, "
+        "failed_at) VALUES ($1, $2, $3, $4, $5, $6, decode($7, 'hex'), $8, "
+        "$9, now()) ON CONFLICT DO NOTHING RETURNING event_id",
+        event.event_id(), event.source(), event.aggregate_type(),
+        event.aggregate_id(), event.seq(), event.prev_seq(),
+        absl::BytesToHexString(event.SerializeAsString()), attempts,
+        reason.substr(0, 2000));
+    if (in.empty()) {
+      refused = "another event holds its link or position";
+      return absl::OkStatus();
+    }
+    tx.exec_params(
+        "UPDATE aggregate_cursors SET held_count = held_count + 1, "
+        "updated_at = now() WHERE source = $1 AND aggregate_type = $2 AND "
+        "aggregate_id = $3",
+        event.source(), event.aggregate_type(), event.aggregate_id());
+    tx.commit();
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  if (!refused.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "event ", event.event_id(), " cannot be parked: ", refused));
+  }
+  refused_held_->Add();
+  spdlog::warn(
+      "consumer: event {} (seq {}) refused {} times ({}); parked as a failed "
+      "held event: `outboxctl held --failed`, then release or skip it",
+      event.event_id(), event.seq(), attempts, reason);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<HeldActionResult> Engine::NextHeld(const std::string& event_id,

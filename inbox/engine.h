@@ -125,6 +125,20 @@ class Engine {
                                             const std::string& actor,
                                             const std::string& reason);
 
+  // For a source that has no relay to keep its dead letters (JetStream):
+  // parks `event`, which the engine REJECTED, `attempts` times, for
+  // `reason`, as a held event that failed: its aggregate waits behind it
+  // and an operator releases it for another try or skips it (ReleaseHeld,
+  // SkipHeld), as for a held event that failed as it drained; a copy
+  // delivered again is HELD. OK if it is parked (or was already).
+  // InvalidArgument for an envelope that can be stored nowhere;
+  // FailedPrecondition when it has no place to wait: its chain passed its
+  // position, another event holds its link or position, its id is in the
+  // inbox, or its aggregate holds max_held_per_aggregate events.
+  // Unavailable as ApplyBatch.
+  absl::Status ParkRefused(const v1::Event& event, const std::string& reason,
+                           int64_t attempts);
+
  private:
   // How one transaction of a batch goes.
   struct AttemptOptions {

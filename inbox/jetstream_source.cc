@@ -37,6 +37,10 @@ JetStreamSource::JetStreamSource(JetStreamSourceOptions options, Engine* engine,
           "outbox_consumer_jetstream_unreadable_total",
           "JetStream messages that were not an outbox Event, acknowledged "
           "and dropped.")),
+      parked_(metrics->AddCounter(
+          "outbox_consumer_jetstream_parked_total",
+          "JetStream events refused on --jetstream_park_after deliveries, "
+          "parked as failed held events for an operator and acknowledged.")),
       failures_(metrics->AddCounter(
           "outbox_consumer_jetstream_failures_total",
           "Failed JetStream calls (connect, bind, fetch, ack).")) {}
@@ -179,6 +183,36 @@ bool JetStreamSource::Step(jetstream::PullConsumer& consumer) {
         (void)m.Nak(absl::Seconds(1));
         redelivered_->Add();
         break;
+      case v1::REJECTED:
+        if (static_cast<int64_t>(m.num_delivered()) >= options_.park_after) {
+          // Refused on every delivery: parked in the inbox as a failed held
+          // event, for an operator (there is no relay to keep the dead
+          // letter), and acknowledged once it is.
+          absl::Status parked =
+              engine_->ParkRefused(events[i], r.reason(), m.num_delivered());
+          if (parked.ok()) {
+            if (absl::Status s = m.AckNoWait(); s.ok()) {
+              ++acks;
+              parked_->Add();
+            } else if (ack_status.ok()) {
+              ack_status = s;
+            }
+            break;
+          }
+          if (absl::IsInvalidArgument(parked)) {
+            // Can be stored nowhere, nor ever applied.
+            spdlog::error(
+                "consumer: JetStream message {} holds an event that can "
+                "never apply nor be parked ({}); acknowledged and dropped",
+                m.stream_seq(), std::string(parked.message()));
+            unreadable_->Add();
+            if (m.AckNoWait().ok()) ++acks;
+            break;
+          }
+          spdlog::warn("consumer: {}; it stays in the stream",
+                       std::string(parked.message()));
+        }
+        [[fallthrough]];
       default: {
         const absl::Duration delay = RefusedDelay(options_, m.num_delivered());
         spdlog::warn(

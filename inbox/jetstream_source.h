@@ -8,10 +8,17 @@
 // What each answer of the engine does to its message:
 //   APPLIED, DUPLICATE, HELD  acknowledged (HELD is parked durably in
 //                             held_events and drains with its predecessor)
-//   REJECTED, DIVERGED        not acknowledged: redelivered after a backoff
-//                             that grows with each delivery (the event stays
-//                             in the stream, never dropped), and counted in
-//                             outbox_consumer_jetstream_redeliveries_total
+//   REJECTED                  not acknowledged: redelivered after a backoff
+//                             that grows with each delivery, and counted in
+//                             outbox_consumer_jetstream_redeliveries_total;
+//                             refused on park_after deliveries, it is parked
+//                             in the inbox as a failed held event (its
+//                             aggregate waits behind it; `outboxctl held
+//                             --failed`, then release or skip) and then
+//                             acknowledged: the consumer's dead letter
+//   DIVERGED                  not acknowledged, redelivered with the same
+//                             backoff until an operator rewinds the
+//                             aggregate (EventSink.Rewind)
 //   DEFERRED                  redelivered after a second (behind a rejected
 //                             event of its batch; it comes back HELD)
 // A batch the database did not take (Unavailable) is redelivered after a
@@ -51,6 +58,8 @@ struct JetStreamSourceOptions {
   // its n-th delivery, at most max.
   absl::Duration reject_backoff = absl::Milliseconds(500);
   absl::Duration reject_backoff_max = absl::Seconds(60);
+  // Deliveries of an event refused on each before it is parked.
+  int64_t park_after = 5;
 };
 
 class JetStreamSource {
@@ -80,6 +89,7 @@ class JetStreamSource {
   Counter* const applied_;
   Counter* const redelivered_;
   Counter* const unreadable_;
+  Counter* const parked_;
   Counter* const failures_;
   std::atomic<int64_t> acked_{0};
   std::mutex mu_;
