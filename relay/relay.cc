@@ -20,18 +20,6 @@
 namespace outbox::relay {
 namespace {
 
-// Why an event cannot be delivered, or "": its stored payload is not an
-// outbox.v1.Event, or the event (of `size` bytes) is too large for the
-// consumer.
-std::string Undeliverable(bool parsed, size_t size) {
-  if (!parsed) return "payload: not a valid outbox.v1.Event";
-  if (size > kMaxEventBytes) {
-    return absl::StrCat("payload: the event takes ", size, " bytes; at most ",
-                        kMaxEventBytes, " can be delivered");
-  }
-  return "";
-}
-
 // How often at most a relay stores the log positions that moved (always
 // before it gives up partitions and when it stops).
 constexpr absl::Duration kLogFlushInterval = absl::Milliseconds(200);
@@ -477,70 +465,25 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       after = std::max(after, rows[rows.size() - 1]["seq"].as<int64_t>());
       // A chain goes when its first row here is its first undelivered
       // event; then all its rows here go, in chain order.
-      std::map<std::string, bool> goes;
-      std::vector<std::string> chains;  // of each row
-      chains.reserve(rows.size());
-      for (const auto& row : rows) {
-        chains.push_back(OutboxChain(row["aggregate_type"].c_str(),
-                                     row["aggregate_id"].c_str()));
-        goes.emplace(chains.back(), row["prev_done"].as<bool>());
-      }
-      v1::DeliverRequest req;
-      InFlight batch;
-      batch.batch_id = next_batch_id_++;
-      req.set_batch_id(batch.batch_id);
-      std::set<std::string> cut;  // a row of it was rejected here
-      bool full = false;
-      size_t bytes = 0;  // of req, kept as events are added
+      std::vector<Candidate> candidates(rows.size());
       for (size_t r = 0; r < rows.size(); ++r) {
-        const pqxx::row row = rows[r];
-        const std::string& agg = chains[r];
-        if (!goes.at(agg)) continue;  // waits for its predecessor
-        if (cut.count(agg)) continue;
-        // Below the consumer's message limit, whatever --batch_size says;
-        // the rest is claimed again once this batch is answered.
-        if (bytes > kMaxDeliveryBatchBytes) {
-          full = true;
-          break;
-        }
-        const int64_t seq = row["seq"].as<int64_t>();
-        std::string bad;
-        size_t size = 0;
-        v1::Event* event = req.add_events();
-        const bool parsed = EventFromRow(row, event);
-        event->set_source(source_);
-        if (event->prev_seq() < chain_from_) {
-          // Its predecessor was gone before the subscription began: for
-          // this subscriber the chain starts here.
-          event->set_prev_seq(0);
-        }
-        if (parsed) size = event->ByteSizeLong();
-        bad = Undeliverable(parsed, size);
-        busy_.Add(agg);
-        if (!bad.empty()) {
-          // Its successors must not overtake it: they wait for its fate.
-          marks_.push_back({seq, event->event_id(), agg, Mark::kRejected, bad,
-                            FieldsOf(*event)});
-          req.mutable_events()->RemoveLast();
-          cut.insert(agg);
-          continue;
-        }
-        bytes += size + 8;  // the event, its tag and length
-        batch.seqs.push_back(seq);
-        lane.sent_through = std::max(lane.sent_through, seq);
-        batch.partitions.push_back(row["partition"].as<int>());
-        batch.events.push_back(FieldsOf(*event));
-        batch.prev_seqs.push_back(event->prev_seq());
-        lane.in_flight_seqs.insert(seq);
+        Candidate& c = candidates[r];
+        c.parsed = EventFromRow(rows[r], &c.event);
+        c.partition = rows[r]["partition"].as<int>();
+        c.goes = rows[r]["prev_done"].as<bool>();
       }
-      if (!batch.seqs.empty()) {
+      BuiltBatch built = BuildBatch(std::move(candidates),
+                                    {.batch_id = next_batch_id_++,
+                                     .source = source_,
+                                     .chain_from = chain_from_,
+                                     .max_bytes = kMaxDeliveryBatchBytes});
+      Take(lane, built);
+      const bool full = built.cut_by_bytes;
+      if (!built.batch.seqs.empty()) {
         MaybeCrash("relay.after_claim_before_send");
-        // The claim stops at kMaxDeliveryBatchBytes of payloads: rows it
-        // returned that reach it may have had more behind them.
-        full |= bytes >= kMaxDeliveryBatchBytes;
-        batch.full = full || static_cast<int>(rows.size()) >= limit;
-        round->full |= batch.full;
-        Dispatch(lane, std::move(batch), std::move(req),
+        built.batch.full = full || static_cast<int>(rows.size()) >= limit;
+        round->full |= built.batch.full;
+        Dispatch(lane, std::move(built.batch), std::move(built.request),
                  fence_ == nullptr ? "" : rows[0]["lsn"].as<std::string>());
       }
       if (full) break;
@@ -623,60 +566,41 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
       return false;
     }
   }
-  v1::DeliverRequest req;
-  InFlight batch;
-  batch.batch_id = next_batch_id_++;
-  batch.from_log = true;
-  req.set_batch_id(batch.batch_id);
   // Chains this batch must not send: one of their events is unanswered
   // in an earlier batch (or a claim of their exceptions), or one here
   // cannot be sent. Their events become exceptions, delivered in chain
   // order once the one before is answered, so that a rejected event's
   // successors wait at the relay, never at the consumer (I6).
-  std::set<std::string> cut;
-  std::set<std::string> sent_here;
+  std::vector<Candidate> candidates;
+  candidates.reserve(read->events.size());
   for (LogEvent& e : read->events) {
-    const int64_t seq = e.event.seq();
-    const std::string agg =
-        OutboxChain(e.event.aggregate_type(), e.event.aggregate_id());
-    if (sent_here.count(agg) == 0 && busy_.busy(agg)) {
-      cut.insert(agg);
-    }
-    sent_here.insert(agg);
-    busy_.Add(agg);
-    v1::Event* event = req.add_events();
-    *event = std::move(e.event);
-    event->set_source(source_);
-    if (event->prev_seq() < chain_from_) event->set_prev_seq(0);
-    std::string bad;
-    if (cut.count(agg) > 0) {
-      // Behind one in flight or one that cannot go: it waits for that
-      // one's fate among the exceptions.
-      marks_.push_back({seq, event->event_id(), agg, Mark::kOwed, "",
-                        FieldsOf(*event), 0, true});
-      req.mutable_events()->RemoveLast();
-      continue;
-    }
-    bad = Undeliverable(e.payload_ok, e.payload_ok ? event->ByteSizeLong() : 0);
-    if (!bad.empty()) {
-      marks_.push_back({seq, event->event_id(), agg, Mark::kRejected, bad,
-                        FieldsOf(*event), 0, true});
-      req.mutable_events()->RemoveLast();
-      cut.insert(agg);
-      continue;
-    }
-    batch.seqs.push_back(seq);
-    batch.partitions.push_back(e.partition);
-    batch.events.push_back(FieldsOf(*event));
-    batch.prev_seqs.push_back(event->prev_seq());
-    lane.in_flight_seqs.insert(seq);
+    candidates.push_back({.event = std::move(e.event),
+                          .parsed = e.payload_ok,
+                          .partition = e.partition});
   }
-  if (batch.seqs.empty()) return true;
+  BuiltBatch built = BuildBatch(
+      std::move(candidates),
+      {.batch_id = next_batch_id_++,
+       .from_log = true,
+       .source = source_,
+       .chain_from = chain_from_,
+       .busy = [this](const std::string& chain) { return busy_.busy(chain); }});
+  Take(lane, built);
+  if (built.batch.seqs.empty()) return true;
   MaybeCrash("relay.after_claim_before_send");
-  batch.full = read->more;
-  round->full |= batch.full;
-  Dispatch(lane, std::move(batch), std::move(req), lsn);
+  built.batch.full = read->more;
+  round->full |= built.batch.full;
+  Dispatch(lane, std::move(built.batch), std::move(built.request), lsn);
   return true;
+}
+
+void Relay::Take(Lane& lane, BuiltBatch& built) {
+  for (const std::string& chain : built.busy) busy_.Add(chain);
+  for (Mark& m : built.marks) marks_.push_back(std::move(m));
+  for (int64_t seq : built.batch.seqs) lane.in_flight_seqs.insert(seq);
+  if (!built.batch.from_log) {
+    lane.sent_through = std::max(lane.sent_through, built.sent_through);
+  }
 }
 
 void Relay::Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,

@@ -59,6 +59,7 @@
 #include "common/watchdog.h"
 #include "outbox/v1/relay.pb.h"
 #include "outbox/v1/sink.grpc.pb.h"
+#include "relay/batch_builder.h"
 #include "relay/busy_chains.h"
 #include "relay/consumer_link.h"
 #include "relay/delivery_store.h"
@@ -254,6 +255,8 @@ class Relay {
   bool SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round);
   // Sends `req` (`batch` in flight) on `lane`, or holds it until the
   // standbys flushed WAL position `lsn` (the fence).
+  // A built batch's events out: busy chains, marks, in-flight seqs.
+  void Take(Lane& lane, BuiltBatch& built);
   void Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
                 const std::string& lsn);
   // Stores the log positions that answers moved (written marks only), at
