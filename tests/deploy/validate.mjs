@@ -44,6 +44,21 @@
 //    --helpfull, its databases the relay's and the billing consumer's
 //    Secret keys, and NetworkPolicies that let it reach DNS and PostgreSQL
 //    only.
+// 8. JetStream mode (components/jetstream; every relay and consumer of an
+//    overlay whose name contains "jetstream"), for each relay or consumer
+//    whose --jetstream is set: tls:// server URLs; --jetstream_ca (and a
+//    client certificate, if any) and a .creds file from read-only Secret
+//    mounts; exactly one kind of NATS credentials, a password or token
+//    only from a secretKeyRef (never an argument, a literal or a
+//    ConfigMap); the relay's --jetstream_replicas (>= 3 in prod), the
+//    consumer's batch, ack wait and durable; stream names and subject
+//    prefixes as the binaries compute them, each relay paired with the
+//    one consumer reading its stream and prefix (which then counts as its
+//    consumer in 4., in place of --consumer, unused in this mode), one
+//    stream per subscription; and NetworkPolicies that let exactly the
+//    JetStream relays and consumers reach the NATS servers' client port
+//    (pods of the namespace the URL names, labelled as NATS_POD_LABELS),
+//    and nothing else there.
 //
 // --bin=DIR: the directory of the built binaries. Each one's --helpfull
 // decides which flags exist and the form of their values; a binary missing
@@ -59,7 +74,7 @@ import { fileURLToPath } from "node:url";
 import {
   parseDocs, ident, find, podSpecOf, matchSelector, matchServiceSelector, resolveEnv, argvOf,
   effectiveFlag, flagInArgs, parseDuration, parseHostPort, WILDCARD_HOSTS, parseQuantity, resolveTargetPort,
-  workloadsForService, resolveServiceAddress, WORKLOAD_KINDS,
+  workloadsForService, resolveServiceAddress, WORKLOAD_KINDS, envNameForFlag,
 } from "./lib/k8s.mjs";
 import { makeSchemaValidator } from "./lib/schema.mjs";
 import { helpfull, ABSL_FLAGS } from "./lib/flags.mjs";
@@ -182,6 +197,21 @@ const SHUTDOWN_TIMEOUT_DEFAULT = "10s";
 const GRACE_MARGIN_SECONDS = 5; // time to exit after the drain deadline
 const PROD_MIN_REPLICAS = 2;
 const MONITORING_NAMESPACE = "monitoring";
+// prod and the overlays built on it (prod-jetstream): the prod policy
+// (registry image, pre-created Secrets, replicas, an external database).
+const isProd = (name) => name === "prod" || name.startsWith("prod-");
+// An overlay whose name says JetStream runs every relay and consumer so.
+const isJetStreamOverlay = (name) => /jetstream/.test(name);
+// The NATS servers' pods, as the NATS Helm chart labels them; their
+// namespace is the one the --jetstream URL's host names
+// (nats.nats.svc -> nats). An overlay whose NetworkPolicy selects the
+// servers by other labels needs them here too.
+const NATS_POD_LABELS = { "app.kubernetes.io/name": "nats" };
+const NATS_CLIENT_PORT_NAME = "client";
+const NATS_OTHER_PORTS = [6222, 8222]; // cluster routes, monitoring
+const JETSTREAM_PROD_MIN_REPLICAS = 3;
+// Flags whose value is a credential: never a literal argument.
+const CREDENTIAL_FLAG = /(password|token|secret)/i;
 
 let passed = 0;
 const failures = [];
@@ -296,7 +326,7 @@ function checkImage(c, overlay) {
   check(m && (m[2] || m[3]), `container ${c.name}: image "${img}" has a tag or digest`);
   check(m?.[2] !== "latest", `container ${c.name}: image is not :latest`);
   check(["IfNotPresent", "Always", "Never"].includes(c.imagePullPolicy), `container ${c.name}: imagePullPolicy is explicit`);
-  if (overlay === "prod") check(m?.[1]?.includes("/") && m?.[2] !== "dev", `container ${c.name}: prod image comes from a registry, not the local dev tag (found ${img})`);
+  if (isProd(overlay)) check(m?.[1]?.includes("/") && m?.[2] !== "dev", `container ${c.name}: prod image comes from a registry, not the local dev tag (found ${img})`);
 }
 
 // With TLS on --listen, the kubelet's grpc probes (which cannot speak TLS)
@@ -541,6 +571,14 @@ function checkTls(name, ns, objs, found, services) {
   // consumer's certificate names the host it dials.
   for (const [relayName, relay] of Object.entries(found).filter(([, f]) => f.comp === "outbox-relay")) {
     scope = `${name} ${relayName} -> ${relay.target?.metadata?.name ?? "its consumer"} TLS`;
+    if (relay.js) {
+      // JetStream mode: no stream to the consumer. Client files still
+      // given are read at start all the same: they must be there.
+      for (const [flag, want] of [["consumer_ca", "ca"], ["client_cert", "cert"], ["client_key", "key"]]) {
+        if (effectiveFlag(relay.args, relay.env, flag, "").value !== "") fromSecret(relayName, relay, flag, want);
+      }
+      continue;
+    }
     const caSrc = fromSecret(relayName, relay, "consumer_ca", "ca");
     const cc = fromSecret(relayName, relay, "client_cert", "cert");
     const ck = fromSecret(relayName, relay, "client_key", "key");
@@ -569,6 +607,194 @@ function checkTls(name, ns, objs, found, services) {
   // certificate must come from the same issuer.
   scope = `${name} TLS`;
   check(issuerSeen.size <= 1, `every service and outboxctl certificate comes from one issuer (found ${[...issuerSeen.entries()].map(([k, v]) => `${k} for ${v}`).join("; ")})`);
+}
+
+// ---------------------------------------------------------------- JetStream
+// The binaries' defaults (common/jetstream_flags.cc): stream
+// OUTBOX_<NAME> (upper case, - as _), subject prefix outbox.<name>, where
+// the relay's name is its --subscription and the consumer's its --handler.
+const defaultStreamFor = (n) => `OUTBOX_${String(n).toUpperCase().replace(/-/g, "_")}`;
+const STREAM_NAME = (v) => v !== "" && !/[.*>\s/\\]/.test(v);
+const SUBJECT_PREFIX = (v) => /^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(v);
+const DURABLE_NAME = (v) => v !== "" && !/[.*>\s]/.test(v);
+const DEFAULT_DURABLE = "outbox-consumer";
+const NATS_DEFAULT_PORT = 4222;
+const subjectsOverlap = (a, b) => a === b || a.startsWith(`${b}.`) || b.startsWith(`${a}.`);
+
+// Is a flag given at all: an argument, a resolved OUTBOX_* variable, or
+// one whose Secret is not rendered (prod).
+function flagSet(u, flag) {
+  if (flagInArgs(u.args, flag) !== undefined) return flagInArgs(u.args, flag) !== "";
+  const envName = envNameForFlag(flag);
+  if (Object.prototype.hasOwnProperty.call(u.env, envName)) return u.env[envName] !== "";
+  return (u.container.env ?? []).some((e) => e.name === envName && e.valueFrom);
+}
+
+// A relay's or consumer's JetStream settings, or null without --jetstream.
+function jetstreamOf(u) {
+  if (u.comp !== "outbox-relay" && u.comp !== "outbox-consumer") return null;
+  const servers = effectiveFlag(u.args, u.env, "jetstream", "").value;
+  if (!flagSet(u, "jetstream") && servers.trim() === "") return null;
+  const own = u.comp === "outbox-relay" ? u.subscription : u.handler;
+  return {
+    servers: servers.split(",").map((x) => x.trim()).filter(Boolean),
+    stream: effectiveFlag(u.args, u.env, "jetstream_stream", "").value || defaultStreamFor(own),
+    subjects: effectiveFlag(u.args, u.env, "jetstream_subjects", "").value || `outbox.${own}`,
+    durable: u.comp === "outbox-consumer" ? effectiveFlag(u.args, u.env, "jetstream_durable", DEFAULT_DURABLE).value : null,
+    endpoints: [],
+  };
+}
+
+// "tls://host:port" -> { scheme, userinfo, host, port }, or null.
+function parseNatsUrl(url) {
+  const m = /^(nats|tls):\/\/(?:([^@/]*)@)?(\[[^\]]+\]|[^:/@]+)(?::(\d+))?\/?$/.exec(url);
+  if (!m) return null;
+  return { scheme: m[1], userinfo: m[2] ?? "", host: m[3].replace(/^\[|\]$/g, ""), port: m[4] ? Number(m[4]) : NATS_DEFAULT_PORT };
+}
+
+// Where a NATS URL leads, as a NetworkPolicy endpoint: the servers' pods
+// of the namespace its host names (a Service: name, name.ns,
+// name.ns.svc[.cluster.local]), an address (an IPv4 literal), or null for
+// a name outside the cluster (not evaluated).
+function natsEndpoint(p, ns, url) {
+  if (/^\d+\.\d+\.\d+\.\d+$/.test(p.host)) return { pod: false, name: `NATS ${p.host}`, ip: p.host, key: `${p.host}:${p.port}` };
+  const parts = p.host.replace(/\.$/, "").split(".");
+  if (parts.length > 2 && parts[2] !== "svc") return null;
+  const nsName = parts.length > 1 ? parts[1] : ns;
+  return {
+    pod: true, name: `NATS ${p.host} (the servers' pods in namespace ${nsName})`, namespace: nsName,
+    nsLabels: { "kubernetes.io/metadata.name": nsName }, labels: { ...NATS_POD_LABELS },
+    ports: [{ name: NATS_CLIENT_PORT_NAME, containerPort: p.port, protocol: "TCP" }],
+    key: `${nsName}:${p.port}`, url,
+  };
+}
+
+// A cert-manager Certificate a JetStream client reads (the CA that
+// verifies the servers, its client certificate): a leaf, renewed with a
+// new key, from an issuer that resolves.
+function checkNatsCertificate(name, objs, c, { client }, seen) {
+  const at = `Certificate ${c.metadata.name} (NATS client)`;
+  if (client) check((c.spec?.usages ?? []).includes("client auth"), `${at}: usages include "client auth"`);
+  if (seen.has(c)) return;
+  seen.add(c);
+  check(c.spec?.isCA !== true, `${at}: is not a CA`);
+  const pk = c.spec?.privateKey ?? {};
+  check(pk.rotationPolicy === "Always", `${at}: privateKey.rotationPolicy is Always (found ${pk.rotationPolicy ?? "unset"})`);
+  const d = hours(c.spec?.duration);
+  const rb = hours(c.spec?.renewBefore);
+  check(Number.isFinite(d) && d >= 1 && d <= MAX_LEAF_DURATION_H, `${at}: duration is set, between 1h and ${MAX_LEAF_DURATION_H}h (found ${c.spec?.duration ?? "unset"})`);
+  check(Number.isFinite(rb) && rb >= MIN_RENEW_BEFORE_H && (!Number.isFinite(d) || rb < d),
+    `${at}: renewBefore is set, >= ${MIN_RENEW_BEFORE_H}h and below the duration (found ${c.spec?.renewBefore ?? "unset"})`);
+  const ref = c.spec?.issuerRef ?? {};
+  if ((ref.group ?? "cert-manager.io") !== "cert-manager.io" || ref.kind === "ClusterIssuer") {
+    notes.push(`${name}: ${at} is issued by ${ref.kind ?? "Issuer"} ${ref.name}, which is not rendered here: not checked (it must sign, or share a CA with, the NATS servers' certificates)`);
+  } else {
+    check(objs.some((o) => o.kind === "Issuer" && o.apiVersion === CERT_MANAGER_API && o.metadata?.name === ref.name),
+      `${at}: its issuerRef names an Issuer rendered in the namespace (found ${issuerKey(ref)})`);
+  }
+}
+
+// Every relay and consumer with --jetstream: its connection, credentials,
+// stream; then each JetStream relay's consumer (by stream and prefix),
+// which becomes its `target` for the fan-out checks.
+function checkJetStream(name, ns, objs, found) {
+  const certs = objs.filter((o) => o.apiVersion === CERT_MANAGER_API && o.kind === "Certificate");
+  const seen = new Set();
+  for (const [unitName, u] of Object.entries(found)) {
+    if (u.comp !== "outbox-relay" && u.comp !== "outbox-consumer") continue;
+    scope = `${name} ${unitName} JetStream`;
+    if (isJetStreamOverlay(name)) check(u.js, `runs in JetStream mode (--jetstream is set): the overlay ${name} is a JetStream one`);
+    if (!u.js) continue;
+    const c = u.container;
+    const spec = podSpecOf(u.workload);
+    check(u.js.servers.length > 0, "--jetstream names at least one server");
+    for (const url of u.js.servers) {
+      const p = parseNatsUrl(url);
+      if (!check(p, `--jetstream: "${url}" is a nats:// or tls:// URL of a host`)) continue;
+      check(p.scheme === "tls", `--jetstream: "${url}" is tls:// (TLS to NATS, the servers verified against --jetstream_ca)`);
+      check(p.userinfo === "", `--jetstream: "${url}" carries no credentials (they come from a Secret)`);
+      const ep = natsEndpoint(p, ns, url);
+      if (!ep) notes.push(`${name}: ${unitName} reaches NATS at ${p.host}, outside the cluster's Services: its egress is not evaluated`);
+      u.js.endpoints.push({ url, port: p.port, ep });
+    }
+    // Files: from read-only, directory-mounted, non-optional Secrets.
+    const fileFrom = (flag, want) => {
+      const value = effectiveFlag(u.args, u.env, flag, "").value;
+      if (value === "") return null;
+      const src = fileSource(spec, c, value, certs);
+      if (!check(!src.error, `--${flag}=${value} is a file of a mounted Secret${src.error ? `: ${src.error}` : ""}`)) return null;
+      check(src.mount.readOnly === true, `--${flag}: the volumeMount ${src.mount.mountPath} is readOnly`);
+      check(!src.mount.subPath && !src.mount.subPathExpr, `--${flag}: the volumeMount ${src.mount.mountPath} has no subPath (the kubelet never updates a subPath mount)`);
+      check(!src.optional, `--${flag}: the Secret volume is not optional (a pod must not start without it)`);
+      if (src.cert && want) check(src.key === SECRET_KEY[want], `--${flag}: reads the key ${SECRET_KEY[want]} of Secret ${src.secretName} (reads ${src.key})`);
+      return src;
+    };
+    // TLS: the CA that verifies the servers; a client certificate if any.
+    check(flagSet(u, "jetstream_ca"), "--jetstream_ca is set (TLS to NATS: the CA that verifies the servers)");
+    const ca = fileFrom("jetstream_ca", "ca");
+    if (ca?.cert) checkNatsCertificate(name, objs, ca.cert, { client: false }, seen);
+    else if (ca) notes.push(`${name}: the NATS servers are verified with the key ${ca.key} of the pre-created Secret ${ca.secretName} (no Certificate here issues it)`);
+    check(flagSet(u, "jetstream_cert") === flagSet(u, "jetstream_key"), "--jetstream_cert and --jetstream_key go together");
+    const cert = fileFrom("jetstream_cert", "cert");
+    const key = fileFrom("jetstream_key", "key");
+    if (cert && key) check(cert.secretName === key.secretName, `--jetstream_cert and --jetstream_key come from one Secret (${cert.secretName}, ${key.secretName})`);
+    if (cert?.cert) checkNatsCertificate(name, objs, cert.cert, { client: true }, seen);
+    // Credentials: one kind; a password or token from a secretKeyRef only.
+    const kinds = ["jetstream_creds", "jetstream_user", "jetstream_token"].filter((f) => flagSet(u, f));
+    check(kinds.length === 1, `exactly one kind of NATS credentials: --jetstream_creds, --jetstream_user with its password, or --jetstream_token (found ${kinds.map((k) => `--${k}`).join(", ") || "none"})`);
+    if (flagSet(u, "jetstream_password")) check(flagSet(u, "jetstream_user"), "--jetstream_password comes with --jetstream_user");
+    for (const flag of ["jetstream_password", "jetstream_token"]) {
+      if (!flagSet(u, flag)) continue;
+      const envName = envNameForFlag(flag);
+      check(flagInArgs(u.args, flag) === undefined, `--${flag} is not a literal argument (${envName} from a secretKeyRef)`);
+      const e = (c.env ?? []).find((x) => x.name === envName);
+      check(e?.valueFrom?.secretKeyRef, `${envName} comes from a secretKeyRef (found ${e ? (e.valueFrom ? Object.keys(e.valueFrom)[0] : "a literal value") : "envFrom or an argument"})`);
+    }
+    const creds = fileFrom("jetstream_creds", null);
+    if (creds) check(!creds.cert, `--jetstream_creds: Secret ${creds.secretName} is no certificate's (a .creds file of its own)`);
+    if (flagSet(u, "jetstream_user") && !flagSet(u, "jetstream_password")) notes.push(`${name}: ${unitName} connects to NATS as a user without a password`);
+    // Stream and subjects, as the binaries take them.
+    check(STREAM_NAME(u.js.stream), `stream "${u.js.stream}" is non-empty, without . * > / \\ or whitespace`);
+    check(SUBJECT_PREFIX(u.js.subjects), `subject prefix "${u.js.subjects}" is dot-separated tokens of A-Z a-z 0-9 - _`);
+    if (u.comp === "outbox-relay") {
+      const r = effectiveFlag(u.args, u.env, "jetstream_replicas", "3").value;
+      const n = Number(r);
+      check(Number.isInteger(n) && n >= 1 && n <= 5, `--jetstream_replicas ${r} is 1-5`);
+      if (isProd(name)) check(n >= JETSTREAM_PROD_MIN_REPLICAS, `prod: --jetstream_replicas ${r} >= ${JETSTREAM_PROD_MIN_REPLICAS} (an acknowledgement then means a quorum of replicas has the message; 1 would lose acknowledged events with one node)`);
+      const dw = parseDuration(effectiveFlag(u.args, u.env, "jetstream_duplicate_window", "2m").value);
+      check(dw > 0, `--jetstream_duplicate_window is positive (found ${dw} s)`);
+    } else {
+      const b = Number(effectiveFlag(u.args, u.env, "jetstream_batch", "256").value);
+      check(Number.isInteger(b) && b >= 1 && b <= 1000, `--jetstream_batch ${b} is 1-1000`);
+      const aw = parseDuration(effectiveFlag(u.args, u.env, "jetstream_ack_wait", "30s").value);
+      check(aw >= 1, `--jetstream_ack_wait is at least 1s (found ${aw} s)`);
+      check(DURABLE_NAME(u.js.durable), `--jetstream_durable "${u.js.durable}" is non-empty, without . * > or whitespace`);
+    }
+  }
+  // Each JetStream relay: the one consumer that reads its stream.
+  const jsRelays = Object.entries(found).filter(([, f]) => f.comp === "outbox-relay" && f.js);
+  const jsConsumers = Object.entries(found).filter(([, f]) => f.comp === "outbox-consumer" && f.js);
+  const sameServers = (a, b) => a.length === b.length && [...a].sort().every((x, i) => x === [...b].sort()[i]);
+  for (const [rName, r] of jsRelays) {
+    scope = `${name} ${rName} JetStream`;
+    const readers = jsConsumers.filter(([, f]) => f.js.stream === r.js.stream);
+    r.target = null;
+    if (!check(readers.length === 1, `exactly one JetStream consumer Deployment reads its stream ${r.js.stream} (found ${readers.map(([n]) => n).join(", ") || "none"})`)) continue;
+    const [cName, con] = readers[0];
+    check(con.js.subjects === r.js.subjects, `${cName} reads the subjects ${r.js.subjects}.> it publishes (its prefix: ${con.js.subjects})`);
+    check(sameServers(con.js.servers, r.js.servers), `${cName} connects to the NATS servers it publishes to (${r.js.servers.join(",")}; ${cName}: ${con.js.servers.join(",")})`);
+    r.target = con.workload;
+  }
+  for (let i = 0; i < jsRelays.length; i++) {
+    for (let j = i + 1; j < jsRelays.length; j++) {
+      const [a, fa] = jsRelays[i];
+      const [b, fb] = jsRelays[j];
+      if (fa.subscription === fb.subscription) continue; // the fan-out check reports two relays of one subscription
+      scope = `${name} JetStream`;
+      check(fa.js.stream !== fb.js.stream, `${a} and ${b} (subscriptions ${fa.subscription}, ${fb.subscription}) publish to streams of their own (both: ${fa.js.stream})`);
+      check(!subjectsOverlap(fa.js.subjects, fb.js.subjects), `${a} and ${b} publish under subject prefixes apart (${fa.js.subjects}, ${fb.js.subjects}): NATS refuses streams with overlapping subjects`);
+    }
+  }
 }
 
 function componentOf(container) {
@@ -633,7 +859,7 @@ async function validateOverlay(name, file, validator, docker) {
       checkImage(c, name);
       const { env, sources, missing } = resolveEnv(c, objs);
       for (const m of missing) {
-        const okOutOfBand = name === "prod" && m.kind === "secret" && !m.rendered;
+        const okOutOfBand = isProd(name) && m.kind === "secret" && !m.rendered;
         check(okOutOfBand, `container ${c.name}: reference to ${m.kind} ${m.name}${m.key ? ` key ${m.key}` : ""} resolves`);
       }
       // Credentials only from Secrets.
@@ -645,6 +871,10 @@ async function validateOverlay(name, file, validator, docker) {
       for (const [k, v] of Object.entries(env)) {
         if (!String(sources[k]).startsWith("secret:")) {
           check(!/:\/\/[^/@\s:]+:[^/@\s]+@/.test(v), `container ${c.name}: ${k} (${sources[k]}) holds no URL with a password`);
+        }
+        // A credential from envFrom: a Secret's, never a ConfigMap's.
+        if (/PASSWORD|SECRET|TOKEN/.test(k) && !(c.env ?? []).some((e) => e.name === k)) {
+          check(String(sources[k]).startsWith("secret:"), `container ${c.name}: ${k} comes from a Secret (found ${sources[k]})`);
         }
       }
       const comp = componentOf(c);
@@ -680,13 +910,23 @@ async function validateOverlay(name, file, validator, docker) {
           check(known[flag](v), `container ${c.name}: ${k}="${v}" is a valid --${flag} value`);
         }
       }
+      // Variables whose Secret is not rendered (prod): their names at least.
+      for (const e of c.env ?? []) {
+        if (!e.name.startsWith("OUTBOX_") || Object.prototype.hasOwnProperty.call(env, e.name)) continue;
+        const ref = e.valueFrom?.secretKeyRef ?? e.valueFrom?.configMapKeyRef;
+        check(known[e.name.slice(7).toLowerCase()], `container ${c.name}: ${e.name} (${ref ? `${e.valueFrom.secretKeyRef ? "secret" : "configmap"} ${ref.name} key ${ref.key}` : "runtime"}) is a flag of ${comp} (per ${flagSource[comp]})`);
+      }
       for (const a of args) {
         const m = /^--?([A-Za-z0-9_]+)(?:=(.*))?$/s.exec(a);
         if (!m) continue;
         if (check(known[m[1]], `container ${c.name}: argument --${m[1]} is a flag of ${comp} (per ${flagSource[comp]})`) && m[2] !== undefined) {
           check(known[m[1]](m[2]), `container ${c.name}: --${m[1]}="${m[2]}" is a valid value`);
         }
+        if (CREDENTIAL_FLAG.test(m[1])) {
+          check(false, `container ${c.name}: --${m[1]} is not a literal argument (a credential: ${envNameForFlag(m[1])} from a secretKeyRef)`);
+        }
       }
+      unit.js = jetstreamOf(unit);
       const listen = effectiveFlag(args, env, "listen", COMPONENTS[comp].listen);
       const lhp = parseHostPort(listen.value);
       check(lhp, `container ${c.name}: --listen "${listen.value}" is host:port`);
@@ -739,7 +979,7 @@ async function validateOverlay(name, file, validator, docker) {
       // Database URL: from the Secret; in dev it must resolve to the
       // rendered PostgreSQL Service and the component's database.
       const db = effectiveFlag(args, env, "db", "");
-      if (name === "prod") {
+      if (isProd(name)) {
         check(db.source === "args" || (c.env ?? []).some((e) => e.name === "OUTBOX_DB" && e.valueFrom?.secretKeyRef),
           `container ${c.name}: --db comes from the Secret`);
       } else {
@@ -767,7 +1007,10 @@ async function validateOverlay(name, file, validator, docker) {
         }
       }
 
-      if (comp === "outbox-relay") {
+      // In JetStream mode --consumer is unused: the relay's consumer is the
+      // one reading its stream (checkJetStream).
+      if (comp === "outbox-relay" && unit.js) unit.target = null;
+      if (comp === "outbox-relay" && !unit.js) {
         const target = effectiveFlag(args, env, "consumer", "127.0.0.1:50053");
         const r = resolveServiceAddress(objs, ns, target.value);
         check(r?.workload, `--consumer "${target.value}" is a rendered Service with a backing pod`);
@@ -812,12 +1055,12 @@ async function validateOverlay(name, file, validator, docker) {
     const w = f.workload;
     const labels = w.spec.template.metadata.labels ?? {};
     const replicas = w.spec.replicas ?? 1;
-    if (name === "prod") check(replicas >= PROD_MIN_REPLICAS, `prod runs >= ${PROD_MIN_REPLICAS} replicas (found ${replicas})`);
+    if (isProd(name)) check(replicas >= PROD_MIN_REPLICAS, `prod runs >= ${PROD_MIN_REPLICAS} replicas (found ${replicas})`);
     const tsc = (w.spec.template.spec.topologySpreadConstraints ?? []).find((t) => t.topologyKey === "kubernetes.io/hostname");
     if (check(tsc, "has a topologySpreadConstraint on kubernetes.io/hostname")) {
       check(tsc.maxSkew === 1, "hostname spread maxSkew is 1");
       check(matchSelector(tsc.labelSelector, labels), "hostname spread labelSelector selects its own pods");
-      if (name === "prod") check(tsc.whenUnsatisfiable === "DoNotSchedule", "prod hostname spread is DoNotSchedule");
+      if (isProd(name)) check(tsc.whenUnsatisfiable === "DoNotSchedule", "prod hostname spread is DoNotSchedule");
     }
     const mine = pdbs.filter((p) => matchSelector(p.spec?.selector, labels));
     check(mine.length === 1, `exactly one PodDisruptionBudget selects its pods (found ${mine.length})`);
@@ -840,6 +1083,9 @@ async function validateOverlay(name, file, validator, docker) {
     }
   }
 
+  // JetStream mode: the NATS connection, and each relay's consumer by stream.
+  checkJetStream(name, ns, objs, found);
+
   // Fan-out: one relay Deployment per subscription, each delivering to a
   // consumer Deployment of the subscription's handler, each consumer fed by
   // exactly one relay and on a database of its own.
@@ -852,7 +1098,8 @@ async function validateOverlay(name, file, validator, docker) {
     if (!check(mine.length === 1, `exactly one relay Deployment delivers the subscription ${sub} (found ${mine.map(([n]) => n).join(", ") || "none"})`)) continue;
     const [rName, rel] = mine[0];
     const [cName, con] = unitOf(rel.target);
-    if (check(con?.comp === "outbox-consumer", `${rName} (subscription ${sub}) delivers to a consumer Deployment (--consumer reaches ${cName ?? "nothing"})`)) {
+    const via = rel.js ? `its stream ${rel.js.stream} is read by` : "--consumer reaches";
+    if (check(con?.comp === "outbox-consumer", `${rName} (subscription ${sub}) delivers to a consumer Deployment (${via} ${cName ?? "nothing"})`)) {
       check(con.handler === want.handler, `${rName} (subscription ${sub}) delivers to a consumer with --handler=${want.handler} (${cName} runs ${con.handler})`);
     }
   }
@@ -893,22 +1140,32 @@ async function validateOverlay(name, file, validator, docker) {
   // 4. Secrets: dev generates one; prod must not carry any.
   scope = name;
   const secrets = objs.filter((o) => o.kind === "Secret");
-  if (name === "prod") {
+  if (isProd(name)) {
     check(secrets.length === 0, `renders no Secret (prod expects a pre-created one; found ${secrets.map((s) => s.metadata.name).join(", ")})`);
     const refs = new Set();
     for (const f of Object.values(found)) {
       for (const e of f.container.env ?? []) if (e.valueFrom?.secretKeyRef) refs.add(`${e.valueFrom.secretKeyRef.name}/${e.valueFrom.secretKeyRef.key}`);
     }
     check(refs.size > 0, "services read credentials from a Secret");
-    expectedProdSecretKeys.push(...refs);
+    // Secret volumes no Certificate of the overlay writes (the NATS .creds).
+    const issued = new Set(objs.filter((o) => o.kind === "Certificate").map((o) => o.spec?.secretName));
+    for (const f of Object.values(found)) {
+      for (const v of podSpecOf(f.workload).volumes ?? []) {
+        if (!v.secret || issued.has(v.secret.secretName)) continue;
+        const items = v.secret.items ?? [];
+        if (items.length === 0) refs.add(`${v.secret.secretName}/*`);
+        for (const it of items) refs.add(`${v.secret.secretName}/${it.key}`);
+      }
+    }
+    expectedSecretKeys(name).push(...refs);
   }
 
   // The reconcile CronJob.
   const cronJobs = objs.filter((o) => o.kind === "CronJob");
   const reconcilers = checkCronJobs(name, objs, cronJobs, found, docker);
-  if (name === "prod") {
+  if (isProd(name)) {
     for (const r of reconcilers) {
-      for (const e of r.container.env ?? []) if (e.valueFrom?.secretKeyRef) expectedProdSecretKeys.push(`${e.valueFrom.secretKeyRef.name}/${e.valueFrom.secretKeyRef.key}`);
+      for (const e of r.container.env ?? []) if (e.valueFrom?.secretKeyRef) expectedSecretKeys(name).push(`${e.valueFrom.secretKeyRef.name}/${e.valueFrom.secretKeyRef.key}`);
     }
   }
 
@@ -937,7 +1194,7 @@ async function validateOverlay(name, file, validator, docker) {
     check(isolated(policies, jobEp(cj), "Egress"), `${ident(cj)} pods are isolated for egress`);
   }
   const eps = {};
-  for (const [unitName, f] of Object.entries(found)) eps[unitName] = { ...podEp(f.workload), unit: unitName, comp: f.comp, workload: f.workload, target: f.target };
+  for (const [unitName, f] of Object.entries(found)) eps[unitName] = { ...podEp(f.workload), unit: unitName, comp: f.comp, workload: f.workload, target: f.target, js: f.js };
   const portOf = (ep, pname) => (ep?.ports ?? []).find((p) => p.name === pname)?.containerPort;
   const strangerPod = { pod: true, name: "another pod of the namespace", namespace: ns, nsLabels, labels: { app: "something-else" }, ports: [] };
   const foreignPod = { pod: true, name: "a pod of another namespace", namespace: "elsewhere", nsLabels: { "kubernetes.io/metadata.name": "elsewhere" }, labels: { "app.kubernetes.io/name": "outbox-relay" }, ports: [] };
@@ -971,7 +1228,12 @@ async function validateOverlay(name, file, validator, docker) {
     // delivering into another subscription's consumer.
     for (const C of Cs) {
       const cg = portOf(C, "grpc");
-      for (const R of Rs) expect(R, C, cg, "TCP", R.target === C.workload);
+      for (const R of Rs) {
+        // A JetStream relay does not dial its consumer (--consumer is
+        // unused): that path may stay open or be closed; any other is shut.
+        if (R.js && R.target === C.workload) continue;
+        expect(R, C, cg, "TCP", R.target === C.workload);
+      }
       for (const src of [...Ps, ...Cs.filter((x) => x !== C), strangerPod, foreignPod, outsider, prometheus]) expect(src, C, cg, "TCP", false);
     }
     // Relay admin: no in-cluster client.
@@ -1004,6 +1266,29 @@ async function validateOverlay(name, file, validator, docker) {
     // The reconcile Jobs: DNS and PostgreSQL, nothing else, and no
     // connection to them.
     const Js = reconcilers.map((r) => jobEp(r.cronJob));
+    // NATS (JetStream mode): each JetStream relay and consumer reaches the
+    // servers' client port, not their other ports, not that port anywhere
+    // else (another namespace's pods labelled alike, an arbitrary
+    // address); the producer, the Jobs and services not in JetStream mode
+    // do not reach NATS at all.
+    const natsEps = new Map();
+    for (const X of all) for (const n of X.js?.endpoints ?? []) if (n.ep) natsEps.set(n.ep.key, n);
+    for (const X of all.filter((x) => x.js)) {
+      for (const n of X.js.endpoints) {
+        if (!n.ep) continue;
+        expect(X, n.ep, n.port, "TCP", true);
+        for (const p of NATS_OTHER_PORTS) if (n.ep.pod) expect(X, n.ep, p, "TCP", false);
+        if (n.ep.pod) {
+          const lookalike = { pod: true, name: `a pod labelled like NATS in another namespace`, namespace: "elsewhere", nsLabels: { "kubernetes.io/metadata.name": "elsewhere" }, labels: { ...NATS_POD_LABELS }, ports: n.ep.ports };
+          expect(X, lookalike, n.port, "TCP", false);
+        }
+        expect(X, internet, n.port, "TCP", false);
+        expect(X, { ...strangerPod, ports: [{ name: NATS_CLIENT_PORT_NAME, containerPort: n.port, protocol: "TCP" }] }, n.port, "TCP", false);
+      }
+    }
+    for (const src of [...all.filter((x) => !x.js), ...Js]) {
+      for (const n of natsEps.values()) expect(src, n.ep, n.port, "TCP", false);
+    }
     for (const J of Js) {
       expect(J, kubeDns, 53, "UDP", true);
       expect(J, kubeDns, 53, "TCP", true);
@@ -1018,7 +1303,7 @@ async function validateOverlay(name, file, validator, docker) {
       for (const src of [strangerPod, foreignPod, outsider, prometheus, ...all]) expect(src, J, 8080, "TCP", false);
     }
     const pgWorkload = workloads.find((w) => w.kind === "StatefulSet");
-    if (name === "prod") {
+    if (isProd(name)) {
       check(!pgWorkload, "runs no PostgreSQL of its own (external database)");
       for (const src of [...all, ...Js]) expect(src, externalDb, 5432, "TCP", true);
       for (const J of Js) expect(J, externalDb, 443, "TCP", false);
@@ -1065,7 +1350,7 @@ async function validateOverlay(name, file, validator, docker) {
     }
   }
 
-  return { objects: objs.length, schemaOk, deployments: deployments.length, cronJobs: cronJobs.length, policies: policies.length, certificates: objs.filter((o) => o.kind === "Certificate").length };
+  return { objects: objs.length, schemaOk, jetstream: Object.values(found).filter((f) => f.js).length, deployments: deployments.length, cronJobs: cronJobs.length, policies: policies.length, certificates: objs.filter((o) => o.kind === "Certificate").length };
 }
 
 // ---------------------------------------------------------------- CronJobs
@@ -1115,7 +1400,7 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
     check(!c.ports?.length, `container ${c.name}: declares no ports`);
     const { env, sources, missing } = resolveEnv(c, objs);
     for (const m of missing) {
-      check(name === "prod" && m.kind === "secret" && !m.rendered, `container ${c.name}: reference to ${m.kind} ${m.name}${m.key ? ` key ${m.key}` : ""} resolves`);
+      check(isProd(name) && m.kind === "secret" && !m.rendered, `container ${c.name}: reference to ${m.kind} ${m.name}${m.key ? ` key ${m.key}` : ""} resolves`);
     }
     for (const e of c.env ?? []) {
       if (/PASSWORD|SECRET|TOKEN|^OUTBOX_\w*DB$/.test(e.name)) check(e.valueFrom?.secretKeyRef, `container ${c.name}: ${e.name} comes from a Secret`);
@@ -1144,6 +1429,9 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
       if (!check(m, `container ${c.name}: argument "${a}" is a --flag=value (${RECONCILE.command} takes no other)`)) continue;
       if (check(known[m[1]], `container ${c.name}: argument --${m[1]} is a flag of ${bin} (per ${flagSource[bin]})`) && m[2] !== undefined) {
         check(known[m[1]](m[2]), `container ${c.name}: --${m[1]}="${m[2]}" is a valid value`);
+      }
+      if (CREDENTIAL_FLAG.test(m[1])) {
+        check(false, `container ${c.name}: --${m[1]} is not a literal argument (a credential: ${envNameForFlag(m[1])} from a secretKeyRef)`);
       }
     }
     const window = parseDuration(effectiveFlag(args, env, "window", "1h").value);
@@ -1177,7 +1465,7 @@ function checkCronJobs(name, objs, cronJobs, found, docker) {
         const pw = (c.env ?? []).find((e) => e.name === pwName)?.valueFrom?.secretKeyRef;
         check(pw && spw && pw.name === spw.name && pw.key === spw.key, `container ${c.name}: ${pwName} is the Secret key ${spw?.name}/${spw?.key} that ${svc.workload.metadata.name} passes as PGPASSWORD`);
       }
-      if (name !== "prod") {
+      if (!isProd(name)) {
         let u = null;
         try {
           u = new URL(env[envName]);
@@ -1230,7 +1518,12 @@ function checkBase(file) {
   for (const cj of cjs) check(cj.spec?.suspend !== true, `${ident(cj)}: suspend is false (found ${cj.spec?.suspend})`);
 }
 
-const expectedProdSecretKeys = [];
+// Per prod overlay: the Secret keys it expects to be created out of band.
+const expectedProdSecretKeys = new Map();
+const expectedSecretKeys = (name) => {
+  if (!expectedProdSecretKeys.has(name)) expectedProdSecretKeys.set(name, []);
+  return expectedProdSecretKeys.get(name);
+};
 const notes = [];
 const schema = makeSchemaValidator(path.join(here, "node_modules"));
 const docker = readDockerfile();
@@ -1248,16 +1541,18 @@ for (const o of overlays) {
   try {
     const s = await validateOverlay(o.name, o.file, schema, docker);
     summaries.push(`  ${o.name}: ${s.objects} objects, ${s.schemaOk}/${s.objects} valid against the schemas (${schema.packages.map((p) => `${p.name} ${p.version}`).join(", ")}; strict), ` +
-      `${s.deployments} Deployments, ${s.cronJobs} CronJobs, ${s.certificates} Certificates, ${s.policies} NetworkPolicies; ${passed - before} checks passed, ${failures.length - beforeFail} failed`);
+      `${s.deployments} Deployments${s.jetstream ? ` (${s.jetstream} in JetStream mode)` : ""}, ${s.cronJobs} CronJobs, ${s.certificates} Certificates, ${s.policies} NetworkPolicies; ${passed - before} checks passed, ${failures.length - beforeFail} failed`);
   } catch (e) {
     failures.push(`${o.name}: ${e.stack ?? e}`);
   }
 }
 for (const f of failures) console.log(`FAIL ${f}`);
-for (const n of notes) console.log(`note ${n}`);
+for (const n of new Set(notes)) console.log(`note ${n}`);
 console.log("deploy validation:");
 console.log(`  flags checked against the binaries' --helpfull (${binDir})`);
 for (const s of summaries) console.log(s);
-if (expectedProdSecretKeys.length) console.log(`  prod expects a pre-created Secret with: ${[...new Set(expectedProdSecretKeys)].sort().join(", ")}`);
+for (const [n, keys] of expectedProdSecretKeys) {
+  if (keys.length) console.log(`  ${n} expects pre-created Secrets with: ${[...new Set(keys)].sort().join(", ")}`);
+}
 console.log(`validate: ${passed} passed, ${failures.length} failed`);
 process.exit(failures.length === 0 ? 0 : 1);

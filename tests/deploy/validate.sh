@@ -8,7 +8,8 @@
 # the deployment policy (probes, resources, security, grace periods,
 # metrics and their PodMonitor, spread, budgets, mutual TLS and its
 # certificates, flags, network policies, the subscriptions' relays and
-# consumers, Dockerfile). No cluster is needed.
+# consumers, JetStream mode in overlays/prod-jetstream, Dockerfile). No
+# cluster is needed.
 #
 # Usage: tests/deploy/validate.sh [BIN_DIR]   (from any directory; exit 0 or 1)
 #   BIN_DIR  the built binaries (default: $OUTBOX_DEPLOY_BIN, else build/bin
@@ -59,8 +60,10 @@ for dir in "$k8s"/overlays/*/; do
   echo "rendered overlays/$name: $(grep -c '^kind:' "$tmp/$name.yaml") objects"
   pairs+=("$name=$tmp/$name.yaml")
 done
-[[ ${#pairs[@]} -ge 2 ]] || fail "expected overlays dev and prod under $k8s/overlays"
-for want in dev prod; do
+[[ ${#pairs[@]} -ge 3 ]] || fail "expected overlays dev, prod and prod-jetstream under $k8s/overlays"
+# prod-jetstream: prod with components/jetstream (relays and consumers
+# through NATS JetStream); validate.mjs expects JetStream mode there.
+for want in dev prod prod-jetstream; do
   [[ -s "$tmp/$want.yaml" ]] || fail "overlay $want missing"
 done
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proves that tests/deploy/validate.sh catches the mistakes it is meant to:
 # copies deploy/, .dockerignore and the checks into a scratch tree, breaks
-# one thing at a time and expects validate.sh to fail naming the problem.
+# one thing at a time and expects validate.sh to fail naming the problem;
+# and checks that the documented variants of the JetStream mode pass.
 #
 # Usage: tests/deploy/validate_selftest.sh [BIN_DIR]   (from any directory; exit 0/1)
 #   BIN_DIR  the built binaries, passed on to validate.sh, whose flags come
@@ -299,6 +300,194 @@ mutate "reconcile without egress to the external PostgreSQL" "prod NetworkPolicy
   's.replace(", outbox-reconcile]", "]", 1)'
 mutate "reconcile without DNS" "outbox-reconcile -> kube-dns:53/UDP is allowed" $B/networkpolicy.yaml \
   's.replace(", outbox-reconcile]", "]", 1)'
+
+# JetStream mode (components/jetstream, in overlays/prod-jetstream): the
+# connection's flags are the binaries', credentials only from Secrets,
+# TLS from read-only Secret mounts, each relay paired by stream with its
+# consumer, and the NetworkPolicies open the NATS client port to exactly
+# the relays and consumers.
+J=deploy/k8s/components/jetstream
+mutate "JetStream password as a literal argument" "container relay: --jetstream_password is not a literal argument" $J/relay.yaml \
+  's + "- op: add\n  path: /spec/template/spec/containers/0/args/-\n  value: --jetstream_password=hunter2\n"'
+mutate "JetStream password as a literal variable" "container relay: OUTBOX_JETSTREAM_PASSWORD comes from a Secret" $J/streams.yaml \
+  's.replace("            - name: OUTBOX_JETSTREAM_SUBJECTS\n              value: outbox.billing\n", "            - name: OUTBOX_JETSTREAM_SUBJECTS\n              value: outbox.billing\n            - name: OUTBOX_JETSTREAM_PASSWORD\n              value: hunter2\n", 1)'
+mutate "JetStream token in a ConfigMap" "OUTBOX_JETSTREAM_TOKEN comes from a Secret \(found configmap:outbox-jetstream-" $J/kustomization.yaml \
+  's.replace("      - OUTBOX_JETSTREAM_CREDS=", "      - OUTBOX_JETSTREAM_TOKEN=s3cr3t\n      - OUTBOX_JETSTREAM_CREDS=", 1)'
+mutate "two kinds of NATS credentials" "exactly one kind of NATS credentials: .*\(found --jetstream_creds, --jetstream_user\)" $J/kustomization.yaml \
+  's.replace("      - OUTBOX_JETSTREAM_CREDS=", "      - OUTBOX_JETSTREAM_USER=outbox\n      - OUTBOX_JETSTREAM_CREDS=", 1)'
+mutate "misspelt JetStream setting" "OUTBOX_JETSTREAM_REPLICA \(configmap:outbox-jetstream-relay-[a-z0-9]+\) is a flag of outbox-relay" $J/kustomization.yaml \
+  's.replace("OUTBOX_JETSTREAM_REPLICAS=3", "OUTBOX_JETSTREAM_REPLICA=3", 1)'
+mutate "misspelt JetStream variable" "OUTBOX_JETSTREAM_DURABEL \(literal\) is a flag of outbox-consumer" $J/streams.yaml \
+  's.replace("OUTBOX_JETSTREAM_DURABLE", "OUTBOX_JETSTREAM_DURABEL", 1)'
+mutate "misspelt JetStream argument" "argument --jetstream_stram is a flag of outbox-relay" $J/relay.yaml \
+  's + "- op: add\n  path: /spec/template/spec/containers/0/args/-\n  value: --jetstream_stram=OUTBOX_BILLING\n"'
+mutate "relay-only JetStream setting given to the consumers" "OUTBOX_JETSTREAM_DUPLICATE_WINDOW \(configmap:outbox-jetstream-[a-z0-9]+\) is a flag of outbox-consumer" $J/kustomization.yaml \
+  's.replace("      - OUTBOX_JETSTREAM_CREDS=", "      - OUTBOX_JETSTREAM_DUPLICATE_WINDOW=5m\n      - OUTBOX_JETSTREAM_CREDS=", 1)'
+mutate "JetStream duration that does not parse" "OUTBOX_JETSTREAM_ACK_WAIT=\"30 seconds\" is a valid --jetstream_ack_wait value" $J/kustomization.yaml \
+  's.replace("OUTBOX_JETSTREAM_ACK_WAIT=30s", "OUTBOX_JETSTREAM_ACK_WAIT=30 seconds", 1)'
+mutate "plaintext to NATS" "--jetstream: \"nats://nats.nats.svc:4222\" is tls://" $J/kustomization.yaml \
+  's.replace("OUTBOX_JETSTREAM=tls://", "OUTBOX_JETSTREAM=nats://", 1)'
+mutate "NATS URL with a password" "--jetstream: \"tls://outbox:pw@nats.nats.svc:4222\" carries no credentials" $J/kustomization.yaml \
+  's.replace("OUTBOX_JETSTREAM=tls://", "OUTBOX_JETSTREAM=tls://outbox:pw@", 1)'
+mutate "no CA for NATS" "outbox-relay JetStream: --jetstream_ca is set" $J/kustomization.yaml \
+  's.replace("      - OUTBOX_JETSTREAM_CA=/etc/outbox/nats/tls/ca.crt\n", "", 1)'
+mutate "NATS client key from the wrong Secret key" "--jetstream_key: reads the key tls.key of Secret outbox-nats-relay-tls \(reads tls.crt\)" $J/kustomization.yaml \
+  's.replace("OUTBOX_JETSTREAM_KEY=/etc/outbox/nats/tls/tls.key", "OUTBOX_JETSTREAM_KEY=/etc/outbox/nats/tls/tls.crt", 1)'
+mutate "NATS client certificate without client auth" "Certificate outbox-nats-relay \(NATS client\): usages include \"client auth\"" $J/certificate.yaml \
+  's.replace("    - client auth\n", "", 1)'
+mutate "NATS credentials mounted writable" "--jetstream_creds: the volumeMount /etc/outbox/nats/creds is readOnly" $J/relay.yaml \
+  's.replace("    mountPath: /etc/outbox/nats/creds\n    readOnly: true\n", "    mountPath: /etc/outbox/nats/creds\n    readOnly: false\n", 1)'
+mutate "NATS credentials through subPath" "--jetstream_creds: the volumeMount /etc/outbox/nats/creds has no subPath" $J/consumer.yaml \
+  's.replace("    mountPath: /etc/outbox/nats/creds\n", "    mountPath: /etc/outbox/nats/creds\n    subPath: nats\n", 1)'
+mutate "NATS credentials optional" "--jetstream_creds: the Secret volume is not optional" $J/relay.yaml \
+  's.replace("      secretName: outbox-nats\n", "      secretName: outbox-nats\n      optional: true\n", 1)'
+mutate "consumer durable with a dot" "--jetstream_durable \"outbox.consumer\" is non-empty, without" $J/streams.yaml \
+  's.replace("value: outbox-consumer\n", "value: outbox.consumer\n", 1)'
+mutate "audit relay publishing to a stream nobody reads" "outbox-relay-audit JetStream: exactly one JetStream consumer Deployment reads its stream OUTBOX_AUDITS \(found none\)" $J/streams.yaml \
+  's.replace("value: OUTBOX_AUDIT\n", "value: OUTBOX_AUDITS\n", 1)'
+mutate "audit consumer on another subject prefix" "outbox-consumer-audit reads the subjects outbox.audit.> it publishes \(its prefix: outbox.audits\)" $J/streams.yaml \
+  's.replace("value: outbox.audit\n            - name: OUTBOX_JETSTREAM_DURABLE", "value: outbox.audits\n            - name: OUTBOX_JETSTREAM_DURABLE", 1)'
+mutate "both subscriptions on one stream" "outbox-relay and outbox-relay-audit \(subscriptions billing, audit\) publish to streams of their own \(both: OUTBOX_BILLING\)" $J/streams.yaml \
+  's.replace("value: OUTBOX_AUDIT\n", "value: OUTBOX_BILLING\n").replace("value: outbox.audit\n", "value: outbox.billing.audit\n")'
+mutate "single-replica stream in prod" "prod: --jetstream_replicas 1 >= 3" $J/kustomization.yaml \
+  's.replace("OUTBOX_JETSTREAM_REPLICAS=3", "OUTBOX_JETSTREAM_REPLICAS=1", 1)'
+mutate "no egress to NATS" "outbox-consumer-audit -> NATS nats.nats.svc .*:4222/TCP is allowed" $J/networkpolicy.yaml \
+  's.replace("        - port: 4222\n", "        - port: 4223\n", 1)'
+mutate "egress to NATS of another namespace" "outbox-relay -> NATS nats.nats.svc \(the servers. pods in namespace nats\):4222/TCP is allowed" $J/networkpolicy.yaml \
+  's.replace("kubernetes.io/metadata.name: nats\n", "kubernetes.io/metadata.name: nats-system\n", 1)'
+mutate "egress to NATS-like pods of any namespace" "outbox-relay -> a pod labelled like NATS in another namespace:4222/TCP is denied" $J/networkpolicy.yaml \
+  's.replace("        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: nats\n          podSelector:", "        - namespaceSelector: {}\n          podSelector:", 1)'
+mutate "egress on 4222 to every address" "outbox-relay -> an arbitrary external address:4222/TCP is denied" $J/networkpolicy.yaml \
+  's.replace("    - to:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: nats\n          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: nats\n      ports:", "    - ports:", 1)'
+mutate "egress to every NATS port" "outbox-consumer -> NATS nats.nats.svc .*:6222/TCP is denied" $J/networkpolicy.yaml \
+  's.replace("      ports:\n        - port: 4222\n          protocol: TCP\n", "", 1)'
+mutate "producer may reach NATS" "outbox-producer -> NATS nats.nats.svc .*:4222/TCP is denied" $J/networkpolicy.yaml \
+  's.replace("values: [outbox-relay,", "values: [outbox-producer, outbox-relay,", 1)'
+mutate "JetStream overlay without the component" "prod-jetstream outbox-relay JetStream: runs in JetStream mode" deploy/k8s/overlays/prod-jetstream/kustomization.yaml \
+  's.replace("components:\n  - ../../components/jetstream\n", "", 1)'
+mutate "NATS credentials committed for prod" "prod-jetstream: renders no Secret" deploy/k8s/overlays/prod-jetstream/kustomization.yaml \
+  's + "secretGenerator:\n  - name: outbox-nats\n    literals:\n      - relay.creds=x\n      - consumer.creds=x\n"'
+fresh
+rm -rf "$tmp/t/deploy/k8s/overlays/prod-jetstream"
+out=$("$tmp/t/tests/deploy/validate.sh" "$bin_dir" 2>&1) && rc=0 || rc=$?
+if [[ $rc -ne 0 ]] && grep -q -- "prod-jetstream" <<<"$out"; then
+  passed=$((passed + 1)); echo "ok   the JetStream overlay is required"
+else
+  failed=$((failed + 1)); echo "FAIL without overlays/prod-jetstream: validate.sh exited $rc; output:"
+  tail -n 15 <<<"$out" | sed 's/^/     /'
+fi
+
+# The documented alternatives (deploy/README.md, "JetStream mode") pass:
+# user and password through secretKeyRef instead of the .creds file, and
+# a CA Secret of one's own instead of cert-manager's client certificates.
+# variant NAME OVERLAY-KUSTOMIZATION-TEXT: an extra overlay on
+# prod-jetstream that validate.sh must accept.
+variant() {
+  local name=$1 text=$2 dir out rc=0
+  fresh
+  dir="$tmp/t/deploy/k8s/overlays/prod-jetstream-variant"
+  mkdir -p "$dir"
+  printf '%s\n' "$text" >"$dir/kustomization.yaml"
+  out=$("$tmp/t/tests/deploy/validate.sh" "$bin_dir" 2>&1) || rc=$?
+  if [[ $rc -eq 0 ]] && grep -q "prod-jetstream-variant: .* 0 failed" <<<"$out"; then
+    passed=$((passed + 1)); echo "ok   $name"
+  else
+    failed=$((failed + 1)); echo "FAIL $name: validate.sh exited $rc; output:"
+    grep '^FAIL' <<<"$out" | head -n 15 | sed 's/^/     /'
+  fi
+}
+variant "JetStream with user and password from a Secret" 'apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../prod-jetstream
+configMapGenerator:
+  - name: outbox-jetstream
+    behavior: merge
+    literals:
+      - OUTBOX_JETSTREAM_CREDS=
+patches:
+  - target:
+      kind: Deployment
+      labelSelector: app.kubernetes.io/component=relay
+    patch: |-
+      apiVersion: apps/v1
+      kind: Deployment
+      metadata:
+        name: relays
+      spec:
+        template:
+          spec:
+            containers:
+              - name: relay
+                env:
+                  - name: OUTBOX_JETSTREAM_USER
+                    valueFrom: {secretKeyRef: {name: outbox-nats, key: relay-user}}
+                  - name: OUTBOX_JETSTREAM_PASSWORD
+                    valueFrom: {secretKeyRef: {name: outbox-nats, key: relay-password}}
+                volumeMounts:
+                  - {mountPath: /etc/outbox/nats/creds, $patch: delete}
+            volumes:
+              - {name: nats-creds, $patch: delete}
+  - target:
+      kind: Deployment
+      labelSelector: app.kubernetes.io/component=consumer
+    patch: |-
+      apiVersion: apps/v1
+      kind: Deployment
+      metadata:
+        name: consumers
+      spec:
+        template:
+          spec:
+            containers:
+              - name: consumer
+                env:
+                  - name: OUTBOX_JETSTREAM_USER
+                    valueFrom: {secretKeyRef: {name: outbox-nats, key: consumer-user}}
+                  - name: OUTBOX_JETSTREAM_PASSWORD
+                    valueFrom: {secretKeyRef: {name: outbox-nats, key: consumer-password}}
+                volumeMounts:
+                  - {mountPath: /etc/outbox/nats/creds, $patch: delete}
+            volumes:
+              - {name: nats-creds, $patch: delete}'
+variant "JetStream with a CA Secret of its own" 'apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../prod-jetstream
+configMapGenerator:
+  - name: outbox-jetstream
+    behavior: merge
+    literals:
+      - OUTBOX_JETSTREAM_CERT=
+      - OUTBOX_JETSTREAM_KEY=
+patches:
+  - target:
+      kind: Deployment
+      labelSelector: app.kubernetes.io/component in (relay,consumer)
+    patch: |-
+      apiVersion: apps/v1
+      kind: Deployment
+      metadata:
+        name: relays-and-consumers
+      spec:
+        template:
+          spec:
+            volumes:
+              - name: nats-tls
+                secret:
+                  secretName: outbox-nats-ca
+  - patch: |-
+      $patch: delete
+      apiVersion: cert-manager.io/v1
+      kind: Certificate
+      metadata:
+        name: outbox-nats-relay
+  - patch: |-
+      $patch: delete
+      apiVersion: cert-manager.io/v1
+      kind: Certificate
+      metadata:
+        name: outbox-nats-consumer'
 
 # The binaries' --helpfull decides which flags exist: fake binaries that
 # know only --listen must make every other flag in the manifests fail.
