@@ -390,6 +390,10 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Connect(
       new Connection(std::move(handles), options.request_timeout));
 }
 
+bool Connection::closed() const {
+  return natsConnection_IsClosed(handles_->conn.get());
+}
+
 std::string Connection::ConnectedUrl() const {
   char buf[256];
   if (natsConnection_GetConnectedUrl(handles_->conn.get(), buf, sizeof(buf)) !=

@@ -69,9 +69,11 @@ struct ConnectOptions {
   // How long a JetStream API call or a publish waits for its answer.
   absl::Duration request_timeout = absl::Seconds(5);
   // After a lost connection: attempts per server and the pause between
-  // rounds. A request issued while disconnected fails at once
-  // (Unavailable) instead of waiting for the reconnection.
-  int max_reconnects = 120;
+  // rounds (-1: for ever, what a service wants; with a limit, the client
+  // gives the connection up once it is spent: closed()). A request issued
+  // while disconnected fails at once (Unavailable) instead of waiting for
+  // the reconnection.
+  int max_reconnects = -1;
   absl::Duration reconnect_wait = absl::Milliseconds(250);
   // A silent server is given up after ping_interval * 2.
   absl::Duration ping_interval = absl::Seconds(2);
@@ -260,6 +262,9 @@ class Connection {
 
   // The server this connection is on now ("" while disconnected).
   std::string ConnectedUrl() const;
+  // Whether the client gave the connection up (its reconnects spent, or
+  // closed): nothing on it works again, connect anew.
+  bool closed() const;
 
  private:
   explicit Connection(std::unique_ptr<internal::Handles> handles,

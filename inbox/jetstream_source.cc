@@ -96,9 +96,10 @@ void JetStreamSource::Run() {
                                   .filter_subject = options_.filter_subject,
                                   .ack_wait = options_.ack_wait,
                                   .max_ack_pending = options_.max_ack_pending});
-      if (consumer.ok()) break;
+      if (consumer.ok() || (*conn)->closed()) break;
       if (!failed(consumer.status())) return;
     }
+    if (!consumer.ok()) continue;  // the connection was given up
     spdlog::info("consumer: reading JetStream stream {} as {}", options_.stream,
                  options_.durable);
     last_error.clear();
@@ -107,6 +108,11 @@ void JetStreamSource::Run() {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stopping_) return;
+      }
+      if ((*conn)->closed()) {
+        // Given up by the client (or closed): connect anew.
+        spdlog::warn("consumer: JetStream connection closed; connecting anew");
+        break;
       }
       if (Step(**consumer)) {
         backoff = absl::Milliseconds(250);

@@ -538,6 +538,13 @@ void JetStreamSink::Watch() {
   bool ready = false;
   for (;;) {
     absl::Status status;
+    if (conn != nullptr && conn->closed()) {
+      // Given up by the client: streams on it break, new ones get the next.
+      spdlog::warn("relay: {}: the connection was closed; connecting anew",
+                   name());
+      conn.reset();
+      ready = false;
+    }
     if (conn == nullptr) {
       absl::StatusOr<std::unique_ptr<jetstream::Connection>> c =
           jetstream::Connection::Connect(options_.connect);

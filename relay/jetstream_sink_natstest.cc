@@ -77,20 +77,30 @@ class JetStreamSinkTest : public ::outbox::testing::NatsClusterTest {
   }
 
   // Sends one batch on a new stream of `sink` and waits for its answer.
-  v1::DeliverResponse Deliver(Sink& sink, const std::vector<v1::Event>& events,
-                              uint64_t batch_id = 1) {
+  // Sends one batch on a new stream of `sink`: its answer, or why the
+  // stream broke instead.
+  absl::StatusOr<v1::DeliverResponse> TryDeliver(
+      Sink& sink, const std::vector<v1::Event>& events, uint64_t batch_id) {
     std::unique_ptr<BatchStream> stream = sink.Open([] {});
     v1::DeliverRequest req;
     req.set_batch_id(batch_id);
     for (const v1::Event& e : events) *req.add_events() = e;
     stream->Send(req);
     std::vector<v1::DeliverResponse> got;
-    EXPECT_TRUE(WaitFor([&] {
-      for (auto& r : stream->TakeResponses()) got.push_back(std::move(r));
-      return !got.empty() || stream->broken();
-    })) << "no answer";
-    EXPECT_FALSE(got.empty()) << stream->error();
-    return got.empty() ? v1::DeliverResponse() : got[0];
+    if (!WaitFor([&] {
+          for (auto& r : stream->TakeResponses()) got.push_back(std::move(r));
+          return !got.empty() || stream->broken();
+        })) {
+      return absl::DeadlineExceededError("no answer");
+    }
+    if (got.empty()) return absl::UnavailableError(stream->error());
+    return got[0];
+  }
+  v1::DeliverResponse Deliver(Sink& sink, const std::vector<v1::Event>& events,
+                              uint64_t batch_id = 1) {
+    absl::StatusOr<v1::DeliverResponse> r = TryDeliver(sink, events, batch_id);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.value_or(v1::DeliverResponse());
   }
 
   static v1::Event Event(const std::string& agg, int64_t seq, int64_t prev,
@@ -279,6 +289,54 @@ TEST_F(JetStreamSinkTest, TwoRelaysRacingOnOneAggregateStoreOneChain) {
   ASSERT_EQ(z.size(), 60u);
   for (int i = 0; i < 60; ++i) EXPECT_EQ(z[i].seq, i + 1);
   (*two)->Stop();
+}
+
+// Every node down long enough for the client to give the connection up
+// (a short reconnect budget stands for a long outage): the sink connects
+// anew once the cluster is back, and delivers again.
+TEST_F(JetStreamSinkTest, ConnectsAnewAfterTheClientGaveUp) {
+  JetStreamSinkOptions o = SinkOptions();
+  o.connect.max_reconnects = 2;
+  o.connect.reconnect_wait = absl::Milliseconds(100);
+  o.connect.connect_timeout = absl::Milliseconds(500);
+  auto created = JetStreamSink::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::shared_ptr<JetStreamSink> sink = std::move(*created);
+  sink->Start();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto info = conn_->GetStreamInfo(stream_);
+        return sink->readiness() == Sink::Readiness::kReady && info.ok() &&
+               !info->leader.empty() && info->current_replicas.size() == 2;
+      },
+      absl::Seconds(30)));
+  ASSERT_EQ(Outcomes(Deliver(*sink, {Event("r", 1, 0)})),
+            (std::vector<v1::DeliveryOutcome>{v1::APPLIED}));
+  for (int n = 1; n <= 3; ++n) ASSERT_TRUE(cluster()->Kill(n).ok());
+  ASSERT_TRUE(
+      WaitFor([&] { return sink->readiness() != Sink::Readiness::kReady; },
+              absl::Seconds(30)));
+  absl::SleepFor(absl::Seconds(3));  // well past 2 rounds of 3 servers
+  for (int n = 1; n <= 3; ++n) ASSERT_TRUE(cluster()->Restart(n).ok());
+  ASSERT_TRUE(
+      WaitFor([&] { return sink->readiness() == Sink::Readiness::kReady; },
+              absl::Seconds(60)))
+      << cluster()->Logs();
+  // The stream's leader may still be settling: a broken stream answers
+  // nothing, and the relay would send again.
+  absl::StatusOr<v1::DeliverResponse> r;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        r = TryDeliver(*sink, {Event("r", 2, 1)}, 2);
+        return r.ok();
+      },
+      absl::Seconds(60)))
+      << r.status();
+  ASSERT_EQ(r->results_size(), 1);
+  EXPECT_EQ(r->results(0).outcome(), v1::APPLIED) << r->results(0).reason();
+  // conn_ (the test's own, reconnecting for ever) is back too.
+  ASSERT_TRUE(WaitFor([&] { return conn_->GetStreamInfo(stream_).ok(); },
+                      absl::Seconds(30)));
 }
 
 // The relay, delivering a PostgreSQL outbox to JetStream.

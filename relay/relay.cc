@@ -1017,8 +1017,10 @@ void Relay::Run() {
     }
     // A consumer that answers neither batches nor health checks: readiness
     // NOT_SERVING, and the partitions go to replicas that reach it.
-    if (const bool unreachable = !stopping && sink_->Unreachable().has_value();
-        unreachable != unlinked_) {
+    // Not while stopping: the partitions go anyway, and the sink did not
+    // come back.
+    if (const bool unreachable = sink_->Unreachable().has_value();
+        !stopping && unreachable != unlinked_) {
       unlinked_ = unreachable;
       next_rebalance_ = absl::InfinitePast();  // give up, or take a share
       if (unlinked_) {
