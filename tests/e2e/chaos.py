@@ -6,8 +6,9 @@ drives a retrying client load through them, injects one kind of fault per
 scenario (process kills and pauses, a database crash, network faults
 through its own TCP proxy, a poison event, crash points inside the
 binaries, gray database faults: read-only, refused connections, rogue
-locks), then heals everything and lets `outboxctl verify` decide whether
-every invariant held. See tests/e2e/README.md; run it as ./scripts/chaos.
+locks; a NATS JetStream cluster's nodes and links), then heals everything
+and lets `outboxctl verify` decide whether every invariant held. See
+tests/e2e/README.md; run it as ./scripts/chaos.
 """
 
 import argparse
@@ -25,6 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chaoslib import procs as P  # noqa: E402
+from chaoslib.jetstream_scenarios import SCENARIOS as JETSTREAM  # noqa
 from chaoslib.pg import Postgres  # noqa: E402
 from chaoslib.proxy import ProxyLoop  # noqa: E402
 from chaoslib.runner import Run  # noqa: E402
@@ -35,12 +37,15 @@ from chaoslib.topology_scenarios import SCENARIOS as TOPOLOGY  # noqa: E402
 
 # Each scenario's group: "core" (one PostgreSQL for everything),
 # "topology" (standbys, restores, PgBouncer, a hung server: their own
-# servers, chaoslib/topology_scenarios.py) or "log" (core faults with the
-# subscription delivered from the outbox log, and the topologies too).
+# servers, chaoslib/topology_scenarios.py), "log" (core faults with the
+# subscription delivered from the outbox log, and the topologies too) or
+# "jetstream" (the relays publish to a 3-node NATS JetStream cluster of the
+# scenario's own, the consumers read it: chaoslib/jetstream_scenarios.py).
 LOG = LOG + TOPOLOGY_LOG
-SCENARIOS = CORE + TOPOLOGY + LOG
+SCENARIOS = CORE + TOPOLOGY + LOG + JETSTREAM
 BY_NAME = {s.name: s for s in SCENARIOS}
-GROUPS = {"core": CORE, "topology": TOPOLOGY, "log": LOG}
+GROUPS = {"core": CORE, "topology": TOPOLOGY, "log": LOG,
+          "jetstream": JETSTREAM}
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CI_SECONDS = 7
@@ -188,7 +193,10 @@ def main():
                     help="run the scenarios of this group (repeat): core "
                          "(one PostgreSQL), topology (standbys, restores, "
                          "PgBouncer, a hung server), log (core faults, the "
-                         "subscription delivered from the outbox log)")
+                         "subscription delivered from the outbox log), "
+                         "jetstream (a 3-node NATS JetStream cluster between "
+                         "relays and consumers: node kills, restarts, "
+                         "pauses, cut links)")
     ap.add_argument("--ci", action="store_true",
                     help=f"short: {CI_SECONDS}s of faults per scenario")
     ap.add_argument("--wait", type=int, default=None,
