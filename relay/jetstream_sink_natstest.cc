@@ -60,7 +60,10 @@ class JetStreamSinkTest : public ::outbox::testing::NatsClusterTest {
 
   // A started sink whose stream has a leader and two current replicas.
   std::shared_ptr<JetStreamSink> ReadySink() {
-    auto sink = JetStreamSink::Create(SinkOptions());
+    return ReadySink(SinkOptions());
+  }
+  std::shared_ptr<JetStreamSink> ReadySink(const JetStreamSinkOptions& o) {
+    auto sink = JetStreamSink::Create(o);
     EXPECT_TRUE(sink.ok()) << sink.status();
     if (!sink.ok()) return nullptr;
     std::shared_ptr<JetStreamSink> s = std::move(*sink);
@@ -216,17 +219,8 @@ TEST_F(JetStreamSinkTest,
 TEST_F(JetStreamSinkTest, KeepingTwoPerAggregateStillChainsOnTheNewest) {
   JetStreamSinkOptions o = SinkOptions();
   o.max_per_aggregate = 2;
-  auto created = JetStreamSink::Create(o);
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::shared_ptr<JetStreamSink> sink = std::move(*created);
-  sink->Start();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        auto info = conn_->GetStreamInfo(stream_);
-        return sink->readiness() == Sink::Readiness::kReady && info.ok() &&
-               !info->leader.empty() && info->current_replicas.size() == 2;
-      },
-      absl::Seconds(30)));
+  std::shared_ptr<JetStreamSink> sink = ReadySink(o);
+  ASSERT_NE(sink, nullptr);
   std::vector<v1::Event> chain;
   for (int i = 1; i <= 5; ++i) chain.push_back(Event("k", i, i - 1));
   EXPECT_EQ(Outcomes(Deliver(*sink, chain)),
@@ -299,17 +293,8 @@ TEST_F(JetStreamSinkTest, ConnectsAnewAfterTheClientGaveUp) {
   o.connect.max_reconnects = 2;
   o.connect.reconnect_wait = absl::Milliseconds(100);
   o.connect.connect_timeout = absl::Milliseconds(500);
-  auto created = JetStreamSink::Create(o);
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::shared_ptr<JetStreamSink> sink = std::move(*created);
-  sink->Start();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        auto info = conn_->GetStreamInfo(stream_);
-        return sink->readiness() == Sink::Readiness::kReady && info.ok() &&
-               !info->leader.empty() && info->current_replicas.size() == 2;
-      },
-      absl::Seconds(30)));
+  std::shared_ptr<JetStreamSink> sink = ReadySink(o);
+  ASSERT_NE(sink, nullptr);
   ASSERT_EQ(Outcomes(Deliver(*sink, {Event("r", 1, 0)})),
             (std::vector<v1::DeliveryOutcome>{v1::APPLIED}));
   for (int n = 1; n <= 3; ++n) ASSERT_TRUE(cluster()->Kill(n).ok());
