@@ -153,6 +153,7 @@ int main(int argc, char** argv) {
   outbox::inbox::EventSinkImpl sink(&engine, &check, &repair);
   // From JetStream too, when asked: the same engine, handlers and inbox.
   std::unique_ptr<outbox::inbox::JetStreamSource> source;
+  outbox::inbox::JetStreamSource::RegisterMetrics(&metrics);
   if (js->enabled) {
     source = std::make_unique<outbox::inbox::JetStreamSource>(
         outbox::inbox::JetStreamSourceOptions{

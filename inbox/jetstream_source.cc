@@ -21,29 +21,47 @@ absl::Duration RefusedDelay(const JetStreamSourceOptions& o,
 
 }  // namespace
 
+namespace {
+
+constexpr char kAcks[] = "outbox_consumer_jetstream_acks_total";
+constexpr char kAcksHelp[] =
+    "JetStream messages acknowledged after their inbox transaction "
+    "committed (applied, duplicate or held).";
+constexpr char kRedeliveries[] = "outbox_consumer_jetstream_redeliveries_total";
+constexpr char kRedeliveriesHelp[] =
+    "JetStream messages left for redelivery: refused by the engine "
+    "(REJECTED, DIVERGED, DEFERRED) or not taken by the database.";
+constexpr char kUnreadable[] = "outbox_consumer_jetstream_unreadable_total";
+constexpr char kUnreadableHelp[] =
+    "JetStream messages that were not an outbox Event, acknowledged and "
+    "dropped.";
+constexpr char kParked[] = "outbox_consumer_jetstream_parked_total";
+constexpr char kParkedHelp[] =
+    "JetStream events refused on --jetstream_park_after deliveries, parked "
+    "as failed held events for an operator and acknowledged.";
+constexpr char kFailures[] = "outbox_consumer_jetstream_failures_total";
+constexpr char kFailuresHelp[] =
+    "Failed JetStream calls (connect, bind, fetch, ack).";
+
+}  // namespace
+
+void JetStreamSource::RegisterMetrics(Metrics* metrics) {
+  metrics->AddCounter(kAcks, kAcksHelp);
+  metrics->AddCounter(kRedeliveries, kRedeliveriesHelp);
+  metrics->AddCounter(kUnreadable, kUnreadableHelp);
+  metrics->AddCounter(kParked, kParkedHelp);
+  metrics->AddCounter(kFailures, kFailuresHelp);
+}
+
 JetStreamSource::JetStreamSource(JetStreamSourceOptions options, Engine* engine,
                                  Metrics* metrics)
     : options_(std::move(options)),
       engine_(engine),
-      applied_(metrics->AddCounter(
-          "outbox_consumer_jetstream_acks_total",
-          "JetStream messages acknowledged after their inbox transaction "
-          "committed (applied, duplicate or held).")),
-      redelivered_(metrics->AddCounter(
-          "outbox_consumer_jetstream_redeliveries_total",
-          "JetStream messages left for redelivery: refused by the engine "
-          "(REJECTED, DIVERGED, DEFERRED) or not taken by the database.")),
-      unreadable_(metrics->AddCounter(
-          "outbox_consumer_jetstream_unreadable_total",
-          "JetStream messages that were not an outbox Event, acknowledged "
-          "and dropped.")),
-      parked_(metrics->AddCounter(
-          "outbox_consumer_jetstream_parked_total",
-          "JetStream events refused on --jetstream_park_after deliveries, "
-          "parked as failed held events for an operator and acknowledged.")),
-      failures_(metrics->AddCounter(
-          "outbox_consumer_jetstream_failures_total",
-          "Failed JetStream calls (connect, bind, fetch, ack).")) {}
+      applied_(metrics->AddCounter(kAcks, kAcksHelp)),
+      redelivered_(metrics->AddCounter(kRedeliveries, kRedeliveriesHelp)),
+      unreadable_(metrics->AddCounter(kUnreadable, kUnreadableHelp)),
+      parked_(metrics->AddCounter(kParked, kParkedHelp)),
+      failures_(metrics->AddCounter(kFailures, kFailuresHelp)) {}
 
 JetStreamSource::~JetStreamSource() { Stop(); }
 

@@ -75,6 +75,11 @@ class JetStreamSource {
   // Lets the batch in progress commit and acknowledge, then stops.
   void Stop();
 
+  // Registers the source's counters (at 0): a consumer exports them
+  // whether it reads JetStream or not, so that its alerts always have
+  // their series. The constructor does it too.
+  static void RegisterMetrics(Metrics* metrics);
+
   // Messages acknowledged so far (tests and logs).
   int64_t acknowledged() const { return acked_; }
 
