@@ -13,6 +13,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/config.h"
 #include "common/sql_state.h"
 
@@ -344,24 +345,24 @@ Database::~Database() = default;
 
 std::unique_ptr<Connection> Database::Acquire(absl::Duration timeout,
                                               absl::Status* status) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto deadline =
-      std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
-  while (idle_.empty() && free_slots_ == 0) {
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
-        idle_.empty() && free_slots_ == 0) {
-      *status = absl::UnavailableError(
-          "all database connections are busy; try again");
-      return nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (idle_.empty() && free_slots_ == 0) {
+      if (cv_.WaitWithDeadline(&mu_, deadline) && idle_.empty() &&
+          free_slots_ == 0) {
+        *status = absl::UnavailableError(
+            "all database connections are busy; try again");
+        return nullptr;
+      }
     }
+    if (!idle_.empty()) {
+      auto conn = std::move(idle_.back());
+      idle_.pop_back();
+      return conn;
+    }
+    --free_slots_;
   }
-  if (!idle_.empty()) {
-    auto conn = std::move(idle_.back());
-    idle_.pop_back();
-    return conn;
-  }
-  --free_slots_;
-  lock.unlock();
   auto conn = Connect(url_, application_name_, session_);
   if (conn.ok() && on_connect_) {
     try {
@@ -371,9 +372,9 @@ std::unique_ptr<Connection> Database::Acquire(absl::Duration timeout,
     }
   }
   if (!conn.ok()) {
-    lock.lock();
+    absl::MutexLock lock(&mu_);
     ++free_slots_;
-    cv_.notify_one();
+    cv_.Signal();
     *status = conn.status();
     return nullptr;
   }
@@ -381,13 +382,13 @@ std::unique_ptr<Connection> Database::Acquire(absl::Duration timeout,
 }
 
 void Database::Release(std::unique_ptr<Connection> conn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (conn != nullptr && conn->is_open()) {
     idle_.push_back(std::move(conn));
   } else {
     ++free_slots_;
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 absl::Status Database::Run(
@@ -400,7 +401,7 @@ absl::Status Database::Run(
     if (conn->info().pooled && session_.identity_watch != nullptr) {
       bool due;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         due = absl::Now() >= next_identity_check_;
         if (due) next_identity_check_ = absl::Now() + absl::Seconds(5);
       }

@@ -10,10 +10,8 @@
 // then sets no session settings (ApplyLimits sets them per transaction),
 // and ExecPrepared runs its statement unnamed.
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <pqxx/pqxx>
 #include <string>
@@ -22,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/db_identity.h"
 
@@ -186,11 +185,11 @@ class Database {
   const std::string application_name_;
   const DbSession session_;
   const std::function<void(pqxx::connection&)> on_connect_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<Connection>> idle_;
-  absl::Time next_identity_check_ = absl::InfinitePast();  // guarded by mu_
-  int free_slots_;  // connections that may still be opened
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::vector<std::unique_ptr<Connection>> idle_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_identity_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int free_slots_ ABSL_GUARDED_BY(mu_);  // connections that may still be opened
 };
 
 // A PostgreSQL array literal, to pass a whole batch as one parameter:

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 
 namespace outbox {
 
@@ -122,7 +123,7 @@ IdentityWatch::IdentityWatch(std::string what, OnChange on_change)
 IdentityChange IdentityWatch::Observe(const DatabaseIdentity& seen) {
   IdentityChange c;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     c = CompareIdentity(current_, seen);
     if (seen.known()) current_ = seen;
     if (c.changed()) ++changes_;
@@ -138,7 +139,7 @@ IdentityChange IdentityWatch::ObserveRecorded(
     const DatabaseIdentity& recorded) {
   IdentityChange c;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (recorded_seen_ || changes_ > 0 || !recorded.known()) {
       recorded_seen_ = true;
       return c;
@@ -155,12 +156,12 @@ IdentityChange IdentityWatch::ObserveRecorded(
 }
 
 DatabaseIdentity IdentityWatch::current() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return current_;
 }
 
 int64_t IdentityWatch::changes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return changes_;
 }
 

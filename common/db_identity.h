@@ -17,13 +17,13 @@
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <pqxx/pqxx>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "outbox/v1/sink.pb.h"
 
 namespace outbox {
@@ -125,7 +125,7 @@ class IdentityWatch {
  private:
   const std::string what_;
   const OnChange on_change_;
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   DatabaseIdentity current_ ABSL_GUARDED_BY(mu_);
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   bool recorded_seen_ ABSL_GUARDED_BY(mu_) = false;

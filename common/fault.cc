@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <random>
 #include <string>
 
@@ -16,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 
 namespace outbox {
 namespace {
@@ -51,7 +51,7 @@ const std::map<std::string, double>* Armed() {
 
 // True with probability `p`, from OUTBOX_FAULT_SEED's sequence if set.
 bool Draw(double p) {
-  static std::mutex mu;
+  static absl::Mutex mu;
   static std::mt19937_64* seeded = [] {
     const char* seed = std::getenv("OUTBOX_FAULT_SEED");
     uint64_t value = 0;
@@ -63,7 +63,7 @@ bool Draw(double p) {
     thread_local absl::BitGen gen;
     return absl::Bernoulli(gen, p);
   }
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   return std::uniform_real_distribution<double>(0, 1)(*seeded) < p;
 }
 

@@ -32,11 +32,9 @@
 //   absl::StatusOr<Id> id = commit.Submit(other_row);  // blocks
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <future>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -44,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -109,16 +108,16 @@ class GroupCommit {
   // answered as dropped) and answers every caller, then stops.
   ~GroupCommit() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     for (std::thread& t : threads_) t.join();
     {
-      std::lock_guard<std::mutex> lock(answers_mu_);
+      absl::MutexLock lock(&answers_mu_);
       answers_stop_ = true;
     }
-    answers_cv_.notify_all();
+    answers_cv_.SignalAll();
     for (std::thread& t : answerers_) t.join();
   }
   GroupCommit(const GroupCommit&) = delete;
@@ -134,7 +133,7 @@ class GroupCommit {
     Written dropped;
     bool queued = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (queue_.size() >= options_.max_queued) {
         // At most once in kDropInterval: a flood of callers refused at once
         // would otherwise each pay for a look at every queued item.
@@ -151,7 +150,7 @@ class GroupCommit {
     }
     if (!dropped.group.empty()) ToAnswerer(std::move(dropped));
     if (queued) {
-      cv_.notify_one();
+      cv_.Signal();
       return;
     }
     done(absl::ResourceExhaustedError(absl::StrCat(
@@ -214,8 +213,8 @@ class GroupCommit {
     for (;;) {
       std::vector<Pending> group;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        absl::MutexLock lock(&mu_);
+        while (!(stop_ || !queue_.empty())) cv_.Wait(&mu_);
         if (queue_.empty()) return;  // stopping, nothing left
         while (!queue_.empty() &&
                static_cast<int>(group.size()) < options_.max_group) {
@@ -235,7 +234,7 @@ class GroupCommit {
       Written written{std::move(group), write_(items)};
       bool waiting;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         waiting = !queue_.empty();
       }
       if (!waiting) {
@@ -248,19 +247,18 @@ class GroupCommit {
 
   void ToAnswerer(Written written) {
     {
-      std::lock_guard<std::mutex> lock(answers_mu_);
+      absl::MutexLock lock(&answers_mu_);
       answers_.push_back(std::move(written));
     }
-    answers_cv_.notify_one();
+    answers_cv_.Signal();
   }
 
   void AnswerLoop() {
     for (;;) {
       Written written;
       {
-        std::unique_lock<std::mutex> lock(answers_mu_);
-        answers_cv_.wait(lock,
-                         [&] { return answers_stop_ || !answers_.empty(); });
+        absl::MutexLock lock(&answers_mu_);
+        while (!(answers_stop_ || !answers_.empty())) answers_cv_.Wait(&answers_mu_);
         if (answers_.empty()) return;  // stopping, nothing left
         written = std::move(answers_.front());
         answers_.pop_front();
@@ -281,14 +279,14 @@ class GroupCommit {
   const GroupCommitOptions options_;
   const WriteFn write_;
   std::function<void(size_t)> on_group_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // When a full queue last looked for items nobody waits for.
   absl::Time last_drop_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::mutex answers_mu_;
-  std::condition_variable answers_cv_;
+  absl::Mutex answers_mu_;
+  absl::CondVar answers_cv_;
   // Written groups, and dropped items, to answer.
   std::deque<Written> answers_ ABSL_GUARDED_BY(answers_mu_);
   bool answers_stop_ ABSL_GUARDED_BY(answers_mu_) = false;

@@ -4,14 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace outbox::jetstream {
 namespace internal {
@@ -511,8 +510,7 @@ std::string PublishWhat(const OutgoingMessage& message,
 
 // The acks of one PublishAll, filled in by the library's thread.
 struct AsyncAcks {
-  std::mutex mu;
-  std::condition_variable cv;
+  absl::Mutex mu;  // PublishAll awaits open == 0 under it
   std::map<natsMsg*, size_t> index;  // published, not answered
   std::vector<absl::StatusOr<PublishAck>>* results = nullptr;
   const std::vector<OutgoingMessage>* messages = nullptr;
@@ -523,7 +521,7 @@ struct AsyncAcks {
                     void* closure) {
     auto* self = static_cast<AsyncAcks*>(closure);
     {
-      std::lock_guard<std::mutex> lock(self->mu);
+      absl::MutexLock lock(&self->mu);
       auto it = self->index.find(msg);
       if (it != self->index.end()) {
         const size_t i = it->second;
@@ -548,7 +546,6 @@ struct AsyncAcks {
         self->index.erase(it);
         --self->open;
       }
-      self->cv.notify_all();
     }
     natsMsg_Destroy(msg);
   }
@@ -613,7 +610,7 @@ std::vector<absl::StatusOr<PublishAck>> Connection::PublishAll(
     }
     natsMsg* m = built->release();
     {
-      std::lock_guard<std::mutex> lock(acks.mu);
+      absl::MutexLock lock(&acks.mu);
       acks.index[m] = i;
       ++acks.open;
     }
@@ -622,7 +619,7 @@ std::vector<absl::StatusOr<PublishAck>> Connection::PublishAll(
     if (s != NATS_OK) {
       // Not taken: still ours, and no ack will name it.
       {
-        std::lock_guard<std::mutex> lock(acks.mu);
+        absl::MutexLock lock(&acks.mu);
         acks.index.erase(m);
         --acks.open;
       }
@@ -636,7 +633,7 @@ std::vector<absl::StatusOr<PublishAck>> Connection::PublishAll(
   (void)js_PublishAsyncComplete(js.get(), &wait);
   natsMsgList pending{};
   if (js_PublishAsyncGetPendingList(&pending, js.get()) == NATS_OK) {
-    std::lock_guard<std::mutex> lock(acks.mu);
+    absl::MutexLock lock(&acks.mu);
     for (int k = 0; k < pending.Count; ++k) {
       if (acks.index.erase(pending.Msgs[k]) > 0) --acks.open;
     }
@@ -644,9 +641,10 @@ std::vector<absl::StatusOr<PublishAck>> Connection::PublishAll(
   natsMsgList_Destroy(&pending);
   // An ack being handed over as the list was taken: wait for it, so that
   // nothing touches `acks` once this returns.
-  std::unique_lock<std::mutex> lock(acks.mu);
-  acks.cv.wait_for(lock, std::chrono::seconds(2),
-                   [&] { return acks.open == 0; });
+  absl::MutexLock lock(&acks.mu);
+  acks.mu.AwaitWithTimeout(
+      absl::Condition(+[](AsyncAcks* a) { return a->open == 0; }, &acks),
+      absl::Seconds(2));
   return results;
 }
 

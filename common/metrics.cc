@@ -12,12 +12,12 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <mutex>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 
 namespace outbox {
 namespace {
@@ -162,7 +162,7 @@ class Metrics::Collector : public prometheus::Collectable {
     std::vector<GaugeEntry> gauges;
     std::vector<FamilyEntry> families;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       gauges = gauges_;
       families = families_;
     }
@@ -208,15 +208,17 @@ class Metrics::Collector : public prometheus::Collectable {
   Labels base_;
   std::shared_ptr<prometheus::Registry> registry_ =
       std::make_shared<prometheus::Registry>();
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<std::string, prometheus::Family<prometheus::Counter>*>
-      counter_families_;
+      counter_families_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Family<prometheus::Histogram>*>
-      histogram_families_;
-  std::map<std::string, std::unique_ptr<Counter>> counters_;
-  std::map<std::string, std::unique_ptr<Histogram>> histograms_;
-  std::vector<GaugeEntry> gauges_;
-  std::vector<FamilyEntry> families_;
+      histogram_families_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Counter>> counters_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Histogram>> histograms_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<GaugeEntry> gauges_ ABSL_GUARDED_BY(mu_);
+  std::vector<FamilyEntry> families_ ABSL_GUARDED_BY(mu_);
 };
 
 Metrics::Metrics(Labels base) : collector_(std::make_shared<Collector>()) {
@@ -226,7 +228,7 @@ Metrics::~Metrics() = default;
 
 Counter* Metrics::AddCounter(const std::string& name, const std::string& help) {
   Collector& c = *collector_;
-  std::lock_guard<std::mutex> lock(c.mu_);
+  absl::MutexLock lock(&c.mu_);
   auto& slot = c.counters_[name];
   if (slot != nullptr) return slot.get();
   auto [family, labels] = ParseMetricName(name);
@@ -243,7 +245,7 @@ Histogram* Metrics::AddHistogram(const std::string& name,
                                  const std::string& help,
                                  const std::vector<double>& buckets) {
   Collector& c = *collector_;
-  std::lock_guard<std::mutex> lock(c.mu_);
+  absl::MutexLock lock(&c.mu_);
   auto& slot = c.histograms_[name];
   if (slot != nullptr) return slot.get();
   auto [family, labels] = ParseMetricName(name);
@@ -259,14 +261,14 @@ Histogram* Metrics::AddHistogram(const std::string& name,
 void Metrics::AddGauge(const std::string& name, const std::string& help,
                        std::function<double()> read) {
   auto [family, labels] = ParseMetricName(name);
-  std::lock_guard<std::mutex> lock(collector_->mu_);
+  absl::MutexLock lock(&collector_->mu_);
   collector_->gauges_.push_back({family, help, labels, std::move(read)});
 }
 
 void Metrics::AddGaugeFamily(
     const std::string& family, const std::string& help,
     std::function<std::vector<std::pair<Labels, double>>()> read) {
-  std::lock_guard<std::mutex> lock(collector_->mu_);
+  absl::MutexLock lock(&collector_->mu_);
   collector_->families_.push_back({family, help, std::move(read)});
 }
 

@@ -4,11 +4,10 @@
 // more to do; the destructor stops it (waiting for a run in progress) and
 // joins.
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace outbox {
@@ -26,9 +25,9 @@ class PeriodicTask {
  private:
   const absl::Duration interval_, busy_pause_;
   const std::function<bool()> fn_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 #include "common/watchdog.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace outbox {
 
@@ -8,7 +9,7 @@ Watchdog::Watchdog(std::string what, absl::Duration stall_timeout)
     : what_(std::move(what)), stall_timeout_(stall_timeout) {}
 
 void Watchdog::Working(absl::Time now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!busy_) {
     busy_ = true;
     since_ = now;
@@ -16,20 +17,20 @@ void Watchdog::Working(absl::Time now) {
 }
 
 void Watchdog::Progress(absl::Time now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   busy_ = true;
   since_ = now;
   last_error_.clear();
 }
 
 void Watchdog::Done(absl::Time) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   busy_ = false;
   last_error_.clear();
 }
 
 void Watchdog::Failed(const absl::Status& why, absl::Time now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!busy_) {
     busy_ = true;
     since_ = now;
@@ -39,7 +40,7 @@ void Watchdog::Failed(const absl::Status& why, absl::Time now) {
 
 std::optional<std::string> Watchdog::Stalled(absl::Time now) const {
   if (stall_timeout_ <= absl::ZeroDuration()) return std::nullopt;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!busy_ || now - since_ <= stall_timeout_) return std::nullopt;
   return absl::StrCat(
       what_, " made no progress for ",

@@ -13,12 +13,12 @@
 //
 // Thread-safe.
 
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -47,7 +47,7 @@ class Watchdog {
  private:
   const std::string what_;
   const absl::Duration stall_timeout_;
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time since_ ABSL_GUARDED_BY(mu_);  // busy without progress since
   std::string last_error_ ABSL_GUARDED_BY(mu_);

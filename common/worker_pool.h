@@ -10,12 +10,12 @@
 //     reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, ...));
 //   }
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "absl/synchronization/mutex.h"
 
 namespace outbox {
 
@@ -29,10 +29,10 @@ class WorkerPool {
   // Runs what is queued, then stops the threads.
   ~WorkerPool() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     for (std::thread& t : threads_) t.join();
   }
   WorkerPool(const WorkerPool&) = delete;
@@ -41,11 +41,11 @@ class WorkerPool {
   // Queues `work`; false (and `work` dropped) when max_queued are waiting.
   bool Post(std::function<void()> work) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (queue_.size() >= max_queued_) return false;
       queue_.push_back(std::move(work));
     }
-    cv_.notify_one();
+    cv_.Signal();
     return true;
   }
 
@@ -54,8 +54,8 @@ class WorkerPool {
     for (;;) {
       std::function<void()> work;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        absl::MutexLock lock(&mu_);
+        while (!(stop_ || !queue_.empty())) cv_.Wait(&mu_);
         if (queue_.empty()) return;
         work = std::move(queue_.front());
         queue_.pop_front();
@@ -65,10 +65,10 @@ class WorkerPool {
   }
 
   const size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -4,6 +4,8 @@
 
 #include <pqxx/pqxx>
 
+#include "absl/synchronization/mutex.h"
+
 namespace outbox::inbox {
 
 InboxGauges::InboxGauges(Database* db, Metrics* metrics,
@@ -27,7 +29,7 @@ InboxGauges::InboxGauges(Database* db, Metrics* metrics,
       "one after seq missing_after_seq has not arrived. One series; 0 with "
       "empty labels when there is no gap.",
       [this] {
-        std::lock_guard<std::mutex> lock(gap_mu_);
+        absl::MutexLock lock(&gap_mu_);
         return std::vector<std::pair<Labels, double>>{
             {{{"aggregate_id", gap_aggregate_},
               {"aggregate_type", gap_type_},
@@ -69,7 +71,7 @@ bool InboxGauges::Refresh() {
     const pqxx::row failed = tx.exec1(
         "SELECT count(*) FROM held_events WHERE attempts > 0");
     {
-      std::lock_guard<std::mutex> lock(gap_mu_);
+      absl::MutexLock lock(&gap_mu_);
       gap_aggregate_ = gap.empty() ? "" : gap[0][0].as<std::string>();
       gap_type_ = gap.empty() ? "" : gap[0][3].as<std::string>();
       gap_source_ = gap.empty() ? "" : gap[0][4].as<std::string>();

@@ -7,9 +7,9 @@
 // live row count), never on a scrape.
 
 #include <atomic>
-#include <mutex>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/db.h"
 #include "common/metrics.h"
@@ -31,12 +31,14 @@ class InboxGauges {
   Database* const db_;
   std::atomic<double> held_{0}, oldest_held_seconds_{0}, aggregates_{0},
       held_failed_{0};
-  std::mutex gap_mu_;
+  absl::Mutex gap_mu_;
   // The oldest gap: an aggregate holding events while the one after its
   // cursor has not arrived. Empty aggregate: none.
-  std::string gap_aggregate_, gap_type_, gap_source_;
-  int64_t gap_after_seq_ = 0;
-  double gap_seconds_ = 0;
+  std::string gap_aggregate_ ABSL_GUARDED_BY(gap_mu_);
+  std::string gap_type_ ABSL_GUARDED_BY(gap_mu_);
+  std::string gap_source_ ABSL_GUARDED_BY(gap_mu_);
+  int64_t gap_after_seq_ ABSL_GUARDED_BY(gap_mu_) = 0;
+  double gap_seconds_ ABSL_GUARDED_BY(gap_mu_) = 0;
   PeriodicTask task_;  // last: starts after the members it uses
 };
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/fault.h"
 #include "spdlog/spdlog.h"
 
@@ -72,17 +73,15 @@ void JetStreamSource::Start() {
 
 void JetStreamSource::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
-    cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
 }
 
 bool JetStreamSource::Sleep(absl::Duration d) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return !cv_.wait_for(lock, absl::ToChronoMilliseconds(d),
-                       [&] { return stopping_; });
+  absl::MutexLock lock(&mu_);
+  return !mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
 }
 
 void JetStreamSource::Run() {
@@ -124,7 +123,7 @@ void JetStreamSource::Run() {
     backoff = absl::Milliseconds(250);
     for (;;) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         if (stopping_) return;
       }
       if ((*conn)->closed()) {

@@ -31,13 +31,12 @@
 // event whose predecessor has not applied (a redelivery overtaken).
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/jetstream.h"
 #include "common/metrics.h"
@@ -97,8 +96,7 @@ class JetStreamSource {
   Counter* const parked_;
   Counter* const failures_;
   std::atomic<int64_t> acked_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread worker_;
 };

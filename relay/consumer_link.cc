@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "relay/delivery_stream.h"
 
 namespace outbox::relay {
@@ -69,7 +70,7 @@ void ConsumerLink::Probe() {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   const grpc::Status s = health_->Check(&ctx, req, &resp);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (s.ok() &&
       resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
     Answered();
@@ -90,7 +91,7 @@ std::optional<std::string> ConsumerLink::Unreachable() const {
       silent <= options_.unready_after) {
     return std::nullopt;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return absl::StrCat(
       "the consumer ", options_.target, " has not answered for ",
       absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))),

@@ -20,11 +20,11 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/periodic.h"
 #include "common/tls.h"
@@ -87,7 +87,7 @@ class ConsumerLink : public Sink {
   std::unique_ptr<v1::EventSink::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
   std::atomic<int64_t> answered_ns_{0};
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   std::string probe_error_ ABSL_GUARDED_BY(mu_);  // the last check's, or ""
   std::unique_ptr<PeriodicTask> prober_;
 };

@@ -1,6 +1,7 @@
 #include "relay/delivery_stream.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace outbox::relay {
 
@@ -21,20 +22,20 @@ DeliveryStream::~DeliveryStream() {
 }
 
 void DeliveryStream::Send(v1::DeliverRequest request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   outbox_.push_back(std::move(request));
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 std::vector<v1::DeliverResponse> DeliveryStream::TakeResponses() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<v1::DeliverResponse> out;
   out.swap(responses_);
   return out;
 }
 
 std::string DeliveryStream::error() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return error_;
 }
 
@@ -46,44 +47,48 @@ void DeliveryStream::Cancel() {
 }
 
 void DeliveryStream::CloseSend() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   close_send_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void DeliveryStream::Break(const std::string& why) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (error_.empty()) error_ = why;
     broken_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   wake_();
 }
 
 void DeliveryStream::WriteLoop() {
   WriteBatches();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   writer_done_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void DeliveryStream::WriteBatches() {
   for (;;) {
     v1::DeliverRequest req;
+    bool all_written = false;  // close_send_ with nothing left to write
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
-        return broken_ || reader_done_ || close_send_ || !outbox_.empty();
-      });
-      if (broken_ || reader_done_) return;
-      if (outbox_.empty()) {  // close_send_ with nothing left to write
-        lock.unlock();
-        stream_->WritesDone();
-        return;
+      absl::MutexLock lock(&mu_);
+      while (!broken_ && !reader_done_ && !close_send_ && outbox_.empty()) {
+        cv_.Wait(&mu_);
       }
-      req = std::move(outbox_.front());
-      outbox_.pop_front();
+      if (broken_ || reader_done_) return;
+      if (outbox_.empty()) {
+        all_written = true;
+      } else {
+        req = std::move(outbox_.front());
+        outbox_.pop_front();
+      }
+    }
+    if (all_written) {
+      stream_->WritesDone();
+      return;
     }
     if (!stream_->Write(req)) {
       // The call is over: its Read returns false too, and the reader breaks
@@ -98,7 +103,7 @@ void DeliveryStream::ReadLoop() {
   v1::DeliverResponse resp;
   while (stream_->Read(&resp)) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       responses_.push_back(std::move(resp));
     }
     wake_();
@@ -106,10 +111,10 @@ void DeliveryStream::ReadLoop() {
   {
     // Finish may only run once the writer has stopped using the stream.
     // broken_ waits for Break, so that it is never seen without its reason.
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     reader_done_ = true;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return writer_done_; });
+    cv_.SignalAll();
+    while (!writer_done_) cv_.Wait(&mu_);
   }
   grpc::Status s = stream_->Finish();
   Break(s.ok() ? "stream ended by the consumer"

@@ -5,15 +5,14 @@
 // the stream, not the relay; Cancel unblocks both threads).
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "outbox/v1/sink.grpc.pb.h"
 #include "relay/sink.h"
 
@@ -51,8 +50,8 @@ class DeliveryStream : public BatchStream {
   std::unique_ptr<
       grpc::ClientReaderWriter<v1::DeliverRequest, v1::DeliverResponse>>
       stream_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
   std::deque<v1::DeliverRequest> outbox_ ABSL_GUARDED_BY(mu_);
   bool close_send_ ABSL_GUARDED_BY(mu_) = false;
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -10,6 +10,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/schema.h"
 #include "relay/delivery_store.h"
 #include "relay/outbox_log.h"
@@ -50,7 +51,7 @@ void Housekeeping::Stop() {
   stop_ = true;
   while (busy_) {
     {
-      std::lock_guard<std::mutex> lock(conn_mu_);
+      absl::MutexLock lock(&conn_mu_);
       if (conn_ != nullptr) conn_->cancel_query();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -65,7 +66,7 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
       "last refresh (every 15 s; the scan stops at 100000 events).",
       [this] {
         std::vector<std::pair<Labels, double>> out;
-        std::lock_guard<std::mutex> lock(backlog_mu_);
+        absl::MutexLock lock(&backlog_mu_);
         for (const auto& [p, v] : backlog_.partitions) {
           out.push_back({{{"partition", std::to_string(p)}},
                          static_cast<double>(v.first)});
@@ -79,7 +80,7 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
       "by the time since.",
       [this] {
         std::vector<std::pair<Labels, double>> out;
-        std::lock_guard<std::mutex> lock(backlog_mu_);
+        absl::MutexLock lock(&backlog_mu_);
         for (const auto& [p, v] : backlog_.partitions) {
           out.push_back({{{"partition", std::to_string(p)}},
                          backlog_.Age(v.second, v.first > 0)});
@@ -89,14 +90,14 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
   metrics->AddGauge("outbox_relay_dead_letters",
                     "Dead letters of the subscription now (not requeued).",
                     [this] {
-                      std::lock_guard<std::mutex> lock(backlog_mu_);
+                      absl::MutexLock lock(&backlog_mu_);
                       return static_cast<double>(backlog_.dead_letters);
                     });
   metrics->AddGauge("outbox_relay_oldest_dead_letter_seconds",
                     "Since the oldest dead letter of the subscription died "
                     "(0: none).",
                     [this] {
-                      std::lock_guard<std::mutex> lock(backlog_mu_);
+                      absl::MutexLock lock(&backlog_mu_);
                       return backlog_.Age(backlog_.oldest_dead_seconds,
                                           backlog_.dead_letters > 0);
                     });
@@ -106,7 +107,7 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
   auto each_subscription = [this](double (*value)(const SubscriptionInfo&),
                                   bool with_kind) {
     std::vector<std::pair<Labels, double>> out;
-    std::lock_guard<std::mutex> lock(backlog_mu_);
+    absl::MutexLock lock(&backlog_mu_);
     for (const SubscriptionInfo& s : backlog_.subscriptions) {
       Labels l{{"of_subscription", s.name}};
       if (with_kind) {
@@ -155,7 +156,7 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
       "dead letters, their ages) from the database, or since it started; "
       "about the refresh interval (15 s) at most while reads succeed.",
       [this] {
-        std::lock_guard<std::mutex> lock(backlog_mu_);
+        absl::MutexLock lock(&backlog_mu_);
         return absl::ToDoubleSeconds(absl::Now() - backlog_.as_of);
       });
   metrics->AddGauge(
@@ -163,7 +164,7 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
       "Aggregates of the subscription whose producer and consumer histories "
       "diverged and wait for an operator (outboxctl diverged).",
       [this] {
-        std::lock_guard<std::mutex> lock(backlog_mu_);
+        absl::MutexLock lock(&backlog_mu_);
         return static_cast<double>(backlog_.diverged);
       });
 }
@@ -209,7 +210,7 @@ void Housekeeping::RefreshBacklog(pqxx::connection& conn,
   b.subscriptions = ReadSubscriptions(tx, options_.retention, false);
   unit->commit();
   b.as_of = absl::Now();
-  std::lock_guard<std::mutex> lock(backlog_mu_);
+  absl::MutexLock lock(&backlog_mu_);
   backlog_ = std::move(b);
 }
 
@@ -227,7 +228,7 @@ bool Housekeeping::Run() {
       auto conn = Connect(options_.db_url, "outbox-relay-housekeeping",
                           options_.session);
       if (!conn.ok()) throw std::runtime_error(conn.status().ToString());
-      std::lock_guard<std::mutex> lock(conn_mu_);
+      absl::MutexLock lock(&conn_mu_);
       conn_ = std::move(*conn);
     }
     Connection& conn = *conn_;
@@ -261,10 +262,10 @@ bool Housekeeping::Run() {
                    std::string(StatusFromException(e).message()));
     }
     if (refresh_due) {
-      std::lock_guard<std::mutex> lock(backlog_mu_);
+      absl::MutexLock lock(&backlog_mu_);
       backlog_.stale = true;
     }
-    std::lock_guard<std::mutex> lock(conn_mu_);
+    absl::MutexLock lock(&conn_mu_);
     conn_.reset();
     return false;
   }

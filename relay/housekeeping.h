@@ -24,11 +24,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/db.h"
 #include "common/metrics.h"
@@ -117,7 +117,7 @@ class Housekeeping {
   Counter* const pruned_;
   Counter* const heals_;
 
-  mutable std::mutex backlog_mu_;
+  mutable absl::Mutex backlog_mu_;
   Backlog backlog_ ABSL_GUARDED_BY(backlog_mu_);
 
   std::atomic<int64_t> deleted_since_vacuum_{0};
@@ -125,7 +125,7 @@ class Housekeeping {
   std::atomic<bool> busy_{false};  // a Run is in progress
   // Stop reads the connection's pointer to cancel its statement; every
   // change of it is made under conn_mu_ (reads on the thread need none).
-  std::mutex conn_mu_;
+  absl::Mutex conn_mu_;
   std::unique_ptr<Connection> conn_;
 
   // The thread's own state.

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/jetstream_subject.h"
 #include "relay/policy.h"
 #include "spdlog/spdlog.h"
@@ -32,26 +33,26 @@ Placement Diverged(std::string reason) {
 // destruction) while a publish still waits on the broker, so the thread
 // holds this, and the wake callback is dropped before the owner goes.
 struct Shared {
-  std::mutex mu;
-  std::condition_variable cv;
+  absl::Mutex mu;
+  absl::CondVar cv;
   std::deque<v1::DeliverRequest> queue ABSL_GUARDED_BY(mu);
   std::vector<v1::DeliverResponse> responses ABSL_GUARDED_BY(mu);
   bool close_send ABSL_GUARDED_BY(mu) = false;
   std::string error ABSL_GUARDED_BY(mu);
   std::atomic<bool> broken{false};
-  std::mutex wake_mu;
+  absl::Mutex wake_mu;
   std::function<void()> wake ABSL_GUARDED_BY(wake_mu);
 
   void Wake() {
-    std::lock_guard<std::mutex> lock(wake_mu);
+    absl::MutexLock lock(&wake_mu);
     if (wake) wake();
   }
   void Break(const std::string& why) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       if (error.empty()) error = why;
       broken = true;
-      cv.notify_all();
+      cv.SignalAll();
     }
     Wake();
   }
@@ -67,20 +68,24 @@ class Publisher {
   void Run() {
     for (;;) {
       v1::DeliverRequest request;
+      bool all_answered = false;  // close_send with nothing left
       {
-        std::unique_lock<std::mutex> lock(shared_->mu);
-        shared_->cv.wait(lock, [&] {
-          return shared_->broken || !shared_->queue.empty() ||
-                 shared_->close_send;
-        });
+        absl::MutexLock lock(&shared_->mu);
+        while (!shared_->broken && shared_->queue.empty() &&
+               !shared_->close_send) {
+          shared_->cv.Wait(&shared_->mu);
+        }
         if (shared_->broken) return;
         if (shared_->queue.empty()) {
-          lock.unlock();
-          shared_->Break("closed after its batches were answered");
-          return;
+          all_answered = true;
+        } else {
+          request = std::move(shared_->queue.front());
+          shared_->queue.pop_front();
         }
-        request = std::move(shared_->queue.front());
-        shared_->queue.pop_front();
+      }
+      if (all_answered) {
+        shared_->Break("closed after its batches were answered");
+        return;
       }
       absl::StatusOr<v1::DeliverResponse> response = PublishBatch(request);
       if (!response.ok()) {
@@ -88,7 +93,7 @@ class Publisher {
         return;
       }
       {
-        std::lock_guard<std::mutex> lock(shared_->mu);
+        absl::MutexLock lock(&shared_->mu);
         if (shared_->broken) return;
         shared_->responses.push_back(*std::move(response));
       }
@@ -345,7 +350,7 @@ class JetStreamBatches : public BatchStream {
                    std::function<void()> wake)
       : shared_(std::make_shared<Shared>()) {
     {
-      std::lock_guard<std::mutex> lock(shared_->wake_mu);
+      absl::MutexLock lock(&shared_->wake_mu);
       shared_->wake = std::move(wake);
     }
     if (conn == nullptr) {
@@ -362,31 +367,31 @@ class JetStreamBatches : public BatchStream {
   }
   ~JetStreamBatches() override {
     Cancel();
-    std::lock_guard<std::mutex> lock(shared_->wake_mu);
+    absl::MutexLock lock(&shared_->wake_mu);
     shared_->wake = nullptr;
   }
 
   void Send(v1::DeliverRequest request) override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    absl::MutexLock lock(&shared_->mu);
     shared_->queue.push_back(std::move(request));
-    shared_->cv.notify_all();
+    shared_->cv.SignalAll();
   }
   std::vector<v1::DeliverResponse> TakeResponses() override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    absl::MutexLock lock(&shared_->mu);
     std::vector<v1::DeliverResponse> out;
     out.swap(shared_->responses);
     return out;
   }
   bool broken() const override { return shared_->broken; }
   std::string error() const override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    absl::MutexLock lock(&shared_->mu);
     return shared_->error;
   }
   void Cancel() override { shared_->Break("cancelled by the relay"); }
   void CloseSend() override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    absl::MutexLock lock(&shared_->mu);
     shared_->close_send = true;
-    shared_->cv.notify_all();
+    shared_->cv.SignalAll();
   }
 
  private:
@@ -490,9 +495,8 @@ void JetStreamSink::Start() {
 
 void JetStreamSink::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
-    cv_.notify_all();
   }
   if (watcher_.joinable()) watcher_.join();
 }
@@ -503,7 +507,7 @@ std::string JetStreamSink::name() const {
 }
 
 Sink::Readiness JetStreamSink::readiness() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (conn_ != nullptr && stream_ready_ && !conn_->ConnectedUrl().empty()) {
     return Readiness::kReady;
   }
@@ -513,7 +517,7 @@ Sink::Readiness JetStreamSink::readiness() {
 std::unique_ptr<BatchStream> JetStreamSink::Open(std::function<void()> wake) {
   std::shared_ptr<jetstream::Connection> conn;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     conn = conn_;
   }
   return std::make_unique<JetStreamBatches>(std::move(conn), options_,
@@ -525,7 +529,7 @@ std::optional<std::string> JetStreamSink::Unreachable() const {
   const absl::Duration since =
       absl::Now() - absl::FromUnixNanos(answered_ns_.load());
   if (since < options_.unready_after) return std::nullopt;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return absl::StrCat(
       name(), " has not answered for ",
       absl::FormatDuration(absl::Trunc(since, absl::Seconds(1))),
@@ -581,7 +585,7 @@ void JetStreamSink::Watch() {
     }
     absl::Duration wait = absl::Seconds(1);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       conn_ = conn;
       stream_ready_ = ready;
       if (!status.ok()) {
@@ -598,11 +602,8 @@ void JetStreamSink::Watch() {
     } else {
       backoff.Reset();
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, absl::ToChronoMilliseconds(wait),
-                     [&] { return stopping_; })) {
-      return;
-    }
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) return;
   }
 }
 

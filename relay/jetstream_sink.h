@@ -41,16 +41,15 @@
 // pending and go again, and the tip check makes that safe.
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/jetstream.h"
 #include "outbox/v1/event.pb.h"
@@ -131,12 +130,11 @@ class JetStreamSink : public Sink {
 
   const JetStreamSinkOptions options_;
   std::atomic<int64_t> answered_ns_{0};
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   std::shared_ptr<jetstream::Connection> conn_ ABSL_GUARDED_BY(mu_);
   bool stream_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::condition_variable cv_;
   std::thread watcher_;
 };
 

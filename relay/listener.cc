@@ -5,6 +5,7 @@
 #include <optional>
 #include <pqxx/pqxx>
 
+#include "absl/synchronization/mutex.h"
 #include "common/schema.h"
 
 namespace outbox::relay {
@@ -44,9 +45,9 @@ void CommitListener::Start() {
 
 void CommitListener::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -57,9 +58,9 @@ void CommitListener::WantWakes(bool want) {
     return;
   }
   if (wants_wakes_) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   wants_wakes_ = true;
-  cv_.notify_all();  // a listener that stopped listening resumes
+  cv_.SignalAll();  // a listener that stopped listening resumes
 }
 
 void CommitListener::Run() {
@@ -117,8 +118,8 @@ void CommitListener::Run() {
         ignored = 0;
         wakeup.reset();  // UNLISTEN
         if (options_.on_listening) options_.on_listening(false);
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return wants_wakes_ || stop_; });
+        absl::MutexLock lock(&mu_);
+        while (!(wants_wakes_ || stop_)) cv_.Wait(&mu_);
       }
     } catch (const std::exception& e) {
       spdlog::warn(

@@ -20,13 +20,12 @@
 // every commit, and listens again when wakes are wanted.
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/db.h"
 
@@ -81,8 +80,8 @@ class CommitListener {
   std::atomic<bool> wants_wakes_{true};
   std::atomic<bool> notified_{false};
   std::atomic<bool> works_{true};
-  std::mutex mu_;  // with cv_: the listener's wait for wants_wakes_, stop_
-  std::condition_variable cv_;
+  absl::Mutex mu_;  // with cv_: the listener's wait for wants_wakes_, stop_
+  absl::CondVar cv_;
   std::thread thread_;
 };
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/db.h"
 #include "common/fault.h"
 #include "common/ids.h"
@@ -43,7 +44,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
       own_watch_(WatchDatabase("relay: the outbox database", "outbox", metrics,
                                [this](const IdentityChange& c) {
                                  {
-                                   std::lock_guard<std::mutex> lock(change_mu_);
+                                   absl::MutexLock lock(&change_mu_);
                                    own_db_change_ = c.Describe();
                                  }
                                  own_db_changed_ = true;
@@ -108,19 +109,18 @@ void Relay::Start() {
 }
 
 std::optional<std::string> Relay::Unready() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (state_.consumer_unreachable.empty()) return std::nullopt;
   return state_.consumer_unreachable;
 }
 
 void Relay::Stop(absl::Duration drain) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
     drain_deadline_ = absl::Now() + drain;
     woken_ = true;
-    cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
   sink_->Stop();
@@ -131,7 +131,7 @@ void Relay::Stop(absl::Duration drain) {
 }
 
 RelayState Relay::State() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   RelayState state = state_;
   state.delivered = counters_.delivered->value();
   state.rejected = counters_.rejected->value();
@@ -139,14 +139,13 @@ RelayState Relay::State() const {
 }
 
 void Relay::Wake() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   woken_ = true;
-  cv_.notify_all();
 }
 
 std::string Relay::source() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return source_;
+  absl::MutexLock lock(&mu_);
+  return state_.source;
 }
 
 bool Relay::EnsureConnection() {
@@ -176,7 +175,7 @@ bool Relay::EnsureConnection() {
                                       .resubscribe = options_.resubscribe,
                                       .actor = replica_id_,
                                       .stopping = [this] {
-                                        std::lock_guard<std::mutex> lock(mu_);
+                                        absl::MutexLock lock(&mu_);
                                         return stopping_;
                                       }});
       absl::StatusOr<std::optional<int64_t>> start_tick;
@@ -195,12 +194,11 @@ bool Relay::EnsureConnection() {
         subscription_refused_.clear();
         subscription_id_ = sub->id;
         chain_from_ = sub->chain_from;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (source_ != sub->source) {
-            spdlog::info("relay: events carry source {}", sub->source);
-          }
+        if (source_ != sub->source) {
+          spdlog::info("relay: events carry source {}", sub->source);
           source_ = sub->source;
+          absl::MutexLock lock(&mu_);
+          state_.source = source_;
         }
         if (start_tick->has_value() && !on_log_) {
           spdlog::info(
@@ -849,7 +847,7 @@ bool Relay::WriteRepairs() {
       }
       consumer_identity_ = seen;
       consumer_identity_seen_.reset();
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       state_.consumer_database = seen.Key();
     }
     if (!inbox_went_back_.empty()) {
@@ -1000,7 +998,7 @@ void Relay::Run() {
     bool stopping;
     absl::Time deadline;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stopping = stopping_;
       deadline = drain_deadline_;
     }
@@ -1049,7 +1047,7 @@ void Relay::Run() {
     if (db_ok && own_db_changed_.exchange(false)) {
       std::string why;
       {
-        std::lock_guard<std::mutex> lock(change_mu_);
+        absl::MutexLock lock(&change_mu_);
         why = absl::StrCat("the outbox database ", own_db_change_);
       }
       DropEverything(why);
@@ -1165,7 +1163,7 @@ void Relay::Run() {
       wait = std::min(
           wait, std::max(absl::ZeroDuration(), log_retry_at_ - absl::Now()));
     }
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     state_.partitions_owned.assign(ownership_.owned().begin(),
                                    ownership_.owned().end());
     state_.in_flight = InFlightEvents();
@@ -1177,7 +1175,7 @@ void Relay::Run() {
       state_.consumer_unreachable = absl::StrCat(
           *why, "; its partitions are left to replicas that reach it");
     }
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), [&] { return woken_; });
+    mu_.AwaitWithTimeout(absl::Condition(&woken_), wait);
     woken_ = false;
   }
   // Drained (or out of time): close the streams, write the last marks, and
@@ -1211,7 +1209,7 @@ void Relay::Run() {
     }
   }
   conn_.reset();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   state_.partitions_owned.clear();
   state_.stream_connected = false;
   spdlog::info("relay {}: stopped", replica_id_);

@@ -36,12 +36,10 @@
 // wait behind it (and only those). Transport failures never count.
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <pqxx/pqxx>
 #include <set>
@@ -51,6 +49,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/db.h"
 #include "common/log.h"
@@ -308,7 +307,7 @@ class Relay {
   std::unique_ptr<IdentityWatch> own_watch_;
   DbSession session_;  // options_.session, with own_watch_
   std::atomic<bool> own_db_changed_{false};
-  std::mutex change_mu_;
+  absl::Mutex change_mu_;
   std::string own_db_change_ ABSL_GUARDED_BY(change_mu_);
   std::unique_ptr<ReplicationFence> fence_;  // null: no fence
 
@@ -347,7 +346,7 @@ class Relay {
   // Why TakeUpSubscription refused (it was dropped, or --source names
   // another), as last logged.
   std::string subscription_refused_;
-  std::string source_;  // written under mu_ (EnsureConnection)
+  std::string source_;  // state_.source is the copy for other threads
   std::vector<Lane> lanes_;
   absl::Time next_db_attempt_ = absl::InfinitePast();
   Backoff db_backoff_;
@@ -372,8 +371,7 @@ class Relay {
   bool spread_ = false;
   std::vector<int> serving_;  // indexes of the lanes ServingLanes last chose
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable absl::Mutex mu_;
   bool woken_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_);

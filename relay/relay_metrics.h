@@ -24,6 +24,7 @@ struct RelayState {
   int64_t rejected = 0;           // REJECTED answers this process recorded
   std::string paused_reason;      // why it does not deliver now, or ""
   std::string consumer_database;  // its identity as last seen
+  std::string source;             // what its events carry (Event.source)
   // Why the consumer counts as unreachable (consumer_unready_after), or "".
   std::string consumer_unreachable;
 };

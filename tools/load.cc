@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/ids.h"
 #include "outbox/v1/order.grpc.pb.h"
 
@@ -99,7 +99,7 @@ class Client {
       const size_t code = static_cast<size_t>(s.error_code());
       (*codes_)[code < codes_->size() ? code : 2 /* UNKNOWN */].fetch_add(1);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         latencies_.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
       }
       if (s.ok() || !Retryable(s.error_code())) return s;
@@ -110,7 +110,7 @@ class Client {
 
   v1::OrderService::Stub* stub() { return stub_.get(); }
   std::vector<double> TakeLatencies() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return std::move(latencies_);
   }
 
@@ -122,8 +122,8 @@ class Client {
   CodeCounts* codes_;
   Pacer* pacer_ = nullptr;
   std::unique_ptr<v1::OrderService::Stub> stub_;
-  std::mutex mu_;
-  std::vector<double> latencies_;
+  absl::Mutex mu_;
+  std::vector<double> latencies_ ABSL_GUARDED_BY(mu_);
 };
 
 double ProcessCpuSeconds() {

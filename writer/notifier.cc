@@ -4,6 +4,7 @@
 
 #include <pqxx/pqxx>
 
+#include "absl/synchronization/mutex.h"
 #include "common/db.h"
 #include "common/schema.h"
 
@@ -16,18 +17,18 @@ Notifier::Notifier(std::string db_url, DbSession session)
 
 Notifier::~Notifier() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   thread_.join();
 }
 
 void Notifier::Poke() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!poked_) {
     poked_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
@@ -35,8 +36,8 @@ void Notifier::Run() {
   std::unique_ptr<Connection> conn;
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return poked_ || stop_; });
+      absl::MutexLock lock(&mu_);
+      while (!(poked_ || stop_)) cv_.Wait(&mu_);
       if (stop_) return;
       poked_ = false;  // pokes from now on ask for the next NOTIFY
     }
@@ -45,8 +46,8 @@ void Notifier::Run() {
       if (!c.ok()) {
         spdlog::warn("outbox writer: cannot NOTIFY relays ({}); they will poll",
                      std::string(c.status().message()));
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; });
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Seconds(1));
         continue;
       }
       conn = std::move(*c);
@@ -56,8 +57,8 @@ void Notifier::Run() {
       tx.exec(std::string("NOTIFY ") + kNotifyChannel);
       // At most one NOTIFY per 2 ms: under load, commits in that window
       // share it (each costs the server a transaction and a global lock).
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stop_; });
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(2));
     } catch (const std::exception& e) {
       spdlog::warn("outbox writer: NOTIFY failed ({}); relays will poll",
                    std::string(StatusFromException(e).message()));

@@ -7,12 +7,11 @@
 // NOTIFY lost to a crash or a broken connection delays delivery by at most
 // one poll interval and loses nothing.
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "common/db.h"
 
 namespace outbox {
@@ -30,10 +29,10 @@ class Notifier {
 
   const std::string db_url_;
   const DbSession session_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool poked_ = false;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool poked_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
