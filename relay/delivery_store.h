@@ -29,15 +29,6 @@
 
 namespace outbox::relay {
 
-// The claim of a delivery stream (delivery_store.cc has its parameters,
-// columns and the query plans they keep): pending deliveries of
-// partitions this replica leases, in seq order, with whether each one's
-// predecessor is still owed; `mark` also deletes the rows answered since
-// the claim before, `lsn` adds the primary's WAL position (relay/fence.h).
-std::string ClaimSql(bool mark, bool lsn);
-inline const std::string kClaimSql = ClaimSql(false, false);
-inline const std::string kMarkAndClaimSql = ClaimSql(true, false);
-
 // The chains of one outbox: (aggregate_type, aggregate_id), as a ChainKey
 // without a source (common/ids.h); the relay's maps are keyed by it.
 inline std::string OutboxChain(absl::string_view aggregate_type,

@@ -52,7 +52,8 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                                })),
       session_(options_.session),
       ownership_(options_.subscription, replica_id_, options_.lease_ttl),
-      db_backoff_(options_.retry_initial, options_.retry_max) {
+      db_backoff_(options_.retry_initial, options_.retry_max),
+      consumer_(options_.subscription, &counters_) {
   session_.identity_watch = own_watch_.get();
   if (options_.fence.enabled()) {
     fence_ = std::make_unique<ReplicationFence>(options_.fence);
@@ -213,7 +214,7 @@ bool Relay::EnsureConnection() {
         if (std::optional<DatabaseIdentity> recorded = RecordedIdentity(*tx)) {
           own_watch_->ObserveRecorded(*recorded);
         }
-        consumer_identity_ = ConsumerIdentity(*tx, options_.subscription);
+        consumer_.Stored(ConsumerIdentity(*tx, options_.subscription));
         tx->commit();
         try {
           auto rec = OpenUnit(**conn);
@@ -402,40 +403,37 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       // find marks_ empty, or holding the rejections of rows it could not
       // read, which FlushMarks writes.
       const bool ride = !riding.empty();
-      // Those from the log have no row: MarksWritten settles them.
-      const MarkPlan marking = ride ? PlanMarks(marks_) : MarkPlan{};
-      const std::string marked = ArrayLiteral(marking.delivered).str();
+      ClaimQuery query{.subscription = options_.subscription,
+                       .partitions = partitions,
+                       .limit = limit,
+                       .after = after,
+                       .mark = ride,
+                       .member = ownership_.member(),
+                       .lsn = fence_ != nullptr};
+      if (ride) {
+        // Those from the log have no row: MarksWritten settles them.
+        MarkPlan marking = PlanMarks(marks_);
+        query.delivered = std::move(marking.delivered);
+        query.delivered_ids = std::move(marking.delivered_ids);
+      }
       // By id: a busy chain keeps the other chains of its id (other types)
       // out of this claim too, which only delays them.
-      ArrayLiteral excluded;
       for (const std::string& chain : busy_.BusyAfter(riding)) {
-        excluded.Add(ChainIdOf(chain));
+        query.excluded_ids.emplace_back(ChainIdOf(chain));
       }
-      pqxx::result rows;
       const absl::Time t0 = absl::Now();
+      if (ride) {
+        // As in FlushMarks: answered, not yet marked; nothing written.
+        MaybeCrash("relay.after_send_before_mark");
+        MaybeCrash("relay.before_mark_commit");
+      }
+      Claimed claimed;
       {
-        if (ride) {
-          // As in FlushMarks: answered, not yet marked; nothing written.
-          MaybeCrash("relay.after_send_before_mark");
-          MaybeCrash("relay.before_mark_commit");
-        }
         auto tx = OpenUnit(*conn_);
-        const bool lsn = fence_ != nullptr;
-        static const std::string kSql[2][2] = {
-            {ClaimSql(false, false), ClaimSql(false, true)},
-            {ClaimSql(true, false), ClaimSql(true, true)}};
-        rows =
-            ride ? ExecPrepared(*tx, "mark_and_claim", kSql[1][lsn].c_str(),
-                                options_.subscription,
-                                ArrayLiteral(partitions).str(), excluded.str(),
-                                limit, after, marked, ownership_.member(),
-                                ArrayLiteral(marking.delivered_ids).str())
-                 : ExecPrepared(*tx, "claim", kSql[0][lsn].c_str(),
-                                options_.subscription,
-                                ArrayLiteral(partitions).str(), excluded.str(),
-                                limit, after, marked, ownership_.member());
+        claimed = ClaimPending(*tx, query);
         tx->commit();
       }
+      const size_t rows = claimed.candidates.size();
       counters_.claim_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
       if (ride) {
         MaybeCrash("relay.after_mark_commit");
@@ -443,34 +441,27 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         riding.clear();
       }
       if (fresh) {
-        lane.passed_over |= !excluded.empty();
+        lane.passed_over |= !query.excluded_ids.empty();
         lane.freed_at_claim = busy_.freed();
       } else {
         lane.passed_over = false;  // this claim saw every ready row
       }
-      if (options_.after_claim) options_.after_claim(rows.size());
+      if (options_.after_claim) options_.after_claim(rows);
       if (spdlog::should_log(spdlog::level::debug)) {
-        spdlog::debug("relay: claimed {} rows in {}", rows.size(),
+        spdlog::debug("relay: claimed {} rows in {}", rows,
                       absl::FormatDuration(absl::Now() - t0));
       }
-      if (rows.empty()) {
+      if (rows == 0) {
         if (!fresh) break;
         fresh = false;
         after = 0;
         lane.next_full_claim = absl::Now() + options_.poll_interval;
         continue;
       }
-      after = std::max(after, rows[rows.size() - 1]["seq"].as<int64_t>());
+      after = std::max(after, claimed.last_seq);
       // A chain goes when its first row here is its first undelivered
       // event; then all its rows here go, in chain order.
-      std::vector<Candidate> candidates(rows.size());
-      for (size_t r = 0; r < rows.size(); ++r) {
-        Candidate& c = candidates[r];
-        c.parsed = EventFromRow(rows[r], &c.event);
-        c.partition = rows[r]["partition"].as<int>();
-        c.goes = rows[r]["prev_done"].as<bool>();
-      }
-      BuiltBatch built = BuildBatch(std::move(candidates),
+      BuiltBatch built = BuildBatch(std::move(claimed.candidates),
                                     {.batch_id = next_batch_id_++,
                                      .source = source_,
                                      .chain_from = chain_from_,
@@ -479,13 +470,13 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       const bool full = built.cut_by_bytes;
       if (!built.batch.seqs.empty()) {
         MaybeCrash("relay.after_claim_before_send");
-        built.batch.full = full || static_cast<int>(rows.size()) >= limit;
+        built.batch.full = full || static_cast<int>(rows) >= limit;
         round->full |= built.batch.full;
         Dispatch(lane, std::move(built.batch), std::move(built.request),
-                 fence_ == nullptr ? "" : rows[0]["lsn"].as<std::string>());
+                 claimed.lsn);
       }
       if (full) break;
-      if (static_cast<int>(rows.size()) < limit) {
+      if (static_cast<int>(rows) < limit) {
         if (!fresh) break;
         fresh = false;  // the new rows are claimed: now the passed-over ones
         after = 0;
@@ -604,7 +595,7 @@ void Relay::Take(Lane& lane, BuiltBatch& built) {
 void Relay::Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
                      const std::string& lsn) {
   counters_.batch_events->Observe(static_cast<double>(req.events_size()));
-  batch.inbox_high_at_send = inbox_high_;
+  batch.inbox_high_at_send = consumer_.inbox_high();
   if (fence_ != nullptr) {
     // Every event read had committed before this position: the batch goes
     // once the standbys flushed it (ReleaseFenced).
@@ -691,31 +682,10 @@ void Relay::HandleResponses(Lane& lane) {
     }
     counters_.answer_seconds->Observe(
         absl::ToDoubleSeconds(absl::Now() - it->second.sent_at));
-    if (resp.has_inbox()) {
-      const DatabaseIdentity inbox = FromProto(resp.inbox());
-      if (inbox.known() && inbox != consumer_identity_ &&
-          !(consumer_identity_seen_.has_value() &&
-            *consumer_identity_seen_ == inbox)) {
-        consumer_identity_seen_ = inbox;  // stored by WriteRepairs
-        inbox_high_ = 0;                  // another database: its own numbers
+    if (consumer_.Observe(resp, it->second.inbox_high_at_send)) {
+      for (Lane& l : lanes_) {
+        for (auto& [id, b] : l.in_flight) b.inbox_high_at_send = 0;
       }
-    }
-    if (resp.applied_from() > 0) {
-      // Everything answered before this batch was sent was numbered before
-      // this batch's rows were: a number at or below those went back.
-      if (resp.applied_from() <= it->second.inbox_high_at_send &&
-          inbox_went_back_.empty()) {
-        inbox_went_back_ = absl::StrCat(
-            "numbered an applied event ", resp.applied_from(),
-            " after it had answered for number ", it->second.inbox_high_at_send,
-            ": the consumer's database went back in time under the same "
-            "identity (restored in place?)");
-        inbox_high_ = 0;
-        for (Lane& l : lanes_) {
-          for (auto& [id, b] : l.in_flight) b.inbox_high_at_send = 0;
-        }
-      }
-      inbox_high_ = std::max(inbox_high_, resp.applied_through());
     }
     for (int64_t seq : it->second.seqs) lane.in_flight_seqs.erase(seq);
     Answer answer = AnswerOf(it->second, resp);
@@ -727,7 +697,7 @@ void Relay::HandleResponses(Lane& lane) {
       }
       marks_.push_back(std::move(m));
     }
-    reowe_.insert(reowe_.end(), answer.reowe.begin(), answer.reowe.end());
+    consumer_.Lacks(answer.reowe);
     for (const std::string& chain : answer.unanswered) busy_.Remove(chain);
     lane.in_flight.erase(it);
   }
@@ -801,81 +771,19 @@ void Relay::MarksWritten(int64_t dead) {
 }
 
 bool Relay::WriteRepairs() {
-  if (!consumer_identity_seen_.has_value() && reowe_.empty() &&
-      inbox_went_back_.empty()) {
-    return true;
-  }
-  try {
-    auto tx = OpenUnit(*conn_);
-    if (!inbox_went_back_.empty()) {
-      RequestHeal(*tx, options_.subscription,
-                  absl::StrCat("the consumer ", inbox_went_back_));
-    }
-    std::optional<DatabaseIdentity> old;
-    if (consumer_identity_seen_.has_value()) {
-      old = StoreConsumerIdentity(*tx, options_.subscription,
-                                  *consumer_identity_seen_);
-    }
-    ReOwed owed;
-    if (!reowe_.empty()) {
-      owed = ReOwe(*tx, options_.subscription, reowe_);
-      log_exceptions_ = true;
-    }
-    counters_.diverged->Add(RecordGaps(*tx, options_.subscription, owed));
-    tx->commit();
-    if (consumer_identity_seen_.has_value()) {
-      const DatabaseIdentity seen = *consumer_identity_seen_;
-      // What this relay knew, else what the subscription had stored (a
-      // replica that stored it first requested the heal).
-      const DatabaseIdentity before = consumer_identity_.known()
-                                          ? consumer_identity_
-                                          : old.value_or(DatabaseIdentity{});
-      const IdentityChange c = CompareIdentity(before, seen);
-      if (c.changed()) {
-        counters_.ConsumerChanged(c);
-        spdlog::error(
-            "relay: subscription {}'s consumer database {}; was {}, now {}; "
-            "{}",
-            options_.subscription, c.Describe(), before.ToString(),
-            seen.ToString(),
-            old.has_value() && old->known()
-                ? "a heal compares the consumer's cursors with what was "
-                  "delivered and delivers again what it lost"
-                : "another replica saw it first and requested the heal");
-      } else if (!before.known()) {
-        spdlog::info("relay: the consumer's database is {}", seen.ToString());
-      }
-      consumer_identity_ = seen;
-      consumer_identity_seen_.reset();
-      absl::MutexLock lock(&mu_);
-      state_.consumer_database = seen.Key();
-    }
-    if (!inbox_went_back_.empty()) {
-      counters_.ConsumerWentBack();
-      spdlog::error(
-          "relay: subscription {}'s consumer {}; a heal compares its cursors "
-          "with what was delivered and delivers again what it lost",
-          options_.subscription, inbox_went_back_);
-      inbox_went_back_.clear();
-    }
-    if (!reowe_.empty()) {
-      std::set<std::string> aggs;
-      for (const ChainRange& r : reowe_) aggs.insert(r.chain);
-      counters_.redelivered_held->Add(owed.owed);
-      spdlog::warn(
-          "relay: the consumer answered HELD for events whose predecessors "
-          "it had answered before (its database lost commits?): {} events "
-          "of {} aggregates owed again",
-          owed.owed, aggs.size());
-      reowe_.clear();
-    }
-    return true;
-  } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
+  absl::StatusOr<ConsumerWatch::Recorded> recorded = consumer_.Record(*conn_);
+  if (!recorded.ok()) {
+    last_db_error_ = std::string(recorded.status().message());
     spdlog::warn("relay: recording what the consumer's answers showed: {}",
                  last_db_error_);
     return false;
   }
+  if (recorded->owed) log_exceptions_ = true;
+  if (recorded->consumer_database.has_value()) {
+    absl::MutexLock lock(&mu_);
+    state_.consumer_database = *recorded->consumer_database;
+  }
+  return true;
 }
 
 void Relay::DropEverything(const std::string& why) {
@@ -891,7 +799,7 @@ void Relay::DropEverything(const std::string& why) {
     lane.next_full_claim = absl::InfinitePast();
   }
   marks_.clear();
-  reowe_.clear();
+  consumer_.DropLacking();
   busy_.Clear();
   log_.reset();  // positions are read again
   log_exceptions_ = true;

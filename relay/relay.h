@@ -60,7 +60,9 @@
 #include "outbox/v1/sink.grpc.pb.h"
 #include "relay/batch_builder.h"
 #include "relay/busy_chains.h"
+#include "relay/claim.h"
 #include "relay/consumer_link.h"
+#include "relay/consumer_watch.h"
 #include "relay/delivery_store.h"
 #include "relay/delivery_stream.h"
 #include "relay/fence.h"
@@ -357,13 +359,8 @@ class Relay {
   // claimed again until marked (event count each).
   BusyChains busy_;
   std::vector<Mark> marks_;  // answered, not yet written
-  DatabaseIdentity consumer_identity_;  // as stored for the subscription
-  // The highest inbox number answered so far (see InFlight), and why the
-  // consumer's inbox went back when an answer showed it ("" if not).
-  int64_t inbox_high_ = 0;
-  std::string inbox_went_back_;
-  std::optional<DatabaseIdentity> consumer_identity_seen_;  // to store
-  std::vector<ChainRange> reowe_;  // HELD answers: events the consumer lacks
+  // What answers taught of the consumer's database, until WriteRepairs.
+  ConsumerWatch consumer_;
   std::string fence_waiting_;      // why the fence holds batches, or ""
   absl::Time next_fence_log_ = absl::InfinitePast();
   // A backlog was seen and not yet worked off: the partitions are spread
