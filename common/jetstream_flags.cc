@@ -82,8 +82,9 @@ absl::StatusOr<JetStreamFlags> JetStreamFromFlags(
         absl::StrCat("--jetstream_subjects: \"", out.subjects,
                      "\" is not dot-separated tokens of A-Z a-z 0-9 - _"));
   }
-  if (out.stream.empty() ||
-      out.stream.find_first_of(".*> \t\r\n/\\") != std::string::npos) {
+  // A stream's name also names its directory in the broker's file store.
+  if (!jetstream::IsValidName(out.stream) ||
+      out.stream.find_first_of("/\\") != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("--jetstream_stream: \"", out.stream,
                      "\" must be non-empty, without . * > / \\ or whitespace"));

@@ -1,6 +1,7 @@
 #include "common/jetstream_subject.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -78,6 +79,16 @@ bool IsValidPrefix(absl::string_view prefix) {
     if (token.empty()) return false;
     for (char c : token) {
       if (!IsPlain(c)) return false;
+    }
+  }
+  return true;
+}
+
+bool IsValidName(absl::string_view name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    if (c == '.' || c == '*' || c == '>' || absl::ascii_isspace(c)) {
+      return false;
     }
   }
   return true;

@@ -34,6 +34,12 @@ absl::StatusOr<std::string> UnescapeToken(absl::string_view token);
 // (no wildcard, no `$` system prefix, no empty token).
 bool IsValidPrefix(absl::string_view prefix);
 
+// Whether `name` can name a JetStream stream or durable consumer: not
+// empty, and no `.`, `*`, `>` or ASCII whitespace (space, \t, \n, \v, \f,
+// \r). Any other byte passes, `/` and `\` included: a caller whose name
+// must not hold those checks them itself.
+bool IsValidName(absl::string_view name);
+
 // "<prefix>.<EscapeToken(aggregate_type)>.<EscapeToken(aggregate_id)>";
 // InvalidArgument when the prefix is not valid.
 absl::StatusOr<std::string> EventSubject(absl::string_view prefix,

@@ -132,6 +132,38 @@ TEST(EventSubject, RefusesABadPrefix) {
   EXPECT_TRUE(IsValidPrefix("outbox.billing-v2_x"));
 }
 
+TEST(IsValidName, TakesStreamAndDurableNames) {
+  for (const char* good :
+       {"OUTBOX_BILLING", "outbox-consumer", "a", "$name", "x~y", "a/b",
+        "a\\b", "é", "A-Z_a-z_0-9"}) {
+    EXPECT_TRUE(IsValidName(good)) << good;
+  }
+}
+
+TEST(IsValidName, RefusesEachForbiddenCharacter) {
+  for (char c : {'.', '*', '>'}) {
+    const std::string alone(1, c);
+    EXPECT_FALSE(IsValidName(alone)) << alone;
+    EXPECT_FALSE(IsValidName("OUTBOX" + alone)) << alone;
+    EXPECT_FALSE(IsValidName(alone + "OUTBOX")) << alone;
+    EXPECT_FALSE(IsValidName("OUT" + alone + "BOX")) << alone;
+  }
+}
+
+TEST(IsValidName, RefusesWhitespace) {
+  for (char c : {' ', '\t', '\n', '\v', '\f', '\r'}) {
+    const std::string ws(1, c);
+    EXPECT_FALSE(IsValidName(ws)) << int(c);
+    EXPECT_FALSE(IsValidName("OUT" + ws + "BOX")) << int(c);
+    EXPECT_FALSE(IsValidName("OUTBOX" + ws)) << int(c);
+  }
+}
+
+TEST(IsValidName, RefusesEmpty) {
+  EXPECT_FALSE(IsValidName(""));
+  EXPECT_FALSE(IsValidName(absl::string_view()));
+}
+
 TEST(AllEventsUnder, IsTheFullWildcard) {
   EXPECT_EQ(AllEventsUnder("outbox.billing"), "outbox.billing.>");
 }

@@ -118,8 +118,7 @@ int main(int argc, char** argv) {
   }
   const std::string durable = absl::GetFlag(FLAGS_jetstream_durable);
   if (js->enabled &&
-      (durable.empty() ||
-       durable.find_first_of(".*> \t\r\n") != std::string::npos ||
+      (!outbox::jetstream::IsValidName(durable) ||
        absl::GetFlag(FLAGS_jetstream_batch) < 1 ||
        absl::GetFlag(FLAGS_jetstream_batch) > 1000 ||
        absl::GetFlag(FLAGS_jetstream_ack_wait) < absl::Seconds(1) ||

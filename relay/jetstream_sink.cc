@@ -465,8 +465,9 @@ absl::StatusOr<std::unique_ptr<JetStreamSink>> JetStreamSink::Create(
         absl::StrCat("jetstream subject prefix \"", options.subject_prefix,
                      "\": dot-separated tokens of A-Z a-z 0-9 - _ only"));
   }
-  if (options.stream.empty() ||
-      options.stream.find_first_of(".*> \t\r\n/\\") != std::string::npos) {
+  // A stream's name also names its directory in the broker's file store.
+  if (!jetstream::IsValidName(options.stream) ||
+      options.stream.find_first_of("/\\") != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "jetstream stream name \"", options.stream,
         "\": must be non-empty, without . * > / \\ or whitespace"));
