@@ -154,90 +154,71 @@ bool Relay::EnsureConnection() {
   conn_.reset();
   if (absl::Now() < next_db_attempt_) return false;
   auto conn = Connect(options_.db_url, session_name_, session_);
-  bool ready = false;
-  if (conn.ok()) {
+  absl::Status session = conn.status();
+  if (session.ok() && !(*conn)->info().pooled) {
     try {
-      if (!(*conn)->info().pooled) {
-        pqxx::nontransaction tx(**conn);
-        // The server notices a vanished relay's session within about 25
-        // s. A mark lost in a server crash only means the row is delivered
-        // again (and answered DUPLICATE): marks need not wait for the WAL
-        // flush. Behind a transaction pooler a SET would stay behind for
-        // other clients' transactions (the producer's commits among them),
-        // so it is set only on a session of our own.
-        tx.exec(
-            "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
-            "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
-      }
-      absl::StatusOr<Subscribed> sub =
-          TakeUpSubscription(**conn, {.subscription = options_.subscription,
-                                      .source = options_.source,
-                                      .start_from = options_.start_from,
-                                      .resubscribe = options_.resubscribe,
-                                      .actor = replica_id_,
-                                      .stopping = [this] {
-                                        absl::MutexLock lock(&mu_);
-                                        return stopping_;
-                                      }});
-      absl::StatusOr<std::optional<int64_t>> start_tick;
-      if (!sub.ok()) {
-        last_db_error_ = std::string(sub.status().message());
-      } else if (!sub->refused.empty()) {
-        if (sub->refused != subscription_refused_) {
-          spdlog::error("relay: {}", sub->refused);
-        }
-        subscription_refused_ = last_db_error_ = sub->refused;
-      } else if (start_tick = EnsureLogDelivery(**conn, options_.subscription,
-                                                options_.log_delivery);
-                 !start_tick.ok()) {
-        last_db_error_ = std::string(start_tick.status().message());
-      } else {
-        subscription_refused_.clear();
-        subscription_id_ = sub->id;
-        chain_from_ = sub->chain_from;
-        if (source_ != sub->source) {
-          spdlog::info("relay: events carry source {}", sub->source);
-          source_ = sub->source;
-          absl::MutexLock lock(&mu_);
-          state_.source = source_;
-        }
-        if (start_tick->has_value() && !on_log_) {
-          spdlog::info(
-              "relay: subscription {} is delivered from the outbox log "
-              "(start tick {}); its exceptions as before",
-              options_.subscription, **start_tick);
-        }
-        on_log_ = start_tick->has_value();
-        auto tx = OpenUnit(**conn);
-        // The database's own record of its identity: a failover or restore
-        // while this relay was down shows now.
-        if (std::optional<DatabaseIdentity> recorded = RecordedIdentity(*tx)) {
-          own_watch_->ObserveRecorded(*recorded);
-        }
-        consumer_.Stored(ConsumerIdentity(*tx, options_.subscription));
-        tx->commit();
-        try {
-          auto rec = OpenUnit(**conn);
-          RecordIdentity(*rec, (*conn)->info().identity);
-          rec->commit();
-        } catch (const pqxx::sql_error& e) {
-          // A read-only database (a standby behind the address): later.
-          spdlog::debug("relay: cannot record the database's identity: {}",
-                        e.what());
-        }
-        ready = true;
-      }
+      pqxx::nontransaction tx(**conn);
+      // The server notices a vanished relay's session within about 25
+      // s. A mark lost in a server crash only means the row is delivered
+      // again (and answered DUPLICATE): marks need not wait for the WAL
+      // flush. Behind a transaction pooler a SET would stay behind for
+      // other clients' transactions (the producer's commits among them),
+      // so it is set only on a session of our own.
+      tx.exec(
+          "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
+          "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
     } catch (const std::exception& e) {
-      last_db_error_ = std::string(StatusFromException(e).message());
+      session = StatusFromException(e);
     }
-  } else {
-    last_db_error_ = std::string(conn.status().message());
   }
-  if (!ready) {
+  absl::StatusOr<TakenUp> up =
+      !session.ok()
+          ? absl::StatusOr<TakenUp>(session)
+          : TakeUp(**conn,
+                   {.subscription = options_.subscription,
+                    .source = options_.source,
+                    .start_from = options_.start_from,
+                    .resubscribe = options_.resubscribe,
+                    .actor = replica_id_,
+                    .stopping =
+                        [this] {
+                          absl::MutexLock lock(&mu_);
+                          return stopping_;
+                        }},
+                   options_.log_delivery, (*conn)->info().identity);
+  if (up.ok() && !up->subscription.refused.empty()) {
+    if (up->subscription.refused != subscription_refused_) {
+      spdlog::error("relay: {}", up->subscription.refused);
+    }
+    subscription_refused_ = up->subscription.refused;
+    up = absl::FailedPreconditionError(subscription_refused_);
+  }
+  if (!up.ok()) {
+    last_db_error_ = std::string(up.status().message());
     spdlog::warn("relay: connecting: {}; retrying", last_db_error_);
     next_db_attempt_ = absl::Now() + db_backoff_.Next();
     return false;
   }
+  subscription_refused_.clear();
+  subscription_id_ = up->subscription.id;
+  chain_from_ = up->subscription.chain_from;
+  if (source_ != up->subscription.source) {
+    spdlog::info("relay: events carry source {}", up->subscription.source);
+    source_ = up->subscription.source;
+    absl::MutexLock lock(&mu_);
+    state_.source = source_;
+  }
+  if (up->start_tick.has_value() && !on_log_) {
+    spdlog::info(
+        "relay: subscription {} is delivered from the outbox log (start "
+        "tick {}); its exceptions as before",
+        options_.subscription, *up->start_tick);
+  }
+  on_log_ = up->start_tick.has_value();
+  // The database's own record of its identity: a failover or restore while
+  // this relay was down shows now.
+  if (up->recorded.has_value()) own_watch_->ObserveRecorded(*up->recorded);
+  consumer_.Stored(up->consumer);
   conn_ = std::move(*conn);
   db_backoff_.Reset();
   log_.reset();  // positions are read again in this session

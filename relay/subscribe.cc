@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/db.h"
+#include "relay/delivery_store.h"
 #include "relay/subscriptions.h"
 
 namespace outbox::relay {
@@ -257,6 +258,42 @@ absl::StatusOr<std::optional<int64_t>> EnsureLogDelivery(
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }
+}
+
+absl::StatusOr<TakenUp> TakeUp(pqxx::connection& conn,
+                               const SubscribeOptions& options,
+                               bool move_onto_log,
+                               const DatabaseIdentity& session) {
+  TakenUp up;
+  absl::StatusOr<Subscribed> sub = TakeUpSubscription(conn, options);
+  if (!sub.ok()) return sub.status();
+  up.subscription = *std::move(sub);
+  if (!up.subscription.refused.empty()) return up;
+  absl::StatusOr<std::optional<int64_t>> tick =
+      EnsureLogDelivery(conn, options.subscription, move_onto_log);
+  if (!tick.ok()) return tick.status();
+  up.start_tick = *tick;
+  try {
+    Once(conn, [&](pqxx::transaction_base& tx) {
+      up.recorded = RecordedIdentity(tx);
+      up.consumer = ConsumerIdentity(tx, options.subscription);
+      return 0;
+    });
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  try {
+    Once(conn, [&](pqxx::transaction_base& tx) {
+      return RecordIdentity(tx, session);
+    });
+  } catch (const pqxx::sql_error& e) {
+    // A read-only database (a standby behind the address): later.
+    spdlog::debug("relay: cannot record the database's identity: {}",
+                  e.what());
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  return up;
 }
 
 }  // namespace outbox::relay

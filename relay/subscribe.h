@@ -7,11 +7,11 @@
 // landed, and whether it is delivered from the outbox log.
 //
 // Example (the relay, on each new session):
-//   absl::StatusOr<Subscribed> s = TakeUpSubscription(conn, {...});
-//   if (!s.ok()) try again later;
-//   else if (!s->refused.empty()) refuse loudly, and try again later;
-//   absl::StatusOr<std::optional<int64_t>> tick =
-//       EnsureLogDelivery(conn, name, move_onto_log);
+//   absl::StatusOr<TakenUp> up = TakeUp(conn, {...}, move_onto_log,
+//                                       conn.info().identity);
+//   if (!up.ok()) try again later;
+//   else if (!up->subscription.refused.empty()) refuse loudly, try again;
+//   else deliver (from the log if up->start_tick).
 
 #include <cstdint>
 #include <functional>
@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/db_identity.h"
 
 namespace outbox::relay {
 
@@ -72,5 +73,26 @@ absl::StatusOr<Subscribed> TakeUpSubscription(pqxx::connection& conn,
 // first (outbox_log_subscribe).
 absl::StatusOr<std::optional<int64_t>> EnsureLogDelivery(
     pqxx::connection& conn, const std::string& subscription, bool move);
+
+// What a relay's new session starts from.
+struct TakenUp {
+  Subscribed subscription;  // when refused, nothing below is set
+  std::optional<int64_t> start_tick;  // on the outbox log: its start tick
+  // The outbox database's own record of its identity: compared with the
+  // session's, it shows a failover or a restore while no relay watched.
+  std::optional<DatabaseIdentity> recorded;
+  // The consumer's database as the subscription last stored it.
+  DatabaseIdentity consumer;
+};
+
+// TakeUpSubscription, EnsureLogDelivery (moving it onto the log with
+// `move_onto_log`), then the identities above; and records `session` as
+// the outbox database's identity unless one is recorded (not on a
+// read-only server: later). Errors as TakeUpSubscription's; a refusal is
+// no error.
+absl::StatusOr<TakenUp> TakeUp(pqxx::connection& conn,
+                               const SubscribeOptions& options,
+                               bool move_onto_log,
+                               const DatabaseIdentity& session);
 
 }  // namespace outbox::relay

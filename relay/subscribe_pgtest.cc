@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "common/schema.h"
+#include "relay/delivery_store.h"
 #include "relay/log_testing.h"
 #include "relay/subscribe.h"
 #include "relay/subscriptions.h"
@@ -212,6 +213,50 @@ TEST_F(SubscribeTest, TheLogIsEnteredOnRequestOnly) {
   tick = EnsureLogDelivery(conn_, "nobody", true);
   ASSERT_TRUE(tick.ok()) << tick.status();
   EXPECT_FALSE(tick->has_value());
+}
+
+// What a relay's session starts from: the subscription, whether it is on
+// the log, the outbox database's recorded identity (recorded by the first
+// session if there was none) and the consumer's as stored.
+TEST_F(SubscribeTest, ASessionStartsFromWhatTheDatabaseRecorded) {
+  const DatabaseIdentity session{
+      .system_identifier = 42, .timeline = 1, .database_oid = 7};
+  absl::StatusOr<TakenUp> first =
+      relay::TakeUp(conn_, Options(), /*move_onto_log=*/false, session);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->subscription.refused.empty());
+  EXPECT_TRUE(first->subscription.created);
+  EXPECT_FALSE(first->start_tick.has_value());
+  EXPECT_FALSE(first->consumer.known());
+  const DatabaseIdentity consumer{
+      .system_identifier = 9, .timeline = 2, .database_oid = 16384};
+  {
+    pqxx::work tx(conn_);
+    StoreConsumerIdentity(tx, "billing", consumer);
+    tx.commit();
+  }
+  absl::StatusOr<TakenUp> second =
+      relay::TakeUp(conn_, Options(), /*move_onto_log=*/true, session);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->subscription.id, first->subscription.id);
+  EXPECT_TRUE(second->start_tick.has_value());
+  ASSERT_TRUE(second->recorded.has_value());
+  // What the migration recorded, else what the first session did.
+  EXPECT_EQ(*second->recorded, first->recorded.value_or(session));
+  EXPECT_EQ(second->consumer, consumer);
+  {
+    pqxx::work tx(conn_);
+    ASSERT_TRUE(ActOnSubscription(tx, "billing", SubscriptionAction::kDrop,
+                                  "ops", "gone", true)
+                    .ok());
+    tx.commit();
+  }
+  absl::StatusOr<TakenUp> refused =
+      relay::TakeUp(conn_, Options(), /*move_onto_log=*/true, session);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused->subscription.refused, "was dropped"));
+  EXPECT_FALSE(refused->start_tick.has_value());
+  EXPECT_FALSE(refused->consumer.known());
 }
 
 // What its relays read every round: paused and by whom, on the log or not,
