@@ -25,22 +25,37 @@ trap 'rm -rf "$tmp"' EXIT
 
 # A scratch copy of what validate.sh reads; the npm packages are linked,
 # not copied.
+# fresh [DIR]: the copy in DIR (default $tmp/t).
 fresh() {
-  rm -rf "$tmp/t"
-  mkdir -p "$tmp/t/tests/deploy"
-  cp -r "$root/deploy" "$tmp/t/deploy"
-  (cd "$root/tests/deploy" && tar -cf - --exclude=./node_modules .) | tar -xf - -C "$tmp/t/tests/deploy"
-  ln -s "$root/tests/deploy/node_modules" "$tmp/t/tests/deploy/node_modules"
-  cp "$root/.dockerignore" "$tmp/t/.dockerignore"
+  local t=${1:-$tmp/t}
+  rm -rf "$t"
+  mkdir -p "$t/tests/deploy"
+  cp -r "$root/deploy" "$t/deploy"
+  (cd "$root/tests/deploy" && tar -cf - --exclude=./node_modules .) | tar -xf - -C "$t/tests/deploy"
+  ln -s "$root/tests/deploy/node_modules" "$t/tests/deploy/node_modules"
+  cp "$root/.dockerignore" "$t/.dockerignore"
 }
 
 passed=0
 failed=0
+# Mutations run in the background, SELFTEST_JOBS (default 2) at a time,
+# each in a scratch copy of its own (they are independent and each run of
+# validate.sh is CPU-bound); their verdicts are gathered, in order, before
+# the summary. The other cases run in the foreground in $tmp/t.
+jobs_max=${SELFTEST_JOBS:-2}
+mutations=0
+mkdir -p "$tmp/verdicts"
 # mutate NAME EXPECTED-OUTPUT-REGEX FILE PYTHON-EXPRESSION-ON-s
 mutate() {
-  local name=$1 expect=$2 file=$3 expr=$4
-  fresh
-  python3 - "$tmp/t/$file" "$expr" <<'PY'
+  mutations=$((mutations + 1))
+  while [[ $(jobs -rp | wc -l) -ge $jobs_max ]]; do wait -n || :; done
+  mutation "$(printf '%04d' "$mutations")" "$@" &
+}
+mutation() {
+  local id=$1 name=$2 expect=$3 file=$4 expr=$5
+  local t="$tmp/m$id" verdict="$tmp/verdicts/$id"
+  fresh "$t"
+  if ! python3 - "$t/$file" "$expr" <<'PY' 2>"$verdict.err"
 import sys
 path, expr = sys.argv[1], sys.argv[2]
 s = open(path).read()
@@ -49,15 +64,34 @@ if new == s:
     sys.exit("mutation changed nothing")
 open(path, "w").write(new)
 PY
+  then
+    { echo "FAIL $name: the mutation itself failed:"; sed 's/^/     /' "$verdict.err"; } >"$verdict"
+    rm -rf "$t"
+    return 0
+  fi
   local out rc=0
-  out=$("$tmp/t/tests/deploy/validate.sh" "$bin_dir" 2>&1) || rc=$?
+  out=$("$t/tests/deploy/validate.sh" "$bin_dir" 2>&1) || rc=$?
   if [[ $rc -ne 0 ]] && grep -Eq -- "$expect" <<<"$out"; then
-    passed=$((passed + 1))
-    echo "ok   $name"
+    echo "ok   $name" >"$verdict"
   else
-    failed=$((failed + 1))
-    echo "FAIL $name: validate.sh exited $rc; expected a failure matching /$expect/; output:"
-    tail -n 15 <<<"$out" | sed 's/^/     /'
+    { echo "FAIL $name: validate.sh exited $rc; expected a failure matching /$expect/; output:"
+      tail -n 15 <<<"$out" | sed 's/^/     /'; } >"$verdict"
+  fi
+  rm -rf "$t"
+}
+# The mutations' verdicts, once all have run.
+mutation_verdicts() {
+  wait
+  local v seen=0
+  for v in "$tmp"/verdicts/[0-9]*; do
+    [[ $v == *.err ]] && continue
+    seen=$((seen + 1))
+    cat "$v"
+    if grep -q '^ok ' "$v"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  done
+  if [[ $seen -lt $mutations ]]; then
+    failed=$((failed + mutations - seen))
+    echo "FAIL $((mutations - seen)) mutations left no verdict"
   fi
 }
 
@@ -533,5 +567,6 @@ else
   tail -n 15 <<<"$out" | sed 's/^/     /'
 fi
 
+mutation_verdicts
 echo "validate self-test: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
