@@ -16,9 +16,8 @@ PeriodicTask::PeriodicTask(absl::Duration interval, std::function<bool()> fn,
       const bool again = fn_();
       if (again && busy_pause_ <= absl::ZeroDuration()) continue;
       absl::MutexLock lock(&mu_);
-      const absl::Time until = absl::Now() + (again ? busy_pause_ : interval_);
-      while (!stop_ && !cv_.WaitWithDeadline(&mu_, until)) {
-      }
+      mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                           again ? busy_pause_ : interval_);
     }
   });
 }
@@ -26,9 +25,8 @@ PeriodicTask::PeriodicTask(absl::Duration interval, std::function<bool()> fn,
 PeriodicTask::~PeriodicTask() {
   {
     absl::MutexLock lock(&mu_);
-    stop_ = true;
+    stop_ = true;  // wakes the wait: Await watches the flag
   }
-  cv_.SignalAll();
   thread_.join();
 }
 

@@ -26,7 +26,6 @@ class PeriodicTask {
   const absl::Duration interval_, busy_pause_;
   const std::function<bool()> fn_;
   absl::Mutex mu_;
-  absl::CondVar cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
