@@ -98,18 +98,19 @@ Claimed ClaimPending(pqxx::transaction_base& tx, const ClaimQuery& q) {
   static const std::string kSql[2][2] = {
       {ClaimSql(false, false), ClaimSql(false, true)},
       {ClaimSql(true, false), ClaimSql(true, true)}};
-  const std::string partitions = ArrayLiteral(q.partitions).str();
+  static const char* const kName[2][2] = {
+      {"claim", "claim_fenced"}, {"mark_and_claim", "mark_and_claim_fenced"}};
   ArrayLiteral excluded;
   for (const std::string& id : q.excluded_ids) excluded.Add(id);
-  const std::string delivered = ArrayLiteral(q.delivered).str();
+  std::vector<std::string> params = {
+      q.subscription,         ArrayLiteral(q.partitions).str(),
+      excluded.str(),         absl::StrCat(q.limit),
+      absl::StrCat(q.after),  ArrayLiteral(q.delivered).str(),
+      q.member};
+  if (q.mark) params.push_back(ArrayLiteral(q.delivered_ids).str());
   const pqxx::result rows =
-      q.mark ? ExecPrepared(tx, "mark_and_claim", kSql[1][q.lsn].c_str(),
-                            q.subscription, partitions, excluded.str(),
-                            q.limit, q.after, delivered, q.member,
-                            ArrayLiteral(q.delivered_ids).str())
-             : ExecPrepared(tx, "claim", kSql[0][q.lsn].c_str(),
-                            q.subscription, partitions, excluded.str(),
-                            q.limit, q.after, delivered, q.member);
+      ExecPrepared(tx, kName[q.mark][q.lsn], kSql[q.mark][q.lsn].c_str(),
+                   pqxx::prepare::make_dynamic_params(params));
   Claimed claimed;
   claimed.candidates.resize(rows.size());
   for (size_t r = 0; r < rows.size(); ++r) {
