@@ -53,7 +53,8 @@ absl::StatusOr<Tick> OneTick(pqxx::transaction_base& tx, const std::string& sql,
 // an index scan.
 //   $1 after_seq  $2 from.high_seq  $3 to.high_seq  $4 from's snapshot
 //   $5 to's snapshot  $6 limit; with `late` $7 from's xip  $8 from's xmax
-//   $9 to's xmax  $10 from's xmin; with `by_partition` then the partitions.
+//   $9 to's xmax  $10 from's xmin; with `by_partition` then the partitions
+//   (ReadStatementFor adds the payload budget last).
 std::string ReadSql(bool late, bool by_partition) {
   const std::string select =
       absl::StrCat("SELECT ", kEventColumns,
@@ -88,13 +89,24 @@ std::string ReadSql(bool late, bool by_partition) {
                       " UNION ALL ", rest, ") u ORDER BY seq LIMIT $6::int");
 }
 
-const std::string& ReadSqlFor(bool late, bool by_partition) {
-  static const std::string* const kSql[4] = {
-      new std::string(ReadSql(false, false)),
-      new std::string(ReadSql(false, true)),
-      new std::string(ReadSql(true, false)),
-      new std::string(ReadSql(true, true))};
-  return *kSql[(late ? 2 : 0) + (by_partition ? 1 : 0)];
+// The read's four forms, each cut by a payload budget in its last
+// parameter, with the name each is prepared under.
+struct ReadStatement {
+  const char* name;
+  std::string sql;
+};
+const ReadStatement& ReadStatementFor(bool late, bool by_partition) {
+  auto make = [](const char* name, bool late, bool by_partition) {
+    const int budget = (late ? 10 : 6) + (by_partition ? 1 : 0) + 1;
+    return new ReadStatement{
+        name, BoundedByPayloadBytes(ReadSql(late, by_partition),
+                                    absl::StrCat("$", budget, "::bigint"))};
+  };
+  static const ReadStatement* const kRead[4] = {
+      make("log_read", false, false), make("log_read_parts", false, true),
+      make("log_read_late", true, false),
+      make("log_read_late_parts", true, true)};
+  return *kRead[(late ? 2 : 0) + (by_partition ? 1 : 0)];
 }
 
 }  // namespace
@@ -159,8 +171,9 @@ absl::StatusOr<TickAndExceptions> TickSince(
       "AND d.partition = ANY($3::int[])) AS exceptions FROM "
       "outbox_tick_since(make_interval(secs => $1::float8))");
   try {
-    pqxx::result r = tx.exec_params(kSql, MinAgeSeconds(min_age), subscription,
-                                    ArrayLiteral(partitions).str());
+    pqxx::result r =
+        ExecPrepared(tx, "log_tick_since", kSql.c_str(), MinAgeSeconds(min_age),
+                     subscription, ArrayLiteral(partitions).str());
     absl::StatusOr<Tick> t = TickFromRow(r[0]);
     if (!t.ok()) return t.status();
     return TickAndExceptions{*std::move(t), r[0]["exceptions"].as<bool>()};
@@ -194,9 +207,7 @@ absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
   }
   const bool late = read.after_seq < read.from.high_seq;
   const bool by_partition = !read.partitions.empty();
-  const std::string sql =
-      BoundedByPayloadBytes(ReadSqlFor(late, by_partition),
-                            std::max<int64_t>(read.payload_budget, 1));
+  const ReadStatement& statement = ReadStatementFor(late, by_partition);
   LogBatch batch;
   batch.last_seq = read.after_seq;
   try {
@@ -214,12 +225,11 @@ absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
       params.push_back(absl::StrCat(read.to.snapshot.xmax));
       params.push_back(absl::StrCat(read.from.snapshot.xmin));
     }
-    if (by_partition) {
-      params.push_back(
-          ArrayLiteral(read.partitions).str());
-    }
+    if (by_partition) params.push_back(ArrayLiteral(read.partitions).str());
+    params.push_back(absl::StrCat(std::max<int64_t>(read.payload_budget, 1)));
     pqxx::result r =
-        tx.exec_params(sql, pqxx::prepare::make_dynamic_params(params));
+        ExecPrepared(tx, statement.name, statement.sql.c_str(),
+                     pqxx::prepare::make_dynamic_params(params));
     int64_t uncut = 0;
     batch.events.reserve(r.size());
     for (const pqxx::row& row : r) {
@@ -309,10 +319,10 @@ absl::StatusOr<std::vector<int>> MovePositions(
       "now()) RETURNING p.partition";
   std::vector<int> moved;
   try {
-    pqxx::result r =
-        tx.exec_params(kSql, subscription, ArrayLiteral(partitions).str(),
-                       from.done, from.reading, from.after_seq, to.done,
-                       to.reading, to.after_seq, member);
+    pqxx::result r = ExecPrepared(
+        tx, "log_move_positions", kSql.c_str(), subscription,
+        ArrayLiteral(partitions).str(), from.done, from.reading,
+        from.after_seq, to.done, to.reading, to.after_seq, member);
     for (const pqxx::row& row : r) moved.push_back(row["partition"].as<int>());
   } catch (const std::exception& e) {
     return StatusFromException(e);
@@ -332,8 +342,8 @@ absl::StatusOr<std::set<std::string>> ExceptedChains(
       "d.partition = ANY($2::int[])";
   std::set<std::string> chains;
   try {
-    pqxx::result r =
-        tx.exec_params(kSql, subscription, ArrayLiteral(partitions).str());
+    pqxx::result r = ExecPrepared(tx, "log_excepted_chains", kSql.c_str(),
+                                  subscription, ArrayLiteral(partitions).str());
     for (const pqxx::row& row : r) {
       chains.insert(OutboxChain(row["aggregate_type"].c_str(),
                                 row["aggregate_id"].c_str()));

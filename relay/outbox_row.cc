@@ -21,6 +21,11 @@ bool DecodeEvent(const EnvelopeColumns& c, absl::string_view payload,
 }
 
 std::string BoundedByPayloadBytes(absl::string_view select, int64_t budget) {
+  return BoundedByPayloadBytes(select, absl::StrCat(budget));
+}
+
+std::string BoundedByPayloadBytes(absl::string_view select,
+                                  absl::string_view budget) {
   return absl::StrCat(
       "SELECT * FROM (SELECT b.*, coalesce(sum(octet_length(b.payload)) OVER "
       "(ORDER BY b.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) "

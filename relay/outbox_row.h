@@ -42,6 +42,10 @@ bool DecodeEvent(const EnvelopeColumns& columns, absl::string_view payload,
 // end: payload_bytes_before, and rows_uncut (how many `select` returned:
 // more than the rows here when the cut left some out).
 std::string BoundedByPayloadBytes(absl::string_view select, int64_t budget);
+// The same with the budget an SQL expression: a parameter ("$7::bigint"),
+// so that one prepared statement serves every budget.
+std::string BoundedByPayloadBytes(absl::string_view select,
+                                  absl::string_view budget);
 
 // DecodeEvent for `row`, selected with kEventColumns first.
 bool EventFromRow(const pqxx::row& row, v1::Event* out);
