@@ -232,6 +232,78 @@ ALTER FUNCTION outbox_inbox_lock_chains(text[], text[], text[], int)
 DROP FUNCTION IF EXISTS outbox_inbox_lock_cursors(text[], int);
 )sql";
 
+// The common batch in one call (inbox/engine.cc): lock and read its
+// chains' cursors as outbox_inbox_lock_chains does; then, where each chain
+// stands where the batch expects (its cursor at from_seqs, 0 for none, and
+// nothing held), insert the batch's inbox rows and move each cursor to
+// through_seqs. Returns a row for each chain, with its cursor as it was
+// (0s for none, as outbox_inbox_lock_chains returns no row for it) and
+// the apply_ids the inbox rows took: 0, 0 when nothing was written. An id or position the inbox already holds takes the rows just
+// inserted back out, and nothing is written: the caller plans the batch
+// from the cursors as usual, and meets the collision there.
+constexpr char kInboxV8[] = R"sql(
+CREATE OR REPLACE FUNCTION outbox_inbox_apply_chains(
+    sources text[], types text[], ids text[], lock_class int,
+    from_seqs bigint[], through_seqs bigint[], event_ids uuid[],
+    event_sources text[], event_types text[], event_aggregates text[],
+    seqs bigint[], kinds text[], occurred timestamptz[])
+RETURNS TABLE (source text, aggregate_type text, aggregate_id text,
+               last_seq bigint, held_count int, pruned_through bigint,
+               applied_from bigint, applied_through bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+  cs text[]; ct text[]; ca text[]; cl bigint[]; ch int[]; cp bigint[];
+  written uuid[];
+  first_id bigint := 0;
+  last_id bigint := 0;
+BEGIN
+  SELECT array_agg(l.source), array_agg(l.aggregate_type),
+         array_agg(l.aggregate_id), array_agg(l.last_seq),
+         array_agg(l.held_count), array_agg(l.pruned_through)
+    INTO cs, ct, ca, cl, ch, cp
+    FROM outbox_inbox_lock_chains(sources, types, ids, lock_class) l;
+  IF NOT EXISTS (
+      SELECT 1 FROM unnest(sources, types, ids, from_seqs) AS k(s, t, a, e)
+        LEFT JOIN unnest(cs, ct, ca, cl, ch) AS c(s, t, a, l, h)
+          ON c.s = k.s AND c.t = k.t AND c.a = k.a
+       WHERE coalesce(c.l, 0) <> k.e OR coalesce(c.h, 0) <> 0) THEN
+    WITH i AS (
+      INSERT INTO inbox (event_id, source, aggregate_type, aggregate_id, seq,
+                         event_type, occurred_at)
+      SELECT * FROM unnest(event_ids, event_sources, event_types,
+                           event_aggregates, seqs, kinds, occurred)
+      ON CONFLICT DO NOTHING RETURNING event_id, apply_id)
+    SELECT array_agg(i.event_id), coalesce(min(i.apply_id), 0),
+           coalesce(max(i.apply_id), 0)
+      INTO written, first_id, last_id FROM i;
+    IF coalesce(cardinality(written), 0) <> cardinality(event_ids) THEN
+      DELETE FROM inbox x WHERE x.event_id = ANY(written);
+      first_id := 0;
+      last_id := 0;
+    ELSE
+      INSERT INTO aggregate_cursors (source, aggregate_type, aggregate_id,
+                                     last_seq, held_count)
+      SELECT * FROM unnest(sources, types, ids, through_seqs,
+                           array_fill(0, ARRAY[cardinality(ids)]))
+      ON CONFLICT (source, aggregate_type, aggregate_id) DO UPDATE SET
+        last_seq = EXCLUDED.last_seq, held_count = 0, updated_at = now();
+    END IF;
+  END IF;
+  -- Every chain asked about, 0s where it has no cursor yet.
+  RETURN QUERY
+    SELECT k.s, k.t, k.a, coalesce(c.l, 0), coalesce(c.h, 0),
+           coalesce(c.p, 0), first_id, last_id
+      FROM unnest(sources, types, ids) AS k(s, t, a)
+      LEFT JOIN unnest(cs, ct, ca, cl, ch, cp) AS c(s, t, a, l, h, p)
+        ON c.s = k.s AND c.t = k.t AND c.a = k.a;
+END $$;
+ALTER FUNCTION outbox_inbox_apply_chains(text[], text[], text[], int,
+    bigint[], bigint[], uuid[], text[], text[], text[], bigint[], text[],
+    timestamptz[])
+  SET plan_cache_mode = force_generic_plan;
+)sql";
+
 // The outbox read as a log (relay/outbox_log.h). Each event records the
 // top-level transaction that wrote it; a tick is a snapshot of which
 // transactions had committed, with the highest seq visible in it, so that
@@ -795,6 +867,7 @@ CREATE TABLE IF NOT EXISTS held_actions (
 );
 )sql"},
       {7, "chains named by source, aggregate type and id", kInboxV7},
+      {8, "the common batch written as its cursors are read", kInboxV8},
   };
   return kMigrations;
 }

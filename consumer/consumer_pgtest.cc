@@ -177,6 +177,106 @@ TEST_F(ConsumerTest, DuplicatesAreAnsweredAndHaveNoSecondEffect) {
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 3);
 }
 
+// The common batch (each event next in its chain, nothing held) is written
+// by the statement that locks its chains; any other goes the planned way,
+// with the same answers. An id the inbox holds elsewhere makes the
+// one-call write take its rows back: nothing of it stays.
+TEST_F(ConsumerTest, TheCommonBatchIsWrittenInOneCallAndOthersArePlanned) {
+  auto written = [&](const char* how) {
+    return metrics_
+        .AddCounter(absl::StrCat("outbox_consumer_batches_total{write=\"", how,
+                                 "\"}"),
+                    "")
+        ->value();
+  };
+  auto a = OrderChain(1), b = OrderChain(1);
+  EXPECT_EQ(Outcomes(Deliver({{a[0], b[0], a[1], a[2], b[1]}})),
+            (V{v1::APPLIED, v1::APPLIED, v1::APPLIED, v1::APPLIED,
+               v1::APPLIED}));
+  EXPECT_EQ(written("foreseen"), 1);
+  EXPECT_EQ(written("planned"), 0);
+  // Next in its chain with a cursor already there: foreseen too.
+  EXPECT_EQ(Outcomes(Deliver({{b[2]}})), (V{v1::APPLIED}));
+  EXPECT_EQ(written("foreseen"), 2);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 6);
+  EXPECT_EQ(tdb_.Scalar("SELECT sum(last_seq) FROM aggregate_cursors"), 6);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM charges"), 4);
+
+  // Redelivered, early, or out of order: planned, with the usual answers.
+  auto c = OrderChain(1);
+  EXPECT_EQ(Outcomes(Deliver({{a[2]}, {c[1]}, {c[0]}})),
+            (V{v1::DUPLICATE, v1::HELD, v1::APPLIED}));
+  EXPECT_EQ(written("foreseen"), 2);
+  EXPECT_EQ(written("planned"), 3);
+
+  // d's second event carries a's first event's id: Foresee cannot know,
+  // the one-call write meets it in the inbox and takes d[0]'s row back.
+  auto d = OrderChain(1);
+  d[1].set_event_id(a[0].event_id());
+  const std::vector<v1::EventResult> reused = Deliver({{d[0], d[1]}});
+  ASSERT_EQ(reused.size(), 2u);
+  EXPECT_EQ(reused[0].outcome(), v1::APPLIED);
+  EXPECT_NE(reused[1].outcome(), v1::APPLIED);
+  EXPECT_EQ(written("foreseen"), 2);
+  EXPECT_EQ(tdb_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM inbox WHERE event_id = '",
+                a[0].event_id(), "' AND aggregate_id = '",
+                a[0].aggregate_id(), "'")),
+            1);
+  EXPECT_EQ(tdb_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM inbox WHERE aggregate_id = '",
+                d[0].aggregate_id(), "'")),
+            1);
+  ExpectAppliedInOrder();
+}
+
+// The one-call write itself: it writes only where every chain stands where
+// the caller expects, answers for every chain, and on an id the inbox
+// holds takes back what it inserted.
+TEST_F(ConsumerTest, ApplyChainsWritesOnlyWhereEveryChainStandsAsExpected) {
+  const std::string x = NewUuid(), y = NewUuid(), e1 = NewUuid(),
+                    e2 = NewUuid(), e3 = NewUuid();
+  auto call = [&](const std::string& from, const std::string& through,
+                  const std::string& ids, const std::string& aggs,
+                  const std::string& seqs) {
+    return tdb_.Query(absl::StrCat(
+        "SELECT aggregate_id, last_seq, applied_from > 0 AS wrote FROM "
+        "outbox_inbox_apply_chains('{s,s}', '{order,order}', '{", x, ",", y,
+        "}', 2832, '", from, "', '", through, "', '", ids,
+        "', '{s,s}', '{order,order}', '", aggs, "', '", seqs,
+        "', '{E,E}', ARRAY[now(), now()]) ORDER BY aggregate_id = '", x,
+        "' DESC"));
+  };
+  // y expects a cursor at 4 and has none: nothing is written.
+  pqxx::result r = call("{0,4}", "{1,5}", absl::StrCat("{", e1, ",", e2, "}"),
+                        absl::StrCat("{", x, ",", y, "}"), "{1,5}");
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_FALSE(r[0]["wrote"].as<bool>());
+  EXPECT_EQ(r[1]["last_seq"].as<int64_t>(), 0);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 0);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM aggregate_cursors"), 0);
+  // Both new: written, with the cursors as they were (none: 0).
+  r = call("{0,0}", "{1,5}", absl::StrCat("{", e1, ",", e2, "}"),
+           absl::StrCat("{", x, ",", y, "}"), "{1,5}");
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_TRUE(r[0]["wrote"].as<bool>());
+  EXPECT_EQ(r[0]["last_seq"].as<int64_t>(), 0);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 2);
+  EXPECT_EQ(tdb_.Scalar("SELECT sum(last_seq) FROM aggregate_cursors"), 6);
+  // Where they stand now, but y's event reuses e1: x's row is taken back.
+  r = call("{1,5}", "{2,6}", absl::StrCat("{", e3, ",", e1, "}"),
+           absl::StrCat("{", x, ",", y, "}"), "{2,6}");
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_FALSE(r[0]["wrote"].as<bool>());
+  EXPECT_EQ(r[0]["last_seq"].as<int64_t>(), 1);
+  EXPECT_EQ(r[1]["last_seq"].as<int64_t>(), 5);
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 2);
+  EXPECT_EQ(tdb_.Scalar(absl::StrCat("SELECT count(*) FROM inbox WHERE "
+                                     "event_id = '", e3, "'")),
+            0);
+  EXPECT_EQ(tdb_.Scalar("SELECT sum(last_seq) FROM aggregate_cursors"), 6);
+}
+
 // Inbox retention deletes old rows in batches; a redelivery of a pruned
 // event is still a DUPLICATE without a second effect, while a different
 // event at a passed position the inbox still covers is still REJECTED.

@@ -381,4 +381,46 @@ HeldQuery HeldQuestions(const std::vector<const v1::Event*>& batch,
   return q;
 }
 
+std::optional<Foreseen> Foresee(const std::vector<const v1::Event*>& batch,
+                                const std::vector<std::string>& invalid) {
+  if (batch.empty()) return std::nullopt;
+  Foreseen f;
+  std::set<std::string> ids;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const v1::Event& e = *batch[i];
+    if (!Valid(invalid, i) || !ids.insert(e.event_id()).second ||
+        e.seq() <= e.prev_seq()) {
+      return std::nullopt;
+    }
+    auto [it, first] = f.chains.try_emplace(
+        ChainKeyOf(e), Foreseen::Chain{e.prev_seq(), e.seq()});
+    if (!first) {
+      if (e.prev_seq() != it->second.through) return std::nullopt;
+      it->second.through = e.seq();
+    }
+  }
+  return f;
+}
+
+bool PlanIsForeseen(const Plan& plan,
+                    const std::vector<const v1::Event*>& batch,
+                    const Foreseen& foreseen) {
+  if (plan.apply != batch || !plan.hold.empty() || !plan.unhold.empty() ||
+      plan.results.size() != batch.size() ||
+      plan.changed.size() != foreseen.chains.size()) {
+    return false;
+  }
+  for (const v1::EventResult& r : plan.results) {
+    if (r.outcome() != v1::APPLIED) return false;
+  }
+  for (const auto& [chain, c] : foreseen.chains) {
+    auto it = plan.changed.find(chain);
+    if (it == plan.changed.end() || it->second.cursor != c.through ||
+        it->second.held_count != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace outbox::inbox

@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -154,5 +155,29 @@ struct HeldQuery {
 HeldQuery HeldQuestions(const std::vector<const v1::Event*>& batch,
                         const std::vector<std::string>& invalid,
                         const Snapshot& snapshot);
+
+// The common batch, foreseen before its cursors are read: every event
+// valid, no id twice, and each aggregate's events linked one to the next
+// in batch order (each one's prev_seq the seq of the one before). If each
+// aggregate's cursor stands at its first event's prev_seq and it holds
+// nothing, PlanBatch applies the whole batch in batch order and moves each
+// cursor to its last event's seq; the engine then writes the inbox rows
+// and cursors in the statement that locks and reads the cursors
+// (inbox/engine.cc), and checks the plan with PlanIsForeseen.
+struct Foreseen {
+  struct Chain {
+    int64_t from = 0;     // the cursor the batch expects (0: none yet)
+    int64_t through = 0;  // the cursor it leaves
+  };
+  std::map<std::string, Chain> chains;  // by chain key
+};
+// Nothing when the batch is not of that kind (or empty).
+std::optional<Foreseen> Foresee(const std::vector<const v1::Event*>& batch,
+                                const std::vector<std::string>& invalid);
+// Whether `plan` (of `batch`) is what `foreseen` said: every event APPLIED
+// in batch order, nothing held or drained, each cursor moved as foreseen.
+bool PlanIsForeseen(const Plan& plan,
+                    const std::vector<const v1::Event*>& batch,
+                    const Foreseen& foreseen);
 
 }  // namespace outbox::inbox

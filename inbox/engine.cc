@@ -220,6 +220,49 @@ Inserted InsertInboxAndCursors(
           inserted[2].as<int64_t>()};
 }
 
+// LockCursors and, if each chain stands where `foreseen` says, the
+// batch's inbox rows and new cursors, in one call (one round trip) to a
+// function of the inbox schema (outbox_inbox_apply_chains,
+// common/schema.cc). Fills `snap` as LockCursors does, with the cursors as
+// they were; returns whether it wrote, and `inserted` the apply_ids taken.
+bool LockCursorsAndWrite(pqxx::work& tx, const std::set<std::string>& aggregates,
+                         const std::vector<const v1::Event*>& events,
+                         const Foreseen& foreseen, Snapshot* snap,
+                         Inserted* inserted) {
+  ChainColumns keys;
+  ArrayLiteral from, through;
+  for (const std::string& a : aggregates) {
+    snap->aggregates[a] = {0, 0};
+    keys.Add(a);
+    const Foreseen::Chain& c = foreseen.chains.at(a);
+    from.Add(c.from);
+    through.Add(c.through);
+  }
+  const InboxRows r(events);
+  bool wrote = false;
+  for (const auto& row : ExecPrepared(
+           tx, "lock_write_chains",
+           "SELECT * FROM outbox_inbox_apply_chains($1::text[], $2::text[], "
+           "$3::text[], $4, $5::bigint[], $6::bigint[], $7::uuid[], "
+           "$8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[], "
+           "$13::timestamptz[])",
+           keys.source.str(), keys.type.str(), keys.id.str(),
+           kAggregateLockClass, from.str(), through.str(), r.ev.str(),
+           r.chain.source.str(), r.chain.type.str(), r.chain.id.str(),
+           r.seq.str(), r.type.str(), r.at.str())) {
+    snap->aggregates[ChainKey(row["source"].as<std::string>(),
+                              row["aggregate_type"].as<std::string>(),
+                              row["aggregate_id"].as<std::string>())] = {
+        row["last_seq"].as<int64_t>(), row["held_count"].as<int64_t>(),
+        row["pruned_through"].as<int64_t>()};
+    inserted->from = row["applied_from"].as<int64_t>();
+    inserted->through = row["applied_through"].as<int64_t>();
+    wrote = inserted->from != 0;  // the same on every row
+  }
+  inserted->all = wrote;
+  return wrote;
+}
+
 void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
   ArrayLiteral ev, seq, prev, pay;
   ChainColumns chain;
@@ -375,6 +418,16 @@ Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
           "outbox_consumer_batches_unavailable_total",
           "Batches not answered because the database failed for a reason "
           "that is not the events' (read-only, full, timeout, ...).")),
+      foreseen_(metrics->AddCounter(
+          "outbox_consumer_batches_total{write=\"foreseen\"}",
+          "Batches committed, by how they were written: foreseen (each "
+          "event next in its chain, nothing held: written by the statement "
+          "that locks the chains) or planned (cursors read, then written).")),
+      planned_(metrics->AddCounter(
+          "outbox_consumer_batches_total{write=\"planned\"}",
+          "Batches committed, by how they were written: foreseen (each "
+          "event next in its chain, nothing held: written by the statement "
+          "that locks the chains) or planned (cursors read, then written).")),
       refused_held_(metrics->AddCounter(
           "outbox_consumer_held_refused_total",
           "Times the handler refused a held event as it drained; it stays "
@@ -449,6 +502,15 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
   // next attempt, so this ends.
   for (int conflicts = 0;;) {
     attempt = ApplyOnce(events, invalid, options, origin, &drained);
+    if (attempt.ok() && attempt->unforeseen) {
+      // Foresee and PlanBatch disagree: a fault of this code, not of the
+      // events. The batch goes the usual way.
+      spdlog::error(
+          "consumer: a batch's plan was not the foreseen one; applying it "
+          "the usual way");
+      options.foresee = false;
+      continue;
+    }
     if (attempt.ok() && attempt->inbox_collision &&
         !options.ask_inbox_about_all) {
       options.ask_inbox_about_all = true;  // an id the plan did not know
@@ -580,6 +642,14 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
   for (size_t i = 0; i < events.size(); ++i) {
     if (invalid[i].empty()) aggregates.insert(ChainKeyOf(*events[i]));
   }
+  // The common batch is written as its cursors are read, and planned after
+  // as any other, to check that the plan is what was written.
+  std::optional<Foreseen> foreseen;
+  if (options.foresee && options.release.empty() && options.skip.empty() &&
+      options.keep_held.empty() && !options.ask_inbox_about_all &&
+      !options.dry_run) {
+    foreseen = Foresee(events, invalid);
+  }
   Attempt out;
   if (aggregates.empty()) {
     out.plan = PlanBatch(events, invalid, {}, options_.plan);
@@ -606,7 +676,14 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     }
     pqxx::work tx(c);
     ApplyLimits(tx);
-    LockCursors(tx, aggregates, &snap);
+    Inserted inserted;
+    // Written, it left nothing for the steps below to read: no cursor
+    // was passed (no inbox question) and none holds (no held question).
+    const bool written =
+        foreseen.has_value() && LockCursorsAndWrite(tx, aggregates, events,
+                                                    *foreseen, &snap,
+                                                    &inserted);
+    if (!foreseen.has_value()) LockCursors(tx, aggregates, &snap);
     if (HeldQuery q = HeldQuestions(events, invalid, snap); !q.empty()) {
       if (absl::Status h = ReadHeld(tx, q, &snap); !h.ok()) return h;
       // A held row found by its event id may be of a chain this batch
@@ -671,12 +748,18 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     // cursors are written with its inbox rows, a round trip fewer.
     bool holding = !plan.hold.empty() || !plan.unhold.empty();
     for (const auto& [a, st] : snap.aggregates) holding |= st.held_count > 0;
-    const bool cursors_with_inbox = !plan.apply.empty() && !holding;
-    Inserted inserted;
+    const bool cursors_with_inbox =
+        written || (!plan.apply.empty() && !holding);
+    if (written && !PlanIsForeseen(plan, events, *foreseen)) {
+      out.unforeseen = true;
+      return absl::OkStatus();  // rolled back
+    }
     if (!plan.apply.empty()) {
-      inserted = cursors_with_inbox
-                     ? InsertInboxAndCursors(tx, plan.apply, plan.changed)
-                     : InsertInbox(tx, plan.apply);
+      if (!written) {
+        inserted = cursors_with_inbox
+                       ? InsertInboxAndCursors(tx, plan.apply, plan.changed)
+                       : InsertInbox(tx, plan.apply);
+      }
       if (!inserted.all) {
         out.inbox_collision = true;
         return absl::OkStatus();  // rolled back
@@ -711,6 +794,7 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     }
     MaybeCrash("consumer.before_commit");
     tx.commit();
+    (written ? foreseen_ : planned_)->Add();
     if (skip_done && options.skipped != nullptr) *options.skipped = true;
     if (origin != nullptr) {
       origin->inbox = inbox;

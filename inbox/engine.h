@@ -154,11 +154,16 @@ class Engine {
     bool* skipped = nullptr;
     bool ask_inbox_about_all = false;  // after an inbox insert collided
     bool dry_run = false;              // roll back whatever happens
+    // Write the common batch as its cursors are read (Foresee), when the
+    // batch is of that kind and nothing above asks for more.
+    bool foresee = true;
   };
   struct Attempt {
     std::vector<v1::EventResult> results;
     Plan plan;
     bool inbox_collision = false;  // retry, asking the inbox about every id
+    // The plan was not what Foresee said (rolled back): retry without it.
+    bool unforeseen = false;
     std::vector<std::string> passed_held;  // held events the chain passed
     // Events the handler's Apply refused (rolled back): id -> reason.
     std::map<std::string, std::string> refused;
@@ -224,6 +229,8 @@ class Engine {
   Counter* const over_cap_;
   Counter* const discarded_;
   Counter* const unavailable_;
+  Counter* const foreseen_;  // batches written as their chains were locked
+  Counter* const planned_;   // ... and read first, then written
   Counter* const refused_held_;
 };
 
