@@ -567,10 +567,15 @@ TEST(ConsumerPlans, KeyLookupsStayIndexProbesInGenericPlans) {
     // plans follow the same rules: its query, prepared on its own. The
     // function forces generic plans itself (library users' sessions may
     // not).
-    EXPECT_EQ(tx.exec("SELECT array_to_string(proconfig, ',') FROM pg_proc "
-                      "WHERE proname = 'outbox_inbox_lock_chains'")[0][0]
-                  .as<std::string>(""),
-              "plan_cache_mode=force_generic_plan");
+    for (const char* f :
+         {"outbox_inbox_lock_chains", "outbox_inbox_apply_chains"}) {
+      EXPECT_EQ(tx.exec(absl::StrCat("SELECT array_to_string(proconfig, ',') "
+                                     "FROM pg_proc WHERE proname = '",
+                                     f, "'"))[0][0]
+                    .as<std::string>(""),
+                "plan_cache_mode=force_generic_plan")
+          << f;
+    }
     std::string src = tx.exec(
                             "SELECT prosrc FROM pg_proc WHERE proname = "
                             "'outbox_inbox_lock_chains'")[0][0]
