@@ -885,7 +885,11 @@ absl::Status Engine::ParkRefused(const v1::Event& event,
     refused.clear();
     pqxx::work tx(c);
     ApplyLimits(tx);
-    // The chain's cursor row, locked as a batch locks it.
+    // The chain's lock, as a batch takes it: without it, a batch that read
+    // the cursor before this commits would write its held count back over
+    // this one's, and never drain what this parks. The reads below start
+    // after it is held. The row is made for the count's update.
+    LockAggregates(tx, {ChainKeyOf(event)});
     tx.exec_params(
         "INSERT INTO aggregate_cursors (source, aggregate_type, aggregate_id) "
         "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
