@@ -53,8 +53,12 @@ class ConsumerJetStreamTest : public ::outbox::testing::NatsClusterTest {
   void SetUp() override {
     NatsClusterTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    stream_ = absl::StrCat(
-        "E2E", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    const std::string test =
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    stream_ = absl::StrCat("E2E", test);
+    // Subjects of its own: a stream an earlier test could not delete (its
+    // cluster was changing leaders) must not overlap this one's.
+    subjects_ = absl::StrCat("outbox.", test);
     auto conn = jetstream::Connection::Connect({.servers = cluster()->urls()});
     ASSERT_TRUE(conn.ok()) << conn.status();
     conn_ = std::move(*conn);
@@ -68,7 +72,7 @@ class ConsumerJetStreamTest : public ::outbox::testing::NatsClusterTest {
         {.connect = {.servers = cluster()->urls(),
                      .request_timeout = absl::Seconds(2)},
          .stream = stream_,
-         .subject_prefix = "outbox.billing",
+         .subject_prefix = subjects_,
          .replicas = 3,
          .subscription = "billing"});
     EXPECT_TRUE(sink.ok()) << sink.status();
@@ -98,7 +102,7 @@ class ConsumerJetStreamTest : public ::outbox::testing::NatsClusterTest {
                         .reconnect_wait = absl::Milliseconds(100)},
             .stream = stream_,
             .durable = "billing",
-            .filter_subject = jetstream::AllEventsUnder("outbox.billing"),
+            .filter_subject = jetstream::AllEventsUnder(subjects_),
             .batch = 64,
             .ack_wait = absl::Seconds(5),
             .reject_backoff = absl::Milliseconds(100),
@@ -144,6 +148,7 @@ class ConsumerJetStreamTest : public ::outbox::testing::NatsClusterTest {
   // again under the same name back without a leader after every node
   // crashed.
   std::string stream_;
+  std::string subjects_;  // the stream's subject prefix
   int64_t park_after_ = 1000;
   int max_reconnects_ = -1;
   testing::TestDatabase orders_;
