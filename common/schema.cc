@@ -24,11 +24,16 @@ CREATE OR REPLACE VIEW outbox_deliveries AS
          o.event_type, o.created_at,
 )sql";
 // The view outbox_deliveries after its status column. Migration 1 made it
-// with the status of its time (before the log); migration 7 with
-// kDeliveryStatusSql.
+// with the status of its time (before the log), migration 7 with the log's
+// (a function call per event), migration 9 with kDeliveryStatusSql and
+// its joins (kDeliveryLogJoinsSql).
 constexpr char kDeliveryStatusV1Sql[] =
     "coalesce(d.status, CASE WHEN o.seq < s.start_seq THEN 'skipped' "
     "ELSE 'delivered' END)";
+constexpr char kDeliveryStatusV7Sql[] =
+    "coalesce(d.status, CASE WHEN o.seq < s.start_seq THEN 'skipped' "
+    "WHEN s.start_tick IS NOT NULL AND outbox_log_owed(s.name, o.seq, o.xid, "
+    "o.partition) THEN 'pending' ELSE 'delivered' END)";
 constexpr char kDeliveriesViewFrom[] = R"sql( AS status,
          coalesce(d.attempts, 0) AS attempts, d.last_error, d.available_at,
          d.dead_at
@@ -605,8 +610,13 @@ CREATE OR REPLACE TRIGGER outbox_fan_out AFTER INSERT ON outbox
 )sql",
       kDeliveriesViewHead, kDeliveryStatusV1Sql, kDeliveriesViewFrom, ";\n");
   static const std::string kOutboxV7WithView =
-      absl::StrCat(kOutboxV7, kDeliveriesViewHead, kDeliveryStatusSql,
+      absl::StrCat(kOutboxV7, kDeliveriesViewHead, kDeliveryStatusV7Sql,
                    kDeliveriesViewFrom, ";\n");
+  static const std::string kOutboxV9 = absl::StrCat(
+      "-- The view's status reads positions and ticks by join, not by a\n"
+      "-- function call per event.\n",
+      kDeliveriesViewHead, kDeliveryStatusSql, kDeliveriesViewFrom,
+      kDeliveryLogJoinsSql, ";\n");
   static const std::vector<Migration> kMigrations = {
       {1, "events, chain heads, subscriptions and their deliveries",
        kOutboxV1.c_str()},
@@ -727,6 +737,7 @@ LANGUAGE sql STABLE AS $$
    GROUP BY partition
 $$;
 )sql"},
+      {9, "delivery states joined to the log's positions", kOutboxV9.c_str()},
   };
   return kMigrations;
 }

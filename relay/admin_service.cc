@@ -25,7 +25,8 @@ const std::string kRowSelect = absl::StrCat(
     "AS available_us, "
     "coalesce((extract(epoch FROM d.dead_at) * 1000000)::bigint, 0) AS dead_us "
     "FROM outbox o JOIN subscriptions s ON s.name = $1 "
-    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq ");
+    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq",
+    kDeliveryLogJoinsSql);
 
 // Microseconds since the epoch for a request timestamp; 0 when unset.
 int64_t Micros(const google::protobuf::Timestamp& ts) {

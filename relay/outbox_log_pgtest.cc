@@ -435,6 +435,27 @@ TEST_F(OutboxLogTest, WhatTheLogOwesCountedAtOnceAsEventByEvent) {
     expected[row[0].as<int>()] = {row[1].as<int64_t>(), row[2].as<int64_t>()};
   }
   ASSERT_EQ(expected.size(), 3u);  // partition 3 owes nothing
+  int64_t expected_total = 0;
+  for (const auto& [p, c] : expected) expected_total += c.first;
+  // The delivery state that the view, the admin API, the checker and
+  // reconcile read (kDeliveryStatusSql, joined to the positions) says
+  // pending of exactly those events, skipped below the start seq, and
+  // delivered of the rest.
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox o JOIN subscriptions s "
+                       "ON s.name = 'billing' WHERE (CASE WHEN o.seq < "
+                       "s.start_seq THEN 'skipped' WHEN outbox_log_owed("
+                       "'billing', o.seq, o.xid, o.partition) THEN 'pending' "
+                       "ELSE 'delivered' END) IS DISTINCT FROM (SELECT "
+                       "v.status FROM outbox_deliveries v WHERE "
+                       "v.subscription = 'billing' AND v.seq = o.seq)"),
+            0);
+  EXPECT_EQ(db_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox o JOIN subscriptions s ON s.name "
+                "= 'billing' LEFT JOIN outbox_delivery d ON d.subscription = "
+                "'billing' AND d.seq = o.seq",
+                kDeliveryLogJoinsSql, "WHERE ", kDeliveryStatusSql,
+                " = 'pending'")),
+            expected_total);
   pqxx::work tx(conn_);
   absl::StatusOr<std::map<int, LogOwed>> owed =
       LogOwedBy(tx, "billing", {}, 1000);

@@ -385,7 +385,8 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                  "created_us, o.payload, o.aggregate_type FROM outbox o JOIN "
                  "subscriptions s ON s.name = $1 "
                  "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
-                 "d.seq = o.seq WHERE o.seq >= s.start_seq"),
+                 "d.seq = o.seq",
+                 kDeliveryLogJoinsSql, "WHERE o.seq >= s.start_seq"),
              subscription)) {
       CommittedEvent c;
       c.aggregate_id = row["aggregate_id"].as<std::string>();

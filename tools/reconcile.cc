@@ -128,7 +128,9 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
                    "::float8, o.aggregate_type FROM outbox o JOIN "
                    "subscriptions s ON s.name = $1 "
                    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
-                   "d.seq = o.seq WHERE o.seq >= s.start_seq AND o.created_at "
+                   "d.seq = o.seq",
+                   kDeliveryLogJoinsSql,
+                   "WHERE o.seq >= s.start_seq AND o.created_at "
                    ">= now() - make_interval(secs => $2::float8) AND "
                    "o.created_at < now() - make_interval(secs => $3::float8) "
                    "ORDER BY o.seq"),
