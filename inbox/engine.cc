@@ -16,6 +16,11 @@
 namespace outbox::inbox {
 namespace {
 
+constexpr char kBatchesWrittenHelp[] =
+    "Batches committed, by how they were written: foreseen (each event next "
+    "in its chain, nothing held: written by the statement that locks the "
+    "chains) or planned (cursors read, then written).";
+
 // Advisory lock class (first key) of a chain's apply lock; the second key
 // is hashtext(aggregate_id): the chains of one id share it.
 constexpr int kAggregateLockClass = 0x0b10;
@@ -420,14 +425,10 @@ Engine::Engine(Database* db, Handler* handler, Metrics* metrics,
           "that is not the events' (read-only, full, timeout, ...).")),
       foreseen_(metrics->AddCounter(
           "outbox_consumer_batches_total{write=\"foreseen\"}",
-          "Batches committed, by how they were written: foreseen (each "
-          "event next in its chain, nothing held: written by the statement "
-          "that locks the chains) or planned (cursors read, then written).")),
+          kBatchesWrittenHelp)),
       planned_(metrics->AddCounter(
           "outbox_consumer_batches_total{write=\"planned\"}",
-          "Batches committed, by how they were written: foreseen (each "
-          "event next in its chain, nothing held: written by the statement "
-          "that locks the chains) or planned (cursors read, then written).")),
+          kBatchesWrittenHelp)),
       refused_held_(metrics->AddCounter(
           "outbox_consumer_held_refused_total",
           "Times the handler refused a held event as it drained; it stays "
