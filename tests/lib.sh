@@ -7,6 +7,8 @@ OUTBOX_ROOT="${OUTBOX_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 BIN="${OUTBOX_BIN:-$OUTBOX_ROOT/build/bin}"
 BUF="$OUTBOX_ROOT/tests/deploy/node_modules/.bin/buf"
 PIDS=()
+# shellcheck source=scripts/lib/ports.sh
+source "$OUTBOX_ROOT/scripts/lib/ports.sh"
 
 # fail MESSAGE: says why, then the end of every process's log, so that a
 # failure on a CI machine can be understood without its work folder.
@@ -51,21 +53,10 @@ new_db() {
   echo "$OUTBOX_TEST_PG_URL/$name"
 }
 
-# A port on 127.0.0.1 that nothing listens on now, below the kernel's
-# ephemeral range (a port in it can be taken by any outgoing connection
-# before a server binds it) and not handed out before in this test.
+# A port on 127.0.0.1 that nothing listens on now, leased to this test
+# until it ends (scripts/lib/ports.sh).
 free_port() {
-  local p low used="${WORK:+$WORK/.ports}"
-  low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-  [ "$low" -gt 21000 ] 2>/dev/null || low=32768
-  while :; do
-    p=$((20000 + RANDOM % (low - 20000)))
-    [ -n "$used" ] && grep -qx "$p" "$used" 2>/dev/null && continue
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
-    [ -n "$used" ] && echo "$p" >>"$used"
-    echo "$p"
-    return
-  done
+  port_lease "$$"
 }
 
 # start NAME BINARY ARGS...: runs build/bin/BINARY in the background, logging

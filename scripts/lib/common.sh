@@ -26,6 +26,9 @@ OUTBOX_PACKAGES=(
 # libFuzzer runtimes.
 OUTBOX_SANITIZE_PACKAGES=(clang libclang-rt-14-dev libfuzzer-14-dev)
 
+# shellcheck source=scripts/lib/ports.sh
+source "$OUTBOX_ROOT/scripts/lib/ports.sh"
+
 log() { printf '\033[1m==>\033[0m %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
@@ -128,16 +131,10 @@ check_test_binaries() {
   log "$1: all $n test binaries labelled $label are built"
 }
 
-# A port on 127.0.0.1 that nothing listens on now.
+# A port on 127.0.0.1 that nothing listens on now, leased to this script
+# until it ends (scripts/lib/ports.sh).
 free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    # Below the kernel's ephemeral range: an outgoing connection cannot
-    # take it before the server binds it.
-    p=$((20000 + RANDOM % 12000))
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
-  done
-  die "no free port found"
+  port_lease "$$" || die "no free port found"
 }
 
 # pg_start DIR: a throwaway PostgreSQL 15 in DIR (created if needed; reused

@@ -10,8 +10,7 @@
 # that it was already writing when it found the database hung. It then
 # answers normally, nothing crashed, and every event is delivered.
 set -euo pipefail
-# pg_start/pg_stop first: tests/lib.sh's free_port (which remembers the
-# ports it handed out) wins over common.sh's.
+# pg_start/pg_stop from common.sh; both files' free_port lease alike.
 # shellcheck source=../../scripts/lib/common.sh
 source "$(dirname "$0")/../../scripts/lib/common.sh"
 source "$(dirname "$0")/../lib.sh"

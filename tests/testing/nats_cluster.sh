@@ -66,27 +66,19 @@
 #   under process crashes, never under power loss.
 
 NATS_SERVER="${NATS_SERVER:-nats-server}"
+# shellcheck source=scripts/lib/ports.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/lib/ports.sh"
 
 _nats_die() {
   printf 'nats_cluster: %s\n' "$*" >&2
   return 1
 }
 
-# A port on 127.0.0.1 that nothing listens on now, below the ephemeral
-# range, not handed out before for DIR (DIR/.ports).
+# _nats_free_port OWNER_PID: a port on 127.0.0.1 leased to OWNER_PID
+# (scripts/lib/ports.sh), so that no other test takes it while a node of
+# this cluster is down and restarts on the same ports.
 _nats_free_port() {
-  local used="$1/.ports" p low
-  low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-  [ "$low" -gt 21000 ] 2>/dev/null || low=32768
-  for _ in $(seq 1 500); do
-    p=$((20000 + RANDOM % (low - 20000)))
-    grep -qx "$p" "$used" 2>/dev/null && continue
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
-    echo "$p" >>"$used"
-    echo "$p"
-    return 0
-  done
-  _nats_die "no free port found"
+  port_lease "$1" || _nats_die "no free port found"
 }
 
 # _nats_alive PID: the process exists and is not a zombie (a node whose
@@ -220,9 +212,10 @@ nats_cluster_start() {
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
   for n in 1 2 3; do
-    _nats_free_port "$dir" >"$dir/n$n.client_port" || return 1
-    _nats_free_port "$dir" >"$dir/n$n.route_port" || return 1
-    _nats_free_port "$dir" >"$dir/n$n.monitor_port" || return 1
+    # The ports stay leased while the owner (or this shell) lives.
+    _nats_free_port "${owner:-$$}" >"$dir/n$n.client_port" || return 1
+    _nats_free_port "${owner:-$$}" >"$dir/n$n.route_port" || return 1
+    _nats_free_port "${owner:-$$}" >"$dir/n$n.monitor_port" || return 1
     routes+="${routes:+, }nats-route://127.0.0.1:$(cat "$dir/n$n.route_port")"
     urls+="${urls:+,}nats://127.0.0.1:$(cat "$dir/n$n.client_port")"
   done

@@ -38,28 +38,98 @@ class HarnessError(Exception):
     """The harness could not run the scenario (not a product violation)."""
 
 
+def _proc_start(pid):
+    """The process's start time (clock ticks since boot); None once it has
+    ended or is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    return fields[19]
+
+
 class PortPool:
-    """Free ports on 127.0.0.1 below the ephemeral range, never handed out
-    twice in one suite."""
+    """Free ports on 127.0.0.1 below the ephemeral range, leased to this
+    process machine-wide as scripts/lib/ports.sh does: a file
+    OUTBOX_PORT_LEASES/PORT names the owner (pid and start time), and no
+    picker of this project takes a port whose owner still runs. So a node
+    stopped on purpose comes back on its ports even while other tests pick
+    theirs."""
 
     def __init__(self):
-        self.used = set()
         self.rng = random.Random()  # not the scenario's: ports are no fault
+        self.dir = os.environ.get("OUTBOX_PORT_LEASES",
+                                  "/tmp/outbox-port-leases")
+        self.owner = f"{os.getpid()} {_proc_start(os.getpid())}\n"
+
+    def _held(self, path):
+        try:
+            with open(path) as f:
+                pid, start = f.read().split()
+        except (OSError, ValueError):
+            return False
+        return _proc_start(pid) == start
+
+    def _lease(self, tmp, port):
+        path = os.path.join(self.dir, str(port))
+        try:
+            os.link(tmp, path)  # appears whole, or fails if the lease exists
+            return True
+        except FileExistsError:
+            if self._held(path):
+                return False
+        try:
+            os.unlink(path)
+            os.link(tmp, path)
+            return True
+        except OSError:
+            return False
+
+    @staticmethod
+    def _range():
+        narrowed = os.environ.get("OUTBOX_PORT_RANGE", "").split()
+        if len(narrowed) == 2:
+            return int(narrowed[0]), int(narrowed[1])
+        try:
+            with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+                high = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            high = 32768
+        return 20000, high if high > 21000 else 32768
 
     def take(self):
-        for _ in range(1000):
-            port = self.rng.randint(20000, 32000)
-            if port in self.used:
-                continue
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if not os.path.isdir(self.dir):
+            os.makedirs(self.dir, exist_ok=True)
             try:
-                s.bind(("127.0.0.1", port))
+                os.chmod(self.dir, 0o1777)
             except OSError:
-                continue
-            finally:
-                s.close()
-            self.used.add(port)
-            return port
+                pass
+        tmp = os.path.join(self.dir, f".new.{os.getpid()}.{self.rng.random()}")
+        with open(tmp, "w") as f:
+            f.write(self.owner)
+        low, high = self._range()
+        try:
+            # From a random port on, each port of the range at most once.
+            first = self.rng.randrange(low, high)
+            for i in range(min(high - low, 3000)):
+                port = low + (first - low + i) % (high - low)
+                if not self._lease(tmp, port):
+                    continue
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    # something outside the leases holds it
+                    os.unlink(os.path.join(self.dir, str(port)))
+                    continue
+                finally:
+                    s.close()
+                return port
+        finally:
+            os.unlink(tmp)
         raise HarnessError("no free port on 127.0.0.1")
 
 
