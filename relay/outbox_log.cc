@@ -48,14 +48,19 @@ absl::StatusOr<Tick> OneTick(pqxx::transaction_base& tx, const std::string& sql,
 // before it) are found by xid: their transaction was running at `from` (in
 // its xip) or had no xid yet (at least its xmax). The rest lie above from's
 // high_seq, found by the primary key. Every part keeps only what `to`
-// shows and `from` does not. The snapshots and bounds are
-// parameters, never joined from outbox_ticks: joined, they could not bound
-// an index scan.
+// shows and `from` does not, and the whole is cut by a payload budget. The
+// snapshots and bounds are parameters, never joined from outbox_ticks:
+// joined, they could not bound an index scan.
 //   $1 after_seq  $2 from.high_seq  $3 to.high_seq  $4 from's snapshot
 //   $5 to's snapshot  $6 limit; with `late` $7 from's xip  $8 from's xmax
-//   $9 to's xmax  $10 from's xmin; with `by_partition` then the partitions
-//   (ReadSqlFor adds the payload budget last).
+//   $9 to's xmax  $10 from's xmin; with `by_partition` then the
+//   partitions; last the payload budget.
 std::string ReadSql(bool late, bool by_partition) {
+  int last = late ? 10 : 6;
+  const std::string partitions =
+      by_partition ? absl::StrCat(" AND o.partition = ANY($", ++last, "::int[])")
+                   : "";
+  const std::string budget = absl::StrCat("$", ++last, "::bigint");
   const std::string select =
       absl::StrCat("SELECT ", kEventColumns,
                    ", o.partition AS log_partition, o.xid::text AS log_xid "
@@ -63,21 +68,23 @@ std::string ReadSql(bool late, bool by_partition) {
   const std::string in_range = absl::StrCat(
       " AND pg_visible_in_snapshot(o.xid, $5::pg_snapshot)"
       " AND NOT pg_visible_in_snapshot(o.xid, $4::pg_snapshot)",
-      by_partition
-          ? absl::StrCat(" AND o.partition = ANY($", late ? 11 : 7, "::int[])")
-          : "");
+      partitions);
   const std::string rest =
       absl::StrCat("(", select,
                    "o.seq > greatest($1::bigint, $2::bigint) AND o.seq <= "
                    "$3::bigint",
                    in_range, " ORDER BY o.seq LIMIT $6::int)");
-  if (!late) return rest;
+  if (!late) return BoundedByPayloadBytes(rest, budget);
   // Two arms, each bounded on the (xid, seq) index: transactions in from's
   // xip, and those that got their xid after it. No ORDER BY in them: asked
   // for seq order, the planner would walk the primary key through the
-  // whole history below from's high_seq.
+  // whole history below from's high_seq. Their seq bounds are written so
+  // that the primary key cannot serve them (`seq + 0`): the statement is
+  // prepared, and a generic plan made while the outbox was nearly empty
+  // chose a bitmap scan of the primary key on them, which reads every
+  // event from after_seq (0 when a range starts) to from's high_seq.
   const std::string seq_bounds =
-      " AND o.seq > $1::bigint AND o.seq <= $2::bigint";
+      " AND o.seq + 0 > $1::bigint AND o.seq + 0 <= $2::bigint";
   const std::string running = absl::StrCat(
       "(", select,
       "o.xid >= $10::xid8 AND o.xid < $8::xid8 AND o.xid = ANY($7::xid8[])",
@@ -85,23 +92,25 @@ std::string ReadSql(bool late, bool by_partition) {
   const std::string unassigned =
       absl::StrCat("(", select, "o.xid >= $8::xid8 AND o.xid < $9::xid8",
                    seq_bounds, in_range, ")");
-  return absl::StrCat("SELECT * FROM (", running, " UNION ALL ", unassigned,
-                      " UNION ALL ", rest, ") u ORDER BY seq LIMIT $6::int");
+  return BoundedByPayloadBytes(
+      absl::StrCat("SELECT * FROM (", running, " UNION ALL ", unassigned,
+                   " UNION ALL ", rest, ") u ORDER BY seq LIMIT $6::int"),
+      budget);
 }
 
-// The read's four forms, each cut by a payload budget in its last
-// parameter.
-const std::string& ReadSqlFor(bool late, bool by_partition) {
-  auto make = [](bool late, bool by_partition) {
-    const int budget = (late ? 10 : 6) + (by_partition ? 1 : 0) + 1;
-    return new std::string(
-        BoundedByPayloadBytes(ReadSql(late, by_partition),
-                              absl::StrCat("$", budget, "::bigint")));
-  };
-  static const std::string* const kSql[4] = {
-      make(false, false), make(false, true), make(true, false),
-      make(true, true)};
-  return *kSql[(late ? 2 : 0) + (by_partition ? 1 : 0)];
+// The read's four forms: their statement names, and their text.
+struct ReadStatement {
+  const char* name;
+  std::string sql;
+};
+
+const ReadStatement& ReadStatementFor(bool late, bool by_partition) {
+  static const ReadStatement* const kForms[4] = {
+      new ReadStatement{"log_read", ReadSql(false, false)},
+      new ReadStatement{"log_read_parts", ReadSql(false, true)},
+      new ReadStatement{"log_read_late", ReadSql(true, false)},
+      new ReadStatement{"log_read_late_parts", ReadSql(true, true)}};
+  return *kForms[(late ? 2 : 0) + (by_partition ? 1 : 0)];
 }
 
 }  // namespace
@@ -202,7 +211,7 @@ absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
   }
   const bool late = read.after_seq < read.from.high_seq;
   const bool by_partition = !read.partitions.empty();
-  const std::string& sql = ReadSqlFor(late, by_partition);
+  const ReadStatement& statement = ReadStatementFor(late, by_partition);
   LogBatch batch;
   batch.last_seq = read.after_seq;
   try {
@@ -222,11 +231,11 @@ absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
     }
     if (by_partition) params.push_back(ArrayLiteral(read.partitions).str());
     params.push_back(absl::StrCat(std::max<int64_t>(read.payload_budget, 1)));
-    // Unnamed, so planned for its own bounds every time: a generic plan,
-    // blind to how many rows a range and its snapshots hold, measured
-    // worse in created->applied latency (docs/log-delivery.md, "Tried").
-    pqxx::result r = tx.exec_params(sql,
-                                    pqxx::prepare::make_dynamic_params(params));
+    // Prepared: planning was most of an unnamed read's time, and every
+    // arm is bounded by its index whatever the parameters (ReadSql).
+    pqxx::result r =
+        ExecPrepared(tx, statement.name, statement.sql.c_str(),
+                     pqxx::prepare::make_dynamic_params(params));
     int64_t uncut = 0;
     batch.events.reserve(r.size());
     for (const pqxx::row& row : r) {

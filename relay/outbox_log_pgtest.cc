@@ -237,6 +237,96 @@ TEST_F(OutboxLogTest, ASeqDrawnBeforeTheTickWithAnXidAfterIt) {
   EXPECT_GE(second->front().xid, t1->snapshot.xmax);
 }
 
+// The read is prepared, and a generic plan is made once, often while the
+// outbox is nearly empty, then kept as it grows. Its arms that find late
+// events by transaction id must stay bounded by the (xid, seq) index: a
+// scan of the primary key on their seq bounds reads every event from
+// after_seq (0 when a range starts) up to from's high_seq, the whole
+// history. Checked on forced generic plans, before and after the history
+// grows and is analysed.
+TEST_F(OutboxLogTest, TheLateArmsOfAGenericReadStayOnTheXidIndex) {
+  pqxx::connection generic(db_.url());
+  pqxx::nontransaction(generic).exec("SET plan_cache_mode = force_generic_plan");
+  // Both late forms prepared on this connection by real reads: a range
+  // starting below from's high_seq.
+  {
+    pqxx::work tx(conn_);
+    Append(tx, "before");
+    tx.commit();
+  }
+  absl::StatusOr<Tick> from_tick = TickIn(conn_);
+  ASSERT_TRUE(from_tick.ok()) << from_tick.status();
+  {
+    pqxx::work tx(conn_);
+    Append(tx, "after");
+    tx.commit();
+  }
+  absl::StatusOr<Tick> to = TickIn(conn_);
+  ASSERT_TRUE(to.ok()) << to.status();
+  ASSERT_GT(from_tick->high_seq, 0);
+  for (std::vector<int> partitions : {std::vector<int>{}, {0, 1, 2, 3}}) {
+    absl::StatusOr<std::vector<LogEvent>> got =
+        ReadRange(generic, *from_tick, *to, partitions);
+    ASSERT_TRUE(got.ok()) << got.status();
+  }
+  pqxx::nontransaction(generic).exec(R"(
+    CREATE FUNCTION pg_temp.plan_of(q text) RETURNS jsonb
+    LANGUAGE plpgsql AS $$
+    DECLARE j json;
+    BEGIN
+      EXECUTE 'EXPLAIN (FORMAT JSON) EXECUTE ' || q INTO j;
+      RETURN j::jsonb;
+    END $$)");
+  // Each arm of the union: the indexes and node types its plan uses.
+  const auto arms = [&](const std::string& execute) {
+    std::vector<std::string> out;
+    pqxx::nontransaction tx(generic);
+    for (const auto& row : tx.exec(absl::StrCat(
+             "WITH p AS (SELECT pg_temp.plan_of(", tx.quote(execute),
+             ") AS j), u AS (SELECT jsonb_path_query_first(j, "
+             "'lax $.** ? (@.\"Node Type\" like_regex \"Append\" && "
+             "@.Plans.size() == 3)') AS a FROM p) "
+             "SELECT jsonb_path_query_array(arm, 'lax $.**.\"Index Name\"')"
+             "::text || ' ' || jsonb_path_query_array(arm, "
+             "'lax $.**.\"Node Type\"')::text "
+             "FROM u, jsonb_array_elements(u.a->'Plans') WITH ORDINALITY "
+             "AS x(arm, n) ORDER BY n"))) {
+      out.push_back(row[0].as<std::string>());
+    }
+    return out;
+  };
+  const auto check = [&](const std::string& when) {
+    for (const std::string& execute :
+         {std::string("log_read_late('0', '1', '2', '1:1:', '2:2:', '10', "
+                      "'{}', '1', '2', '1', '1000000')"),
+          std::string("log_read_late_parts('0', '1', '2', '1:1:', '2:2:', "
+                      "'10', '{}', '1', '2', '1', '{0,1}', '1000000')")}) {
+      std::vector<std::string> a = arms(execute);
+      ASSERT_EQ(a.size(), 3u) << when << ": " << execute
+                              << ": no union of three arms in the plan";
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_NE(a[i].find("outbox_xid_idx"), std::string::npos)
+            << when << ", arm " << i << " of " << execute << ": " << a[i];
+        EXPECT_EQ(a[i].find("outbox_pkey"), std::string::npos)
+            << when << ", arm " << i << " of " << execute << ": " << a[i];
+        EXPECT_EQ(a[i].find("Seq Scan"), std::string::npos)
+            << when << ", arm " << i << " of " << execute << ": " << a[i];
+      }
+      // The events above from's high_seq: by the primary key.
+      EXPECT_NE(a[2].find("outbox_pkey"), std::string::npos)
+          << when << ": " << execute << ": " << a[2];
+    }
+  };
+  check("nearly empty");
+  db_.Exec(
+      "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, prev_seq, "
+      "event_type, schema_version, payload, partition) SELECT "
+      "gen_random_uuid(), 'order', 'history-' || g, 0, 'OrderCreated', 1, "
+      "'\\x00', g % 32 FROM generate_series(1, 20000) g");
+  db_.Exec("ANALYZE outbox");
+  check("behind 20,000 events");
+}
+
 // A dump restored into another cluster keeps its ticks but not their
 // transaction ids: new events would look older than the ticks and be
 // passed over. The log refuses to tick, as a fault of the world.
