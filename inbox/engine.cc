@@ -44,6 +44,16 @@ constexpr int kAggregateLockClass = 0x0b10;
 // over a sequential scan, kept as the table grows (one scan of every
 // aggregate's cursor per batch). With the LIMIT it is a lookup per key,
 // which the index wins even on an empty table's estimates.
+// One chain's cursor, as outbox_inbox_lock_chains and
+// outbox_inbox_apply_chains return it, into `snap`.
+void TakeCursor(const pqxx::row& row, Snapshot* snap) {
+  snap->aggregates[ChainKey(row["source"].as<std::string>(),
+                            row["aggregate_type"].as<std::string>(),
+                            row["aggregate_id"].as<std::string>())] = {
+      row["last_seq"].as<int64_t>(), row["held_count"].as<int64_t>(),
+      row["pruned_through"].as<int64_t>()};
+}
+
 void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
                  Snapshot* snap) {
   ChainColumns keys;
@@ -57,10 +67,7 @@ void LockCursors(pqxx::work& tx, const std::set<std::string>& aggregates,
            "$3::text[], $4)",
            keys.source.str(), keys.type.str(), keys.id.str(),
            kAggregateLockClass)) {
-    snap->aggregates[ChainKey(row[0].as<std::string>(),
-                              row[1].as<std::string>(),
-                              row[2].as<std::string>())] = {
-        row[3].as<int64_t>(), row[4].as<int64_t>(), row[5].as<int64_t>()};
+    TakeCursor(row, snap);
   }
 }
 
@@ -255,11 +262,7 @@ bool LockCursorsAndWrite(pqxx::work& tx, const std::set<std::string>& aggregates
            kAggregateLockClass, from.str(), through.str(), r.ev.str(),
            r.chain.source.str(), r.chain.type.str(), r.chain.id.str(),
            r.seq.str(), r.type.str(), r.at.str())) {
-    snap->aggregates[ChainKey(row["source"].as<std::string>(),
-                              row["aggregate_type"].as<std::string>(),
-                              row["aggregate_id"].as<std::string>())] = {
-        row["last_seq"].as<int64_t>(), row["held_count"].as<int64_t>(),
-        row["pruned_through"].as<int64_t>()};
+    TakeCursor(row, snap);
     inserted->from = row["applied_from"].as<int64_t>();
     inserted->through = row["applied_through"].as<int64_t>();
     wrote = inserted->from != 0;  // the same on every row
