@@ -100,11 +100,9 @@ Claimed ClaimPending(pqxx::transaction_base& tx, const ClaimQuery& q) {
       {ClaimSql(true, false), ClaimSql(true, true)}};
   static const char* const kName[2][2] = {
       {"claim", "claim_fenced"}, {"mark_and_claim", "mark_and_claim_fenced"}};
-  ArrayLiteral excluded;
-  for (const std::string& id : q.excluded_ids) excluded.Add(id);
   std::vector<std::string> params = {
       q.subscription,         ArrayLiteral(q.partitions).str(),
-      excluded.str(),         absl::StrCat(q.limit),
+      ArrayLiteral(q.excluded_ids).str(), absl::StrCat(q.limit),
       absl::StrCat(q.after),  ArrayLiteral(q.delivered).str(),
       q.member};
   if (q.mark) params.push_back(ArrayLiteral(q.delivered_ids).str());
