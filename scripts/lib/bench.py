@@ -721,7 +721,8 @@ def cmd_report(a):
         lat = g("p4.%s.latency" % key) or {}
         rate = g("p4.%s.load_rate" % key)
         target = g("p4.%s.target_rate" % key)
-        base = ("at %s calls/s (target %s = ½ max)" % (fmt_num(rate), fmt_num(target))
+        rule = "fixed" if g("p4.%s.target_fixed" % key) == 1 else "= ½ max"
+        base = ("at %s calls/s (target %s %s)" % (fmt_num(rate), fmt_num(target), rule)
                 if rate is not None else "-")
         for pct in ("p50", "p99"):
             name = "P4 latency %s, %s (created→applied)" % (pct, label)
