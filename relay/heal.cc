@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/db.h"
+#include "common/schema.h"
 #include "relay/delivery_store.h"
 
 namespace outbox::relay {
@@ -66,6 +67,7 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
              (type.empty() && diverged_ids.count(id));
     };
     int64_t min_retained = 0, start_seq = 0;
+    bool on_log = false;
     {
       auto unit = OpenUnit(conn);
       for (const v1::Divergence& d :
@@ -75,10 +77,12 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
       }
       const pqxx::row r = unit->exec_params1(
           "SELECT coalesce((SELECT min(seq) FROM outbox), 0) AS min_retained, "
-          "start_seq FROM subscriptions WHERE name = $1",
+          "start_seq, start_tick IS NOT NULL AS on_log FROM subscriptions "
+          "WHERE name = $1",
           subscription_);
       min_retained = r["min_retained"].as<int64_t>();
       start_seq = r["start_seq"].as<int64_t>();
+      on_log = r["on_log"].as<bool>();
       unit->commit();
     }
 
@@ -139,14 +143,27 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
 
     // 2. From the outbox on: each aggregate's delivered events (its chain
     //    up to the predecessor of its first undelivered one) against the
-    //    consumer's cursor; what lies between is owed again.
+    //    consumer's cursor; what lies between is owed again. Undelivered:
+    //    an event with a delivery row (pending, dead, diverged, or an
+    //    exception of a subscription on the log) and, on the log, one its
+    //    partition's position has not passed (kDeliveryStatusSql). Taken
+    //    for delivered, what the log still owes would all be owed again as
+    //    rows: a backlog copied into exceptions, each event sent twice.
+    static const std::string kFirstUndeliveredSql =
+        "SELECT o.aggregate_type, d.aggregate_id, min(d.seq) AS first "
+        "FROM outbox_delivery d JOIN outbox o ON o.seq = d.seq WHERE "
+        "d.subscription = $1 GROUP BY 1, 2";
+    static const std::string kFirstUndeliveredOnLogSql = absl::StrCat(
+        "SELECT o.aggregate_type, o.aggregate_id, min(o.seq) AS first "
+        "FROM outbox o JOIN subscriptions s ON s.name = $1 "
+        "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq",
+        kDeliveryLogJoinsSql, "WHERE d.seq IS NOT NULL OR ",
+        kDeliveryStatusSql, " = '", kDeliveryPending, "' GROUP BY 1, 2");
     std::map<std::string, int64_t> first_undelivered;
     {
       auto unit = OpenUnit(conn);
       for (const auto& row : unit->exec_params(
-               "SELECT o.aggregate_type, d.aggregate_id, min(d.seq) AS first "
-               "FROM outbox_delivery d JOIN outbox o ON o.seq = d.seq WHERE "
-               "d.subscription = $1 GROUP BY 1, 2",
+               on_log ? kFirstUndeliveredOnLogSql : kFirstUndeliveredSql,
                subscription_)) {
         first_undelivered[OutboxChain(row["aggregate_type"].as<std::string>(),
                                       row["aggregate_id"].as<std::string>())] =

@@ -34,6 +34,7 @@
 #include "producer/order_schema.h"
 #include "producer/order_store.h"
 #include "relay/admin_service.h"
+#include "relay/heal.h"
 #include "relay/relay.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/metrics.h"
@@ -2551,6 +2552,58 @@ TEST_F(LogRelayTest, ADropTakesThePositionsAndCountsWhatTheLogOwed) {
 }
 
 // Retention deletes what the log delivered, and nothing it still owes.
+// A heal of a subscription on the log (after a restore or a failover)
+// owes again what the consumer lost of what the log had delivered, and
+// nothing that the log still owes: that was never delivered, and owing it
+// again as rows would send a whole backlog twice.
+TEST_F(LogRelayTest, AHealOwesAgainOnlyWhatTheLogHadDelivered) {
+  const std::vector<std::string> delivered = MakeOrders(6);
+  Consumer consumer(billing_.url(), 0);
+  std::string source;
+  {
+    Relay relay(Options(consumer.port()), &metrics_);
+    relay.Start();
+    ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Owed() == 0; }))
+        << Applied() << " of " << Events();
+    source = relay.source();
+    relay.Stop(absl::Seconds(5));
+  }
+  const int64_t before = Events();
+  MakeOrders(6);  // owed by the log; no relay runs
+  ASSERT_EQ(Owed(), Events() - before);
+  ASSERT_EQ(Rows(), 0);
+  // The consumer's database loses one delivered order altogether.
+  const std::string lost = delivered[0];
+  const int64_t lost_events = orders_.Scalar(absl::StrCat(
+      "SELECT count(*) FROM outbox WHERE aggregate_id = '", lost, "'"));
+  ASSERT_GT(lost_events, 0);
+  for (const char* table : {"inbox", "aggregate_cursors"}) {
+    billing_.Exec(absl::StrCat("DELETE FROM ", table,
+                               " WHERE aggregate_id = '", lost, "'"));
+  }
+  billing_.Exec(
+      absl::StrCat("DELETE FROM charges WHERE order_id = '", lost, "'"));
+
+  auto stub = v1::EventSink::NewStub(testing::Loopback(consumer.port()));
+  Healer healer("billing", stub.get());
+  pqxx::connection conn(orders_.url());
+  absl::StatusOr<HealReport> report = healer.Run(conn, source);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->redelivered, lost_events) << report->Summary();
+  EXPECT_EQ(report->redelivered_aggregates, 1) << report->Summary();
+  EXPECT_EQ(report->diverged, 0) << report->Summary();
+  EXPECT_EQ(Rows(), lost_events);
+  EXPECT_EQ(Owed(), Events() - before + lost_events);
+
+  // A relay then delivers both, each event once and in order.
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Owed() == 0; }))
+      << Applied() << " of " << Events();
+  ExpectExactlyOnceInOrder();
+  relay.Stop(absl::Seconds(5));
+}
+
 TEST_F(LogRelayTest, RetentionWaitsForTheLogsPositions) {
   MakeOrders(10);
   orders_.Exec("UPDATE outbox SET created_at = now() - interval '2 days'");
