@@ -19,14 +19,6 @@
 #include "common/service.h"
 
 namespace outbox::relay {
-namespace {
-
-// How often at most a relay stores the log positions that moved (always
-// before it gives up partitions and when it stops).
-constexpr absl::Duration kLogFlushInterval = absl::Milliseconds(200);
-
-}  // namespace
-
 Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
     : options_(std::move(options)),
       replica_id_([] {
@@ -52,6 +44,10 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                                })),
       session_(options_.session),
       ownership_(options_.subscription, replica_id_, options_.lease_ttl),
+      log_({.reader = {.subscription = options_.subscription,
+                       .member = ownership_.member(),
+                       .payload_budget = kMaxDeliveryBatchBytes},
+            .poll_interval = options_.poll_interval}),
       db_backoff_(options_.retry_initial, options_.retry_max),
       consumer_(options_.subscription, &counters_) {
   session_.identity_watch = own_watch_.get();
@@ -221,7 +217,7 @@ bool Relay::EnsureConnection() {
   consumer_.Stored(up->consumer);
   conn_ = std::move(*conn);
   db_backoff_.Reset();
-  log_.reset();  // positions are read again in this session
+  log_.Reset();  // positions are read again in this session
   ownership_.Forget();
   next_rebalance_ = absl::InfinitePast();
   return true;
@@ -258,7 +254,7 @@ bool Relay::Rebalance() {
             "outbox log now",
             replica_id_, options_.subscription, on_log ? "" : "not ");
         on_log_ = on_log;
-        log_.reset();
+        log_.Reset();
       }
       if (paused != paused_) {
         if (paused.empty()) {
@@ -299,12 +295,12 @@ bool Relay::Rebalance() {
           "did not renew it within --lease_ttl); it stops claiming it",
           replica_id_, p);
     }
-    if (log_ != nullptr) {
+    {
       // The positions of those released were stored before this round
       // (FlushLog); those lost are another replica's now.
       std::set<int> gone = round.lost;
       gone.insert(round.released.begin(), round.released.end());
-      log_->Forget({gone.begin(), gone.end()});
+      log_.Forget({gone.begin(), gone.end()});
     }
     tx->commit();
     if (ownership_.owned().size() != before) {
@@ -477,26 +473,15 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   if (partitions.empty()) return true;
   const int limit = LaneLimit(lane);
   if (limit == 0) {
-    log_exceptions_round_ = true;  // not read: unknown
+    log_.Skipped();
     return true;
-  }
-  if (log_ == nullptr) {
-    log_ = std::make_unique<LogReader>(
-        LogReaderOptions{.subscription = options_.subscription,
-                         .member = ownership_.member(),
-                         .payload_budget = kMaxDeliveryBatchBytes});
   }
   round->ran = true;
   const absl::Time t0 = absl::Now();
-  // A new tick only when events may have committed since the newest one:
-  // an idle relay makes one per poll_interval at most.
-  bool fresh = heard_ || log_active_ || !listener_->works() ||
-               !listener_->wants_wakes() || t0 >= log_retry_at_;
-  if (t0 >= next_log_poll_) {
-    fresh = true;
-    next_log_poll_ = t0 + options_.poll_interval;
-  }
-  absl::StatusOr<LogSend> read = log_->Next(*conn_, partitions, limit, fresh);
+  // A new tick only when events may have committed since the newest one.
+  absl::StatusOr<LogSend> read =
+      log_.Read(*conn_, partitions, limit,
+                listener_->works() && listener_->wants_wakes());
   if (!read.ok() && SqlStateOf(read.status()) == "55000") {
     // The database's transaction ids went back (a dump restored into
     // another cluster): nothing the log read may be trusted until it is
@@ -510,13 +495,6 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   }
   counters_.claim_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   if (options_.after_claim) options_.after_claim(read->events.size());
-  log_active_ = !read->events.empty() || read->diverted > 0;
-  log_exceptions_round_ |= read->exceptions;
-  if (read->retry_in > absl::ZeroDuration()) {
-    log_retry_at_ = std::min(log_retry_at_, absl::Now() + read->retry_in);
-  } else if (fresh) {
-    log_retry_at_ = absl::InfiniteFuture();
-  }
   if (read->diverted > 0) {
     spdlog::debug("relay: {} events of chains with exceptions join them",
                   read->diverted);
@@ -531,7 +509,7 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
       unit->commit();
     } catch (const std::exception& e) {
       // Its events stay in flight until the stream is dropped: read again.
-      log_->Rewind();
+      log_.Rewind();
       last_db_error_ = std::string(StatusFromException(e).message());
       return false;
     }
@@ -592,15 +570,11 @@ void Relay::Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
 }
 
 bool Relay::FlushLog(bool now) {
-  if (log_ == nullptr || !log_->moved()) return true;
-  // A position stored late only means events read again after a crash (and
-  // answered DUPLICATE); every statement less counts at a high rate.
-  if (!now && absl::Now() < next_log_flush_) return true;
-  next_log_flush_ = absl::Now() + kLogFlushInterval;
+  if (!log_.FlushDue(absl::Now(), now)) return true;
   // The positions are the log's marks: answered, not yet recorded (a crash
   // means those events are read and sent again).
   MaybeCrash("relay.before_mark_commit");
-  absl::StatusOr<std::vector<int>> lost = log_->Flush(*conn_);
+  absl::StatusOr<std::vector<int>> lost = log_.Flush(*conn_);
   if (lost.ok()) MaybeCrash("relay.after_mark_commit");
   if (!lost.ok()) {
     last_db_error_ = std::string(lost.status().message());
@@ -639,7 +613,7 @@ bool Relay::Rebase() {
   for (Lane& lane : lanes_) {
     if (lane.stream != nullptr) DropStream(lane, "the outbox log was rebased");
   }
-  log_.reset();
+  log_.Reset();
   return true;
 }
 
@@ -699,7 +673,7 @@ bool Relay::FlushMarks() {
     MarksWritten(0);  // from the log only: nothing to write
     return true;
   }
-  if (!plan.owed.empty()) log_exceptions_ = true;
+  if (!plan.owed.empty()) log_.Owed();
   WrittenMarks written;
   const absl::Time t0 = absl::Now();
   try {
@@ -741,7 +715,7 @@ void Relay::MarksWritten(int64_t dead) {
   const MarkTally tally = TallyMarks(marks_);
   for (const Mark& m : marks_) {
     // Answered, or an exception now: the log's position may pass it.
-    if (m.from_log && log_ != nullptr) log_->Settle(m.seq);
+    if (m.from_log) log_.Settle(m.seq);
   }
   counters_.delivered->Add(tally.delivered);
   housekeeping_->Deleted(tally.rows_deleted);
@@ -759,7 +733,7 @@ bool Relay::WriteRepairs() {
                  last_db_error_);
     return false;
   }
-  if (recorded->owed) log_exceptions_ = true;
+  if (recorded->owed) log_.Owed();
   if (recorded->consumer_database.has_value()) {
     absl::MutexLock lock(&mu_);
     state_.consumer_database = *recorded->consumer_database;
@@ -782,8 +756,8 @@ void Relay::DropEverything(const std::string& why) {
   marks_.clear();
   consumer_.DropLacking();
   busy_.Clear();
-  log_.reset();  // positions are read again
-  log_exceptions_ = true;
+  log_.Reset();  // positions are read again
+  log_.Owed();
   try {
     auto tx = OpenUnit(*conn_);
     RequestHeal(*tx, options_.subscription, why);
@@ -852,7 +826,7 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   for (const auto& [id, batch] : lane.in_flight) from_log |= batch.from_log;
   // Their answers will not come: the log reads them again (what other
   // lanes have in flight too, answered DUPLICATE the second time).
-  if (from_log && log_ != nullptr) log_->Rewind();
+  if (from_log) log_.Rewind();
   for (const auto& [id, batch] : lane.in_flight) {
     for (const EventLogFields& e : batch.events) {
       busy_.Remove(OutboxChain(e.aggregate_type, e.aggregate_id));
@@ -974,15 +948,9 @@ void Relay::Run() {
           paused_.empty() ? ServingLanes() : std::vector<Lane*>{};
       ClaimRound round;
       // The claims below see every row notified so far.
-      heard_ = listener_->TakeNotified();
-      // On the log, the claims are of exceptions only: while there may be
-      // some, and once per poll_interval.
-      const bool claims =
-          !on_log_ || log_exceptions_ || absl::Now() >= next_exception_claim_;
-      if (on_log_ && claims) {
-        next_exception_claim_ = absl::Now() + options_.poll_interval;
-      }
-      log_exceptions_round_ = false;
+      const bool heard = listener_->TakeNotified();
+      // On the log, the claims are of exceptions only (LogFeed::BeginRound).
+      const bool claims = !on_log_ || log_.BeginRound(absl::Now(), heard);
       for (size_t i = 0; db_ok && i < serving.size(); ++i) {
         if (claims) {
           db_ok = Claim(*serving[i], static_cast<int>(i),
@@ -993,7 +961,7 @@ void Relay::Run() {
                               static_cast<int>(serving.size()), &round);
         }
       }
-      if (on_log_ && db_ok) log_exceptions_ = log_exceptions_round_;
+      if (on_log_ && db_ok) log_.EndRound();
       if (db_ok) db_ok = FlushMarks();  // no claim ran to write them
       for (Lane& lane : lanes_) {
         if (db_ok) db_ok = ReleaseFenced(lane);
@@ -1023,7 +991,7 @@ void Relay::Run() {
       // Lost or broken. The leases stay ours until they expire; the next
       // session renews those still ours (Rebalance).
       conn_.reset();
-      log_.reset();
+      log_.Reset();
       ownership_.Forget();
     }
     if (watchdog_ != nullptr && !stopping) {
@@ -1048,10 +1016,7 @@ void Relay::Run() {
     // Standbys flush within milliseconds; a held batch is looked at often.
     if (fenced) wait = std::min(wait, absl::Milliseconds(2));
     // A tick refused as too early is asked for again when it is due.
-    if (on_log_ && log_retry_at_ != absl::InfiniteFuture()) {
-      wait = std::min(
-          wait, std::max(absl::ZeroDuration(), log_retry_at_ - absl::Now()));
-    }
+    if (on_log_) wait = std::min(wait, log_.RetryWait(absl::Now()));
     absl::MutexLock lock(&mu_);
     state_.partitions_owned.assign(ownership_.owned().begin(),
                                    ownership_.owned().end());

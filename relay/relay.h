@@ -68,7 +68,7 @@
 #include "relay/fence.h"
 #include "relay/housekeeping.h"
 #include "relay/listener.h"
-#include "relay/log_reader.h"
+#include "relay/log_feed.h"
 #include "relay/marks.h"
 #include "relay/outbox_row.h"
 #include "relay/ownership.h"
@@ -261,7 +261,7 @@ class Relay {
   void Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
                 const std::string& lsn);
   // Stores the log positions that answers moved (written marks only), at
-  // most every kLogFlushInterval unless `now`.
+  // most every LogFeedOptions::flush_interval unless `now`.
   bool FlushLog(bool now);
   // The outbox's transaction ids went behind the log's (a dump restored
   // into another cluster): owes what the log had not delivered and
@@ -321,25 +321,9 @@ class Relay {
   // this subscription (their predecessor was never owed to it).
   int64_t chain_from_ = 0;
   // The subscription is delivered from the outbox log (it has a start
-  // tick), by log_ (made on first use in each session) beside the claims
-  // of its exceptions.
+  // tick), by log_ beside the claims of its exceptions.
   bool on_log_ = false;
-  std::unique_ptr<LogReader> log_;
-  // When the log reads fresh (LogReader::Next): a NOTIFY was heard this
-  // round, the last read found events, no NOTIFY can be heard now, a
-  // refused tick is due again (log_retry_at_) or a poll is due.
-  bool heard_ = false;
-  bool log_active_ = true;
-  absl::Time log_retry_at_ = absl::InfiniteFuture();
-  absl::Time next_log_poll_ = absl::InfinitePast();
-  absl::Time next_log_flush_ = absl::InfinitePast();
-  // Whether the subscription may have exceptions in the owned partitions
-  // (as the last round's reads saw, or this relay owed one since): their
-  // claim runs each round while it may, else once per poll_interval (for
-  // rows an operator or a heal wrote).
-  bool log_exceptions_ = true;
-  bool log_exceptions_round_ = false;
-  absl::Time next_exception_claim_ = absl::InfinitePast();
+  LogFeed log_;
 
   std::string last_db_error_;  // of the last failed step, for the watchdog
   // Why the subscription is not delivered: an operator paused it ("" when
