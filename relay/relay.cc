@@ -54,11 +54,10 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
   if (options_.fence.enabled()) {
     fence_ = std::make_unique<ReplicationFence>(options_.fence);
   }
-  lanes_.resize(std::max(1, options_.lanes));
-  for (size_t i = 0; i < lanes_.size(); ++i) {
-    lanes_[i].index = static_cast<int>(i);
-    lanes_[i].stream_backoff =
-        Backoff(options_.retry_initial, options_.retry_max);
+  const int lanes = std::max(1, options_.lanes);
+  lanes_.reserve(lanes);
+  for (int i = 0; i < lanes; ++i) {
+    lanes_.emplace_back(i, Backoff(options_.retry_initial, options_.retry_max));
   }
   if (options_.sink != nullptr) {
     sink_ = options_.sink;
@@ -94,8 +93,8 @@ void Relay::Start() {
   // The consumer gets --consumer_unready_after from now to answer.
   sink_->Start();
   listener_ = std::make_unique<CommitListener>(CommitListener::Options{
-      .url = options_.notify_url.empty() ? options_.db_url
-                                         : options_.notify_url,
+      .url =
+          options_.notify_url.empty() ? options_.db_url : options_.notify_url,
       .session = session_,
       .fast_poll_interval = options_.fast_poll_interval,
       .wake = [this] { Wake(); },
@@ -168,20 +167,19 @@ bool Relay::EnsureConnection() {
     }
   }
   absl::StatusOr<TakenUp> up =
-      !session.ok()
-          ? absl::StatusOr<TakenUp>(session)
-          : TakeUp(**conn,
-                   {.subscription = options_.subscription,
-                    .source = options_.source,
-                    .start_from = options_.start_from,
-                    .resubscribe = options_.resubscribe,
-                    .actor = replica_id_,
-                    .stopping =
-                        [this] {
-                          absl::MutexLock lock(&mu_);
-                          return stopping_;
-                        }},
-                   options_.log_delivery, (*conn)->info().identity);
+      !session.ok() ? absl::StatusOr<TakenUp>(session)
+                    : TakeUp(**conn,
+                             {.subscription = options_.subscription,
+                              .source = options_.source,
+                              .start_from = options_.start_from,
+                              .resubscribe = options_.resubscribe,
+                              .actor = replica_id_,
+                              .stopping =
+                                  [this] {
+                                    absl::MutexLock lock(&mu_);
+                                    return stopping_;
+                                  }},
+                             options_.log_delivery, (*conn)->info().identity);
   if (up.ok() && !up->subscription.refused.empty()) {
     if (up->subscription.refused != subscription_refused_) {
       spdlog::error("relay: {}", up->subscription.refused);
@@ -282,11 +280,7 @@ bool Relay::Rebalance() {
       return true;
     }
     std::set<int> in_flight;  // partitions with a batch out
-    for (const Lane& lane : lanes_) {
-      for (const auto& [id, batch] : lane.in_flight) {
-        in_flight.insert(batch.partitions.begin(), batch.partitions.end());
-      }
-    }
+    for (const Lane& lane : lanes_) lane.PartitionsInFlight(&in_flight);
     const OwnershipRound round =
         ownership_.Balance(*tx, [&](int p) { return in_flight.count(p) > 0; });
     for (int p : round.lost) {
@@ -316,27 +310,28 @@ bool Relay::Rebalance() {
   }
 }
 
-std::vector<Relay::Lane*> Relay::ServingLanes() {
+std::vector<Lane*> Relay::ServingLanes() {
   std::vector<Lane*> open;
   std::vector<int> indexes;
   for (Lane& lane : lanes_) {
     if (!lane.connected()) continue;
-    if (!spread_ && !serving_.empty() && lane.index == serving_.front()) {
+    if (!spread_ && !serving_.empty() && lane.index() == serving_.front()) {
       // A light load stays on the lane that carries it while that lane is
       // connected: one that connects later (or again) does not send a
       // second batch beside the one awaiting its answer.
       open.assign(1, &lane);
-      indexes.assign(1, lane.index);
+      indexes.assign(1, lane.index());
       break;
     }
     if (!spread_ && !open.empty()) continue;
     open.push_back(&lane);
-    indexes.push_back(lane.index);
+    indexes.push_back(lane.index());
   }
   if (indexes != serving_) {
     // Partitions moved between lanes: each lane's sent_through says nothing
     // about its new ones, so its next claim starts from the start.
-    for (Lane& lane : lanes_) lane.next_full_claim = absl::InfinitePast();
+    for (Lane& lane : lanes_)
+      lane.cursor.next_full_claim = absl::InfinitePast();
     serving_ = std::move(indexes);
   }
   return open;
@@ -362,16 +357,17 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     bool fresh = ClaimAboveSent(
         {.outstanding = InFlightEvents() + static_cast<int64_t>(marks_.size()),
          .batch_size = options_.batch_size,
-         .sent_through = lane.sent_through,
-         .full_claim_due = absl::Now() >= lane.next_full_claim,
-         .passed_over = lane.passed_over,
-         .freed_since = lane.freed_at_claim != busy_.freed() || frees});
-    if (!fresh) lane.next_full_claim = absl::Now() + options_.poll_interval;
+         .sent_through = lane.cursor.sent_through,
+         .full_claim_due = absl::Now() >= lane.cursor.next_full_claim,
+         .passed_over = lane.cursor.passed_over,
+         .freed_since = lane.cursor.freed_at_claim != busy_.freed() || frees});
+    if (!fresh)
+      lane.cursor.next_full_claim = absl::Now() + options_.poll_interval;
     // Each claim of this round continues after the last row the one before
     // returned: a row that could not go (its predecessor backing off or
     // dead) is passed, not excluded by id, so a round costs the same with
     // thousands of such aggregates as with none.
-    int64_t after = fresh ? lane.sent_through : 0;
+    int64_t after = fresh ? lane.cursor.sent_through : 0;
     for (;;) {
       const int limit = LaneLimit(lane);
       if (limit == 0) break;
@@ -418,10 +414,10 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         riding.clear();
       }
       if (fresh) {
-        lane.passed_over |= !query.excluded_ids.empty();
-        lane.freed_at_claim = busy_.freed();
+        lane.cursor.passed_over |= !query.excluded_ids.empty();
+        lane.cursor.freed_at_claim = busy_.freed();
       } else {
-        lane.passed_over = false;  // this claim saw every ready row
+        lane.cursor.passed_over = false;  // this claim saw every ready row
       }
       if (options_.after_claim) options_.after_claim(rows);
       if (spdlog::should_log(spdlog::level::debug)) {
@@ -432,7 +428,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         if (!fresh) break;
         fresh = false;
         after = 0;
-        lane.next_full_claim = absl::Now() + options_.poll_interval;
+        lane.cursor.next_full_claim = absl::Now() + options_.poll_interval;
         continue;
       }
       after = std::max(after, claimed.last_seq);
@@ -457,7 +453,7 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         if (!fresh) break;
         fresh = false;  // the new rows are claimed: now the passed-over ones
         after = 0;
-        lane.next_full_claim = absl::Now() + options_.poll_interval;
+        lane.cursor.next_full_claim = absl::Now() + options_.poll_interval;
       }
     }
     return true;
@@ -545,9 +541,9 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
 void Relay::Take(Lane& lane, BuiltBatch& built) {
   for (const std::string& chain : built.busy) busy_.Add(chain);
   for (Mark& m : built.marks) marks_.push_back(std::move(m));
-  for (int64_t seq : built.batch.seqs) lane.in_flight_seqs.insert(seq);
   if (!built.batch.from_log) {
-    lane.sent_through = std::max(lane.sent_through, built.sent_through);
+    lane.cursor.sent_through =
+        std::max(lane.cursor.sent_through, built.sent_through);
   }
 }
 
@@ -558,13 +554,10 @@ void Relay::Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
   if (fence_ != nullptr) {
     // Every event read had committed before this position: the batch goes
     // once the standbys flushed it (ReleaseFenced).
-    batch.sent_at = absl::InfiniteFuture();
-    lane.in_flight[batch.batch_id] = std::move(batch);
-    lane.fenced.emplace_back(ParseLsn(lsn).value_or(~0ull), std::move(req));
+    lane.Send(std::move(batch), std::move(req), ParseLsn(lsn).value_or(~0ull),
+              absl::Now());
   } else {
-    batch.sent_at = absl::Now();
-    lane.in_flight[batch.batch_id] = std::move(batch);
-    lane.stream->Send(std::move(req));
+    lane.Send(std::move(batch), std::move(req), std::nullopt, absl::Now());
     counters_.batches->Add();
   }
 }
@@ -611,39 +604,34 @@ bool Relay::Rebase() {
   }
   // Every position moved: read them again.
   for (Lane& lane : lanes_) {
-    if (lane.stream != nullptr) DropStream(lane, "the outbox log was rebased");
+    if (lane.has_stream()) DropStream(lane, "the outbox log was rebased");
   }
   log_.Reset();
   return true;
 }
 
 int Relay::LaneLimit(const Lane& lane) const {
-  return ClaimLimit(options_.batch_size, options_.window,
-                    options_.pipeline_depth,
-                    static_cast<int>(lane.in_flight_seqs.size()),
-                    static_cast<int>(lane.in_flight.size()), lane.all_full());
+  return lane.Limit(options_.batch_size, options_.window,
+                    options_.pipeline_depth);
 }
 
 void Relay::HandleResponses(Lane& lane) {
-  if (lane.stream == nullptr) return;
-  for (const v1::DeliverResponse& resp : lane.stream->TakeResponses()) {
-    // The consumer answers: whatever broke the last stream is over.
-    lane.stream_backoff.Reset();
+  while (std::optional<Lane::Answered> answered = lane.NextAnswer()) {
     sink_->Answered();
-    auto it = lane.in_flight.find(resp.batch_id());
-    if (it == lane.in_flight.end()) {
+    const v1::DeliverResponse& resp = answered->response;
+    if (!answered->batch.has_value()) {
       spdlog::warn("relay: answer for unknown batch {}", resp.batch_id());
       continue;
     }
+    const InFlight& batch = *answered->batch;
     counters_.answer_seconds->Observe(
-        absl::ToDoubleSeconds(absl::Now() - it->second.sent_at));
-    if (consumer_.Observe(resp, it->second.inbox_high_at_send)) {
+        absl::ToDoubleSeconds(absl::Now() - batch.sent_at));
+    if (consumer_.Observe(resp, batch.inbox_high_at_send)) {
       for (Lane& l : lanes_) {
-        for (auto& [id, b] : l.in_flight) b.inbox_high_at_send = 0;
+        for (auto& [id, b] : l.batches()) b.inbox_high_at_send = 0;
       }
     }
-    for (int64_t seq : it->second.seqs) lane.in_flight_seqs.erase(seq);
-    Answer answer = AnswerOf(it->second, resp);
+    Answer answer = AnswerOf(batch, resp);
     for (Mark& m : answer.marks) {
       if (m.kind == Mark::kRejected) {
         LogEventScope scope(m.log_fields);
@@ -654,13 +642,12 @@ void Relay::HandleResponses(Lane& lane) {
     }
     consumer_.Lacks(answer.reowe);
     for (const std::string& chain : answer.unanswered) busy_.Remove(chain);
-    lane.in_flight.erase(it);
   }
 }
 
 int64_t Relay::InFlightEvents() const {
   int64_t n = 0;
-  for (const Lane& lane : lanes_) n += lane.in_flight_seqs.size();
+  for (const Lane& lane : lanes_) n += lane.events_in_flight();
   return n;
 }
 
@@ -748,10 +735,9 @@ void Relay::DropEverything(const std::string& why) {
       "will compare the consumer with what the outbox now holds",
       replica_id_, why);
   for (Lane& lane : lanes_) {
-    if (lane.stream != nullptr) DropStream(lane, why);
-    lane.fenced.clear();
-    lane.sent_through = 0;
-    lane.next_full_claim = absl::InfinitePast();
+    if (lane.has_stream()) DropStream(lane, why);
+    lane.cursor.sent_through = 0;
+    lane.cursor.next_full_claim = absl::InfinitePast();
   }
   marks_.clear();
   consumer_.DropLacking();
@@ -770,7 +756,7 @@ void Relay::DropEverything(const std::string& why) {
 }
 
 bool Relay::ReleaseFenced(Lane& lane) {
-  if (fence_ == nullptr || lane.fenced.empty()) return true;
+  if (fence_ == nullptr || !lane.holding()) return true;
   FenceState state;
   try {
     auto tx = OpenUnit(*conn_);
@@ -780,18 +766,11 @@ bool Relay::ReleaseFenced(Lane& lane) {
     last_db_error_ = std::string(StatusFromException(e).message());
     return false;
   }
-  while (!lane.fenced.empty() && lane.stream != nullptr &&
-         state.why_waiting.empty() &&
-         lane.fenced.front().first <= state.flushed) {
-    v1::DeliverRequest req = std::move(lane.fenced.front().second);
-    lane.fenced.pop_front();
-    auto it = lane.in_flight.find(req.batch_id());
-    if (it != lane.in_flight.end()) it->second.sent_at = absl::Now();
-    lane.stream->Send(std::move(req));
-    counters_.batches->Add();
+  if (state.why_waiting.empty()) {
+    counters_.batches->Add(lane.Release(state.flushed, absl::Now()));
   }
   std::string waiting;
-  if (!lane.fenced.empty()) {
+  if (lane.holding()) {
     waiting = state.why_waiting.empty()
                   ? absl::StrCat("replication fence: waiting for ",
                                  options_.fence.standbys,
@@ -811,49 +790,23 @@ bool Relay::ReleaseFenced(Lane& lane) {
 
 void Relay::DropStream(Lane& lane, const std::string& why) {
   HandleResponses(lane);  // what was answered before the break still counts
-  if (!lane.in_flight.empty()) {
+  if (!lane.idle()) {
     spdlog::warn(
         "relay: delivery stream {} lost ({}); {} events in flight stay "
         "pending and will be resent",
-        lane.index, why, lane.in_flight_seqs.size());
+        lane.index(), why, lane.events_in_flight());
   } else {
-    spdlog::info("relay: delivery stream {} closed ({})", lane.index, why);
+    spdlog::info("relay: delivery stream {} closed ({})", lane.index(), why);
   }
   counters_.stream_failures->Add();
-  lane.stream->Cancel();
-  lane.stream.reset();
-  bool from_log = false;
-  for (const auto& [id, batch] : lane.in_flight) from_log |= batch.from_log;
   // Their answers will not come: the log reads them again (what other
   // lanes have in flight too, answered DUPLICATE the second time).
-  if (from_log) log_.Rewind();
-  for (const auto& [id, batch] : lane.in_flight) {
+  if (lane.any_from_log()) log_.Rewind();
+  for (const InFlight& batch : lane.Drop(absl::Now())) {
     for (const EventLogFields& e : batch.events) {
       busy_.Remove(OutboxChain(e.aggregate_type, e.aggregate_id));
     }
   }
-  lane.in_flight.clear();
-  lane.in_flight_seqs.clear();
-  lane.fenced.clear();
-  lane.next_stream_attempt = absl::Now() + lane.stream_backoff.Next();
-}
-
-void Relay::EnsureStream(Lane& lane) {
-  if (lane.stream != nullptr || absl::Now() < lane.next_stream_attempt) return;
-  // Opening a stream blocks until the channel connects; only open it on a
-  // ready channel so this thread never waits on the network.
-  const Sink::Readiness readiness = sink_->readiness();
-  if (readiness == Sink::Readiness::kFailing) {
-    lane.next_stream_attempt = absl::Now() + lane.stream_backoff.Next();
-    return;
-  }
-  if (readiness != Sink::Readiness::kReady) return;
-  lane.stream = sink_->Open([this] { Wake(); });
-  // The backoff resets on the first answer, not here: a consumer that
-  // accepts streams but fails every batch (its database is read-only) is
-  // retried less and less often, up to --retry_max.
-  spdlog::info("relay: delivery stream {} open to {}", lane.index,
-               sink_->name());
 }
 
 void Relay::Run() {
@@ -867,12 +820,11 @@ void Relay::Run() {
     }
     for (Lane& lane : lanes_) {
       HandleResponses(lane);
-      if (lane.stream != nullptr && lane.stream->broken()) {
-        DropStream(lane, lane.stream->error());
+      if (lane.has_stream() && !lane.connected()) {
+        DropStream(lane, lane.broken());
       }
-      if (lane.stream != nullptr && !lane.in_flight.empty() &&
-          absl::Now() - lane.in_flight.begin()->second.sent_at >
-              options_.ack_timeout) {
+      if (lane.has_stream() &&
+          lane.Overdue(absl::Now(), options_.ack_timeout)) {
         DropStream(lane, "no answer within --ack_timeout");
       }
     }
@@ -886,9 +838,8 @@ void Relay::Run() {
       next_rebalance_ = absl::InfinitePast();  // give up, or take a share
       if (unlinked_) {
         for (Lane& lane : lanes_) {
-          if (lane.stream != nullptr) {
+          if (lane.has_stream())
             DropStream(lane, "the consumer does not answer");
-          }
         }
         spdlog::error(
             "relay {}: the consumer {} has not answered for {}: readiness "
@@ -941,7 +892,10 @@ void Relay::Run() {
         next_rebalance_ = absl::Now() + options_.rebalance_interval;
       }
       if (!unlinked_) {
-        for (Lane& lane : lanes_) EnsureStream(lane);
+        for (Lane& lane : lanes_) {
+          lane.Open(
+              *sink_, [this] { Wake(); }, absl::Now());
+        }
       }
       // Paused: what is in flight is answered, nothing more is claimed.
       const std::vector<Lane*> serving =
@@ -1012,7 +966,7 @@ void Relay::Run() {
       wait = std::min(wait, options_.fast_poll_interval);
     }
     bool fenced = false;
-    for (const Lane& lane : lanes_) fenced |= !lane.fenced.empty();
+    for (const Lane& lane : lanes_) fenced |= lane.holding();
     // Standbys flush within milliseconds; a held batch is looked at often.
     if (fenced) wait = std::min(wait, absl::Milliseconds(2));
     // A tick refused as too early is asked for again when it is due.
@@ -1035,19 +989,11 @@ void Relay::Run() {
   // Drained (or out of time): close the streams, write the last marks, and
   // release the partitions by closing the session.
   for (Lane& lane : lanes_) {
-    if (lane.stream == nullptr) continue;
-    if (!lane.in_flight.empty()) {
+    if (lane.has_stream() && !lane.idle()) {
       spdlog::warn("relay: {} events unanswered at shutdown stay pending",
-                   lane.in_flight_seqs.size());
-    } else {
-      // Nothing in flight: half-close, so the consumer sees a clean end.
-      lane.stream->CloseSend();
-      for (int i = 0; i < 50 && !lane.stream->broken(); ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+                   lane.events_in_flight());
     }
-    lane.stream->Cancel();
-    lane.stream.reset();
+    lane.Close(absl::Milliseconds(500));
   }
   if (conn_ != nullptr) {
     if (FlushMarks()) FlushLog(true);

@@ -67,6 +67,7 @@
 #include "relay/delivery_stream.h"
 #include "relay/fence.h"
 #include "relay/housekeeping.h"
+#include "relay/lane.h"
 #include "relay/listener.h"
 #include "relay/log_feed.h"
 #include "relay/marks.h"
@@ -195,46 +196,6 @@ class Relay {
   v1::EventSink::Stub* consumer_stub() const { return sink_->consumer(); }
 
  private:
-  // One delivery stream and what is in flight on it.
-  struct Lane {
-    int index = 0;
-    std::unique_ptr<BatchStream> stream;
-    absl::Time next_stream_attempt = absl::InfinitePast();
-    Backoff stream_backoff{absl::Milliseconds(100), absl::Seconds(5)};
-    std::map<uint64_t, InFlight> in_flight;
-    std::set<int64_t> in_flight_seqs;
-    // Claimed batches the replication fence holds back: the WAL position
-    // each must see flushed, and the request (its InFlight is in
-    // in_flight already).
-    std::deque<std::pair<uint64_t, v1::DeliverRequest>> fenced;
-    int64_t sent_through = 0;  // the highest seq sent on it
-    // A claim from the start at least this often, so that rows passed
-    // over never wait long behind a steady stream of new ones.
-    absl::Time next_full_claim = absl::InfinitePast();
-    // A claim above sent_through skips the rows of busy aggregates (the
-    // next event of an order whose previous one is in flight). Set when one
-    // ran while an aggregate was busy: once an aggregate has been freed
-    // since (busy_.freed() moved past freed_at_claim), the next claim starts
-    // from the start, so that such a row waits for its predecessor's mark, not
-    // for poll_interval.
-    bool passed_over = false;
-    uint64_t freed_at_claim = 0;
-    bool connected() const { return stream != nullptr && !stream->broken(); }
-    // Whether every (any) batch in flight on it was full: a backlog.
-    bool all_full() const {
-      for (const auto& [id, b] : in_flight) {
-        if (!b.full) return false;
-      }
-      return true;
-    }
-    bool any_full() const {
-      for (const auto& [id, b] : in_flight) {
-        if (b.full) return true;
-      }
-      return false;
-    }
-  };
-
   void Run();
   void Wake();
   // Each returns false when the database connection is lost.
@@ -289,7 +250,6 @@ class Relay {
   bool ReleaseFenced(Lane& lane);
   void HandleResponses(Lane& lane);
   void DropStream(Lane& lane, const std::string& why);
-  void EnsureStream(Lane& lane);
   int64_t InFlightEvents() const;
 
   const RelayOptions options_;
