@@ -149,6 +149,9 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
     //    partition's position has not passed (kDeliveryStatusSql). Taken
     //    for delivered, what the log still owes would all be owed again as
     //    rows: a backlog copied into exceptions, each event sent twice.
+    //    The log's statement would serve a subscription on rows too (there
+    //    it reduces to `d.seq IS NOT NULL`), but it reads the whole outbox
+    //    where the rows' statement reads only that subscription's rows.
     static const std::string kFirstUndeliveredSql =
         "SELECT o.aggregate_type, d.aggregate_id, min(d.seq) AS first "
         "FROM outbox_delivery d JOIN outbox o ON o.seq = d.seq WHERE "
