@@ -243,9 +243,10 @@ DROP FUNCTION IF EXISTS outbox_inbox_lock_cursors(text[], int);
 // nothing held), insert the batch's inbox rows and move each cursor to
 // through_seqs. Returns a row for each chain, with its cursor as it was
 // (0s for none, as outbox_inbox_lock_chains returns no row for it) and
-// the apply_ids the inbox rows took: 0, 0 when nothing was written. An id or position the inbox already holds takes the rows just
-// inserted back out, and nothing is written: the caller plans the batch
-// from the cursors as usual, and meets the collision there.
+// the apply_ids the inbox rows took: 0, 0 when nothing was written. An id or
+// position the inbox already holds takes the rows just inserted back out, and
+// nothing is written: the caller plans the batch from the cursors as usual, and
+// meets the collision there.
 constexpr char kInboxV8[] = R"sql(
 CREATE OR REPLACE FUNCTION outbox_inbox_apply_chains(
     sources text[], types text[], ids text[], lock_class int,
@@ -617,6 +618,58 @@ CREATE OR REPLACE TRIGGER outbox_fan_out AFTER INSERT ON outbox
       "-- function call per event.\n",
       kDeliveriesViewHead, kDeliveryStatusSql, kDeliveriesViewFrom,
       kDeliveryLogJoinsSql, ";\n");
+  // An operator moves a subscription onto the log and off it again
+  // (RelayAdmin.MoveSubscriptionToLog, MoveSubscriptionToRows). Off it,
+  // what the log still owes must become rows without a gap: the lock waits
+  // for every producer transaction that wrote events the trigger did not
+  // owe to it, and holds new ones until the subscription is off the log,
+  // so that their trigger owes it rows. Each statement of a VOLATILE
+  // function in READ COMMITTED reads a new snapshot: the INSERT sees what
+  // committed while the LOCK waited.
+  static const std::string kOutboxV10 = absl::StrCat(R"sql(
+ALTER TABLE subscription_actions
+  DROP CONSTRAINT IF EXISTS subscription_actions_action_check;
+ALTER TABLE subscription_actions
+  ADD CONSTRAINT subscription_actions_action_check
+  CHECK (action IN ('pause', 'resume', 'drop', 'resubscribe', 'to_log',
+                    'to_rows'));
+
+-- Moves `sub` off the outbox log: every event the log still owes it
+-- becomes a pending delivery row, its positions go, and from then on the
+-- producer's trigger owes it rows. Returns how many it owes as rows now.
+CREATE OR REPLACE FUNCTION outbox_log_unsubscribe(sub text)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  owed bigint;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'outbox_log_unsubscribe needs READ COMMITTED: it must '
+      'see what committed while it waited for the outbox''s writers'
+      USING ERRCODE = '25000';
+  END IF;
+  LOCK TABLE outbox IN SHARE MODE;
+  PERFORM 1 FROM subscriptions WHERE name = sub FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no subscription "%"', sub USING ERRCODE = '42704';
+  END IF;
+  WITH ins AS (
+    INSERT INTO outbox_delivery (subscription, seq, aggregate_id, partition)
+    SELECT s.name, o.seq, o.aggregate_id, o.partition
+      FROM outbox o JOIN subscriptions s ON s.name = sub
+      LEFT JOIN outbox_delivery d ON d.subscription = s.name AND d.seq = o.seq
+)sql",
+                                                     kDeliveryLogJoinsSql,
+                                                     R"sql(
+     WHERE s.start_tick IS NOT NULL AND d.seq IS NULL AND )sql",
+                                                     kDeliveryStatusSql,
+                                                     R"sql( = 'pending'
+    ON CONFLICT DO NOTHING RETURNING 1)
+  SELECT count(*) INTO owed FROM ins;
+  DELETE FROM outbox_log_positions WHERE subscription = sub;
+  UPDATE subscriptions SET start_tick = NULL WHERE name = sub;
+  RETURN owed;
+END $$;
+)sql");
   static const std::vector<Migration> kMigrations = {
       {1, "events, chain heads, subscriptions and their deliveries",
        kOutboxV1.c_str()},
@@ -738,6 +791,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 )sql"},
       {9, "delivery states joined to the log's positions", kOutboxV9.c_str()},
+      {10, "operators move subscriptions onto the log and off it",
+       kOutboxV10.c_str()},
   };
   return kMigrations;
 }

@@ -429,10 +429,11 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
                            " has no open divergence in ", *sub));
         }
         if (open.size() > 1) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "aggregate_type: ", open.size(), " chains of aggregate ",
-              req->aggregate_id(), " diverged; name the type of the one "
-              "to resolve"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("aggregate_type: ", open.size(),
+                           " chains of aggregate ", req->aggregate_id(),
+                           " diverged; name the type of the one "
+                           "to resolve"));
         }
         type = open[0][0].as<std::string>();
         chain = ChainOf(tx, type, req->aggregate_id());
@@ -460,8 +461,8 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
                   r.error_code() == grpc::StatusCode::FAILED_PRECONDITION
               ? r.error_code()
               : grpc::StatusCode::UNAVAILABLE,
-          absl::StrCat("the consumer could not rewind aggregate ", name,
-                       ": ", r.error_message()));
+          absl::StrCat("the consumer could not rewind aggregate ", name, ": ",
+                       r.error_message()));
     }
   }
   // 3. The producer's events after the shared history are owed again, the
@@ -534,6 +535,7 @@ void ToProto(const SubscriptionInfo& s, v1::Subscription* p) {
   p->set_retention_pinned_seconds(s.retention_pinned_seconds);
   p->set_pinned_by(s.pinned_by);
   p->set_pins(s.PinDescription());
+  p->set_delivery(s.on_log ? "log" : "rows");
 }
 
 }  // namespace
@@ -576,8 +578,24 @@ grpc::Status RelayAdminImpl::ResumeSubscription(
 grpc::Status RelayAdminImpl::DropSubscription(
     grpc::ServerContext* ctx, const v1::SubscriptionActionRequest* req,
     v1::DropSubscriptionResponse* resp) {
-  return Act(ctx, "RelayAdmin.DropSubscription", SubscriptionAction::kDrop,
-             req, nullptr, resp->mutable_detail());
+  return Act(ctx, "RelayAdmin.DropSubscription", SubscriptionAction::kDrop, req,
+             nullptr, resp->mutable_detail());
+}
+
+grpc::Status RelayAdminImpl::MoveSubscriptionToLog(
+    grpc::ServerContext* ctx, const v1::SubscriptionActionRequest* req,
+    v1::Subscription* resp) {
+  std::string detail;
+  return Act(ctx, "RelayAdmin.MoveSubscriptionToLog",
+             SubscriptionAction::kToLog, req, resp, &detail);
+}
+
+grpc::Status RelayAdminImpl::MoveSubscriptionToRows(
+    grpc::ServerContext* ctx, const v1::SubscriptionActionRequest* req,
+    v1::Subscription* resp) {
+  std::string detail;
+  return Act(ctx, "RelayAdmin.MoveSubscriptionToRows",
+             SubscriptionAction::kToRows, req, resp, &detail);
 }
 
 grpc::Status RelayAdminImpl::Act(grpc::ServerContext* ctx, const char* method,
@@ -605,8 +623,8 @@ grpc::Status RelayAdminImpl::Act(grpc::ServerContext* ctx, const char* method,
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::work tx(c);
     ApplyLimits(tx);
-    if (absl::Status a = ActOnSubscription(tx, req->subscription(), action,
-                                           who, req->reason(), req->force());
+    if (absl::Status a = ActOnSubscription(tx, req->subscription(), action, who,
+                                           req->reason(), req->force());
         !a.ok()) {
       return a;
     }

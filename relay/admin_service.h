@@ -49,10 +49,17 @@ class RelayAdminImpl final : public v1::RelayAdmin::Service {
   grpc::Status DropSubscription(grpc::ServerContext* ctx,
                                 const v1::SubscriptionActionRequest* req,
                                 v1::DropSubscriptionResponse* resp) override;
+  grpc::Status MoveSubscriptionToLog(grpc::ServerContext* ctx,
+                                     const v1::SubscriptionActionRequest* req,
+                                     v1::Subscription* resp) override;
+  grpc::Status MoveSubscriptionToRows(grpc::ServerContext* ctx,
+                                      const v1::SubscriptionActionRequest* req,
+                                      v1::Subscription* resp) override;
 
  private:
-  // Pause, resume or drop, after the checks; `info` (pause, resume) gets
-  // the subscription afterwards, `detail` (drop) what was deleted.
+  // An action on a subscription, after the checks; `info` (all but drop)
+  // gets the subscription afterwards, `detail` (drop, moves) what the
+  // action recorded.
   grpc::Status Act(grpc::ServerContext* ctx, const char* method,
                    SubscriptionAction action,
                    const v1::SubscriptionActionRequest* req,

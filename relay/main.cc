@@ -41,7 +41,9 @@ ABSL_FLAG(bool, log_delivery, false,
           "(docs/log-delivery.md): the producer's transactions then write "
           "nothing for it, and delivery writes a position per partition "
           "instead of a row per event. A subscription on the log stays "
-          "there; every relay of it delivers from the log.");
+          "there; every relay of it delivers from the log. One that an "
+          "operator moved off the log (outboxctl subscriptions rows) stays "
+          "off.");
 ABSL_FLAG(bool, resubscribe, false,
           "Make --subscription anew (per --start_from) even though an "
           "operator dropped it; without it, a dropped subscription is "

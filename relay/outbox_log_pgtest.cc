@@ -246,7 +246,8 @@ TEST_F(OutboxLogTest, ASeqDrawnBeforeTheTickWithAnXidAfterIt) {
 // grows and is analysed.
 TEST_F(OutboxLogTest, TheLateArmsOfAGenericReadStayOnTheXidIndex) {
   pqxx::connection generic(db_.url());
-  pqxx::nontransaction(generic).exec("SET plan_cache_mode = force_generic_plan");
+  pqxx::nontransaction(generic).exec(
+      "SET plan_cache_mode = force_generic_plan");
   // Both late forms prepared on this connection by real reads: a range
   // starting below from's high_seq.
   {
@@ -302,8 +303,8 @@ TEST_F(OutboxLogTest, TheLateArmsOfAGenericReadStayOnTheXidIndex) {
           std::string("log_read_late_parts('0', '1', '2', '1:1:', '2:2:', "
                       "'10', '{}', '1', '2', '1', '{0,1}', '1000000')")}) {
       std::vector<std::string> a = arms(execute);
-      ASSERT_EQ(a.size(), 3u) << when << ": " << execute
-                              << ": no union of three arms in the plan";
+      ASSERT_EQ(a.size(), 3u)
+          << when << ": " << execute << ": no union of three arms in the plan";
       for (int i = 0; i < 2; ++i) {
         EXPECT_NE(a[i].find("outbox_xid_idx"), std::string::npos)
             << when << ", arm " << i << " of " << execute << ": " << a[i];
@@ -395,6 +396,112 @@ TEST_F(OutboxLogTest, ARebaseOwesWhatThePositionsHadNotDelivered) {
   tx.commit();
   EXPECT_TRUE(TickIn(conn_).ok());  // the log ticks again
   EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_ticks"), 2);
+}
+
+TEST_F(OutboxLogTest, MovingOffTheLogOwesAsRowsWhatItHadNotDelivered) {
+  db_.Exec(
+      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
+  std::vector<int64_t> delivered, owed;
+  for (int i = 0; i < 3; ++i) {
+    pqxx::work tx(conn_);
+    delivered.push_back(Append(tx, absl::StrCat("a-", i)));
+    tx.commit();
+  }
+  absl::StatusOr<Tick> t2 = TickIn(conn_);
+  ASSERT_TRUE(t2.ok());
+  for (int i = 0; i < 2; ++i) {
+    pqxx::work tx(conn_);
+    owed.push_back(Append(tx, absl::StrCat("b-", i)));
+    tx.commit();
+  }
+  db_.Exec(absl::StrCat(
+      "INSERT INTO outbox_log_positions (subscription, partition, done_tick) "
+      "SELECT 'billing', p, ",
+      t2->id, " FROM generate_series(0, ", kPartitions - 1, ") p"));
+  // One exception row already (a rejected event): it stays as it is.
+  db_.Exec(absl::StrCat(
+      "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
+      "partition, attempts) SELECT 'billing', seq, aggregate_id, partition, 2 "
+      "FROM outbox WHERE seq = ",
+      owed[0]));
+  const auto waiting = [&](int64_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (db_.Scalar("SELECT count(*) FROM pg_locks WHERE relation = "
+                      "'outbox'::regclass AND NOT granted") != n) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return true;
+  };
+
+  // A producer's transaction in flight: the trigger owed it nothing (the
+  // subscription was on the log when it ran).
+  pqxx::connection writer(db_.url());
+  pqxx::work in_flight(writer);
+  const int64_t late = Append(in_flight, "late");
+  EXPECT_EQ(db_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox_delivery WHERE seq = ", late)),
+            0);
+  std::atomic<int64_t> moved{-1};
+  std::thread mover([&] {
+    pqxx::connection c(db_.url());
+    pqxx::work tx(c);
+    moved =
+        tx.exec("SELECT outbox_log_unsubscribe('billing')")[0][0].as<int64_t>();
+    tx.commit();
+  });
+  EXPECT_TRUE(waiting(1)) << "the move did not wait for the writer";
+  // A producer that begins now waits for the move, then owes it rows.
+  std::atomic<int64_t> after{0};
+  std::thread next([&] {
+    pqxx::connection c(db_.url());
+    pqxx::work tx(c);
+    after = Append(tx, "after");
+    tx.commit();
+  });
+  EXPECT_TRUE(waiting(2)) << "a new writer did not wait for the move";
+  EXPECT_EQ(moved.load(), -1);
+  in_flight.commit();
+  mover.join();
+  next.join();
+
+  EXPECT_EQ(moved.load(), 2);  // owed[1] and the late one
+  std::vector<int64_t> rows;
+  for (const auto& row : db_.Query(
+           "SELECT seq, attempts FROM outbox_delivery WHERE subscription = "
+           "'billing' AND status = 'pending' ORDER BY seq")) {
+    rows.push_back(row["seq"].as<int64_t>());
+    EXPECT_EQ(row["attempts"].as<int>(),
+              row["seq"].as<int64_t>() == owed[0] ? 2 : 0);
+  }
+  EXPECT_EQ(rows, (std::vector<int64_t>{owed[0], owed[1], late, after.load()}));
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM subscriptions WHERE name = "
+                       "'billing' AND start_tick IS NULL"),
+            1);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_log_positions"), 0);
+}
+
+TEST_F(OutboxLogTest, MovingOffTheLogRefusesASnapshotThatCannotSeeWriters) {
+  db_.Exec(
+      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
+  pqxx::connection c(db_.url());
+  {
+    pqxx::work tx(c);
+    tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+    try {
+      tx.exec("SELECT outbox_log_unsubscribe('billing')");
+      ADD_FAILURE() << "moved off the log in REPEATABLE READ";
+    } catch (const pqxx::sql_error& e) {
+      EXPECT_EQ(e.sqlstate(), "25000") << e.what();
+    }
+  }
+  pqxx::work tx(c);
+  try {
+    tx.exec("SELECT outbox_log_unsubscribe('nobody')");
+    ADD_FAILURE() << "moved an unknown subscription";
+  } catch (const pqxx::sql_error& e) {
+    EXPECT_EQ(e.sqlstate(), "42704") << e.what();
+  }
 }
 
 TEST_F(OutboxLogTest, RolledBackEventsAreInNoRange) {
@@ -539,13 +646,13 @@ TEST_F(OutboxLogTest, WhatTheLogOwesCountedAtOnceAsEventByEvent) {
                        "v.status FROM outbox_deliveries v WHERE "
                        "v.subscription = 'billing' AND v.seq = o.seq)"),
             0);
-  EXPECT_EQ(db_.Scalar(absl::StrCat(
-                "SELECT count(*) FROM outbox o JOIN subscriptions s ON s.name "
-                "= 'billing' LEFT JOIN outbox_delivery d ON d.subscription = "
-                "'billing' AND d.seq = o.seq",
-                kDeliveryLogJoinsSql, "WHERE ", kDeliveryStatusSql,
-                " = 'pending'")),
-            expected_total);
+  EXPECT_EQ(
+      db_.Scalar(absl::StrCat(
+          "SELECT count(*) FROM outbox o JOIN subscriptions s ON s.name "
+          "= 'billing' LEFT JOIN outbox_delivery d ON d.subscription = "
+          "'billing' AND d.seq = o.seq",
+          kDeliveryLogJoinsSql, "WHERE ", kDeliveryStatusSql, " = 'pending'")),
+      expected_total);
   pqxx::work tx(conn_);
   absl::StatusOr<std::map<int, LogOwed>> owed =
       LogOwedBy(tx, "billing", {}, 1000);

@@ -208,6 +208,14 @@ bool Relay::EnsureConnection() {
         "tick {}); its exceptions as before",
         options_.subscription, *up->start_tick);
   }
+  if (options_.log_delivery && !up->start_tick.has_value() && !log_refused_) {
+    spdlog::warn(
+        "relay: subscription {} stays on delivery rows: an operator moved "
+        "it off the outbox log, which --log_delivery does not undo "
+        "(outboxctl subscriptions log {} moves it back)",
+        options_.subscription, options_.subscription);
+  }
+  log_refused_ = options_.log_delivery && !up->start_tick.has_value();
   on_log_ = up->start_tick.has_value();
   // The database's own record of its identity: a failover or restore while
   // this relay was down shows now.

@@ -96,10 +96,11 @@ struct RelayOptions {
   // Move the subscription onto the outbox log (docs/log-delivery.md) if it
   // is not: from then on the producer's transactions write nothing for it
   // and delivering an event writes nothing per event. A subscription on
-  // the log is delivered from it whatever this says.
+  // the log is delivered from it whatever this says; one an operator moved
+  // off the log stays off (RelayAdmin.MoveSubscriptionToRows).
   bool log_delivery = false;
-  DbSession session;            // limits of every database session
-  std::string consumer;         // host:port of EventSink
+  DbSession session;     // limits of every database session
+  std::string consumer;  // host:port of EventSink
   // Where batches go instead of `consumer` (a JetStreamSink), started and
   // stopped by the relay. Null: the consumer over gRPC.
   std::shared_ptr<Sink> sink;
@@ -284,6 +285,9 @@ class Relay {
   // tick), by log_ beside the claims of its exceptions.
   bool on_log_ = false;
   LogFeed log_;
+  // --log_delivery did not move it onto the log (an operator moved it off
+  // it), as last logged.
+  bool log_refused_ = false;
 
   std::string last_db_error_;  // of the last failed step, for the watchdog
   // Why the subscription is not delivered: an operator paused it ("" when
@@ -305,7 +309,7 @@ class Relay {
   std::vector<Mark> marks_;  // answered, not yet written
   // What answers taught of the consumer's database, until WriteRepairs.
   ConsumerWatch consumer_;
-  std::string fence_waiting_;      // why the fence holds batches, or ""
+  std::string fence_waiting_;  // why the fence holds batches, or ""
   absl::Time next_fence_log_ = absl::InfinitePast();
   // A backlog was seen and not yet worked off: the partitions are spread
   // over every open lane (see RelayOptions::lanes).

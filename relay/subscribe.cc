@@ -248,9 +248,12 @@ absl::StatusOr<std::optional<int64_t>> EnsureLogDelivery(
   try {
     const pqxx::result r = Once(conn, [&](pqxx::transaction_base& tx) {
       return tx.exec_params(
-          "SELECT CASE WHEN start_tick IS NULL AND $2 THEN "
+          "SELECT CASE WHEN start_tick IS NULL AND $2 AND coalesce((SELECT "
+          "a.action FROM subscription_actions a WHERE a.subscription = "
+          "s.name AND a.at >= s.created_at AND a.action IN ('to_log', "
+          "'to_rows') ORDER BY a.id DESC LIMIT 1), '') <> 'to_rows' THEN "
           "outbox_log_subscribe(name) ELSE start_tick END AS start_tick FROM "
-          "subscriptions WHERE name = $1",
+          "subscriptions s WHERE name = $1",
           subscription, move);
     });
     if (r.empty() || r[0]["start_tick"].is_null()) return std::nullopt;
@@ -288,8 +291,7 @@ absl::StatusOr<TakenUp> TakeUp(pqxx::connection& conn,
     });
   } catch (const pqxx::sql_error& e) {
     // A read-only database (a standby behind the address): later.
-    spdlog::debug("relay: cannot record the database's identity: {}",
-                  e.what());
+    spdlog::debug("relay: cannot record the database's identity: {}", e.what());
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }

@@ -70,7 +70,9 @@ absl::StatusOr<Subscribed> TakeUpSubscription(pqxx::connection& conn,
 
 // Whether `subscription` is on the outbox log (docs/log-delivery.md): its
 // start tick, or nothing. With `move`, one on rows is moved onto the log
-// first (outbox_log_subscribe).
+// first (outbox_log_subscribe), unless an operator moved it off the log
+// since it was made (RelayAdmin.MoveSubscriptionToRows): the operator's
+// word wins over a relay's flag.
 absl::StatusOr<std::optional<int64_t>> EnsureLogDelivery(
     pqxx::connection& conn, const std::string& subscription, bool move);
 

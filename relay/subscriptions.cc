@@ -12,16 +12,16 @@ namespace outbox::relay {
 std::string SubscriptionInfo::PinDescription() const {
   if (retention_pinned_seconds <= 0) return "";
   const std::string what =
-      pinned_by == "dead_letter"  ? "a dead letter"
-      : pinned_by == "diverged"   ? "a diverged event"
-      : pinned_by == "paused"     ? "a paused subscription's event"
-      : pinned_by == "abandoned"  ? "an event no relay delivers"
-                                  : "a pending event";
-  return absl::StrCat(what, ", seq ", lowest_seq, ", for ",
-                      absl::FormatDuration(absl::Trunc(
-                          absl::Seconds(retention_pinned_seconds),
-                          absl::Seconds(1))),
-                      " past the retention");
+      pinned_by == "dead_letter" ? "a dead letter"
+      : pinned_by == "diverged"  ? "a diverged event"
+      : pinned_by == "paused"    ? "a paused subscription's event"
+      : pinned_by == "abandoned" ? "an event no relay delivers"
+                                 : "a pending event";
+  return absl::StrCat(
+      what, ", seq ", lowest_seq, ", for ",
+      absl::FormatDuration(absl::Trunc(absl::Seconds(retention_pinned_seconds),
+                                       absl::Seconds(1))),
+      " past the retention");
 }
 
 std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
@@ -76,6 +76,7 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
     s.oldest_pending_seconds =
         std::max(0.0, row["oldest_pending"].as<double>());
     s.paused = row["paused"].as<bool>();
+    s.on_log = row["on_log"].as<bool>();
     s.paused_by = row["paused_by"].as<std::string>();
     s.paused_reason = row["paused_reason"].as<std::string>();
     if (s.paused) {
@@ -83,7 +84,7 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
           static_cast<int64_t>(row["paused_at"].as<double>() * 1e6));
     }
     double lowest_age = row["lowest_age"].as<double>();
-    if (counts && row["on_log"].as<bool>()) {
+    if (counts && s.on_log) {
       // What the log owes besides the exceptions counted above.
       absl::StatusOr<std::map<int, LogOwed>> owed =
           LogOwedBy(tx, s.name, {}, kLogOwedCountCap);
@@ -103,9 +104,9 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
         lowest_age > absl::ToDoubleSeconds(retention)) {
       s.retention_pinned_seconds =
           lowest_age - absl::ToDoubleSeconds(retention);
-      s.pinned_by = s.paused                   ? "paused"
-                    : s.relays_alive == 0      ? "abandoned"
-                    : s.lowest_status == "dead" ? "dead_letter"
+      s.pinned_by = s.paused                        ? "paused"
+                    : s.relays_alive == 0           ? "abandoned"
+                    : s.lowest_status == "dead"     ? "dead_letter"
                     : s.lowest_status == "diverged" ? "diverged"
                                                     : "pending";
     }
@@ -121,15 +122,17 @@ absl::Status ActOnSubscription(pqxx::transaction_base& tx,
                                const std::string& reason, bool force) {
   const pqxx::result cur = tx.exec_params(
       "SELECT paused_at IS NOT NULL AS paused, coalesce(paused_by, '') AS "
-      "paused_by, (SELECT count(*) FROM outbox_relay_members m WHERE "
-      "m.subscription = s.name AND m.expires_at > now()) AS relays FROM "
-      "subscriptions s WHERE name = $1 FOR UPDATE",
+      "paused_by, start_tick IS NOT NULL AS on_log, (SELECT count(*) FROM "
+      "outbox_relay_members m WHERE m.subscription = s.name AND "
+      "m.expires_at > now()) AS relays FROM subscriptions s WHERE name = $1 "
+      "FOR UPDATE",
       name);
   if (cur.empty()) {
     return absl::NotFoundError(
         absl::StrCat("subscription: no subscription \"", name, "\""));
   }
   const bool paused = cur[0]["paused"].as<bool>();
+  const bool on_log = cur[0]["on_log"].as<bool>();
   const int64_t relays = cur[0]["relays"].as<int64_t>();
   const char* verb = "pause";
   std::string detail;
@@ -192,6 +195,32 @@ absl::Status ActOnSubscription(pqxx::transaction_base& tx,
                             " relay(s) alive");
       break;
     }
+    case SubscriptionAction::kToLog:
+      verb = "to_log";
+      if (on_log) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("subscription ", name,
+                         " is delivered from the outbox log already"));
+      }
+      detail = absl::StrCat(
+          "start tick ",
+          tx.exec_params1("SELECT outbox_log_subscribe($1)", name)[0]
+              .as<int64_t>());
+      break;
+    case SubscriptionAction::kToRows:
+      verb = "to_rows";
+      if (!on_log) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("subscription ", name,
+                         " is not delivered from the outbox log: it has "
+                         "delivery rows already"));
+      }
+      detail = absl::StrCat(
+          "owed as rows: ",
+          tx.exec_params1("SELECT outbox_log_unsubscribe($1)", name)[0]
+              .as<int64_t>(),
+          " events the log had not delivered");
+      break;
   }
   tx.exec_params(
       "INSERT INTO subscription_actions (subscription, action, actor, reason, "

@@ -2,8 +2,8 @@
 // Subscriptions as an operator sees them: for each, what it still owes
 // (pending, dead, diverged), its oldest undelivered event, its live relays,
 // whether an operator paused it, and whether it holds retention back; and
-// the operator's actions on one (pause, resume, drop), each recorded in
-// subscription_actions with who and why.
+// the operator's actions on one (pause, resume, drop, a move onto the outbox
+// log or off it), each recorded in subscription_actions with who and why.
 //
 // Retention deletes only events every subscription has passed, so the
 // subscription whose lowest undelivered event is the oldest pins it: by a
@@ -15,8 +15,8 @@
 //   for (const SubscriptionInfo& s : ReadSubscriptions(*unit, retention))
 //     if (s.retention_pinned_seconds > 0) ...;
 
-#include <pqxx/pqxx>
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <vector>
 
@@ -36,6 +36,7 @@ struct SubscriptionInfo {
   std::string lowest_status;
   double oldest_pending_seconds = 0;
   bool paused = false;
+  bool on_log = false;  // delivered from the outbox log (docs/log-delivery.md)
   std::string paused_by, paused_reason;
   absl::Time paused_at = absl::InfinitePast();
   // It holds retention back: its lowest undelivered event is the oldest of
@@ -57,14 +58,19 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
                                                 absl::Duration retention,
                                                 bool counts);
 
-enum class SubscriptionAction { kPause, kResume, kDrop };
+enum class SubscriptionAction { kPause, kResume, kDrop, kToLog, kToRows };
 
-// Pauses (its relays stop claiming; what is in flight is answered), resumes
-// or drops (its deliveries, leases and membership deleted; its relays then
-// refuse to create it again without --resubscribe) `name`, recording `actor`
-// and `reason`. NotFound for an unknown subscription; FailedPrecondition
-// for dropping one with live relays unless `force`, and for pausing a
-// paused or resuming a running one. The caller commits.
+// Pauses (its relays stop claiming; what is in flight is answered), resumes,
+// drops (its deliveries, leases and membership deleted; its relays then
+// refuse to create it again without --resubscribe), moves onto the outbox
+// log (outbox_log_subscribe: the producer's transactions owe it nothing
+// from then on) or off it (outbox_log_unsubscribe: what the log still owes
+// becomes pending rows; it waits for the outbox's writers and holds new
+// ones until the caller commits) `name`, recording `actor` and `reason`.
+// NotFound for an unknown subscription; FailedPrecondition for dropping one
+// with live relays unless `force`, for pausing a paused or resuming a
+// running one, and for moving one where it is already. The caller commits,
+// in READ COMMITTED.
 absl::Status ActOnSubscription(pqxx::transaction_base& tx,
                                const std::string& name,
                                SubscriptionAction action,

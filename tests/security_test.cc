@@ -191,6 +191,8 @@ constexpr const char* kAdminMethods[] = {
     "/outbox.v1.RelayAdmin/PauseSubscription",
     "/outbox.v1.RelayAdmin/ResumeSubscription",
     "/outbox.v1.RelayAdmin/DropSubscription",
+    "/outbox.v1.RelayAdmin/MoveSubscriptionToLog",
+    "/outbox.v1.RelayAdmin/MoveSubscriptionToRows",
     "/outbox.v1.BillingQuery/ReleaseHeldEvent",
     "/outbox.v1.BillingQuery/SkipHeldEvent"};
 
@@ -217,7 +219,7 @@ TEST_F(SecurityTest, EveryMethodRefusesAnIdentityThatIsNotAdmitted) {
           << method << ": " << s.error_message();
     }
   }
-  EXPECT_EQ(methods, 4 + 3 + 5 + 11);
+  EXPECT_EQ(methods, 4 + 3 + 5 + 13);
 }
 
 TEST_F(SecurityTest, AdmittedIdentitiesGetPastTheCheck) {
@@ -354,7 +356,7 @@ TEST_F(ServerTlsOnlySecurityTest, DeliveryAndAdminCallsNeedAnAuthenticatedClient
         }
       }
     }
-    EXPECT_EQ(refused, 3 + 6 + 2) << who;
+    EXPECT_EQ(refused, 3 + 8 + 2) << who;
   }
   // The order API is served.
   grpc::Status s =

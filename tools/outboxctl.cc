@@ -130,8 +130,8 @@ ABSL_FLAG(bool, all, false,
           "diverged: resolved ones too; resolve: every open divergence.");
 ABSL_FLAG(std::string, reason, "",
           "resolve: why the producer's history is adopted; held release, "
-          "held skip, subscriptions pause|resume|drop: why (recorded with "
-          "your identity).");
+          "held skip, subscriptions pause|resume|drop|log|rows: why (recorded "
+          "with your identity).");
 ABSL_FLAG(bool, force, false,
           "subscriptions drop: even while relays deliver it.");
 ABSL_FLAG(bool, failed, false,
@@ -534,9 +534,10 @@ int Held(const std::vector<char*>& args) {
   return 0;
 }
 
-// outboxctl subscriptions | subscriptions pause|resume|drop NAME --reason
-// TEXT [--force]: every subscription of the orders database, what it
-// owes and what pins retention; an operator's actions on one.
+// outboxctl subscriptions | subscriptions pause|resume|drop|log|rows NAME
+// --reason TEXT [--force]: every subscription of the orders database, what
+// it owes, how it is delivered and what pins retention; an operator's
+// actions on one (log and rows move it onto the outbox log and off it).
 int Subscriptions(const std::vector<char*>& args) {
   auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
   const std::string action = args.size() > 2 ? args[2] : "";
@@ -550,7 +551,7 @@ int Subscriptions(const std::vector<char*>& args) {
     for (const auto& s : resp.subscriptions()) {
       std::printf(
           "%s%s: %lld pending (oldest %.0f s), %lld dead, %lld diverged; %lld "
-          "relay(s) alive\n",
+          "relay(s) alive; delivery %s\n",
           s.name().c_str(),
           s.paused() ? absl::StrCat(" [PAUSED by ", s.paused_by(), ": ",
                                     s.paused_reason(), "]")
@@ -559,7 +560,7 @@ int Subscriptions(const std::vector<char*>& args) {
           static_cast<long long>(s.pending()), s.oldest_pending_seconds(),
           static_cast<long long>(s.dead_letters()),
           static_cast<long long>(s.diverged()),
-          static_cast<long long>(s.relays_alive()));
+          static_cast<long long>(s.relays_alive()), s.delivery().c_str());
       if (!s.pins().empty()) {
         ++pinning;
         std::printf("  pins retention: %s\n", s.pins().c_str());
@@ -571,11 +572,12 @@ int Subscriptions(const std::vector<char*>& args) {
         pinning > 0 ? absl::StrCat(", pinned by ", pinning).c_str() : "");
     return pinning > 0 ? 1 : 0;
   }
-  if ((action != "pause" && action != "resume" && action != "drop") ||
+  if ((action != "pause" && action != "resume" && action != "drop" &&
+       action != "log" && action != "rows") ||
       args.size() != 4 || absl::GetFlag(FLAGS_reason).empty()) {
     std::fprintf(stderr,
                  "usage: outboxctl subscriptions | subscriptions "
-                 "pause|resume|drop NAME --reason TEXT [--force]\n");
+                 "pause|resume|drop|log|rows NAME --reason TEXT [--force]\n");
     return 2;
   }
   grpc::ClientContext ctx;
@@ -589,10 +591,18 @@ int Subscriptions(const std::vector<char*>& args) {
   grpc::Status st =
       action == "pause"    ? stub->PauseSubscription(&ctx, req, &info)
       : action == "resume" ? stub->ResumeSubscription(&ctx, req, &info)
+      : action == "log"    ? stub->MoveSubscriptionToLog(&ctx, req, &info)
+      : action == "rows"   ? stub->MoveSubscriptionToRows(&ctx, req, &info)
                            : stub->DropSubscription(&ctx, req, &dropped);
   if (!st.ok()) return Fail(absl::StrCat("subscriptions ", action), st);
   if (action == "drop") {
     std::printf("dropped %s (%s)\n", args[3], dropped.detail().c_str());
+  } else if (action == "log" || action == "rows") {
+    std::printf(
+        "%s is delivered from %s now; its relays follow within a "
+        "second\n",
+        info.name().c_str(),
+        info.delivery() == "log" ? "the outbox log" : "delivery rows");
   } else {
     std::printf("%s %s\n", info.name().c_str(),
                 info.paused() ? "paused: its relays claim nothing until resumed"
@@ -814,7 +824,8 @@ int main(int argc, char** argv) {
       "ID|--from_seq N [--to_seq M]|--since D [--until D],\n  diverged "
       "[--all], resolve --aggregate ID|--all --reason TEXT,\n  held "
       "[--failed], held release|skip EVENT_ID --reason TEXT,\n  "
-      "subscriptions, subscriptions pause|resume|drop NAME --reason TEXT "
+      "subscriptions, subscriptions pause|resume|drop|log|rows NAME --reason "
+      "TEXT "
       "[--force],\n  conformance --sink HOST:PORT [--cases C,...] "
       "[--wrong_cert F --wrong_key F]";
   // Asking for help is not a mistake: the usage and outboxctl's own flags,
@@ -856,15 +867,16 @@ int main(int argc, char** argv) {
   if (cmd == "held") return Held(args);
   if (cmd == "subscriptions") return Subscriptions(args);
   if (cmd == "conformance") return Conformance();
-  std::fprintf(stderr,
-               "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
-               "requeue --aggregate ID | requeue --all-dead [--since D] "
-               "[--error TEXT] | show EVENT_ID | load --orders N "
-               "--concurrency C | verify | demo --orders N | reconcile | "
-               "replay --event ID|--aggregate ID|--from_seq N|--since D | "
-               "diverged | resolve --aggregate ID|--all --reason TEXT | "
-               "held [--failed] | held release|skip EVENT_ID --reason "
-               "TEXT | subscriptions | subscriptions pause|resume|drop NAME "
-               "--reason TEXT [--force] | conformance --sink HOST:PORT\n");
+  std::fprintf(
+      stderr,
+      "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
+      "requeue --aggregate ID | requeue --all-dead [--since D] "
+      "[--error TEXT] | show EVENT_ID | load --orders N "
+      "--concurrency C | verify | demo --orders N | reconcile | "
+      "replay --event ID|--aggregate ID|--from_seq N|--since D | "
+      "diverged | resolve --aggregate ID|--all --reason TEXT | "
+      "held [--failed] | held release|skip EVENT_ID --reason "
+      "TEXT | subscriptions | subscriptions pause|resume|drop|log|rows NAME "
+      "--reason TEXT [--force] | conformance --sink HOST:PORT\n");
   return 2;
 }

@@ -4,7 +4,8 @@
 # `outboxctl subscriptions` (exit 1) and the relay's metrics say by what;
 # a pause stops delivery until resumed; a drop is refused while a relay
 # delivers the subscription, and dropping the abandoned one frees
-# retention (exit 0); the checker then finds every invariant intact.
+# retention (exit 0); a move onto the outbox log and back to rows under
+# load; the checker then finds every invariant intact.
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 use_workdir subscriptions
@@ -80,6 +81,37 @@ actions=$(psql "$orders_db" -XAtc "SELECT string_agg(action || ':' || reason, ',
 [ "$actions" = "pause:consumer maintenance,resume:maintenance done,drop:audit retired" ] ||
   fail "recorded actions: $actions"
 pass "a drop is refused while a relay delivers; the abandoned one goes and retention is free; each action recorded"
+
+# Onto the outbox log and off it again while orders keep coming: the
+# relay follows each move, and nothing is lost, doubled or reordered.
+ctl load --orders=400 --concurrency=4 --rate=100 >"$WORK/load3.out" &
+load_pid=$!
+sleep 0.5
+ctl subscriptions log billing --reason="fewer writes" | tee "$WORK/to-log.out"
+grep -q "^billing is delivered from the outbox log now" "$WORK/to-log.out" ||
+  fail "log: $(cat "$WORK/to-log.out")"
+positions() { psql "$orders_db" -XAtc "SELECT count(*) FROM outbox_log_positions WHERE subscription = 'billing'"; }
+deadline=$((SECONDS + 30))
+until [ "$(positions)" -gt 0 ]; do
+  [ $SECONDS -lt $deadline ] || fail "no relay delivered billing from the log"
+  sleep 0.2
+done
+ctl subscriptions >"$WORK/list-log.out" || true
+grep -q '^billing: .*; delivery log$' "$WORK/list-log.out" ||
+  fail "the listing does not say billing is on the log: $(cat "$WORK/list-log.out")"
+ctl subscriptions rows billing --reason="back to rows" | tee "$WORK/to-rows.out"
+grep -q "^billing is delivered from delivery rows now" "$WORK/to-rows.out" ||
+  fail "rows: $(cat "$WORK/to-rows.out")"
+[ "$(positions)" = 0 ] || fail "billing kept $(positions) log positions"
+rc=0
+out=$(ctl subscriptions rows billing --reason=twice 2>&1) || rc=$?
+[ "$rc" = 1 ] && grep -q "not delivered from the outbox log.*(9)$" <<<"$out" ||
+  fail "a second move to rows: exit $rc: $out"
+wait "$load_pid" || fail "the load failed: $(cat "$WORK/load3.out")"
+wait_pending billing 0
+actions=$(psql "$orders_db" -XAtc "SELECT string_agg(action || ':' || reason, ',' ORDER BY id) FROM subscription_actions WHERE action LIKE 'to_%'")
+[ "$actions" = "to_log:fewer writes,to_rows:back to rows" ] || fail "recorded moves: $actions"
+pass "billing moved onto the log and back under load; each move recorded, a repeated one refused"
 
 "$BIN/outboxctl" verify --orders_db="$orders_db" --billing_db="$billing_db" \
   --wait=60s >"$WORK/verify.out" || fail "invariants: $(cat "$WORK/verify.out")"
