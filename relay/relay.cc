@@ -817,6 +817,147 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   }
 }
 
+void Relay::TakeAnswers() {
+  for (Lane& lane : lanes_) {
+    HandleResponses(lane);
+    if (lane.has_stream() && !lane.connected()) {
+      DropStream(lane, lane.broken());
+    }
+    if (lane.has_stream() && lane.Overdue(absl::Now(), options_.ack_timeout)) {
+      DropStream(lane, "no answer within --ack_timeout");
+    }
+  }
+}
+
+void Relay::FollowConsumer() {
+  const bool unreachable = sink_->Unreachable().has_value();
+  if (unreachable == unlinked_) return;
+  unlinked_ = unreachable;
+  next_rebalance_ = absl::InfinitePast();  // give up, or take a share
+  if (!unlinked_) {
+    spdlog::info(
+        "relay {}: the consumer {} answers again: readiness SERVING; it "
+        "takes a share of the partitions",
+        replica_id_, sink_->name());
+    return;
+  }
+  for (Lane& lane : lanes_) {
+    if (lane.has_stream()) DropStream(lane, "the consumer does not answer");
+  }
+  spdlog::error(
+      "relay {}: the consumer {} has not answered for {}: readiness "
+      "NOT_SERVING; its partitions go to replicas that reach it",
+      replica_id_, sink_->name(),
+      absl::FormatDuration(options_.consumer_unready_after));
+}
+
+absl::Duration Relay::NextWait(bool stopping) const {
+  absl::Duration wait = options_.poll_interval;
+  if (stopping) wait = absl::Milliseconds(20);
+  bool all_connected = true;
+  bool fenced = false;
+  for (const Lane& lane : lanes_) {
+    all_connected &= lane.connected();
+    fenced |= lane.holding();
+  }
+  if (!all_connected || conn_ == nullptr) {
+    wait = std::min(wait, absl::Milliseconds(100));
+  }
+  if (!listener_->works()) {
+    wait = std::min(wait, options_.fast_poll_interval);
+  }
+  // Standbys flush within milliseconds; a held batch is looked at often.
+  if (fenced) wait = std::min(wait, absl::Milliseconds(2));
+  // A tick refused as too early is asked for again when it is due.
+  if (on_log_) wait = std::min(wait, log_.RetryWait(absl::Now()));
+  return wait;
+}
+
+void Relay::PublishState() {
+  bool all_connected = true;
+  for (const Lane& lane : lanes_) all_connected &= lane.connected();
+  state_.partitions_owned.assign(ownership_.owned().begin(),
+                                 ownership_.owned().end());
+  state_.in_flight = InFlightEvents();
+  state_.stream_connected = all_connected;
+  state_.paused_reason = paused_.empty() ? fence_waiting_ : paused_;
+  state_.consumer_unreachable.clear();
+  if (std::optional<std::string> why;
+      unlinked_ && (why = sink_->Unreachable()).has_value()) {
+    state_.consumer_unreachable = absl::StrCat(
+        *why, "; its partitions are left to replicas that reach it");
+  }
+}
+
+void Relay::Finish() {
+  for (Lane& lane : lanes_) {
+    if (lane.has_stream() && !lane.idle()) {
+      spdlog::warn("relay: {} events unanswered at shutdown stay pending",
+                   lane.events_in_flight());
+    }
+    lane.Close(absl::Milliseconds(500));
+  }
+  if (conn_ != nullptr) {
+    if (FlushMarks()) FlushLog(true);
+    try {
+      // The others take the partitions over now, not when the leases
+      // would expire.
+      auto tx = OpenUnit(*conn_);
+      ownership_.ReleaseAll(*tx);
+      tx->commit();
+    } catch (const std::exception& e) {
+      spdlog::warn("relay: releasing its partitions: {}",
+                   std::string(StatusFromException(e).message()));
+    }
+  }
+  conn_.reset();
+  absl::MutexLock lock(&mu_);
+  state_.partitions_owned.clear();
+  state_.stream_connected = false;
+}
+
+bool Relay::DeliverRound(bool* all_held) {
+  bool db_ok = true;
+  // Paused: what is in flight is answered, nothing more is claimed.
+  const std::vector<Lane*> serving =
+      paused_.empty() ? ServingLanes() : std::vector<Lane*>{};
+  ClaimRound round;
+  // The claims below see every row notified so far.
+  const bool heard = listener_->TakeNotified();
+  // On the log, the claims are of exceptions only (LogFeed::BeginRound).
+  const bool claims = !on_log_ || log_.BeginRound(absl::Now(), heard);
+  for (size_t i = 0; db_ok && i < serving.size(); ++i) {
+    if (claims) {
+      db_ok = Claim(*serving[i], static_cast<int>(i),
+                    static_cast<int>(serving.size()), &round);
+    }
+    if (db_ok && on_log_) {
+      db_ok = SendFromLog(*serving[i], static_cast<int>(i),
+                          static_cast<int>(serving.size()), &round);
+    }
+  }
+  if (on_log_ && db_ok) log_.EndRound();
+  if (db_ok) db_ok = FlushMarks();  // no claim ran to write them
+  for (Lane& lane : lanes_) {
+    if (db_ok) db_ok = ReleaseFenced(lane);
+  }
+  const bool spread_before = spread_;
+  if (round.full) {
+    spread_ = true;
+  } else if (round.ran) {
+    // Worked off once no claim fills a batch and no full one is out.
+    spread_ = false;
+    for (const Lane& lane : lanes_) spread_ |= lane.any_full();
+  }
+  // After the claims: a lane that has just sent its batch waits for its
+  // answer as much as one that could not claim at all. (Lanes that
+  // begin or stop serving next time claim then.)
+  *all_held = db_ok && !serving.empty() && spread_ == spread_before &&
+              std::all_of(serving.begin(), serving.end(),
+                          [&](const Lane* l) { return LaneLimit(*l) == 0; });
+  return db_ok;
+}
+
 void Relay::Run() {
   for (;;) {
     bool stopping;
@@ -826,41 +967,10 @@ void Relay::Run() {
       stopping = stopping_;
       deadline = drain_deadline_;
     }
-    for (Lane& lane : lanes_) {
-      HandleResponses(lane);
-      if (lane.has_stream() && !lane.connected()) {
-        DropStream(lane, lane.broken());
-      }
-      if (lane.has_stream() &&
-          lane.Overdue(absl::Now(), options_.ack_timeout)) {
-        DropStream(lane, "no answer within --ack_timeout");
-      }
-    }
-    // A consumer that answers neither batches nor health checks: readiness
-    // NOT_SERVING, and the partitions go to replicas that reach it.
+    TakeAnswers();
     // Not while stopping: the partitions go anyway, and the sink did not
     // come back.
-    if (const bool unreachable = sink_->Unreachable().has_value();
-        !stopping && unreachable != unlinked_) {
-      unlinked_ = unreachable;
-      next_rebalance_ = absl::InfinitePast();  // give up, or take a share
-      if (unlinked_) {
-        for (Lane& lane : lanes_) {
-          if (lane.has_stream())
-            DropStream(lane, "the consumer does not answer");
-        }
-        spdlog::error(
-            "relay {}: the consumer {} has not answered for {}: readiness "
-            "NOT_SERVING; its partitions go to replicas that reach it",
-            replica_id_, sink_->name(),
-            absl::FormatDuration(options_.consumer_unready_after));
-      } else {
-        spdlog::info(
-            "relay {}: the consumer {} answers again: readiness SERVING; "
-            "it takes a share of the partitions",
-            replica_id_, sink_->name());
-      }
-    }
+    if (!stopping) FollowConsumer();
     // The stall clock runs while this pass talks to the database: a
     // statement that never returns (a hung server) shows as a stall.
     if (watchdog_ != nullptr && !stopping) watchdog_->Working();
@@ -905,43 +1015,7 @@ void Relay::Run() {
               *sink_, [this] { Wake(); }, absl::Now());
         }
       }
-      // Paused: what is in flight is answered, nothing more is claimed.
-      const std::vector<Lane*> serving =
-          paused_.empty() ? ServingLanes() : std::vector<Lane*>{};
-      ClaimRound round;
-      // The claims below see every row notified so far.
-      const bool heard = listener_->TakeNotified();
-      // On the log, the claims are of exceptions only (LogFeed::BeginRound).
-      const bool claims = !on_log_ || log_.BeginRound(absl::Now(), heard);
-      for (size_t i = 0; db_ok && i < serving.size(); ++i) {
-        if (claims) {
-          db_ok = Claim(*serving[i], static_cast<int>(i),
-                        static_cast<int>(serving.size()), &round);
-        }
-        if (db_ok && on_log_) {
-          db_ok = SendFromLog(*serving[i], static_cast<int>(i),
-                              static_cast<int>(serving.size()), &round);
-        }
-      }
-      if (on_log_ && db_ok) log_.EndRound();
-      if (db_ok) db_ok = FlushMarks();  // no claim ran to write them
-      for (Lane& lane : lanes_) {
-        if (db_ok) db_ok = ReleaseFenced(lane);
-      }
-      const bool spread_before = spread_;
-      if (round.full) {
-        spread_ = true;
-      } else if (round.ran) {
-        // Worked off once no claim fills a batch and no full one is out.
-        spread_ = false;
-        for (const Lane& lane : lanes_) spread_ |= lane.any_full();
-      }
-      // After the claims: a lane that has just sent its batch waits for its
-      // answer as much as one that could not claim at all. (Lanes that
-      // begin or stop serving next time claim then.)
-      all_held = db_ok && !serving.empty() && spread_ == spread_before &&
-                 std::all_of(serving.begin(), serving.end(),
-                             [&](const Lane* l) { return LaneLimit(*l) == 0; });
+      if (db_ok) db_ok = DeliverRound(&all_held);
     }
     // New rows can go only after an answer, which wakes us anyway: a NOTIFY
     // meanwhile would only wake us for nothing, on the cores that the
@@ -963,63 +1037,13 @@ void Relay::Run() {
         watchdog_->Done();
       }
     }
-    absl::Duration wait = options_.poll_interval;
-    if (stopping) wait = absl::Milliseconds(20);
-    bool all_connected = true;
-    for (const Lane& lane : lanes_) all_connected &= lane.connected();
-    if (!all_connected || conn_ == nullptr) {
-      wait = std::min(wait, absl::Milliseconds(100));
-    }
-    if (!listener_->works()) {
-      wait = std::min(wait, options_.fast_poll_interval);
-    }
-    bool fenced = false;
-    for (const Lane& lane : lanes_) fenced |= lane.holding();
-    // Standbys flush within milliseconds; a held batch is looked at often.
-    if (fenced) wait = std::min(wait, absl::Milliseconds(2));
-    // A tick refused as too early is asked for again when it is due.
-    if (on_log_) wait = std::min(wait, log_.RetryWait(absl::Now()));
+    const absl::Duration wait = NextWait(stopping);
     absl::MutexLock lock(&mu_);
-    state_.partitions_owned.assign(ownership_.owned().begin(),
-                                   ownership_.owned().end());
-    state_.in_flight = InFlightEvents();
-    state_.stream_connected = all_connected;
-    state_.paused_reason = paused_.empty() ? fence_waiting_ : paused_;
-    state_.consumer_unreachable.clear();
-    if (std::optional<std::string> why;
-        unlinked_ && (why = sink_->Unreachable()).has_value()) {
-      state_.consumer_unreachable = absl::StrCat(
-          *why, "; its partitions are left to replicas that reach it");
-    }
+    PublishState();
     mu_.AwaitWithTimeout(absl::Condition(&woken_), wait);
     woken_ = false;
   }
-  // Drained (or out of time): close the streams, write the last marks, and
-  // release the partitions by closing the session.
-  for (Lane& lane : lanes_) {
-    if (lane.has_stream() && !lane.idle()) {
-      spdlog::warn("relay: {} events unanswered at shutdown stay pending",
-                   lane.events_in_flight());
-    }
-    lane.Close(absl::Milliseconds(500));
-  }
-  if (conn_ != nullptr) {
-    if (FlushMarks()) FlushLog(true);
-    try {
-      // The others take the partitions over now, not when the leases
-      // would expire.
-      auto tx = OpenUnit(*conn_);
-      ownership_.ReleaseAll(*tx);
-      tx->commit();
-    } catch (const std::exception& e) {
-      spdlog::warn("relay: releasing its partitions: {}",
-                   std::string(StatusFromException(e).message()));
-    }
-  }
-  conn_.reset();
-  absl::MutexLock lock(&mu_);
-  state_.partitions_owned.clear();
-  state_.stream_connected = false;
+  Finish();
   spdlog::info("relay {}: stopped", replica_id_);
 }
 

@@ -197,7 +197,25 @@ class Relay {
   v1::EventSink::Stub* consumer_stub() const { return sink_->consumer(); }
 
  private:
+  // The worker's loop, and its steps that do not touch the database.
   void Run();
+  // Takes every lane's answers, drops streams that broke or overran
+  // --ack_timeout.
+  void TakeAnswers();
+  // Gives up the partitions while the consumer answers nothing, takes a
+  // share again once it does (RelayOptions::consumer_unready_after).
+  void FollowConsumer();
+  // The serving lanes' claims and log reads of one round, then the marks
+  // they left and the fenced batches that may go; `*all_held`: every
+  // serving lane waits for answers. False when the database is lost.
+  bool DeliverRound(bool* all_held);
+  // How long the loop may sleep unless woken.
+  absl::Duration NextWait(bool stopping) const;
+  // The worker's state as State() reports it.
+  void PublishState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drained (or out of time): closes the streams, writes the last marks
+  // and positions, releases the partitions.
+  void Finish();
   void Wake();
   // Each returns false when the database connection is lost.
   bool EnsureConnection();
