@@ -69,6 +69,34 @@ class OutboxLogTest : public ::testing::Test {
     return t.ok() ? *t : Tick{};
   }
 
+  // billing on the log, every partition's position at a tick after three
+  // events (delivered) and before two (owed).
+  struct Staged {
+    std::vector<int64_t> delivered, owed;
+    Tick at;
+  };
+  Staged StageDeliveredAndOwed() {
+    db_.Exec(
+        "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
+    Staged out;
+    for (int i = 0; i < 5; ++i) {
+      if (i == 3) {
+        absl::StatusOr<Tick> t = TickIn(conn_);
+        EXPECT_TRUE(t.ok()) << t.status();
+        if (t.ok()) out.at = *t;
+      }
+      pqxx::work tx(conn_);
+      (i < 3 ? out.delivered : out.owed)
+          .push_back(Append(tx, absl::StrCat(i < 3 ? "a-" : "b-", i)));
+      tx.commit();
+    }
+    db_.Exec(absl::StrCat(
+        "INSERT INTO outbox_log_positions (subscription, partition, "
+        "done_tick) SELECT 'billing', p, ",
+        out.at.id, " FROM generate_series(0, ", kPartitions - 1, ") p"));
+    return out;
+  }
+
   testing::TestDatabase db_;
   pqxx::connection conn_;
 };
@@ -347,28 +375,12 @@ TEST_F(OutboxLogTest, TransactionIdsBehindTheLastTickStopTheLog) {
 // The same restore, mended: what the positions had not delivered becomes
 // exceptions, and the log starts again at a tick of the new ids.
 TEST_F(OutboxLogTest, ARebaseOwesWhatThePositionsHadNotDelivered) {
-  db_.Exec(
-      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
-  std::vector<int64_t> before, after;
-  for (int i = 0; i < 3; ++i) {
-    pqxx::work tx(conn_);
-    before.push_back(Append(tx, absl::StrCat("a-", i)));
-    tx.commit();
-  }
-  absl::StatusOr<Tick> t2 = TickIn(conn_);
-  ASSERT_TRUE(t2.ok());
-  for (int i = 0; i < 2; ++i) {
-    pqxx::work tx(conn_);
-    after.push_back(Append(tx, absl::StrCat("b-", i)));
-    tx.commit();
-  }
   // Every partition delivered through t2 (and none owed by the trigger,
   // which the log replaces); then ticks of the old cluster.
+  const Staged staged = StageDeliveredAndOwed();
+  const std::vector<int64_t>& after = staged.owed;
+  const Tick* t2 = &staged.at;
   db_.Exec("DELETE FROM outbox_delivery");
-  db_.Exec(absl::StrCat(
-      "INSERT INTO outbox_log_positions (subscription, partition, done_tick) "
-      "SELECT 'billing', p, ",
-      t2->id, " FROM generate_series(0, ", kPartitions - 1, ") p"));
   {
     pqxx::work tx(conn_);
     absl::StatusOr<Rebased> r = RebaseLog(tx);
@@ -399,25 +411,8 @@ TEST_F(OutboxLogTest, ARebaseOwesWhatThePositionsHadNotDelivered) {
 }
 
 TEST_F(OutboxLogTest, MovingOffTheLogOwesAsRowsWhatItHadNotDelivered) {
-  db_.Exec(
-      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
-  std::vector<int64_t> delivered, owed;
-  for (int i = 0; i < 3; ++i) {
-    pqxx::work tx(conn_);
-    delivered.push_back(Append(tx, absl::StrCat("a-", i)));
-    tx.commit();
-  }
-  absl::StatusOr<Tick> t2 = TickIn(conn_);
-  ASSERT_TRUE(t2.ok());
-  for (int i = 0; i < 2; ++i) {
-    pqxx::work tx(conn_);
-    owed.push_back(Append(tx, absl::StrCat("b-", i)));
-    tx.commit();
-  }
-  db_.Exec(absl::StrCat(
-      "INSERT INTO outbox_log_positions (subscription, partition, done_tick) "
-      "SELECT 'billing', p, ",
-      t2->id, " FROM generate_series(0, ", kPartitions - 1, ") p"));
+  const Staged staged = StageDeliveredAndOwed();
+  const std::vector<int64_t>& owed = staged.owed;
   // One exception row already (a rejected event): it stays as it is.
   db_.Exec(absl::StrCat(
       "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, "
