@@ -621,12 +621,27 @@ CREATE OR REPLACE TRIGGER outbox_fan_out AFTER INSERT ON outbox
   // An operator moves a subscription onto the log and off it again
   // (RelayAdmin.MoveSubscriptionToLog, MoveSubscriptionToRows). Off it,
   // what the log still owes must become rows without a gap: the lock waits
-  // for every producer transaction that wrote events the trigger did not
-  // owe to it, and holds new ones until the subscription is off the log,
-  // so that their trigger owes it rows. Each statement of a VOLATILE
-  // function in READ COMMITTED reads a new snapshot: the INSERT sees what
-  // committed while the LOCK waited.
+  // for every writer of the outbox (producers among them) and holds new
+  // ones until the subscription is off the log. Each statement of a
+  // VOLATILE function in READ COMMITTED reads a new snapshot: the INSERT
+  // sees what committed while the LOCK waited, and so does the trigger of
+  // a READ COMMITTED writer that waited. A writer in REPEATABLE READ or
+  // SERIALIZABLE reads the snapshot its transaction began with, which may
+  // show the subscription still on the log after it is off: its trigger
+  // owes rows to every subscription, exceptions that the log's reads join
+  // instead of sending (relay/log_reader.h).
   static const std::string kOutboxV10 = absl::StrCat(R"sql(
+CREATE OR REPLACE FUNCTION outbox_fan_out() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  fresh boolean := current_setting('transaction_isolation') = 'read committed';
+BEGIN
+  INSERT INTO outbox_delivery (subscription, seq, aggregate_id, partition)
+    SELECT s.name, n.seq, n.aggregate_id, n.partition
+      FROM new_events n CROSS JOIN subscriptions s
+     WHERE n.seq >= s.start_seq AND (s.start_tick IS NULL OR NOT fresh);
+  RETURN NULL;
+END $$;
+
 ALTER TABLE subscription_actions
   DROP CONSTRAINT IF EXISTS subscription_actions_action_check;
 ALTER TABLE subscription_actions
@@ -660,7 +675,17 @@ BEGIN
 )sql",
                                                      kDeliveryLogJoinsSql,
                                                      R"sql(
-     WHERE s.start_tick IS NOT NULL AND d.seq IS NULL AND )sql",
+     WHERE s.start_tick IS NOT NULL AND d.seq IS NULL
+       -- Only what a position's (or the start tick's) snapshot may not
+       -- show: the xid index, not the whole outbox.
+       AND o.xid >= coalesce((SELECT min(pg_snapshot_xmin(t.snapshot))
+                                FROM outbox_ticks t
+                               WHERE t.id = s.start_tick
+                                  OR t.id IN (SELECT done_tick
+                                                FROM outbox_log_positions
+                                               WHERE subscription = sub)),
+                             '0'::xid8)
+       AND )sql",
                                                      kDeliveryStatusSql,
                                                      R"sql( = 'pending'
     ON CONFLICT DO NOTHING RETURNING 1)

@@ -476,6 +476,39 @@ TEST_F(OutboxLogTest, MovingOffTheLogOwesAsRowsWhatItHadNotDelivered) {
   EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_log_positions"), 0);
 }
 
+// A writer in REPEATABLE READ reads its first snapshot to the end: one
+// taken before a move off the log still shows the subscription on it.
+TEST_F(OutboxLogTest, AWriterWhoseSnapshotPredatesTheMoveStillOwesRows) {
+  db_.Exec(
+      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1), "
+      "('audit', 1)");
+  const auto rows_of = [&](int64_t seq) {
+    return db_.Scalar(absl::StrCat(
+        "SELECT count(*) FROM outbox_delivery WHERE seq = ", seq));
+  };
+  {
+    pqxx::work tx(conn_);
+    const int64_t seq = Append(tx, "read-committed");
+    tx.commit();
+    EXPECT_EQ(rows_of(seq), 0);  // on the log: nothing per subscription
+  }
+  pqxx::connection writer(db_.url());
+  pqxx::work old(writer);
+  old.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+  old.exec("SELECT count(*) FROM subscriptions");  // its snapshot: on the log
+  {
+    pqxx::connection c(db_.url());
+    pqxx::work tx(c);
+    tx.exec("SELECT outbox_log_unsubscribe('billing')");
+    tx.commit();
+  }
+  const int64_t seq = Append(old, "repeatable-read");
+  old.commit();
+  // Owed as rows to both: to billing, which is off the log now, and to
+  // audit as an exception its log reads join.
+  EXPECT_EQ(rows_of(seq), 2);
+}
+
 TEST_F(OutboxLogTest, MovingOffTheLogRefusesASnapshotThatCannotSeeWriters) {
   db_.Exec(
       "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1)");
