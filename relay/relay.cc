@@ -253,15 +253,8 @@ bool Relay::Rebalance() {
         paused = absl::StrCat("subscription ", options_.subscription,
                               " paused ", sub->paused);
       }
-      if (const bool on_log = sub->on_log; on_log != on_log_) {
-        // Another replica moved it onto the log (or a rebase restarted it).
-        spdlog::info(
-            "relay {}: subscription {} is {}delivered from the "
-            "outbox log now",
-            replica_id_, options_.subscription, on_log ? "" : "not ");
-        on_log_ = on_log;
-        log_.Reset();
-      }
+      // Another replica or an operator moved it onto the log or off it.
+      FollowLogMove(sub->on_log);
       if (paused != paused_) {
         if (paused.empty()) {
           spdlog::info("relay {}: subscription {} resumed: claiming again",
@@ -492,6 +485,22 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
     // rebased.
     return Rebase();
   }
+  if (absl::IsFailedPrecondition(read.status())) {
+    // An operator may have moved it off the log since the last rebalance
+    // round: then its rows are claimed from now on.
+    try {
+      auto unit = OpenUnit(*conn_);
+      const std::optional<SubscriptionState> sub =
+          ReadSubscriptionState(*unit, options_.subscription);
+      unit->commit();
+      if (sub.has_value() && !sub->on_log) {
+        FollowLogMove(false);
+        return true;
+      }
+    } catch (const std::exception& e) {
+      read = StatusFromException(e);
+    }
+  }
   if (!read.ok()) {
     last_db_error_ = std::string(read.status().message());
     spdlog::warn("relay: reading the outbox log: {}", last_db_error_);
@@ -585,10 +594,21 @@ bool Relay::FlushLog(bool now) {
   for (int p : *lost) {
     spdlog::warn(
         "relay {}: the log position of partition {} was not as this relay "
-        "left it (its lease was taken over); it stops reading it",
+        "left it (its lease was taken over, or the subscription left the "
+        "log); it stops reading it",
         replica_id_, p);
   }
   return true;
+}
+
+void Relay::FollowLogMove(bool on_log) {
+  if (on_log == on_log_) return;
+  spdlog::info(
+      "relay {}: subscription {} is {}delivered from the outbox log now",
+      replica_id_, options_.subscription, on_log ? "" : "not ");
+  on_log_ = on_log;
+  log_.Reset();
+  log_.Owed();  // off the log, what it owed is rows; on it, exceptions
 }
 
 bool Relay::Rebase() {
@@ -610,7 +630,9 @@ bool Relay::Rebase() {
     spdlog::warn("relay: rebasing the outbox log: {}", last_db_error_);
     return false;
   }
-  // Every position moved: read them again.
+  // Every position moved: read them again, and claim what became
+  // exceptions.
+  log_.Owed();
   for (Lane& lane : lanes_) {
     if (lane.has_stream()) DropStream(lane, "the outbox log was rebased");
   }
@@ -927,6 +949,8 @@ bool Relay::DeliverRound(bool* all_held) {
   // On the log, the claims are of exceptions only (LogFeed::BeginRound).
   const bool claims = !on_log_ || log_.BeginRound(absl::Now(), heard);
   for (size_t i = 0; db_ok && i < serving.size(); ++i) {
+    // A rebase this round dropped every stream: the rest of it waits.
+    if (!serving[i]->connected()) continue;
     if (claims) {
       db_ok = Claim(*serving[i], static_cast<int>(i),
                     static_cast<int>(serving.size()), &round);

@@ -243,6 +243,9 @@ class Relay {
   // Stores the log positions that answers moved (written marks only), at
   // most every LogFeedOptions::flush_interval unless `now`.
   bool FlushLog(bool now);
+  // The subscription is on the log (`on_log`) or off it now, as another
+  // replica, an operator or a rebase left it: the log is read afresh.
+  void FollowLogMove(bool on_log);
   // The outbox's transaction ids went behind the log's (a dump restored
   // into another cluster): owes what the log had not delivered and
   // restarts it (RebaseLog).

@@ -599,8 +599,8 @@ int Subscriptions(const std::vector<char*>& args) {
     std::printf("dropped %s (%s)\n", args[3], dropped.detail().c_str());
   } else if (action == "log" || action == "rows") {
     std::printf(
-        "%s is delivered from %s now; its relays follow within a "
-        "second\n",
+        "%s is delivered from %s now; its relays follow at their next "
+        "rebalance round (--rebalance_interval)\n",
         info.name().c_str(),
         info.delivery() == "log" ? "the outbox log" : "delivery rows");
   } else {
