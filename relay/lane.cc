@@ -75,8 +75,13 @@ std::optional<Lane::Answered> Lane::NextAnswer() {
   answers_.pop_front();
   // The far end answers: whatever broke the last stream is over.
   stream_backoff_.Reset();
+  // An answer to a batch the fence still holds answers nothing this relay
+  // sent: as unknown as any other id.
   auto it = in_flight_.find(answered.response.batch_id());
-  if (it == in_flight_.end()) return answered;
+  if (it == in_flight_.end() ||
+      it->second.sent_at == absl::InfiniteFuture()) {
+    return answered;
+  }
   for (int64_t seq : it->second.seqs) {
     auto s = in_flight_seqs_.find(seq);
     if (s != in_flight_seqs_.end()) in_flight_seqs_.erase(s);

@@ -81,7 +81,7 @@ class Lane {
   int Release(uint64_t flushed, absl::Time now);
 
   // An answer the stream brought, and the batch it answers (taken out of
-  // flight), or null when no batch of this lane has its id.
+  // flight), or null when no batch this lane sent has its id.
   struct Answered {
     v1::DeliverResponse response;
     std::optional<InFlight> batch;

@@ -162,6 +162,12 @@ TEST(Lane, TheFenceHoldsBatchesUntilTheStandbysFlushedThem) {
   EXPECT_EQ(lane.events_in_flight(), 2u);
   // Held is not sent: no answer is overdue.
   EXPECT_FALSE(lane.Overdue(kT0 + absl::Hours(1), absl::Seconds(15)));
+  // An answer to a batch not sent yet answers nothing.
+  sink.wire->answers = {Response(2)};
+  std::optional<Lane::Answered> early = lane.NextAnswer();
+  ASSERT_TRUE(early.has_value());
+  EXPECT_FALSE(early->batch.has_value());
+  EXPECT_EQ(lane.events_in_flight(), 2u);
   EXPECT_EQ(lane.Release(99, kT0), 0);
   EXPECT_EQ(lane.Release(150, kT0 + absl::Seconds(1)), 1);
   EXPECT_EQ(sink.wire->sent, (std::vector<uint64_t>{1}));
