@@ -215,6 +215,48 @@ TEST_F(SubscribeTest, TheLogIsEnteredOnRequestOnly) {
   EXPECT_FALSE(tick->has_value());
 }
 
+TEST_F(SubscribeTest, AnOperatorsMoveOffTheLogOutweighsARelaysFlag) {
+  TakeUp(Options());
+  const auto act = [&](SubscriptionAction action) {
+    pqxx::work tx(conn_);
+    absl::Status s =
+        ActOnSubscription(tx, "billing", action, "ops", "test", false);
+    if (s.ok()) tx.commit();
+    return s;
+  };
+  ASSERT_TRUE(act(SubscriptionAction::kToLog).ok());
+  EXPECT_EQ(act(SubscriptionAction::kToLog).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(act(SubscriptionAction::kToRows).ok());
+  EXPECT_EQ(act(SubscriptionAction::kToRows).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(act(SubscriptionAction::kToRows).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A relay started with --log_delivery leaves it on rows.
+  absl::StatusOr<std::optional<int64_t>> tick =
+      EnsureLogDelivery(conn_, "billing", true);
+  ASSERT_TRUE(tick.ok()) << tick.status();
+  EXPECT_FALSE(tick->has_value());
+  // Until an operator moves it onto the log again.
+  ASSERT_TRUE(act(SubscriptionAction::kToLog).ok());
+  ASSERT_TRUE(act(SubscriptionAction::kToRows).ok());
+  ASSERT_TRUE(act(SubscriptionAction::kToLog).ok());
+  tick = EnsureLogDelivery(conn_, "billing", true);
+  ASSERT_TRUE(tick.ok()) << tick.status();
+  EXPECT_TRUE(tick->has_value());
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM subscription_actions WHERE "
+                       "subscription = 'billing' AND actor = 'ops'"),
+            5);
+  // A subscription made again after a drop starts without that history.
+  ASSERT_TRUE(act(SubscriptionAction::kToRows).ok());
+  db_.Exec("DELETE FROM subscriptions WHERE name = 'billing'");
+  absl::SleepFor(absl::Milliseconds(5));  // created_at after the move
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  tick = EnsureLogDelivery(conn_, "billing", true);
+  ASSERT_TRUE(tick.ok()) << tick.status();
+  EXPECT_TRUE(tick->has_value());
+}
+
 // What a relay's session starts from: the subscription, whether it is on
 // the log, the outbox database's recorded identity (recorded by the first
 // session if there was none) and the consumer's as stored.
