@@ -3,7 +3,9 @@
 # PortPool that follows the same protocol): no port is handed to two living
 # owners, a port someone listens on is never handed out, and an owner's
 # ports come free when it ends. In a narrowed range of 40 ports, so that
-# every port is contended. No database.
+# every port is contended, below the range the other tests' pickers use
+# (from 20000): a test running beside this one never listens there.
+# No database.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 source "$root/tests/lib.sh"
@@ -19,7 +21,7 @@ cleanup() {
 }
 trap cleanup EXIT
 export OUTBOX_PORT_LEASES="$work/leases"
-export OUTBOX_PORT_RANGE="20400 20440"
+export OUTBOX_PORT_RANGE="19400 19440"
 
 sleep 300 &
 a=$!
@@ -30,12 +32,12 @@ owners+=("$a" "$b")
 # A listener outside the leases on one port of the range.
 python3 -c '
 import socket, sys, time
-s = socket.socket(); s.bind(("127.0.0.1", 20417)); s.listen(1)
+s = socket.socket(); s.bind(("127.0.0.1", 19417)); s.listen(1)
 print("ready", flush=True); time.sleep(300)' >"$work/listener.out" &
 listener=$!
 owners+=("$listener")
 for _ in $(seq 1 50); do grep -q ready "$work/listener.out" 2>/dev/null && break; sleep 0.1; done
-grep -q ready "$work/listener.out" || fail "the listener on 20417 did not start"
+grep -q ready "$work/listener.out" || fail "the listener on 19417 did not start"
 
 # Owner A takes 20 ports from bash, owner B (Python, the chaos suite's pool)
 # takes the 19 left; neither gets the listener's port nor one of the other's.
@@ -60,7 +62,7 @@ grep -q EXTRA "$work/b" && fail "a 40th port was handed out of 40, one of them l
 [ "$(sort -u "$work/b" | wc -l)" -eq 19 ] || fail "owner B got a port twice: $(tr '\n' ' ' <"$work/b")"
 both=$(sort "$work/a" "$work/b" | uniq -d)
 [ -z "$both" ] || fail "ports leased to both owners: $both"
-grep -qx 20417 "$work/a" "$work/b" && fail "the port a listener holds was handed out"
+grep -qx 19417 "$work/a" "$work/b" && fail "the port a listener holds was handed out"
 pass "39 ports to two owners (bash and Python pickers), none twice, none listened on"
 
 # Everything is taken: a third owner gets nothing.
