@@ -185,11 +185,21 @@ def crash_points(run):
     while time.monotonic() < until:
         missing = [k for k, n in armed_points(run).items() if n == 0]
         for p, (mine, before) in list(escalated.items()):
-            if not set(mine) & set(missing):
+            left = [m for m in mine if m in missing]
+            if not left:
                 # Fired: its next incarnation crashes at the old rate
                 # again, not at every third pass of a point already seen.
                 p.env["OUTBOX_FAULT"] = before
                 del escalated[p]
+            elif left != mine:
+                # Some fired: the next incarnation arms only the others.
+                # A point passed earlier in the same path (after_send
+                # before after_mark) kept at 0.3 would crash the binary
+                # first, most passes, and each crash leaves its partitions
+                # unowned for a lease's length.
+                escalated[p] = (left, before)
+                p.env["OUTBOX_FAULT"] = ",".join(
+                    f"{m}:{CRASH_POINTS_ESCALATED:g}" for m in left)
         if not missing:
             return
         by_proc = {}  # proc -> the points newly escalated on it
