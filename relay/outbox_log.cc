@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -278,11 +279,7 @@ absl::StatusOr<LogPosition> ReadPosition(pqxx::transaction_base& tx,
           absl::StrCat("no subscription \"", subscription, "\""));
     }
     const pqxx::row row = r[0];
-    if (row["done_tick"].is_null()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("subscription \"", subscription,
-                       "\" has no start tick: the log does not deliver to it"));
-    }
+    if (row["done_tick"].is_null()) return NotOnLogError(subscription);
     LogPosition at;
     at.done = row["done_tick"].as<int64_t>();
     at.reading = row["reading_tick"].as<int64_t>();
@@ -291,6 +288,23 @@ absl::StatusOr<LogPosition> ReadPosition(pqxx::transaction_base& tx,
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }
+}
+
+namespace {
+constexpr absl::string_view kNotOnLog = "outbox/subscription-not-on-log";
+}  // namespace
+
+absl::Status NotOnLogError(const std::string& subscription) {
+  absl::Status s = absl::FailedPreconditionError(
+      absl::StrCat("subscription \"", subscription,
+                   "\" has no start tick: the log does not deliver to it"));
+  s.SetPayload(kNotOnLog, absl::Cord(subscription));
+  return s;
+}
+
+bool IsNotOnLog(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) &&
+         status.GetPayload(kNotOnLog).has_value();
 }
 
 absl::StatusOr<bool> MovePosition(pqxx::transaction_base& tx,

@@ -114,11 +114,17 @@ absl::StatusOr<LogBatch> ReadLog(pqxx::transaction_base& tx,
 // The position of `subscription` on `partition` (relay/log_plan.h
 // LogPosition); a partition read for the first time starts at the
 // subscription's start tick. NotFound for an unknown subscription;
-// FailedPrecondition for one that has no start tick (the log does not
-// deliver to it).
+// NotOnLogError for one that has no start tick (the log does not deliver
+// to it: never moved onto it, or moved off).
 absl::StatusOr<LogPosition> ReadPosition(pqxx::transaction_base& tx,
                                          const std::string& subscription,
                                          int partition);
+
+// FailedPrecondition that says `subscription` is not delivered from the
+// log, marked so that IsNotOnLog tells it from a database's refusal mapped
+// to the same code (StatusFromException).
+absl::Status NotOnLogError(const std::string& subscription);
+bool IsNotOnLog(const absl::Status& status);
 
 // Moves the position from `from` to `to`, if `member` holds the
 // partition's lease (relay/leases.h) and the position is still `from`:

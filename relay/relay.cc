@@ -202,12 +202,6 @@ bool Relay::EnsureConnection() {
     absl::MutexLock lock(&mu_);
     state_.source = source_;
   }
-  if (up->start_tick.has_value() && !on_log_) {
-    spdlog::info(
-        "relay: subscription {} is delivered from the outbox log (start "
-        "tick {}); its exceptions as before",
-        options_.subscription, *up->start_tick);
-  }
   if (options_.log_delivery && !up->start_tick.has_value() && !log_refused_) {
     spdlog::warn(
         "relay: subscription {} stays on delivery rows: an operator moved "
@@ -216,7 +210,7 @@ bool Relay::EnsureConnection() {
         options_.subscription, options_.subscription);
   }
   log_refused_ = options_.log_delivery && !up->start_tick.has_value();
-  on_log_ = up->start_tick.has_value();
+  FollowLogMove(up->start_tick.has_value());
   // The database's own record of its identity: a failover or restore while
   // this relay was down shows now.
   if (up->recorded.has_value()) own_watch_->ObserveRecorded(*up->recorded);
@@ -485,21 +479,11 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
     // rebased.
     return Rebase();
   }
-  if (absl::IsFailedPrecondition(read.status())) {
-    // An operator may have moved it off the log since the last rebalance
-    // round: then its rows are claimed from now on.
-    try {
-      auto unit = OpenUnit(*conn_);
-      const std::optional<SubscriptionState> sub =
-          ReadSubscriptionState(*unit, options_.subscription);
-      unit->commit();
-      if (sub.has_value() && !sub->on_log) {
-        FollowLogMove(false);
-        return true;
-      }
-    } catch (const std::exception& e) {
-      read = StatusFromException(e);
-    }
+  if (IsNotOnLog(read.status())) {
+    // An operator moved it off the log since the last rebalance round:
+    // its rows are claimed from now on.
+    FollowLogMove(false);
+    return true;
   }
   if (!read.ok()) {
     last_db_error_ = std::string(read.status().message());
@@ -873,16 +857,18 @@ void Relay::FollowConsumer() {
       absl::FormatDuration(options_.consumer_unready_after));
 }
 
+bool Relay::AllConnected() const {
+  return std::all_of(lanes_.begin(), lanes_.end(),
+                     [](const Lane& lane) { return lane.connected(); });
+}
+
 absl::Duration Relay::NextWait(bool stopping) const {
   absl::Duration wait = options_.poll_interval;
   if (stopping) wait = absl::Milliseconds(20);
-  bool all_connected = true;
-  bool fenced = false;
-  for (const Lane& lane : lanes_) {
-    all_connected &= lane.connected();
-    fenced |= lane.holding();
-  }
-  if (!all_connected || conn_ == nullptr) {
+  const bool fenced = std::any_of(
+      lanes_.begin(), lanes_.end(),
+      [](const Lane& lane) { return lane.holding(); });
+  if (!AllConnected() || conn_ == nullptr) {
     wait = std::min(wait, absl::Milliseconds(100));
   }
   if (!listener_->works()) {
@@ -896,12 +882,10 @@ absl::Duration Relay::NextWait(bool stopping) const {
 }
 
 void Relay::PublishState() {
-  bool all_connected = true;
-  for (const Lane& lane : lanes_) all_connected &= lane.connected();
   state_.partitions_owned.assign(ownership_.owned().begin(),
                                  ownership_.owned().end());
   state_.in_flight = InFlightEvents();
-  state_.stream_connected = all_connected;
+  state_.stream_connected = AllConnected();
   state_.paused_reason = paused_.empty() ? fence_waiting_ : paused_;
   state_.consumer_unreachable.clear();
   if (std::optional<std::string> why;

@@ -209,6 +209,8 @@ class Relay {
   // they left and the fenced batches that may go; `*all_held`: every
   // serving lane waits for answers. False when the database is lost.
   bool DeliverRound(bool* all_held);
+  // Every lane has its stream.
+  bool AllConnected() const;
   // How long the loop may sleep unless woken.
   absl::Duration NextWait(bool stopping) const;
   // The worker's state as State() reports it.
