@@ -454,9 +454,17 @@ absl::StatusOr<Rebased> RebaseLog(pqxx::transaction_base& tx) {
       "reading_tick = 0, after_seq = 0, moved_at = now()), "
       "s AS (UPDATE subscriptions SET start_tick = (SELECT id FROM t) WHERE "
       "start_tick IS NOT NULL) SELECT id FROM t";
+  // The subscriptions on the log before their positions, in the order
+  // outbox_log_unsubscribe takes them: the other order let a move off the
+  // log and a rebase each wait for the other (a deadlock PostgreSQL breaks
+  // by failing one).
+  static const std::string kLockSql =
+      "SELECT name FROM subscriptions WHERE start_tick IS NOT NULL "
+      "ORDER BY name FOR UPDATE";
   Rebased out;
   try {
     if (!tx.exec(kBehindSql)[0]["behind"].as<bool>()) return out;
+    tx.exec(kLockSql);
     out.owed = tx.exec(kOweSql)[0][0].as<int64_t>();
     out.tick = tx.exec(kRestartSql)[0]["id"].as<int64_t>();
     out.rebased = true;

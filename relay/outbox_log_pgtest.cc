@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/db.h"
+#include "common/ids.h"
 #include "common/schema.h"
 #include "relay/log_testing.h"
 #include "relay/outbox_log.h"
@@ -408,6 +409,69 @@ TEST_F(OutboxLogTest, ARebaseOwesWhatThePositionsHadNotDelivered) {
   tx.commit();
   EXPECT_TRUE(TickIn(conn_).ok());  // the log ticks again
   EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_ticks"), 2);
+}
+
+// A rebase and a move off the log in flight together: the rebase takes
+// the subscriptions before the positions, as the move does, so each waits
+// for the other instead of deadlocking (PostgreSQL would fail one).
+TEST_F(OutboxLogTest, ARebaseWaitsForAMoveOffTheLogWithoutADeadlock) {
+  StageDeliveredAndOwed();
+  db_.Exec("DELETE FROM outbox_delivery");
+  // Everything delivered: a rebase that owes rows waits for the move at
+  // their foreign key; one that owes none reached the positions first.
+  absl::StatusOr<Tick> all = TickIn(conn_);
+  ASSERT_TRUE(all.ok()) << all.status();
+  db_.Exec(absl::StrCat(
+      "UPDATE subscriptions SET start_tick = ", all->id, "; "
+      "INSERT INTO outbox_log_positions (subscription, partition, done_tick) "
+      "SELECT 'billing', p, ", all->id, " FROM generate_series(0, ",
+      kPartitionCount - 1, ") p ON CONFLICT (subscription, partition) DO "
+      "UPDATE SET done_tick = EXCLUDED.done_tick, reading_tick = 0, "
+      "after_seq = 0"));
+  db_.Exec(absl::StrCat(
+      "INSERT INTO outbox_ticks (id, snapshot, high_seq) VALUES (",
+      all->id + 1, ", '4000000000:4000000000:', 0)"));
+  // The move's locks in its order: the subscription, then the positions.
+  pqxx::connection mover(db_.url());
+  pqxx::work move(mover);
+  move.exec("SET LOCAL deadlock_timeout = '100ms'");
+  move.exec("SELECT 1 FROM subscriptions WHERE name = 'billing' FOR UPDATE");
+  absl::Status rebased = absl::UnknownError("not run");
+  std::thread rebase([&] {
+    pqxx::connection c(db_.url());
+    pqxx::work tx(c);
+    tx.exec("SET LOCAL deadlock_timeout = '100ms'");
+    absl::StatusOr<Rebased> r = RebaseLog(tx);
+    if (r.ok()) {
+      tx.commit();
+      rebased = absl::OkStatus();
+    } else {
+      rebased = r.status();
+    }
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (db_.Scalar("SELECT count(*) FROM pg_stat_activity WHERE "
+                    "wait_event_type = 'Lock'") == 0 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::Status moved = absl::OkStatus();
+  try {
+    move.exec("DELETE FROM outbox_log_positions WHERE subscription = "
+              "'billing'");
+    move.exec("UPDATE subscriptions SET start_tick = NULL WHERE name = "
+              "'billing'");
+    move.commit();
+  } catch (const std::exception& e) {
+    moved = StatusFromException(e);
+  }
+  rebase.join();
+  EXPECT_TRUE(moved.ok()) << moved;
+  EXPECT_TRUE(rebased.ok()) << rebased;
+  // Moved off the log before the rebase took it: the rebase left it off.
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM subscriptions WHERE "
+                       "start_tick IS NOT NULL"),
+            0);
 }
 
 TEST_F(OutboxLogTest, MovingOffTheLogOwesAsRowsWhatItHadNotDelivered) {
