@@ -160,6 +160,11 @@ def armed_points(run):
     return fired
 
 
+def escalated_spec(points):
+    """OUTBOX_FAULT arming only `points`, each at CRASH_POINTS_ESCALATED."""
+    return ",".join(f"{m}:{CRASH_POINTS_ESCALATED:g}" for m in points)
+
+
 def crash_points(run):
     """The faults fire inside the binaries; the supervisor restarts them.
     After the window the points stay armed, while the load still runs, until
@@ -198,8 +203,7 @@ def crash_points(run):
                 # first, most passes, and each crash leaves its partitions
                 # unowned for a lease's length.
                 escalated[p] = (left, before)
-                p.env["OUTBOX_FAULT"] = ",".join(
-                    f"{m}:{CRASH_POINTS_ESCALATED:g}" for m in left)
+                p.env["OUTBOX_FAULT"] = escalated_spec(left)
         if not missing:
             return
         by_proc = {}  # proc -> the points newly escalated on it
@@ -220,8 +224,7 @@ def crash_points(run):
             mine = [m for m in mine if m in missing] + [
                 m for m in points if m not in mine]
             escalated[p] = (mine, before)
-            p.env["OUTBOX_FAULT"] = ",".join(
-                f"{m}:{CRASH_POINTS_ESCALATED:g}" for m in mine)
+            p.env["OUTBOX_FAULT"] = escalated_spec(mine)
             run.log(f"{', '.join(points)} not fired yet: {p.name} restarted "
                     f"with only {', '.join(mine)} armed, at "
                     f"{CRASH_POINTS_ESCALATED:g} a pass")
