@@ -109,7 +109,8 @@ class Housekeeping {
   bool Run();
   // Each throws on a database error.
   void RefreshBacklog(pqxx::connection& conn, const std::vector<int>& owned);
-  bool PruneDelivered(pqxx::connection& conn);  // true: a full batch went
+  // Deletes full batches for up to 100 ms; true: more may go.
+  bool PruneDelivered(pqxx::connection& conn);
   void HealIfDue(pqxx::connection& conn);
   void VacuumDeliveries(pqxx::connection& conn);
 

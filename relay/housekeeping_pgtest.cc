@@ -109,6 +109,28 @@ TEST_F(HousekeepingTest, OnlyTheOwnerOfPartitionZeroDeletesOldEvents) {
   EXPECT_EQ(SumOf(metrics_, "outbox_relay_pruned_total"), 8);
 }
 
+TEST_F(HousekeepingTest, ABacklogOfManyBatchesGoesWholeAndStopsAtWhatMustStay) {
+  // Several full batches (1,000 each) in a step, then the first event a
+  // subscription still owes stops the prefix: nothing after it goes.
+  Append("a", 0, 2500);
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  Append("b", 0, 1);
+  Append("c", 0, 3);
+  db_.Exec(
+      "DELETE FROM outbox_delivery WHERE seq <> (SELECT min(seq) FROM "
+      "outbox_delivery)");
+  Own({0});
+  std::unique_ptr<Housekeeping> hk = Make(absl::Milliseconds(1));
+  hk->Start();
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return SumOf(metrics_, "outbox_relay_pruned_total") >= 2500; }));
+  hk->Stop();
+  EXPECT_EQ(SumOf(metrics_, "outbox_relay_pruned_total"), 2500);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox"), 4);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox WHERE aggregate_id = 'a'"),
+            0);
+}
+
 TEST_F(HousekeepingTest, StopCancelsADeleteWaitingOnALock) {
   Append("a", 0, 2);
   pqxx::connection holder(db_.url());
