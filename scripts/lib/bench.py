@@ -656,7 +656,7 @@ def cmd_report(a):
         if value is None or base is None or not base:
             return rows.append([name, e or fmt_num(value, vunit),
                                 (base_label + " " + fmt_num(base, bunit)) if base else (e or "-"),
-                                "-", gt, e or "?"])
+                                "-", gt, e or ("?" if x else "-")])
         ratio = value / base
         rows.append([name, fmt_num(value, vunit), base_label + " " + fmt_num(base, bunit),
                      "%.2f" % ratio, gt,
@@ -791,6 +791,24 @@ def cmd_report(a):
                              "at %s calls/s (target %s)" % (
                                  fmt_num(g("p4.js_%s.load_rate" % path)), fmt_num(g("js.rate"))),
                              "-", "-", "-"])
+
+    # Retention (no goal): what removing delivered events costs the outbox
+    # database, the relay's deletes plus the VACUUM of what they left,
+    # against TRUNCATE of seq-range partitions holding the same rows.
+    def total(*keys):
+        vals = [g(k) for k in keys]
+        return None if any(v is None for v in vals) else sum(vals)
+    n_ret = fmt_num(g("retention.events"))
+    for what, key, unit in (("database CPU", "cpu_us", " µs"), ("WAL", "wal_b", " B")):
+        name = "Retention of %s events: %s per event (delete + vacuum)" % (n_ret, what)
+        cost = total("retention.prune_" + key, "retention.vacuum_" + key)
+        ratio_row(name, ["retention"], cost, unit, g("retention.truncate_" + key), unit,
+                  "TRUNCATE of partitions", None)
+        ratio_row(name, ["retention"], cost, unit, g("retention.write_" + key), unit,
+                  "the producer writing them", None)
+    ratio_row("Retention: the relay's delete rate (events/s)", ["retention", "p1-create"],
+              g("retention.prune_rate"), "/s", g("p1.create.grpc_rate"), "/s",
+              "P1 CreateOrder's rate", None)
 
     widths = [max(len(str(row[i])) for row in rows + [HEAD]) for i in range(6)]
     lines = []
