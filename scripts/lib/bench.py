@@ -388,8 +388,9 @@ def cmd_sample(a):
     orders = Psql(a.orders)
     billing = Psql(a.billing)
     inbox_seq = billing.query("SELECT pg_get_serial_sequence('inbox', 'apply_id')")[0]
-    q_orders = ("SELECT %s, (SELECT count(*) FROM outbox_delivery WHERE "
-                "status = 'pending')" % seq_value("outbox_seq_seq"))
+    # Pending as the bench counts it (its pending_sql): delivery rows on
+    # rows, what the positions have not passed on the log.
+    q_orders = "SELECT %s, %s" % (seq_value("outbox_seq_seq"), a.pending_sql)
     q_billing = "SELECT " + seq_value(inbox_seq)
     base_c = int(orders.query(q_orders)[0].split("|")[0])
     base_a = int(billing.query(q_billing)[0])
@@ -1005,7 +1006,7 @@ def make_svg(r):
         y += 270
         pmax = max([smp[2] for smp in samples] + [1]) * 1.1
         p = Panel(left, y, width - left - 30, 180,
-                  "P3 pending backlog (outbox_delivery rows pending)",
+                  "P3 pending backlog (events not yet delivered)",
                   "seconds since the load started", "events pending", (0, tmax), (0, pmax))
         p.line([(smp[0], smp[2]) for smp in samples], "#2ca02c")
         if end is not None:
@@ -1088,6 +1089,8 @@ def main():
     p.add_argument("--billing", required=True)
     p.add_argument("--interval", type=float, default=0.5)
     p.add_argument("--fast-interval", type=float, default=0.02)
+    p.add_argument("--pending-sql", required=True,
+                   help="an SQL expression: the events pending, on either model")
     p.add_argument("--done-file", required=True)
     p.add_argument("--max-seconds", type=float, required=True)
     p.add_argument("--out", required=True)
