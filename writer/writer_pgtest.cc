@@ -184,6 +184,36 @@ TEST_F(WriterTest, RefusesBadEventsNamingTheFieldAndWritesNothing) {
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM outbox_heads"), 0);
 }
 
+TEST_F(WriterTest, AReusedEventIdIsRefusedAndMovesNoChain) {
+  // The inbox drops an event whose id it holds as a duplicate, so the
+  // outbox must never hold two events with one id: the second append
+  // fails as its statement does (unique_violation, SQLSTATE 23505) and
+  // leaves the other aggregate's chain as it was.
+  Writer writer;
+  pqxx::connection c(tdb_.url());
+  NewEvent first = Note("account", "a-1", "opened");
+  first.event_id = "0190b2a4-3c1e-7d2f-8a4b-5c6d7e8f9a0b";
+  {
+    pqxx::work tx(c);
+    ASSERT_TRUE(writer.Append(tx, first).ok());
+    tx.commit();
+  }
+  NewEvent again = Note("account", "a-2", "opened");
+  again.event_id = first.event_id;
+  {
+    pqxx::work tx(c);
+    EXPECT_THROW((void)writer.Append(tx, again), pqxx::unique_violation);
+  }
+  EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM outbox"), 1);
+  EXPECT_TRUE(Chain("account", "a-2").empty());
+  // The aggregate's first event is still its first.
+  pqxx::work tx(c);
+  auto a = writer.Append(tx, Note("account", "a-2", "opened"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  tx.commit();
+  EXPECT_EQ(a->prev_seq, 0);
+}
+
 TEST_F(WriterTest, RowsFeedAStatementOfTheCallersOwn) {
   // A caller's statement that writes its rows and, through the writer's
   // CTEs, their events: one round trip, one chain per aggregate.
