@@ -52,6 +52,16 @@ void CommitListener::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void CommitListener::Heard() {
+  heard_at_ = absl::ToUnixNanos(absl::Now());
+}
+
+std::optional<absl::Time> CommitListener::TakeHeard() {
+  const int64_t at = heard_at_.exchange(0);
+  if (at == 0) return std::nullopt;
+  return absl::FromUnixNanos(at);
+}
+
 void CommitListener::WantWakes(bool want) {
   if (!want) {
     wants_wakes_ = false;
@@ -99,8 +109,8 @@ void CommitListener::Run() {
         if (!wakeup.has_value()) {
           wakeup.emplace(**conn, [this, &ignored, &wake] {
             // First the note, then the test: the worker calls WantWakes,
-            // then TakeNotified, so one of the two always sees the other.
-            notified_ = true;
+            // then heard(), so one of the two always sees the other.
+            Heard();
             if (wants_wakes_) {
               ignored = 0;
               wake();
@@ -108,20 +118,25 @@ void CommitListener::Run() {
               ++ignored;
             }
           });
+          // Rows committed while we were not listening: heard as if
+          // announced now, and the claims this wakes find them.
+          Heard();
+          hearing_ = true;
           if (options_.on_listening) options_.on_listening(true);
-          // Rows committed while we were not listening: the claims this
-          // wakes find them.
           wake();
         }
         (*conn)->await_notification(0, 200000);
         if (ignored < kIgnoredBeforeUnlisten) continue;
         ignored = 0;
+        hearing_ = false;
         wakeup.reset();  // UNLISTEN
         if (options_.on_listening) options_.on_listening(false);
         absl::MutexLock lock(&mu_);
         while (!(wants_wakes_ || stop_)) cv_.Wait(&mu_);
       }
+      hearing_ = false;  // stopped
     } catch (const std::exception& e) {
+      hearing_ = false;
       spdlog::warn(
           "relay: LISTEN connection lost ({}); polling until it is back",
           std::string(StatusFromException(e).message()));

@@ -7,9 +7,9 @@
 // Example:
 //   CommitListener listener({.url = url, .wake = [&] { relay.Wake(); }});
 //   listener.Start();
-//   ... the worker: listener.ClearNotified(); claim; ...
+//   ... the worker: listener.TakeHeard(); claim; ...
 //   listener.WantWakes(!every_stream_awaits_an_answer);
-//   if (listener.TakeNotified()) claim again;
+//   if (listener.heard()) claim again;
 //   if (!listener.works()) poll often;
 //
 // Behind a transaction pooler LISTEN cannot hear NOTIFY (the pooler hands
@@ -20,7 +20,9 @@
 // every commit, and listens again when wakes are wanted.
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -61,25 +63,32 @@ class CommitListener {
   void WantWakes(bool want);
   bool wants_wakes() const { return wants_wakes_; }
 
-  // Forgets the NOTIFYs heard so far (the worker is about to look at
-  // every row they announced).
-  void ClearNotified() { notified_ = false; }
-  // Whether a NOTIFY was heard since ClearNotified or the last
-  // TakeNotified, and forgets it.
-  bool TakeNotified() { return notified_.exchange(false); }
+  // When the newest NOTIFY since the last TakeHeard arrived (a commit
+  // before then is visible to any snapshot taken after), and forgets it;
+  // nullopt if none did. Beginning to listen counts as one: rows committed
+  // while nobody listened are announced by nothing else.
+  std::optional<absl::Time> TakeHeard();
+  // Whether TakeHeard has one, without taking it.
+  bool heard() const { return heard_at_ != 0; }
 
   // False while no LISTEN can work (a transaction pooler): poll instead.
   bool works() const { return works_; }
+  // Whether a LISTEN is in place now, so that every commit from here on
+  // is heard (false: not yet, lost, or stopped under steady load).
+  bool hearing() const { return hearing_; }
 
  private:
   void Run();
+  void Heard();
 
   const Options options_;
   std::atomic<bool> stop_{false};
   // Set true under mu_, with cv_ told: the listener may wait for it.
   std::atomic<bool> wants_wakes_{true};
-  std::atomic<bool> notified_{false};
+  // Unix nanoseconds of the newest NOTIFY not taken; 0: none.
+  std::atomic<int64_t> heard_at_{0};
   std::atomic<bool> works_{true};
+  std::atomic<bool> hearing_{false};
   absl::Mutex mu_;  // with cv_: the listener's wait for wants_wakes_, stop_
   absl::CondVar cv_;
   std::thread thread_;

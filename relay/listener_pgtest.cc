@@ -43,13 +43,23 @@ TEST_F(CommitListenerTest, ANotifyWakesTheWorker) {
   // Beginning to listen wakes it too: rows may have committed before.
   ASSERT_TRUE(testing::WaitFor([&] { return wakes_ >= 1; }));
   EXPECT_TRUE(listener_.works());
+  EXPECT_TRUE(listener_.hearing());
+  // Beginning to listen is heard as a NOTIFY: what committed before.
+  ASSERT_TRUE(listener_.TakeHeard().has_value());
   const int before = wakes_;
-  listener_.ClearNotified();
+  const absl::Time sent = absl::Now();
   Notify();
   ASSERT_TRUE(testing::WaitFor([&] { return wakes_ > before; }));
-  EXPECT_TRUE(listener_.TakeNotified());
-  EXPECT_FALSE(listener_.TakeNotified());  // taken
+  EXPECT_TRUE(listener_.heard());
+  std::optional<absl::Time> heard = listener_.TakeHeard();
+  ASSERT_TRUE(heard.has_value());
+  // When it arrived: after the commit that sent it.
+  EXPECT_GE(*heard, sent);
+  EXPECT_LE(*heard, absl::Now());
+  EXPECT_FALSE(listener_.heard());  // taken
+  EXPECT_FALSE(listener_.TakeHeard().has_value());
   listener_.Stop();
+  EXPECT_FALSE(listener_.hearing());
   listener_.Stop();  // again: nothing
 }
 
@@ -59,8 +69,10 @@ TEST_F(CommitListenerTest, UnwantedNotifiesAreNotedThenNoLongerHeard) {
   listener_.WantWakes(false);
   EXPECT_FALSE(listener_.wants_wakes());
   const int before = wakes_;
+  listener_.TakeHeard();
   Notify();
-  ASSERT_TRUE(testing::WaitFor([&] { return listener_.TakeNotified(); }));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return listener_.TakeHeard().has_value(); }));
   EXPECT_EQ(wakes_, before);  // noted, not woken
   // A steady load: it stops listening.
   for (int i = 0; i < 40 && rests_ == 0; ++i) {
@@ -69,11 +81,19 @@ TEST_F(CommitListenerTest, UnwantedNotifiesAreNotedThenNoLongerHeard) {
   }
   ASSERT_TRUE(testing::WaitFor([&] { return rests_ == 1; }));
   EXPECT_EQ(wakes_, before);
+  // Not hearing: a worker must not count on a NOTIFY now.
+  EXPECT_FALSE(listener_.hearing());
+  listener_.TakeHeard();
   // Wanted again: it listens again, and wakes the worker for what
-  // committed while it did not.
+  // committed while it did not, as if a NOTIFY had come.
+  const absl::Time resumed = absl::Now();
   listener_.WantWakes(true);
   ASSERT_TRUE(testing::WaitFor([&] { return listens_ == 2; }));
   ASSERT_TRUE(testing::WaitFor([&] { return wakes_ > before; }));
+  EXPECT_TRUE(listener_.hearing());
+  std::optional<absl::Time> heard = listener_.TakeHeard();
+  ASSERT_TRUE(heard.has_value());
+  EXPECT_GE(*heard, resumed);
   const int after = wakes_;
   Notify();
   ASSERT_TRUE(testing::WaitFor([&] { return wakes_ > after; }));

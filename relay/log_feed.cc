@@ -7,31 +7,42 @@ namespace outbox::relay {
 
 LogFeed::LogFeed(LogFeedOptions options) : options_(std::move(options)) {}
 
-bool LogFeed::BeginRound(absl::Time now, bool heard) {
-  heard_ = heard;
+bool LogFeed::BeginRound(absl::Time now, std::optional<absl::Time> heard) {
+  if (heard.has_value()) must_show_ = std::max(must_show_, *heard);
   exceptions_round_ = false;
   if (!exceptions_ && now < next_exception_claim_) return false;
   next_exception_claim_ = now + options_.poll_interval;
   return true;
 }
 
-bool LogFeed::Fresh(absl::Time now, bool listening) {
-  // An idle relay makes one tick per poll_interval at most.
-  bool fresh = heard_ || active_ || !listening || now >= retry_at_;
-  if (now >= next_poll_) {
-    fresh = true;
-    next_poll_ = now + options_.poll_interval;
-  }
-  return fresh;
+void LogFeed::Owed() {
+  exceptions_ = exceptions_round_ = true;
+  if (reader_ != nullptr) reader_->ExceptionsOwed();
 }
 
-void LogFeed::Observe(const LogSend& read, bool fresh, absl::Time now) {
-  active_ = !read.events.empty() || read.diverted > 0;
+absl::Time LogFeed::MustShow(absl::Time now, bool listening) {
+  // An idle relay asks for a tick once per poll_interval at most.
+  if (!listening) must_show_ = std::max(must_show_, now);
+  if (now >= next_poll_) {
+    must_show_ = std::max(must_show_, now);
+    next_poll_ = now + options_.poll_interval;
+  }
+  return must_show_;
+}
+
+void LogFeed::Observe(const LogSend& read, absl::Time now) {
   exceptions_round_ |= read.exceptions;
+  if (read.shows_before >= must_show_) {
+    must_show_ = absl::InfinitePast();
+    retry_at_ = absl::InfiniteFuture();
+    return;
+  }
+  // Still owed. A retry that came due is served by this read, which may
+  // have set the next one (a read that wanted no new range sets none: its
+  // answers wake the worker, and the next read asks).
+  if (retry_at_ <= now) retry_at_ = absl::InfiniteFuture();
   if (read.retry_in > absl::ZeroDuration()) {
     retry_at_ = std::min(retry_at_, now + read.retry_in);
-  } else if (fresh) {
-    retry_at_ = absl::InfiniteFuture();
   }
 }
 
@@ -40,9 +51,10 @@ absl::StatusOr<LogSend> LogFeed::Read(pqxx::connection& conn,
                                       int limit, bool listening) {
   if (reader_ == nullptr)
     reader_ = std::make_unique<LogReader>(options_.reader);
-  const bool fresh = Fresh(absl::Now(), listening);
-  absl::StatusOr<LogSend> read = reader_->Next(conn, partitions, limit, fresh);
-  if (read.ok()) Observe(*read, fresh, absl::Now());
+  const absl::Time must_show = MustShow(absl::Now(), listening);
+  absl::StatusOr<LogSend> read =
+      reader_->Next(conn, partitions, limit, must_show);
+  if (read.ok()) Observe(*read, absl::Now());
   return read;
 }
 

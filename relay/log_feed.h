@@ -1,12 +1,12 @@
 #pragma once
 // How a relay's worker drives the outbox log of its subscription
 // (docs/log-delivery.md): the session's LogReader, and when each statement
-// that costs is due: a fresh read (one that may make a new tick), the claim
-// of the subscription's exceptions, the store of positions, and the retry
-// of a tick that was refused as too early.
+// that costs is due: a read that must show newer commits (one that may ask
+// for a new tick), the claim of the subscription's exceptions, the store
+// of positions, and the retry of a tick that was refused as too early.
 //
 // Example (one round of the worker, on its connection):
-//   const bool claims = feed.BeginRound(absl::Now(), heard_a_notify);
+//   const bool claims = feed.BeginRound(absl::Now(), listener.TakeHeard());
 //   if (claims) ...claim the exceptions (relay/claim.h)...
 //   absl::StatusOr<LogSend> read = feed.Read(conn, partitions, limit,
 //                                            listener_hears_commits);
@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <pqxx/pqxx>
 #include <vector>
 
@@ -44,10 +45,11 @@ class LogFeed {
  public:
   explicit LogFeed(LogFeedOptions options);
 
-  // A round of the worker begins; `heard`: a NOTIFY came since the last
-  // one. Returns whether this round claims the subscription's exceptions:
+  // A round of the worker begins; `heard`: when the newest NOTIFY since
+  // the last round arrived (its commit and every one before must be read).
+  // Returns whether this round claims the subscription's exceptions:
   // while the reads may have left some, and once per poll_interval.
-  bool BeginRound(absl::Time now, bool heard);
+  bool BeginRound(absl::Time now, std::optional<absl::Time> heard);
   // A lane read nothing this round (its credit was spent): whether its
   // partitions have exceptions is unknown, so the next round claims.
   void Skipped() { exceptions_round_ = true; }
@@ -57,19 +59,19 @@ class LogFeed {
   // An exception was written (an answer, a repair, a dropped flight): the
   // next rounds claim until a read finds none (one written during a round
   // outlives its EndRound).
-  void Owed() { exceptions_ = exceptions_round_ = true; }
+  void Owed();
 
-  // Whether a read at `now` asks for a new tick: a NOTIFY was heard this
-  // round, the last read found events, no NOTIFY could be heard
-  // (`listening` false), a refused tick is due, or a poll is due (which
-  // this starts anew).
-  bool Fresh(absl::Time now, bool listening);
-  // What a read (fresh or not) returned at `now`, for the next Fresh and
-  // RetryWait.
-  void Observe(const LogSend& read, bool fresh, absl::Time now);
+  // Which commits a read at `now` must show (LogReader::Next's
+  // must_show): those a NOTIFY announced and no read has shown yet, and
+  // every one before `now` when no NOTIFY could be heard (`listening`
+  // false) or a poll is due (which this starts anew). InfinitePast: none,
+  // the reader reads on to the tick it has and asks for none.
+  absl::Time MustShow(absl::Time now, bool listening);
+  // What a read returned at `now`, for the next MustShow and RetryWait.
+  void Observe(const LogSend& read, absl::Time now);
 
-  // Reads up to `limit` events of `partitions` (LogReader::Next), fresh
-  // as Fresh decides, and observes the result. A status with SQLSTATE
+  // Reads up to `limit` events of `partitions` (LogReader::Next), showing
+  // what MustShow says, and observes the result. A status with SQLSTATE
   // 55000 means the database's transaction ids went behind the log's:
   // nothing may be read until it is rebased (RebaseLog), then Reset.
   absl::StatusOr<LogSend> Read(pqxx::connection& conn,
@@ -100,8 +102,8 @@ class LogFeed {
  private:
   const LogFeedOptions options_;
   std::unique_ptr<LogReader> reader_;  // made by the first read
-  bool heard_ = false;
-  bool active_ = true;  // the last read found events
+  // Commits before this are to be read (InfinitePast: none is owed).
+  absl::Time must_show_ = absl::InfinitePast();
   absl::Time retry_at_ = absl::InfiniteFuture();
   absl::Time next_poll_ = absl::InfinitePast();
   absl::Time next_flush_ = absl::InfinitePast();

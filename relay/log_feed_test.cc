@@ -20,106 +20,130 @@ TEST(LogFeedClaims, WhileExceptionsMayExistAndOncePerPoll) {
   LogFeed feed = Feed();
   const absl::Time t = absl::FromUnixSeconds(1000);
   // Nothing is known of the partitions yet: the first round claims.
-  EXPECT_TRUE(feed.BeginRound(t, false));
-  feed.Observe(Found(0), true, t);
+  EXPECT_TRUE(feed.BeginRound(t, std::nullopt));
+  feed.Observe(Found(0), t);
   feed.EndRound();
   // The reads saw none: no claim until the poll is due.
-  EXPECT_FALSE(feed.BeginRound(t + absl::Milliseconds(10), false));
+  EXPECT_FALSE(feed.BeginRound(t + absl::Milliseconds(10), std::nullopt));
   feed.EndRound();
-  EXPECT_FALSE(feed.BeginRound(t + kPoll - absl::Milliseconds(1), false));
+  EXPECT_FALSE(feed.BeginRound(t + kPoll - absl::Milliseconds(1), std::nullopt));
   feed.EndRound();
-  EXPECT_TRUE(feed.BeginRound(t + kPoll, false));
+  EXPECT_TRUE(feed.BeginRound(t + kPoll, std::nullopt));
   feed.EndRound();
-  EXPECT_FALSE(feed.BeginRound(t + kPoll + absl::Milliseconds(1), false));
+  EXPECT_FALSE(feed.BeginRound(t + kPoll + absl::Milliseconds(1), std::nullopt));
 }
 
 TEST(LogFeedClaims, AnOwedExceptionClaimsAtOnceUntilAReadSeesNone) {
   LogFeed feed = Feed();
   const absl::Time t = absl::FromUnixSeconds(1000);
-  EXPECT_TRUE(feed.BeginRound(t, false));
+  EXPECT_TRUE(feed.BeginRound(t, std::nullopt));
   feed.EndRound();
-  EXPECT_FALSE(feed.BeginRound(t + absl::Milliseconds(1), false));
+  EXPECT_FALSE(feed.BeginRound(t + absl::Milliseconds(1), std::nullopt));
   feed.Owed();  // a REJECTED answer became an exception
   feed.EndRound();
-  EXPECT_TRUE(feed.BeginRound(t + absl::Milliseconds(2), false));
+  EXPECT_TRUE(feed.BeginRound(t + absl::Milliseconds(2), std::nullopt));
   LogSend with = Found(3);
   with.exceptions = true;  // the read saw exceptions in its partitions
-  feed.Observe(with, false, t);
+  feed.Observe(with, t);
   feed.EndRound();
-  EXPECT_TRUE(feed.BeginRound(t + absl::Milliseconds(3), false));
-  feed.Observe(Found(3), false, t);
+  EXPECT_TRUE(feed.BeginRound(t + absl::Milliseconds(3), std::nullopt));
+  feed.Observe(Found(3), t);
   feed.EndRound();
-  EXPECT_FALSE(feed.BeginRound(t + absl::Milliseconds(4), false));
+  EXPECT_FALSE(feed.BeginRound(t + absl::Milliseconds(4), std::nullopt));
 }
 
 TEST(LogFeedClaims, ALaneThatCouldNotReadLeavesThemUnknown) {
   LogFeed feed = Feed();
   const absl::Time t = absl::FromUnixSeconds(1000);
-  EXPECT_TRUE(feed.BeginRound(t, false));
-  feed.Observe(Found(0), true, t);  // one lane read and saw none
+  EXPECT_TRUE(feed.BeginRound(t, std::nullopt));
+  feed.Observe(Found(0), t);  // one lane read and saw none
   feed.Skipped();                   // the other had no credit
   feed.EndRound();
-  EXPECT_TRUE(feed.BeginRound(t + absl::Milliseconds(1), false));
+  EXPECT_TRUE(feed.BeginRound(t + absl::Milliseconds(1), std::nullopt));
 }
 
-TEST(LogFeedFresh, OnlyWhenEventsMayHaveCommittedSinceTheNewestTick) {
-  LogFeed feed = Feed();
-  const absl::Time t = absl::FromUnixSeconds(1000);
-  feed.BeginRound(t, false);
-  EXPECT_TRUE(feed.Fresh(t, true));  // the first poll is due
-  feed.Observe(Found(0), true, t);
-  // Idle, listening, nothing heard: the newest tick is read, none made.
-  feed.BeginRound(t + absl::Milliseconds(5), false);
-  EXPECT_FALSE(feed.Fresh(t + absl::Milliseconds(5), true));
-  // A NOTIFY this round.
-  feed.BeginRound(t + absl::Milliseconds(6), true);
-  EXPECT_TRUE(feed.Fresh(t + absl::Milliseconds(6), true));
-  // The listener does not work, or does not want wakes under load: a
-  // commit would not be heard.
-  feed.BeginRound(t + absl::Milliseconds(7), false);
-  EXPECT_TRUE(feed.Fresh(t + absl::Milliseconds(7), false));
-  EXPECT_FALSE(feed.Fresh(t + absl::Milliseconds(7), true));
-  // The last read found events: more may follow them.
-  feed.Observe(Found(2), true, t + absl::Milliseconds(7));
-  EXPECT_TRUE(feed.Fresh(t + absl::Milliseconds(8), true));
-  LogSend diverted = Found(0);
-  diverted.diverted = 1;
-  feed.Observe(diverted, true, t + absl::Milliseconds(8));
-  EXPECT_TRUE(feed.Fresh(t + absl::Milliseconds(9), true));
-  feed.Observe(Found(0), true, t + absl::Milliseconds(9));
-  EXPECT_FALSE(feed.Fresh(t + absl::Milliseconds(10), true));
-  // Rows that make no NOTIFY are found within a poll_interval.
-  EXPECT_TRUE(feed.Fresh(t + kPoll, true));
-  EXPECT_FALSE(feed.Fresh(t + kPoll + absl::Milliseconds(1), true));
+LogSend Shows(absl::Time before) {
+  LogSend read = Found(0);
+  read.shows_before = before;
+  return read;
 }
 
-TEST(LogFeedFresh, ARefusedTickIsAskedForAgainWhenDue) {
+TEST(LogFeedMustShow, OnlyCommitsThatNoReadHasShownYet) {
   LogFeed feed = Feed();
   const absl::Time t = absl::FromUnixSeconds(1000);
+  const absl::Duration ms = absl::Milliseconds(1);
+  feed.BeginRound(t, std::nullopt);
+  EXPECT_EQ(feed.MustShow(t, true), t);  // the first poll is due
+  feed.Observe(Shows(t), t);
+  // Idle, listening, nothing heard: the reader reads on to the tick it
+  // has and asks for none. An answer's wake-up is such a round.
+  feed.BeginRound(t + 5 * ms, std::nullopt);
+  EXPECT_EQ(feed.MustShow(t + 5 * ms, true), absl::InfinitePast());
+  LogSend found = Shows(t);
+  found.events.resize(3);
+  feed.Observe(found, t + 5 * ms);
+  EXPECT_EQ(feed.MustShow(t + 6 * ms, true), absl::InfinitePast());
+  // A NOTIFY arrived at t+6: its commit and all before it.
+  feed.BeginRound(t + 7 * ms, t + 6 * ms);
+  EXPECT_EQ(feed.MustShow(t + 7 * ms, true), t + 6 * ms);
+  // Read with a tick older than that: still owed, in the rounds after too,
+  // and an older NOTIFY does not lower it.
+  feed.Observe(Shows(t + 5 * ms), t + 7 * ms);
+  feed.BeginRound(t + 8 * ms, t + 2 * ms);
+  EXPECT_EQ(feed.MustShow(t + 8 * ms, true), t + 6 * ms);
+  // Read with a tick made after it: nothing is owed.
+  feed.Observe(Shows(t + 6 * ms), t + 8 * ms);
+  EXPECT_EQ(feed.MustShow(t + 9 * ms, true), absl::InfinitePast());
+  // No NOTIFY can be heard (none listens, or it stopped under load):
+  // every commit before the read.
+  EXPECT_EQ(feed.MustShow(t + 10 * ms, false), t + 10 * ms);
+  feed.Observe(Shows(t + 10 * ms), t + 10 * ms);
+  // Rows that make no NOTIFY are read within a poll_interval.
+  EXPECT_EQ(feed.MustShow(t + kPoll, true), t + kPoll);
+  feed.Observe(Shows(t + kPoll), t + kPoll);
+  EXPECT_EQ(feed.MustShow(t + kPoll + ms, true), absl::InfinitePast());
+}
+
+TEST(LogFeedMustShow, ATickTooYoungIsAskedForAgainWhenDue) {
+  LogFeed feed = Feed();
+  const absl::Time t = absl::FromUnixSeconds(1000);
+  const absl::Duration ms = absl::Milliseconds(1);
   EXPECT_EQ(feed.RetryWait(t), absl::InfiniteDuration());
-  feed.BeginRound(t, true);
-  ASSERT_TRUE(feed.Fresh(t, true));
-  LogSend young = Found(0);
-  young.retry_in = absl::Milliseconds(3);  // the newest tick was too young
-  feed.Observe(young, true, t);
-  EXPECT_EQ(feed.RetryWait(t), absl::Milliseconds(3));
-  EXPECT_EQ(feed.RetryWait(t + absl::Milliseconds(1)), absl::Milliseconds(2));
-  EXPECT_EQ(feed.RetryWait(t + absl::Milliseconds(9)), absl::ZeroDuration());
-  feed.BeginRound(t + absl::Milliseconds(1), false);
-  EXPECT_FALSE(feed.Fresh(t + absl::Milliseconds(1), true));
-  // A read that is not fresh keeps the retry due; a later one comes first.
-  feed.Observe(Found(0), false, t + absl::Milliseconds(1));
-  LogSend later = Found(0);
-  later.retry_in = absl::Milliseconds(50);
-  feed.Observe(later, false, t + absl::Milliseconds(1));
-  EXPECT_EQ(feed.RetryWait(t), absl::Milliseconds(3));
-  feed.BeginRound(t + absl::Milliseconds(3), false);
-  EXPECT_TRUE(feed.Fresh(t + absl::Milliseconds(3), true));
-  // The fresh read made its tick: nothing is due any more.
-  feed.Observe(Found(0), true, t + absl::Milliseconds(3));
-  EXPECT_EQ(feed.RetryWait(t + absl::Milliseconds(3)),
-            absl::InfiniteDuration());
-  EXPECT_FALSE(feed.Fresh(t + absl::Milliseconds(4), true));
+  feed.BeginRound(t, t);
+  feed.MustShow(t, true);
+  LogSend young = Shows(t - 2 * ms);
+  young.retry_in = 3 * ms;  // the tick it has is too young to replace
+  feed.Observe(young, t);
+  EXPECT_EQ(feed.RetryWait(t), 3 * ms);
+  EXPECT_EQ(feed.RetryWait(t + ms), 2 * ms);
+  EXPECT_EQ(feed.RetryWait(t + 9 * ms), absl::ZeroDuration());
+  // A read before it is due keeps it; a later retry does not delay it.
+  LogSend later = Shows(t - 2 * ms);
+  later.retry_in = 50 * ms;
+  feed.Observe(later, t + ms);
+  EXPECT_EQ(feed.RetryWait(t), 3 * ms);
+  // The read it was due for showed what was owed: nothing is due.
+  EXPECT_EQ(feed.MustShow(t + 3 * ms, true), t);
+  feed.Observe(Shows(t + 3 * ms), t + 3 * ms);
+  EXPECT_EQ(feed.RetryWait(t + 3 * ms), absl::InfiniteDuration());
+  EXPECT_EQ(feed.MustShow(t + 4 * ms, true), absl::InfinitePast());
+}
+
+TEST(LogFeedMustShow, ADueRetryServedByAReadThatAskedNothingIsDropped) {
+  LogFeed feed = Feed();
+  const absl::Time t = absl::FromUnixSeconds(1000);
+  const absl::Duration ms = absl::Milliseconds(1);
+  feed.BeginRound(t, t);
+  feed.MustShow(t, true);
+  LogSend young = Shows(t - ms);
+  young.retry_in = 4 * ms;
+  feed.Observe(young, t);
+  // Due, and the read wanted no new range (its events are in flight):
+  // no retry is left in the past to spin the worker; the answers wake it
+  // and the read then asks, as the commits are still owed.
+  feed.Observe(Shows(t - ms), t + 5 * ms);
+  EXPECT_EQ(feed.RetryWait(t + 5 * ms), absl::InfiniteDuration());
+  EXPECT_EQ(feed.MustShow(t + 6 * ms, true), t);
 }
 
 TEST(LogFeedFlush, NothingToStoreBeforeAnyRead) {

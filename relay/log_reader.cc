@@ -103,7 +103,7 @@ absl::StatusOr<Tick> LogReader::TickOf(pqxx::transaction_base& tx, int64_t id) {
 
 absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
                                         const std::vector<int>& partitions,
-                                        int limit, bool fresh) {
+                                        int limit, absl::Time must_show) {
   const std::set<int> wanted(partitions.begin(), partitions.end());
   LogSend out;
   try {
@@ -174,9 +174,6 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
       wants_range |= groups_.at(id).End().reading == 0;
     }
     Tick latest;
-    // Whether these partitions have exceptions, when the tick's statement
-    // said so (a row made since is found at the next read).
-    std::optional<bool> exceptions;
     if (wants_range) {
       std::vector<int> mine_partitions;
       for (int id : mine) {
@@ -184,25 +181,15 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
         mine_partitions.insert(mine_partitions.end(), g.partitions.begin(),
                                g.partitions.end());
       }
-      auto unit = OpenUnit(conn);
-      absl::StatusOr<TickAndExceptions> newest = TickSince(
-          *unit, fresh ? options_.tick_interval : absl::InfiniteDuration(),
-          options_.subscription, mine_partitions);
+      absl::StatusOr<Tick> newest =
+          NewestTick(conn, mine_partitions, must_show, &out);
       if (!newest.ok()) return newest.status();
-      unit->commit();
-      latest = newest->tick;
-      ticks_[latest.id] = latest;
-      exceptions = newest->exceptions;
-      out.exceptions = newest->exceptions;
+      latest = *std::move(newest);
     }
-    bool caught_up = false;
     for (int id : extend) {
       Group& g = groups_.at(id);
       std::optional<RangeToRead> range = NextRange(g.End(), latest.id);
-      if (!range.has_value()) {
-        caught_up = true;
-        continue;
-      }
+      if (!range.has_value()) continue;
       g.spans.push_back(Span{.id = next_span_++,
                              .range = *range,
                              .progress = RangeProgress(range->after_seq)});
@@ -214,9 +201,8 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
         readable.push_back(id);
       }
     }
-    if (fresh && caught_up && latest.age < options_.tick_interval) {
-      out.retry_in = options_.tick_interval - latest.age;
-    }
+    out.shows_before = newest_made_;
+    out.exceptions = !Clear(partitions);
     if (readable.empty()) return out;
 
     // Statements of their own: what they read counts only once the events
@@ -263,12 +249,12 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
     std::set<std::string> excepted;
     bool any = false;
     for (const Read& r : reads) any |= !r.batch.events.empty();
-    if (any && exceptions.value_or(true)) {
+    if (any && !Clear(read_partitions)) {
       absl::StatusOr<std::set<std::string>> chains =
           ExceptedChains(tx, options_.subscription, read_partitions);
       if (!chains.ok()) return chains.status();
       excepted = *std::move(chains);
-      out.exceptions = !excepted.empty();
+      SawExceptions(read_partitions, !excepted.empty());
     }
     std::vector<BatchPlan> plans;
     std::vector<int64_t> diverted;
@@ -287,9 +273,9 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
       absl::StatusOr<int64_t> owed =
           OweExceptions(tx, options_.subscription, diverted);
       if (!owed.ok()) return owed.status();
-      out.exceptions = true;
     }
     unit->commit();
+    if (!diverted.empty()) SawExceptions(read_partitions, true);
 
     // Owed: now it counts.
     for (size_t i = 0; i < reads.size(); ++i) {
@@ -311,10 +297,70 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
       }
       Compact(groups_.at(reads[i].group));
     }
+    out.exceptions = !Clear(partitions);
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }
   return out;
+}
+
+absl::StatusOr<Tick> LogReader::NewestTick(pqxx::connection& conn,
+                                           const std::vector<int>& partitions,
+                                           absl::Time must_show,
+                                           LogSend* out) {
+  const absl::Time now = absl::Now();
+  if (must_show == absl::InfiniteFuture()) must_show = now;
+  if (newest_.has_value() && must_show <= newest_made_) return *newest_;
+  if (newest_.has_value() && now - newest_made_ < options_.tick_interval) {
+    // Too young to replace: any tick asked for now would be it, or one
+    // as young that another relay made (read then, at the latest).
+    out->retry_in = options_.tick_interval - (now - newest_made_);
+    return *newest_;
+  }
+  absl::StatusOr<TickAndExceptions> asked;
+  {
+    auto unit = OpenUnit(conn);
+    asked = TickSince(*unit, options_.tick_interval, options_.subscription,
+                      partitions);
+    if (!asked.ok()) return asked.status();
+    unit->commit();
+  }
+  SawExceptions(partitions, asked->exceptions);
+  const Tick& t = asked->tick;
+  // Its snapshot was taken after `now` if the statement made it, else no
+  // earlier than `now` minus its age (measured within the statement,
+  // which began after `now`).
+  const absl::Time made = asked->made ? now : now - t.age;
+  if (!newest_.has_value() || t.id > newest_->id) {
+    newest_ = t;
+    newest_made_ = made;
+  } else if (t.id == newest_->id) {
+    newest_made_ = std::max(newest_made_, made);
+  }
+  ticks_[newest_->id] = *newest_;
+  if (must_show > newest_made_) {
+    // The newest was younger than tick_interval, made before must_show.
+    out->retry_in = std::max(absl::Microseconds(100),
+                             options_.tick_interval - t.age);
+  }
+  return *newest_;
+}
+
+bool LogReader::Clear(const std::vector<int>& partitions) const {
+  for (int p : partitions) {
+    if (clear_.count(p) == 0) return false;
+  }
+  return true;
+}
+
+void LogReader::SawExceptions(const std::vector<int>& partitions, bool any) {
+  for (int p : partitions) {
+    if (any) {
+      clear_.erase(p);
+    } else {
+      clear_.insert(p);
+    }
+  }
 }
 
 bool LogReader::Settle(int64_t seq) {

@@ -42,8 +42,9 @@ struct LogReaderOptions {
   std::string member;  // the leases' owner name (relay/leases.h)
   int64_t payload_budget = 4ll << 20;  // per read, bytes (relay/outbox_row.h)
   // A new tick at most this often, whoever makes it (outbox_tick_since):
-  // a fresh read that finds a range done makes one unless the newest is
-  // younger, which it reads instead.
+  // a read that must show newer commits than the tick it holds asks for
+  // one, and gets the newest instead when that is younger; while the tick
+  // it holds is younger, it does not ask at all.
   absl::Duration tick_interval = absl::Milliseconds(5);
   // Ranges of one group read while earlier ones wait for answers: a read
   // need not wait for the round trip of the one before (1: it does).
@@ -56,11 +57,16 @@ struct LogSend {
   int64_t diverted = 0;
   // A read stopped at its limit: more events are ready.
   bool more = false;
-  // A fresh read found a range done and the newest tick too young to make
-  // another: read again after this (events may have committed since).
+  // The read was to show commits that the ticks it has may not, and the
+  // newest tick was too young to make another: read again after this.
   absl::Duration retry_in;
+  // Every transaction that committed before this moment (the relay's
+  // clock) is in the ticks the reader has: reading on reaches its events
+  // without a new tick. InfinitePast before the first tick.
+  absl::Time shows_before = absl::InfinitePast();
   // The subscription may have exceptions in these partitions (false only
-  // when this read saw that it had none): their claim is due.
+  // when a statement since the last ExceptionsOwed saw that it had none):
+  // their claim is due.
   bool exceptions = true;
 };
 
@@ -70,9 +76,13 @@ class LogReader {
 
   // Reads up to `limit` events of `partitions` (leased by the member):
   // positions not known yet are read first; a partition whose range is
-  // done reads on to the newest tick, and with `fresh` (events may have
-  // committed since the newest tick: a NOTIFY, a poll) to a new one when
-  // the newest is older than tick_interval. The events of chains that have
+  // done reads on to the newest tick the reader has. When that tick may
+  // not show every transaction that committed before `must_show` (a
+  // NOTIFY's arrival, a poll; InfiniteFuture: this call), the reader asks
+  // the database for a newer one (TickSince), unless the one it has is
+  // younger than tick_interval: then it asks after retry_in. A read with
+  // nothing to show (InfinitePast) makes no statement for its tick, so an
+  // answer's wake-up costs the database nothing. The events of chains that have
   // exceptions are owed as exceptions before anything counts as read. A
   // partition whose events are in flight keeps reading within its range,
   // and once a range is read to its end, the next one is read while its
@@ -81,7 +91,7 @@ class LogReader {
   // as one. On an error nothing read counts (read again next time).
   absl::StatusOr<LogSend> Next(pqxx::connection& conn,
                                const std::vector<int>& partitions, int limit,
-                               bool fresh = true);
+                               absl::Time must_show = absl::InfiniteFuture());
 
   // An event that Next returned was answered (applied, duplicate or held),
   // or is owed as an exception now (committed). False if it was not in
@@ -98,6 +108,11 @@ class LogReader {
   // The partitions are not this relay's any more: their state goes (their
   // group's events in flight are read again).
   void Forget(const std::vector<int>& partitions);
+
+  // The relay wrote an exception (relay/outbox_log.h OweExceptions, or a
+  // rejected answer): what the reads saw of exceptions is void until a
+  // statement looks again.
+  void ExceptionsOwed() { clear_.clear(); }
 
   // Some position moved since it was last stored (Flush has work).
   bool moved() const;
@@ -135,6 +150,16 @@ class LogReader {
   // wholly inside `wanted` or outside it.
   void Regroup(const std::set<int>& wanted);
   absl::StatusOr<Tick> TickOf(pqxx::transaction_base& tx, int64_t id);
+  // The newest tick to read on to, asked of the database only when the
+  // one held may not show `must_show` and is old enough to replace
+  // (Next). Sets out->retry_in, out->shows_before, and out->exceptions
+  // when it asked.
+  absl::StatusOr<Tick> NewestTick(pqxx::connection& conn,
+                                  const std::vector<int>& partitions,
+                                  absl::Time must_show, LogSend* out);
+  // Whether every partition of `partitions` is in clear_.
+  bool Clear(const std::vector<int>& partitions) const;
+  void SawExceptions(const std::vector<int>& partitions, bool any);
   void DropGroupFlight(int group);
   // Spans done at the front of `g` become its position.
   static void Compact(Group& g);
@@ -148,6 +173,12 @@ class LogReader {
   // Events in flight: seq -> (group, span).
   std::map<int64_t, std::pair<int, int64_t>> seq_group_;
   std::map<int64_t, Tick> ticks_;      // of ranges being read
+  // The newest tick asked of the database, and a moment (the relay's
+  // clock) no later than its snapshot: every commit before it shows.
+  std::optional<Tick> newest_;
+  absl::Time newest_made_ = absl::InfinitePast();
+  // Partitions a statement saw without exceptions (since ExceptionsOwed).
+  std::set<int> clear_;
 };
 
 }  // namespace outbox::relay

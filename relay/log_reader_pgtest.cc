@@ -128,6 +128,78 @@ TEST_F(LogReaderTest, EveryEventOnceInOrderAndNoRowPerEvent) {
   EXPECT_EQ(Rows(), 0);
 }
 
+// A relay asks the database for a tick only when it must show commits
+// the tick it has may not: an answer's wake-up costs nothing, and a tick
+// younger than tick_interval is kept until it may be replaced.
+TEST_F(LogReaderTest, ATickIsAskedForOnlyWhenCommitsMayBeMissing) {
+  Subscribe();
+  const auto ticks = [&] {
+    return db_.Scalar("SELECT count(*) FROM outbox_ticks");
+  };
+  const auto read = [&](LogReader& reader, absl::Time must_show) {
+    absl::StatusOr<LogSend> s =
+        reader.Next(conn_, AllPartitions(), 10, must_show);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : LogSend{};
+  };
+  LogReader reader({.subscription = "billing",
+                    .member = "relay-a",
+                    .tick_interval = absl::Hours(1)});
+  // The first read has no tick: it asks, whatever it must show (the
+  // start tick is made old enough to be replaced).
+  db_.Exec("UPDATE outbox_ticks SET made_at = made_at - interval '2 hours'");
+  const int64_t a = AppendCommitted("o1");
+  const absl::Time before_first = absl::Now();
+  LogSend first = read(reader, absl::InfinitePast());
+  EXPECT_EQ(Seqs(first), (std::vector<int64_t>{a}));
+  // The tick it made shows every commit before the read began.
+  EXPECT_GE(first.shows_before, before_first);
+  EXPECT_EQ(first.retry_in, absl::ZeroDuration());
+  EXPECT_FALSE(first.exceptions);  // the statement saw none
+  ASSERT_TRUE(reader.Settle(a));
+  const int64_t made = ticks();
+
+  // A commit since; a read that need show nothing new (an answer came)
+  // reads on to the tick it has: no statement makes or reads a tick.
+  const int64_t b = AppendCommitted("o2");
+  LogSend quiet = read(reader, absl::InfinitePast());
+  EXPECT_TRUE(quiet.events.empty());
+  EXPECT_EQ(quiet.shows_before, first.shows_before);
+  EXPECT_EQ(quiet.retry_in, absl::ZeroDuration());
+  EXPECT_FALSE(quiet.exceptions);  // as the last statement saw
+  EXPECT_EQ(ticks(), made);
+
+  // A NOTIFY announced b: the tick it has is younger than tick_interval,
+  // so it is kept, and a retry is due when it may be replaced.
+  LogSend young = read(reader, absl::Now());
+  EXPECT_TRUE(young.events.empty());
+  EXPECT_GT(young.retry_in, absl::Minutes(59));
+  EXPECT_LT(young.shows_before, absl::Now());
+  EXPECT_EQ(ticks(), made);
+
+  // Another relay of the subscription, whose tick is old enough: it makes
+  // one, and the first reader's next ask reads it (one new tick in all).
+  LogReader other({.subscription = "billing",
+                   .member = "relay-a",
+                   .tick_interval = absl::ZeroDuration()});
+  const absl::Time announced = absl::Now();
+  LogSend others = read(other, announced);
+  EXPECT_GE(others.shows_before, announced);
+  EXPECT_EQ(ticks(), made + 1);
+  EXPECT_EQ(Seqs(others), (std::vector<int64_t>{a, b}));  // none flushed
+  // A relay that starts now shares that tick: younger than its interval,
+  // it is read, not made again, and kept until it may be replaced.
+  LogReader later({.subscription = "billing",
+                   .member = "relay-a",
+                   .tick_interval = absl::Hours(1)});
+  EXPECT_EQ(Seqs(read(later, absl::InfinitePast())),
+            (std::vector<int64_t>{a, b}));
+  EXPECT_EQ(ticks(), made + 1);
+  LogSend kept = read(later, absl::Now());
+  EXPECT_GT(kept.retry_in, absl::Minutes(59));
+  EXPECT_EQ(ticks(), made + 1);
+}
+
 TEST_F(LogReaderTest, ARelayKilledMidBatchResumesAtItsPosition) {
   Subscribe();
   std::vector<int64_t> e;

@@ -173,15 +173,17 @@ absl::StatusOr<TickAndExceptions> TickSince(
   static const std::string kSql = absl::StrCat(
       "SELECT ", kTickColumns,
       ", EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.subscription = $2 "
-      "AND d.partition = ANY($3::int[])) AS exceptions FROM "
-      "outbox_tick_since(make_interval(secs => $1::float8))");
+      "AND d.partition = ANY($3::int[])) AS exceptions, made_at = now() AS "
+      "made FROM outbox_tick_since(make_interval(secs => $1::float8))");
   try {
     pqxx::result r =
         ExecPrepared(tx, "log_tick_since", kSql.c_str(), MinAgeSeconds(min_age),
                      subscription, ArrayLiteral(partitions).str());
     absl::StatusOr<Tick> t = TickFromRow(r[0]);
     if (!t.ok()) return t.status();
-    return TickAndExceptions{*std::move(t), r[0]["exceptions"].as<bool>()};
+    return TickAndExceptions{.tick = *std::move(t),
+                             .made = r[0]["made"].as<bool>(),
+                             .exceptions = r[0]["exceptions"].as<bool>()};
   } catch (const std::exception& e) {
     return StatusFromException(e);
   }

@@ -67,6 +67,7 @@ absl::StatusOr<Tick> MakeTick(pqxx::transaction_base& tx);
 // has exceptions (outbox_delivery rows) in `partitions`.
 struct TickAndExceptions {
   Tick tick;
+  bool made = false;  // by this statement: its snapshot is newer than it
   bool exceptions = false;
 };
 absl::StatusOr<TickAndExceptions> TickSince(pqxx::transaction_base& tx,

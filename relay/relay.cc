@@ -469,10 +469,10 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   }
   round->ran = true;
   const absl::Time t0 = absl::Now();
-  // A new tick only when events may have committed since the newest one.
+  // A new tick only when events may have committed since the one it has:
+  // a NOTIFY says so, unless none can be heard.
   absl::StatusOr<LogSend> read =
-      log_.Read(*conn_, partitions, limit,
-                listener_->works() && listener_->wants_wakes());
+      log_.Read(*conn_, partitions, limit, listener_->hearing());
   if (!read.ok() && SqlStateOf(read.status()) == "55000") {
     // The database's transaction ids went back (a dump restored into
     // another cluster): nothing the log read may be trusted until it is
@@ -929,7 +929,7 @@ bool Relay::DeliverRound(bool* all_held) {
       paused_.empty() ? ServingLanes() : std::vector<Lane*>{};
   ClaimRound round;
   // The claims below see every row notified so far.
-  const bool heard = listener_->TakeNotified();
+  const std::optional<absl::Time> heard = listener_->TakeHeard();
   // On the log, the claims are of exceptions only (LogFeed::BeginRound).
   const bool claims = !on_log_ || log_.BeginRound(absl::Now(), heard);
   for (size_t i = 0; db_ok && i < serving.size(); ++i) {
@@ -1030,7 +1030,7 @@ void Relay::Run() {
     // consumer's transaction needs. One heard after the claims began and
     // before wakes were back on would be lost: it wakes us now.
     listener_->WantWakes(!all_held);
-    if (!all_held && listener_->TakeNotified()) Wake();
+    if (!all_held && listener_->heard()) Wake();
     if (!db_ok && conn_ != nullptr) {
       // Lost or broken. The leases stay ours until they expire; the next
       // session renews those still ours (Rebalance).
