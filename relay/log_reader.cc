@@ -123,6 +123,7 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
       }
       tx.commit();
       for (const auto& [p, at] : read) {
+        clear_.erase(p);  // what was seen of it before is not to be trusted
         const int id = next_group_++;
         groups_[id].at = at;
         groups_[id].partitions = {p};
@@ -458,6 +459,7 @@ void LogReader::Rewind() {
 
 void LogReader::Forget(const std::vector<int>& partitions) {
   for (int p : partitions) {
+    clear_.erase(p);  // whoever has it next may write exceptions in it
     auto it = partition_group_.find(p);
     if (it == partition_group_.end()) continue;
     const int id = it->second;
