@@ -22,7 +22,7 @@ void LogFeed::Owed() {
 
 absl::Time LogFeed::MustShow(absl::Time now, bool listening) {
   // An idle relay asks for a tick once per poll_interval at most.
-  if (!listening) must_show_ = std::max(must_show_, now);
+  if (!listening || active_) must_show_ = std::max(must_show_, now);
   if (now >= next_poll_) {
     must_show_ = std::max(must_show_, now);
     next_poll_ = now + options_.poll_interval;
@@ -31,6 +31,7 @@ absl::Time LogFeed::MustShow(absl::Time now, bool listening) {
 }
 
 void LogFeed::Observe(const LogSend& read, absl::Time now) {
+  active_ = !read.events.empty() || read.diverted > 0;
   exceptions_round_ |= read.exceptions;
   if (read.shows_before >= must_show_) {
     must_show_ = absl::InfinitePast();

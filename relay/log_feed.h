@@ -64,8 +64,10 @@ class LogFeed {
   // Which commits a read at `now` must show (LogReader::Next's
   // must_show): those a NOTIFY announced and no read has shown yet, and
   // every one before `now` when no NOTIFY could be heard (`listening`
-  // false) or a poll is due (which this starts anew). InfinitePast: none,
-  // the reader reads on to the tick it has and asks for none.
+  // false), the last read found events (more are likely, and their
+  // NOTIFYs may lag them on a busy machine), or a poll is due (which this
+  // starts anew). InfinitePast: none, the reader reads on to the tick it
+  // has and asks for none.
   absl::Time MustShow(absl::Time now, bool listening);
   // What a read returned at `now`, for the next MustShow and RetryWait.
   void Observe(const LogSend& read, absl::Time now);
@@ -104,6 +106,7 @@ class LogFeed {
   std::unique_ptr<LogReader> reader_;  // made by the first read
   // Commits before this are to be read (InfinitePast: none is owed).
   absl::Time must_show_ = absl::InfinitePast();
+  bool active_ = false;  // the last read found events
   absl::Time retry_at_ = absl::InfiniteFuture();
   absl::Time next_poll_ = absl::InfinitePast();
   absl::Time next_flush_ = absl::InfinitePast();

@@ -76,12 +76,21 @@ TEST(LogFeedMustShow, OnlyCommitsThatNoReadHasShownYet) {
   EXPECT_EQ(feed.MustShow(t, true), t);  // the first poll is due
   feed.Observe(Shows(t), t);
   // Idle, listening, nothing heard: the reader reads on to the tick it
-  // has and asks for none. An answer's wake-up is such a round.
+  // has and asks for none.
   feed.BeginRound(t + 5 * ms, std::nullopt);
   EXPECT_EQ(feed.MustShow(t + 5 * ms, true), absl::InfinitePast());
-  LogSend found = Shows(t);
+  // A read that found events: the next one must show every commit
+  // before it (more are likely, their NOTIFYs may lag), until one finds
+  // none.
+  LogSend found = Shows(t + 5 * ms);
   found.events.resize(3);
   feed.Observe(found, t + 5 * ms);
+  EXPECT_EQ(feed.MustShow(t + 6 * ms, true), t + 6 * ms);
+  LogSend diverted = Shows(t + 6 * ms);
+  diverted.diverted = 1;
+  feed.Observe(diverted, t + 6 * ms);
+  EXPECT_EQ(feed.MustShow(t + 6 * ms, true), t + 6 * ms);
+  feed.Observe(Shows(t + 6 * ms), t + 6 * ms);
   EXPECT_EQ(feed.MustShow(t + 6 * ms, true), absl::InfinitePast());
   // A NOTIFY arrived at t+6: its commit and all before it.
   feed.BeginRound(t + 7 * ms, t + 6 * ms);

@@ -176,14 +176,10 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
     }
     Tick latest;
     if (wants_range) {
-      std::vector<int> mine_partitions;
-      for (int id : mine) {
-        const Group& g = groups_.at(id);
-        mine_partitions.insert(mine_partitions.end(), g.partitions.begin(),
-                               g.partitions.end());
-      }
-      absl::StatusOr<Tick> newest =
-          NewestTick(conn, mine_partitions, must_show, &out);
+      // Whether there are exceptions is asked for every partition the
+      // reader knows: the other lanes' reads, which ask for no tick while
+      // this one is new, know it too.
+      absl::StatusOr<Tick> newest = NewestTick(conn, known(), must_show, &out);
       if (!newest.ok()) return newest.status();
       latest = *std::move(newest);
     }

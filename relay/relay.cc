@@ -470,9 +470,12 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
   round->ran = true;
   const absl::Time t0 = absl::Now();
   // A new tick only when events may have committed since the one it has:
-  // a NOTIFY says so, unless none can be heard.
+  // a NOTIFY says so, unless none can be heard, or the streams' credit
+  // was spent (a NOTIFY may then lag the commits it announces by a busy
+  // machine's scheduling delay, and every answer finds new events).
   absl::StatusOr<LogSend> read =
-      log_.Read(*conn_, partitions, limit, listener_->hearing());
+      log_.Read(*conn_, partitions, limit,
+                listener_->hearing() && listener_->wants_wakes());
   if (!read.ok() && SqlStateOf(read.status()) == "55000") {
     // The database's transaction ids went back (a dump restored into
     // another cluster): nothing the log read may be trusted until it is
