@@ -247,7 +247,7 @@ bool Housekeeping::Run() {
         owned.front() == 0 && absl::Now() >= next_prune_ && !stop_) {
       step = "retention";
       more = PruneDelivered(conn);
-      if (!more) next_prune_ = absl::Now() + absl::Minutes(1);
+      if (!more) next_prune_ = absl::Now() + options_.retention_interval;
     }
     if (!owned.empty() && owned.front() == 0 && !stop_) {
       step = "heal";

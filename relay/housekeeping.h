@@ -47,6 +47,9 @@ class Housekeeping {
     DbSession session;
     // Delivered rows older than this are deleted (zero keeps every row).
     absl::Duration retention;
+    // How long retention rests once it has caught up (nothing left to
+    // delete) before it looks again.
+    absl::Duration retention_interval = absl::Minutes(1);
     absl::Duration backlog_refresh = absl::Seconds(15);
     // The partitions the relay owns now, ascending. Thread-safe.
     std::function<std::vector<int>()> owned;

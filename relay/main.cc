@@ -69,6 +69,9 @@ ABSL_FLAG(absl::Duration, reject_backoff, absl::Milliseconds(500),
           "Delay before retrying a REJECTED row; doubles per attempt.");
 ABSL_FLAG(absl::Duration, retention, absl::ZeroDuration(),
           "Delete delivered rows older than this (e.g. 168h); 0 keeps all.");
+ABSL_FLAG(absl::Duration, retention_interval, absl::Minutes(1),
+          "Once --retention has deleted all it may, wait this long before "
+          "looking again.");
 ABSL_FLAG(std::string, consumer_ca, "",
           "PEM CA bundle the consumer's certificate must chain to: dial it "
           "with TLS (its name is checked against --consumer's host).");
@@ -161,6 +164,7 @@ int main(int argc, char** argv) {
   options.reject_backoff = absl::GetFlag(FLAGS_reject_backoff);
   options.retry_max = absl::GetFlag(FLAGS_retry_max);
   options.retention = absl::GetFlag(FLAGS_retention);
+  options.retention_interval = absl::GetFlag(FLAGS_retention_interval);
   options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
   options.consumer_unready_after = absl::GetFlag(FLAGS_consumer_unready_after);
   if (options.consumer_unready_after != absl::ZeroDuration() &&
@@ -221,6 +225,13 @@ int main(int argc, char** argv) {
         "outbox-relay: need --streams 1-32, --max_attempts >= 1, "
         "--batch_size 1-1000, "
         "--window >= --batch_size, positive --poll_interval and --ack_timeout");
+    return 2;
+  }
+  if (options.retention < absl::ZeroDuration() ||
+      options.retention_interval <= absl::ZeroDuration()) {
+    spdlog::critical(
+        "outbox-relay: need --retention >= 0 (0 keeps every row) and a "
+        "positive --retention_interval");
     return 2;
   }
   absl::StatusOr<outbox::JetStreamFlags> js = outbox::JetStreamFromFlags(

@@ -74,6 +74,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
           .subscription = options_.subscription,
           .session = session_,
           .retention = options_.retention,
+          .retention_interval = options_.retention_interval,
           .backlog_refresh = options_.backlog_refresh,
           .owned = [this] { return State().partitions_owned; },
           .source = [this] { return source(); },

@@ -135,6 +135,8 @@ struct RelayOptions {
   // replica that owns partition 0, so the outbox does not grow forever.
   // Zero keeps every row.
   absl::Duration retention;
+  // How long retention rests once it has caught up before it looks again.
+  absl::Duration retention_interval = absl::Minutes(1);
   // How long a partition lease lasts without renewal (renewed every
   // rebalance_interval): a replica that dies or freezes keeps its
   // partitions this long at most.

@@ -29,6 +29,8 @@ CRASH_POINTS = ",".join([
 ACK_TIMEOUT = 2.0  # the relay's --ack_timeout in every scenario
 # rogue-lock: a lock wait fails fast, a stalled loop shows within seconds
 ROGUE_LOCK_FLAGS = {"lock_timeout": "500ms", "stall_timeout": "2s"}
+# retention (its deletes and their pauses) fast enough for a short run
+RETENTION_FLAGS = {"retention": "300ms", "retention_interval": "100ms"}
 ROGUE_LOCK_OVERRUN = 8.0  # s the last rogue lock may end after the window
 AFTER_HEAL = 20.0  # how long a binary may stay NOT_SERVING after the heal
 FAN_OUT_OVERRUN = 5.0  # s fan-out's last audit outage may end after the window
@@ -384,6 +386,38 @@ def check_rogue_lock(run, report):
     return bad
 
 
+def kill_relays_and_consumer(run):
+    """Mostly kill_relays' faults (a relay SIGKILLed, SIGTERMed or
+    SIGSTOPped), and 1 in 4 a SIGKILLed consumer instead."""
+    while run.sleep(run.rng.uniform(0.8, 2.2)):
+        if run.rng.random() < 0.25:
+            run.kill(run.rng.choice(run.consumers), signal.SIGKILL,
+                     run.rng.uniform(0.0, 1.0))
+            continue
+        victim = run.rng.choice(run.relays)
+        how = run.rng.random()
+        if how < 1 / 7:
+            run.pause(victim, run.rng.uniform(1.0, 3.0))
+        else:
+            run.kill(victim, signal.SIGKILL if how < 0.8 else signal.SIGTERM,
+                     run.rng.uniform(0.0, 1.5))
+
+
+def check_retention(run, report):
+    """Retention deleted applied events while the faults ran; that it
+    deleted none it owed is the checker's (a deleted undelivered event
+    leaves its order missing from the consumer's view)."""
+    left = run.sql_orders("SELECT count(*), coalesce(min(seq), 0) FROM "
+                          "outbox").strip().split("|")
+    run.log(f"retention: {report['pruned_from_outbox']} applied events "
+            f"deleted from the outbox, {left[0]} rows left (from seq "
+            f"{left[1]})")
+    if report["pruned_from_outbox"] == 0:
+        return [f"retention: --retention={RETENTION_FLAGS['retention']} "
+                "deleted no applied event in the whole run"]
+    return []
+
+
 def check_poison(run, report):
     """I6: exactly the poisoned row is dead, the events behind it on its
     aggregate stay pending and unapplied, every other event is applied."""
@@ -462,6 +496,12 @@ SCENARIOS = [
              poison, relays=2,
              relay_flags={"max_attempts": "3", "reject_backoff": "50ms"},
              expect_dead=1, check=check_poison),
+    Scenario("retention",
+             "--retention=300ms deletes delivered events as they age while "
+             "relays are SIGKILLed, SIGTERMed, SIGSTOPped and now and then "
+             "the consumer SIGKILLed; 2 relays",
+             kill_relays_and_consumer, relays=2, relay_flags=RETENTION_FLAGS,
+             check=check_retention),
     Scenario("crash-points",
              "OUTBOX_FAULT armed on every binary: each crashes (SIGKILL to "
              "itself) at its crash points; 3 relays, 2 consumers",
@@ -514,4 +554,5 @@ LOG_SCENARIOS = [
             relay_flags={**BY_NAME[name].relay_flags,
                          "log_delivery": "true"})
     for name in ("relay-kill", "consumer-kill", "pg-restart",
-                 "net-relay-consumer", "poison", "crash-points")]
+                 "net-relay-consumer", "poison", "crash-points",
+                 "retention")]
