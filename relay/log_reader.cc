@@ -198,7 +198,8 @@ absl::StatusOr<LogSend> LogReader::Next(pqxx::connection& conn,
         readable.push_back(id);
       }
     }
-    out.shows_before = newest_made_;
+    out.shows_before =
+        newest_.has_value() ? newest_->shows_before : absl::InfinitePast();
     out.exceptions = !Clear(partitions);
     if (readable.empty()) return out;
 
@@ -307,12 +308,15 @@ absl::StatusOr<Tick> LogReader::NewestTick(pqxx::connection& conn,
                                            LogSend* out) {
   const absl::Time now = absl::Now();
   if (must_show == absl::InfiniteFuture()) must_show = now;
-  if (newest_.has_value() && must_show <= newest_made_) return *newest_;
-  if (newest_.has_value() && now - newest_made_ < options_.tick_interval) {
+  if (newest_.has_value() && must_show <= newest_->shows_before) {
+    return newest_->tick;
+  }
+  if (newest_.has_value() &&
+      now - newest_->shows_before < options_.tick_interval) {
     // Too young to replace: any tick asked for now would be it, or one
     // as young that another relay made (read then, at the latest).
-    out->retry_in = options_.tick_interval - (now - newest_made_);
-    return *newest_;
+    out->retry_in = options_.tick_interval - (now - newest_->shows_before);
+    return newest_->tick;
   }
   absl::StatusOr<TickAndExceptions> asked;
   {
@@ -328,19 +332,18 @@ absl::StatusOr<Tick> LogReader::NewestTick(pqxx::connection& conn,
   // earlier than `now` minus its age (measured within the statement,
   // which began after `now`).
   const absl::Time made = asked->made ? now : now - t.age;
-  if (!newest_.has_value() || t.id > newest_->id) {
-    newest_ = t;
-    newest_made_ = made;
-  } else if (t.id == newest_->id) {
-    newest_made_ = std::max(newest_made_, made);
+  if (!newest_.has_value() || t.id > newest_->tick.id) {
+    newest_ = HeldTick{.tick = t, .shows_before = made};
+  } else if (t.id == newest_->tick.id) {
+    newest_->shows_before = std::max(newest_->shows_before, made);
   }
-  ticks_[newest_->id] = *newest_;
-  if (must_show > newest_made_) {
+  ticks_[newest_->tick.id] = newest_->tick;
+  if (must_show > newest_->shows_before) {
     // The newest was younger than tick_interval, made before must_show.
     out->retry_in = std::max(absl::Microseconds(100),
                              options_.tick_interval - t.age);
   }
-  return *newest_;
+  return newest_->tick;
 }
 
 bool LogReader::Clear(const std::vector<int>& partitions) const {

@@ -175,8 +175,11 @@ class LogReader {
   std::map<int64_t, Tick> ticks_;      // of ranges being read
   // The newest tick asked of the database, and a moment (the relay's
   // clock) no later than its snapshot: every commit before it shows.
-  std::optional<Tick> newest_;
-  absl::Time newest_made_ = absl::InfinitePast();
+  struct HeldTick {
+    Tick tick;
+    absl::Time shows_before;
+  };
+  std::optional<HeldTick> newest_;
   // Partitions a statement saw without exceptions (since ExceptionsOwed).
   std::set<int> clear_;
 };

@@ -385,6 +385,36 @@ TEST_F(LogReaderTest, ChainsWithExceptionsJoinThem) {
   EXPECT_EQ(Rows(), 3);
 }
 
+// Exceptions another session writes (an operator's replay, a heal) while
+// the reader believes a partition has none are seen by the next read that
+// asks for a tick (after a NOTIFY, or at the poll at the latest): from
+// then on the chain's new events wait behind them.
+TEST_F(LogReaderTest, AnExceptionWrittenElsewhereIsSeenAtTheNextTick) {
+  Subscribe();
+  const int64_t a1 = AppendCommitted("a");
+  LogReader reader = NewReader();
+  EXPECT_EQ(Drain(reader), (std::vector<int64_t>{a1}));
+  {
+    pqxx::connection operator_session(db_.url());
+    pqxx::work tx(operator_session);
+    ASSERT_TRUE(OweExceptions(tx, "billing", {a1}).ok());  // a1 replayed
+    tx.commit();
+  }
+  const int64_t a2 = AppendCommitted("a");
+  const int64_t b1 = AppendCommitted("b");
+  absl::StatusOr<LogSend> s =
+      reader.Next(conn_, AllPartitions(), 10, absl::Now());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->exceptions);
+  EXPECT_EQ(Seqs(*s), (std::vector<int64_t>{b1}));
+  EXPECT_EQ(s->diverted, 1);  // a2, behind the replayed a1
+  EXPECT_EQ(db_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox_delivery WHERE subscription = "
+                "'billing' AND status = 'pending' AND seq IN (",
+                a1, ", ", a2, ")")),
+            2);
+}
+
 TEST_F(LogReaderTest, ALostLeaseKeepsThePositionAsItWas) {
   Subscribe();
   const int64_t seq = AppendCommitted("x", 5);
