@@ -545,14 +545,12 @@ SCENARIOS = [
 
 BY_NAME = {s.name: s for s in SCENARIOS}
 
-# The same faults with the subscription delivered from the outbox log
-# (outbox-relay --log_delivery): positions instead of a row per event,
-# exceptions as rows. Group "log".
+# Every core scenario's faults with the subscription delivered from the
+# outbox log (outbox-relay --log_delivery): positions instead of a row per
+# event, exceptions as rows. Group "log".
 LOG_SCENARIOS = [
     replace(BY_NAME[name], name=f"log-{name}",
             summary=f"{BY_NAME[name].summary}; delivered from the outbox log",
             relay_flags={**BY_NAME[name].relay_flags,
                          "log_delivery": "true"})
-    for name in ("relay-kill", "consumer-kill", "pg-restart",
-                 "net-relay-consumer", "poison", "crash-points",
-                 "retention")]
+    for name in [s.name for s in SCENARIOS]]
