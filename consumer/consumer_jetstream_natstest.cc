@@ -82,6 +82,7 @@ class ConsumerJetStreamTest : public ::outbox::testing::NatsClusterTest {
   relay::RelayOptions RelayOptions(std::shared_ptr<relay::Sink> sink) {
     relay::RelayOptions o;
     o.db_url = orders_.url();
+    o.log_delivery = false;  // delivery rows (the log's: chaos_jetstream_ci)
     o.sink = std::move(sink);
     o.batch_size = 32;
     o.window = 128;

@@ -36,14 +36,15 @@ ABSL_FLAG(std::string, subscription, "billing",
           "progress, attempts, dead letters and partitions. Replicas of one "
           "subscription share its work; each subscription needs relays of "
           "its own.");
-ABSL_FLAG(bool, log_delivery, false,
+ABSL_FLAG(bool, log_delivery, true,
           "Move --subscription onto the outbox log if it is not yet "
           "(docs/log-delivery.md): the producer's transactions then write "
           "nothing for it, and delivery writes a position per partition "
           "instead of a row per event. A subscription on the log stays "
           "there; every relay of it delivers from the log. One that an "
           "operator moved off the log (outboxctl subscriptions rows) stays "
-          "off.");
+          "off. False: a subscription these relays make is delivered by "
+          "rows, one outbox_delivery row per event.");
 ABSL_FLAG(bool, resubscribe, false,
           "Make --subscription anew (per --start_from) even though an "
           "operator dropped it; without it, a dropped subscription is "

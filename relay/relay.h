@@ -97,8 +97,9 @@ struct RelayOptions {
   // is not: from then on the producer's transactions write nothing for it
   // and delivering an event writes nothing per event. A subscription on
   // the log is delivered from it whatever this says; one an operator moved
-  // off the log stays off (RelayAdmin.MoveSubscriptionToRows).
-  bool log_delivery = false;
+  // off the log stays off (RelayAdmin.MoveSubscriptionToRows). False: a
+  // new subscription is delivered by rows (one per event).
+  bool log_delivery = true;
   DbSession session;     // limits of every database session
   std::string consumer;  // host:port of EventSink
   // Where batches go instead of `consumer` (a JetStreamSink), started and

@@ -77,6 +77,11 @@ pass "every event applied exactly once, in order, and no dead letter"
 kill -TERM "$relay"
 wait "$relay" || true
 load 20
+# What billing is owed becomes rows (exceptions, on the outbox log), and
+# every row dead.
+psql "$orders_db" -qc "INSERT INTO outbox_delivery (subscription, seq, aggregate_id, partition)
+  SELECT 'billing', o.seq, o.aggregate_id, o.partition FROM outbox o
+   WHERE outbox_log_owed('billing', o.seq, o.xid, o.partition) ON CONFLICT DO NOTHING" >/dev/null
 psql "$orders_db" -qc "UPDATE outbox_delivery SET status = 'dead', attempts = 5, dead_at = now(),
   last_error = 'consumer bug #12: cannot apply' WHERE status = 'pending'" >/dev/null
 dead=$(psql "$orders_db" -qAtc "SELECT count(*) FROM outbox_delivery WHERE status = 'dead'")

@@ -30,21 +30,22 @@ from chaoslib.jetstream_scenarios import SCENARIOS as JETSTREAM  # noqa
 from chaoslib.pg import Postgres  # noqa: E402
 from chaoslib.proxy import ProxyLoop  # noqa: E402
 from chaoslib.runner import Run  # noqa: E402
-from chaoslib.scenarios import LOG_SCENARIOS as LOG  # noqa: E402
+from chaoslib.scenarios import ROWS_SCENARIOS as ROWS  # noqa: E402
 from chaoslib.scenarios import SCENARIOS as CORE  # noqa: E402
-from chaoslib.topology_scenarios import LOG_SCENARIOS as TOPOLOGY_LOG  # noqa
+from chaoslib.topology_scenarios import ROWS_SCENARIOS as TOPOLOGY_ROWS  # noqa
 from chaoslib.topology_scenarios import SCENARIOS as TOPOLOGY  # noqa: E402
 
 # Each scenario's group: "core" (one PostgreSQL for everything),
 # "topology" (standbys, restores, PgBouncer, a hung server: their own
-# servers, chaoslib/topology_scenarios.py), "log" (core faults with the
-# subscription delivered from the outbox log, and the topologies too) or
-# "jetstream" (the relays publish to a 3-node NATS JetStream cluster of the
-# scenario's own, the consumers read it: chaoslib/jetstream_scenarios.py).
-LOG = LOG + TOPOLOGY_LOG
-SCENARIOS = CORE + TOPOLOGY + LOG + JETSTREAM
+# servers, chaoslib/topology_scenarios.py), "jetstream" (the relays publish
+# to a 3-node NATS JetStream cluster of the scenario's own, the consumers
+# read it: chaoslib/jetstream_scenarios.py), all with the subscription on
+# the outbox log as the relays' default; or "rows" (core faults and five
+# topologies with the subscription delivered by rows, one per event).
+ROWS = ROWS + TOPOLOGY_ROWS
+SCENARIOS = CORE + TOPOLOGY + ROWS + JETSTREAM
 BY_NAME = {s.name: s for s in SCENARIOS}
-GROUPS = {"core": CORE, "topology": TOPOLOGY, "log": LOG,
+GROUPS = {"core": CORE, "topology": TOPOLOGY, "rows": ROWS,
           "jetstream": JETSTREAM}
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -192,8 +193,9 @@ def main():
                     choices=sorted(GROUPS),
                     help="run the scenarios of this group (repeat): core "
                          "(one PostgreSQL), topology (standbys, restores, "
-                         "PgBouncer, a hung server), log (core faults, the "
-                         "subscription delivered from the outbox log), "
+                         "PgBouncer, a hung server), rows (core faults and "
+                         "five topologies, the subscription delivered by "
+                         "rows, one per event), "
                          "jetstream (a 3-node NATS JetStream cluster between "
                          "relays and consumers: node kills, restarts, "
                          "pauses, cut links)")
@@ -224,7 +226,7 @@ def main():
 
     if args.list:
         for s in SCENARIOS:
-            group = ("log" if s in LOG else getattr(s, "group", "core"))
+            group = ("rows" if s in ROWS else getattr(s, "group", "core"))
             print(f"{s.name:28} "
                   + (f"[{group}] " if group != "core" else "") + s.summary)
         return 0

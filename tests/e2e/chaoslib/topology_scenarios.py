@@ -1135,14 +1135,15 @@ SCENARIOS = [
         min_seconds=FREEZE_SECONDS + 8),
 ]
 
-# The same topologies with the subscription delivered from the outbox log
-# (outbox-relay --log_delivery): its ticks and positions live in the orders
-# database and go through the same promotion, restore, pooler and freeze
-# as everything else there. Group "log".
-LOG_SCENARIOS = [
-    replace(s, name=f"log-{s.name}",
-            summary=f"{s.summary}; delivered from the outbox log",
-            relay_flags={**s.relay_flags, "log_delivery": "true"})
+# The topologies above run with the subscription on the outbox log (the
+# relays' default): its ticks and positions live in the orders database and
+# go through the same promotion, restore, pooler and freeze as everything
+# else there. The same topologies with a subscription delivered by rows
+# (--log_delivery=false): group "rows".
+ROWS_SCENARIOS = [
+    replace(s, name=f"rows-{s.name}",
+            summary=f"{s.summary}; delivered by rows, one per event",
+            relay_flags={**s.relay_flags, "log_delivery": "false"})
     for s in SCENARIOS
     if s.name in ("failover-orders", "failover-billing", "restore-billing",
                   "pgbouncer-transaction", "hung-db")]
