@@ -44,7 +44,11 @@ struct NewEvent {
   int schema_version = 1;      // of the payload
   google::protobuf::Any payload;
   std::string trace_parent;  // optional W3C traceparent
-  std::string event_id;      // optional UUID; a new one when empty
+  // Optional UUID; a new one (time-ordered) when empty. One given must
+  // never have been used before: the outbox refuses a repeat only while
+  // it still holds the first (--retention deletes it), and consumers know
+  // an event by its id.
+  std::string event_id;
   absl::Time occurred_at = absl::InfinitePast();  // now when unset
 
   // An event whose payload is `message` and whose type is its name.
