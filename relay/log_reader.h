@@ -45,7 +45,7 @@ struct LogReaderOptions {
   // a read that must show newer commits than the tick it holds asks for
   // one, and gets the newest instead when that is younger; while the tick
   // it holds is younger, it does not ask at all.
-  absl::Duration tick_interval = absl::Milliseconds(5);
+  absl::Duration tick_interval = absl::Milliseconds(1);
   // Ranges of one group read while earlier ones wait for answers: a read
   // need not wait for the round trip of the one before (1: it does).
   int max_ranges = 8;
