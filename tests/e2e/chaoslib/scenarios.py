@@ -74,22 +74,26 @@ class Scenario:
 # -- injectors ---------------------------------------------------------------
 
 
+def hit_relays(run, victims):
+    """SIGKILL `victims` (1 in 5: SIGTERM, a clean bounce; 1 in 7: SIGSTOP
+    the first for 1-3 s, a relay that hangs with its partitions), kept
+    down 0-1.5 s; the supervisor restarts them."""
+    how = run.rng.random()
+    down = run.rng.uniform(0.0, 1.5)
+    if how < 1 / 7:
+        run.pause(victims[0], run.rng.uniform(1.0, 3.0))
+        return
+    for v in victims:
+        run.kill(v, signal.SIGKILL if how < 0.8 else signal.SIGTERM, down)
+
+
 def kill_relays(run):
-    """SIGKILL a relay at random moments (1 in 5: SIGTERM, a clean bounce;
-    1 in 7: SIGSTOP for 1-3 s, a relay that hangs with its partitions),
-    now and then both; the supervisor restarts them."""
+    """hit_relays at random moments: one relay, now and then both."""
     while run.sleep(run.rng.uniform(0.8, 2.2)):
         if len(run.relays) > 1 and run.rng.random() < 0.15:
-            victims = list(run.relays)
+            hit_relays(run, list(run.relays))
         else:
-            victims = [run.rng.choice(run.relays)]
-        how = run.rng.random()
-        down = run.rng.uniform(0.0, 1.5)
-        if how < 1 / 7:
-            run.pause(victims[0], run.rng.uniform(1.0, 3.0))
-            continue
-        for v in victims:
-            run.kill(v, signal.SIGKILL if how < 0.8 else signal.SIGTERM, down)
+            hit_relays(run, [run.rng.choice(run.relays)])
 
 
 def kill_consumer(run):
@@ -394,13 +398,7 @@ def kill_relays_and_consumer(run):
             run.kill(run.rng.choice(run.consumers), signal.SIGKILL,
                      run.rng.uniform(0.0, 1.0))
             continue
-        victim = run.rng.choice(run.relays)
-        how = run.rng.random()
-        if how < 1 / 7:
-            run.pause(victim, run.rng.uniform(1.0, 3.0))
-        else:
-            run.kill(victim, signal.SIGKILL if how < 0.8 else signal.SIGTERM,
-                     run.rng.uniform(0.0, 1.5))
+        hit_relays(run, [run.rng.choice(run.relays)])
 
 
 def check_retention(run, report):
@@ -549,8 +547,11 @@ BY_NAME = {s.name: s for s in SCENARIOS}
 # delivered from the outbox log (positions, exceptions as rows). The same
 # faults with a subscription delivered by rows, one per event
 # (--log_delivery=false): group "rows".
-ROWS_SCENARIOS = [
-    replace(s, name=f"rows-{s.name}",
-            summary=f"{s.summary}; delivered by rows, one per event",
-            relay_flags={**s.relay_flags, "log_delivery": "false"})
-    for s in SCENARIOS]
+def on_rows(s):
+    """Scenario `s` as rows-<name>, its relays --log_delivery=false."""
+    return replace(s, name=f"rows-{s.name}",
+                   summary=f"{s.summary}; delivered by rows, one per event",
+                   relay_flags={**s.relay_flags, "log_delivery": "false"})
+
+
+ROWS_SCENARIOS = [on_rows(s) for s in SCENARIOS]

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import procs as P
@@ -28,7 +28,7 @@ from .gray import HealthWatch
 from .observe import scrape
 from .pg import SqlError
 from .runner import HarnessError, Run, SHUTDOWN_TIMEOUT
-from .scenarios import ACK_TIMEOUT, Scenario, check_gray
+from .scenarios import ACK_TIMEOUT, Scenario, check_gray, on_rows
 from .tls import HARNESS
 from .topology import (Cluster, PgBouncer, StandbyPair, TopologyError,
                        UUID_RE, dump, replace_from_dump, restore)
@@ -1141,9 +1141,6 @@ SCENARIOS = [
 # else there. The same topologies with a subscription delivered by rows
 # (--log_delivery=false): group "rows".
 ROWS_SCENARIOS = [
-    replace(s, name=f"rows-{s.name}",
-            summary=f"{s.summary}; delivered by rows, one per event",
-            relay_flags={**s.relay_flags, "log_delivery": "false"})
-    for s in SCENARIOS
+    on_rows(s) for s in SCENARIOS
     if s.name in ("failover-orders", "failover-billing", "restore-billing",
                   "pgbouncer-transaction", "hung-db")]
