@@ -118,6 +118,16 @@ def cmd_pgbench_scripts(a):
     with open(os.path.join(a.out, "create_unnest.sql"), "w") as f:
         f.write(head % "producer/order_store.cc's kCreateSql")
         f.write(setup + create + ";\n")
+    # The same, each event's id checked before its insert as a partitioned
+    # outbox would need for an id its caller gives (the retention phase;
+    # outbox_event_id_free is scripts/lib/partitioned_outbox.sql's).
+    tail = "FROM input i JOIN h USING (aggregate_type, aggregate_id))"
+    if create.count(tail) != 1:
+        raise SystemExit("the writer's insert no longer ends in: " + tail)
+    checked = create.replace(tail, tail[:-1] + " WHERE outbox_event_id_free(i.event_id))")
+    with open(os.path.join(a.out, "create_checked.sql"), "w") as f:
+        f.write(head % "producer/order_store.cc's kCreateSql, each event_id checked")
+        f.write(setup + checked + ";\n")
     # One order row of scalars, a CTE o returning its id; each form below
     # adds its own tail.
     order_row = (
@@ -807,6 +817,15 @@ def cmd_report(a):
                   "TRUNCATE of partitions", None)
         ratio_row(name, ["retention"], cost, unit, g("retention.write_" + key), unit,
                   "the producer writing them", None)
+    # What rotation's partitions would cost every write, against what it
+    # saves: CreateOrder's server CPU per call (pgbench) on a partitioned
+    # outbox, then with a caller-given event_id's check, against a plain one.
+    plain = g("retention.create_plain.cpu_us")
+    for form, label in (("parted", "seq-partitioned outbox"),
+                        ("checked", "seq-partitioned outbox, event_id checked")):
+        ratio_row("Retention by partitions: CreateOrder server CPU per call, %s" % label,
+                  ["retention"], g("retention.create_%s.cpu_us" % form), " µs", plain, " µs",
+                  "plain outbox", None)
     ratio_row("Retention: the relay's delete rate (events/s)", ["retention", "p1-create"],
               g("retention.prune_rate"), "/s", g("p1.create.grpc_rate"), "/s",
               "P1 CreateOrder's rate", None)
