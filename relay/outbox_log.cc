@@ -439,23 +439,6 @@ absl::StatusOr<Rebased> RebaseLog(pqxx::transaction_base& tx) {
       "SELECT pg_advisory_xact_lock(2833, 0), coalesce((SELECT "
       "pg_snapshot_xmax(pg_current_snapshot()) < pg_snapshot_xmax(snapshot) "
       "FROM outbox_ticks ORDER BY id DESC LIMIT 1), false) AS behind";
-  static const std::string kOweSql =
-      "WITH owed AS (INSERT INTO outbox_delivery (subscription, seq, "
-      "aggregate_id, partition) SELECT s.name, o.seq, o.aggregate_id, "
-      "o.partition FROM subscriptions s JOIN outbox_ticks st ON st.id = "
-      "s.start_tick CROSS JOIN outbox o WHERE o.seq >= s.start_seq AND "
-      "o.xid IS NOT NULL AND NOT pg_visible_in_snapshot(o.xid, st.snapshot) "
-      "AND NOT outbox_log_delivered(s.name, o.seq, o.xid, o.partition) "
-      "ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM owed";
-  static const std::string kRestartSql =
-      "WITH gone AS (DELETE FROM outbox_ticks RETURNING id), "
-      "t AS (INSERT INTO outbox_ticks (id, snapshot, high_seq) SELECT "
-      "coalesce((SELECT max(id) FROM gone), 0) + 1, pg_current_snapshot(), "
-      "coalesce((SELECT max(seq) FROM outbox), 0) RETURNING id), "
-      "p AS (UPDATE outbox_log_positions SET done_tick = (SELECT id FROM t), "
-      "reading_tick = 0, after_seq = 0, moved_at = now()), "
-      "s AS (UPDATE subscriptions SET start_tick = (SELECT id FROM t) WHERE "
-      "start_tick IS NOT NULL) SELECT id FROM t";
   // The subscriptions on the log before their positions, in the order
   // outbox_log_unsubscribe takes them: the other order let a move off the
   // log and a rebase each wait for the other (a deadlock PostgreSQL breaks
@@ -463,12 +446,57 @@ absl::StatusOr<Rebased> RebaseLog(pqxx::transaction_base& tx) {
   static const std::string kLockSql =
       "SELECT name FROM subscriptions WHERE start_tick IS NOT NULL "
       "ORDER BY name FOR UPDATE";
+  // The new tick: a snapshot taken now, in a statement of its own once the
+  // lock is held, and the highest seq it shows. Everything it shows is
+  // owed below unless delivered; everything it does not show, the log
+  // reads after it. Taken before the owing, so that an event committing
+  // while the owing runs is read from the log, not lost between the two.
+  // old_high: the highest seq any tick of the old cluster showed.
+  static const std::string kNowSql =
+      "SELECT pg_current_snapshot()::text AS snapshot, coalesce((SELECT "
+      "max(seq) FROM outbox), 0) AS high, coalesce((SELECT max(high_seq) "
+      "FROM outbox_ticks), 0) AS old_high";
+  // What the old positions had not delivered, or the old cluster's ticks
+  // could not say. An event above every old tick's high seq was shown by
+  // none of them: either the old cluster committed it after its last tick
+  // (its transaction id lies ahead of this cluster's: committed data, so
+  // owed), or this cluster did since the restore (owed if the new tick
+  // shows it, else read from the log). Its new transaction id says
+  // nothing to the old snapshots: one below their xmin would read as
+  // delivered. An event at or below that seq is the old cluster's, judged
+  // by the old start tick and positions as before.
+  static const std::string kOweSql =
+      "WITH owed AS (INSERT INTO outbox_delivery (subscription, seq, "
+      "aggregate_id, partition) SELECT s.name, o.seq, o.aggregate_id, "
+      "o.partition FROM subscriptions s JOIN outbox_ticks st ON st.id = "
+      "s.start_tick CROSS JOIN outbox o WHERE o.seq >= s.start_seq AND "
+      "o.xid IS NOT NULL AND CASE WHEN o.seq > $2 THEN "
+      "o.xid >= pg_snapshot_xmax(pg_current_snapshot()) OR "
+      "pg_visible_in_snapshot(o.xid, $1::pg_snapshot) ELSE "
+      "NOT pg_visible_in_snapshot(o.xid, st.snapshot) "
+      "AND NOT outbox_log_delivered(s.name, o.seq, o.xid, o.partition) END "
+      "ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM owed";
+  static const std::string kRestartSql =
+      "WITH gone AS (DELETE FROM outbox_ticks RETURNING id), "
+      "t AS (INSERT INTO outbox_ticks (id, snapshot, high_seq) SELECT "
+      "coalesce((SELECT max(id) FROM gone), 0) + 1, $1::pg_snapshot, $2 "
+      "RETURNING id), "
+      "p AS (UPDATE outbox_log_positions SET done_tick = (SELECT id FROM t), "
+      "reading_tick = 0, after_seq = 0, moved_at = now()), "
+      "s AS (UPDATE subscriptions SET start_tick = (SELECT id FROM t) WHERE "
+      "start_tick IS NOT NULL) SELECT id FROM t";
   Rebased out;
   try {
     if (!tx.exec(kBehindSql)[0]["behind"].as<bool>()) return out;
     tx.exec(kLockSql);
-    out.owed = tx.exec(kOweSql)[0][0].as<int64_t>();
-    out.tick = tx.exec(kRestartSql)[0]["id"].as<int64_t>();
+    const pqxx::row now = tx.exec(kNowSql)[0];
+    const std::string snapshot = now["snapshot"].as<std::string>();
+    const int64_t high = now["high"].as<int64_t>();
+    const int64_t old_high = now["old_high"].as<int64_t>();
+    out.owed =
+        tx.exec_params(kOweSql, snapshot, old_high)[0][0].as<int64_t>();
+    out.tick =
+        tx.exec_params(kRestartSql, snapshot, high)[0]["id"].as<int64_t>();
     out.rebased = true;
     return out;
   } catch (const std::exception& e) {

@@ -189,7 +189,10 @@ LogOwed LogOwedTotal(const std::map<int, LogOwed>& owed);
 // that the positions had not delivered to its subscription as an
 // exception (an outbox_delivery row), so nothing is lost to the new ids,
 // and restarts the log at a new tick with every position and start tick
-// on it. Events the new tick does not show come again from the log and
+// on it. Events written since the restore, before the rebase, are owed
+// too (their new ids would read as delivered to the old snapshots), and
+// one committing while the rebase runs is read from the log after the new
+// tick. Events the new tick does not show come again from the log and
 // are answered as duplicates. Does nothing when the ids are not behind.
 struct Rebased {
   bool rebased = false;

@@ -411,6 +411,67 @@ TEST_F(OutboxLogTest, ARebaseOwesWhatThePositionsHadNotDelivered) {
   EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_ticks"), 2);
 }
 
+// A dump restored into a younger cluster, as it really comes: the old
+// events keep the old cluster's transaction ids (above this cluster's),
+// its ticks their snapshots, and the producer writes new events, with new
+// ids below every old snapshot's xmin, before any relay ticks and finds
+// the ids behind. Those new events are owed (they read as delivered to
+// the old snapshots), as is the old cluster's event that no tick showed;
+// the one the positions delivered is not.
+TEST_F(OutboxLogTest, ARebaseOwesWhatWasWrittenSinceTheRestore) {
+  pqxx::work old(conn_);
+  const int64_t delivered = Append(old, "old-delivered");
+  const int64_t undelivered = Append(old, "old-undelivered");
+  old.exec(absl::StrCat(
+      "UPDATE outbox SET xid = CASE seq WHEN ", delivered,
+      " THEN '3000000100' ELSE '3000000200' END::xid8; "
+      "DELETE FROM outbox_ticks; INSERT INTO outbox_ticks (id, snapshot, high_seq) VALUES "
+      "(1, '3000000000:3000000000:', 0), (2, '3000000150:3000000150:', ",
+      delivered, "); "
+      "INSERT INTO subscriptions (name, start_tick) VALUES ('billing', 1); "
+      "INSERT INTO outbox_log_positions (subscription, partition, done_tick) "
+      "SELECT 'billing', p, 2 FROM generate_series(0, ",
+      kPartitions - 1, ") p"));
+  old.commit();
+  std::vector<int64_t> since;
+  for (int i = 0; i < 3; ++i) {
+    pqxx::work tx(conn_);
+    since.push_back(Append(tx, absl::StrCat("new-", i)));
+    tx.commit();
+  }
+  db_.Exec("DELETE FROM outbox_delivery");  // the log owes them, not rows
+  // An event in flight across the rebase: the new tick does not show it,
+  // so the log reads it after the tick, and no row is owed for it.
+  pqxx::connection writer(db_.url());
+  pqxx::work open(writer);
+  const int64_t in_flight = Append(open, "in-flight");
+  pqxx::work tx(conn_);
+  absl::StatusOr<Rebased> r = RebaseLog(tx);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->rebased);
+  std::vector<int64_t> owed;
+  for (const auto& row : tx.exec("SELECT seq FROM outbox_delivery WHERE "
+                                 "subscription = 'billing' ORDER BY seq")) {
+    owed.push_back(row[0].as<int64_t>());
+  }
+  std::vector<int64_t> want = {undelivered};
+  want.insert(want.end(), since.begin(), since.end());
+  EXPECT_EQ(owed, want);
+  EXPECT_EQ(r->owed, static_cast<int64_t>(want.size()));
+  tx.commit();
+  open.commit();
+  absl::StatusOr<Tick> next = TickIn(conn_);
+  ASSERT_TRUE(next.ok()) << next.status();
+  pqxx::work read(conn_);
+  absl::StatusOr<Tick> rebased = ReadTick(read, r->tick);
+  read.commit();
+  ASSERT_TRUE(rebased.ok()) << rebased.status();
+  absl::StatusOr<std::vector<LogEvent>> after =
+      ReadRange(conn_, *rebased, *next);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(Seqs(*after), std::vector<int64_t>{in_flight});
+}
+
 // A rebase and a move off the log in flight together: the rebase takes
 // the subscriptions before the positions, as the move does, so each waits
 // for the other instead of deadlocking (PostgreSQL would fail one).
