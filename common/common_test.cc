@@ -487,12 +487,14 @@ TEST(DbSession, SettingsNameEveryTimeoutInMilliseconds) {
   EXPECT_EQ(SessionSettingsSql(s),
             "SET synchronous_commit = on; SET statement_timeout = 3000; "
             "SET lock_timeout = 250; "
-            "SET idle_in_transaction_session_timeout = 0");
+            "SET idle_in_transaction_session_timeout = 0; "
+            "SET default_transaction_isolation = 'read committed'");
   s.generic_plans = true;
   EXPECT_EQ(SessionSettingsSql(s),
             "SET synchronous_commit = on; SET statement_timeout = 3000; "
             "SET lock_timeout = 250; "
             "SET idle_in_transaction_session_timeout = 0; "
+            "SET default_transaction_isolation = 'read committed'; "
             "SET plan_cache_mode = force_generic_plan");
   // For one transaction (behind a transaction pooler): SET LOCAL, and no
   // plan setting, which only matters to a session's prepared statements.

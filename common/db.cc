@@ -171,6 +171,15 @@ std::string SessionSettingsSql(const DbSession& session, bool local,
       "lock_timeout = ", ms(session.lock_timeout), "; ", set,
       "idle_in_transaction_session_timeout = ",
       ms(session.idle_in_transaction_timeout));
+  if (!local) {
+    // Every statement here is written for READ COMMITTED (a snapshot per
+    // statement, taken after the locks before it): a database or role whose
+    // default is stricter would, say, let a tick take its snapshot before
+    // the lock that orders ticks. Behind a transaction pooler a SET would
+    // stay with the server session; outbox_tick() refuses there instead.
+    absl::StrAppend(&sql,
+                    "; SET default_transaction_isolation = 'read committed'");
+  }
   if (session.generic_plans && !local) {
     absl::StrAppend(&sql, "; SET plan_cache_mode = force_generic_plan");
   }

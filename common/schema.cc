@@ -497,6 +497,45 @@ END $$;
 
 }  // namespace
 
+// outbox_tick() as in version 6, refused outside READ COMMITTED: there a
+// transaction's snapshot is taken at its first statement, maybe before the
+// lock that orders ticks was granted, so a tick could show less than the
+// one before it and ranges would pass over events (a database or role
+// whose default_transaction_isolation is REPEATABLE READ, say). The
+// relays' sessions set it to READ COMMITTED (common/db.cc); this catches
+// any other caller, and a pooled session that kept the server's default.
+constexpr char kOutboxV11[] = R"sql(
+CREATE OR REPLACE FUNCTION outbox_tick() RETURNS outbox_ticks
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  t outbox_ticks;
+  last outbox_ticks;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'the outbox log cannot tick in a % transaction',
+      current_setting('transaction_isolation')
+      USING ERRCODE = '25000',
+            HINT = 'ticks are made in READ COMMITTED; set default_transaction_isolation to read committed for the relay''s role or database';
+  END IF;
+  PERFORM pg_advisory_xact_lock(2833, 0);
+  SELECT * INTO last FROM outbox_ticks ORDER BY id DESC LIMIT 1;
+  IF last.id IS NOT NULL AND pg_snapshot_xmax(pg_current_snapshot()) <
+                             pg_snapshot_xmax(last.snapshot) THEN
+    RAISE EXCEPTION 'the outbox log cannot tick: this database''s transaction ids (next %) are behind those of its last tick % (next %)',
+      pg_snapshot_xmax(pg_current_snapshot()), last.id,
+      pg_snapshot_xmax(last.snapshot)
+      USING ERRCODE = '55000',
+            HINT = 'the database was restored from a dump into another cluster; its log positions must be rebased before delivery goes on';
+  END IF;
+  INSERT INTO outbox_ticks (id, snapshot, high_seq)
+    SELECT coalesce((SELECT max(id) FROM outbox_ticks), 0) + 1,
+           pg_current_snapshot(),
+           coalesce((SELECT max(seq) FROM outbox), 0)
+  RETURNING * INTO t;
+  RETURN t;
+END $$;
+)sql";
+
 const std::vector<Migration>& OutboxMigrations() {
   // The view derives each event's state as the admin API does.
   static const std::string kOutboxV1 = absl::StrCat(
@@ -818,6 +857,7 @@ $$;
       {9, "delivery states joined to the log's positions", kOutboxV9.c_str()},
       {10, "operators move subscriptions onto the log and off it",
        kOutboxV10.c_str()},
+      {11, "a tick is refused outside READ COMMITTED", kOutboxV11},
   };
   return kMigrations;
 }
