@@ -52,7 +52,10 @@ absl::StatusOr<ConsumerWatch::Recorded> ConsumerWatch::Record(
   std::optional<DatabaseIdentity> old;
   ReOwed owed;
   try {
-    auto tx = OpenUnit(conn);
+    // A transaction, also when the session is not pooled: ReOwe holds
+    // retention back until the commit.
+    auto tx = std::make_unique<pqxx::work>(conn);
+    ApplyLimits(*tx);
     if (!went_back_.empty()) {
       RequestHeal(*tx, subscription_, absl::StrCat("the consumer ", went_back_));
     }

@@ -88,12 +88,18 @@ v1::Divergence DivergenceFromRow(const pqxx::row& row) {
   return d;
 }
 
+// Retention's lock, shared (relay/retention.h): held until `tx` ends.
+void HoldRetentionBack(pqxx::transaction_base& tx) {
+  tx.exec("SELECT pg_advisory_xact_lock_shared(2834, 0)");
+}
+
 }  // namespace
 
 ReOwed ReOwe(pqxx::transaction_base& tx, const std::string& subscription,
              const std::vector<ChainRange>& ranges) {
   ReOwed out;
   if (ranges.empty()) return out;
+  HoldRetentionBack(tx);
   ArrayLiteral types, ids, los, his;
   for (const ChainRange& r : ranges) {
     ChainId c;
@@ -141,6 +147,7 @@ std::vector<std::pair<int64_t, std::string>> ChainOf(
 
 Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
                 const ReplaySelector& sel) {
+  HoldRetentionBack(tx);
   std::string matching;
   pqxx::result r;
   const char* kTail =

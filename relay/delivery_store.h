@@ -55,7 +55,10 @@ struct ReOwed {
 // Owes the retained events of `ranges` to `subscription` again (from its
 // start_seq on; pending ones stay as they are). A gap is reported only at
 // or above the subscription's chain_from (below it the predecessor was
-// never owed).
+// never owed). Holds retention's deletes back until `tx` commits (a lock
+// shared with PruneOutbox, taken in a statement before the reads), so
+// `tx` must be a transaction, not a pqxx::nontransaction: retention then
+// cannot delete an event this owes between the read and the commit.
 ReOwed ReOwe(pqxx::transaction_base& tx, const std::string& subscription,
              const std::vector<ChainRange>& ranges);
 
@@ -81,6 +84,7 @@ struct Replayed {
   int64_t owed = 0;     // of which not pending already
 };
 
+// Holds retention back as ReOwe does; `tx` must be a transaction.
 Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
                 const ReplaySelector& selector);
 

@@ -18,6 +18,12 @@ namespace {
 
 constexpr int kPage = 1000;
 
+// The lowest seq the outbox retains: retention deleted every event below
+// it. With none retained, the next seq to be drawn.
+constexpr char kMinRetainedSql[] =
+    "coalesce((SELECT min(seq) FROM outbox), (SELECT CASE WHEN is_called "
+    "THEN last_value + 1 ELSE last_value END FROM outbox_seq_seq))";
+
 absl::Status FromGrpc(const grpc::Status& s, const char* what) {
   return absl::UnavailableError(
       absl::StrCat(what, ": ", s.error_message(), " (gRPC code ",
@@ -76,9 +82,9 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
         diverged_ids.insert(d.aggregate_id());
       }
       const pqxx::row r = unit->exec_params1(
-          "SELECT coalesce((SELECT min(seq) FROM outbox), 0) AS min_retained, "
-          "start_seq, start_tick IS NOT NULL AS on_log FROM subscriptions "
-          "WHERE name = $1",
+          absl::StrCat("SELECT ", kMinRetainedSql,
+                       " AS min_retained, start_seq, start_tick IS NOT NULL "
+                       "AS on_log FROM subscriptions WHERE name = $1"),
           subscription_);
       min_retained = r["min_retained"].as<int64_t>();
       start_seq = r["start_seq"].as<int64_t>();
@@ -106,6 +112,14 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
                ids.str())) {
         held_here.insert(row["event_id"].as<std::string>());
       }
+      // Retention may have deleted an applied event since min_retained was
+      // read, or since this page's cursors were: looked at again after the
+      // lookup above, an event not held there lies below it now, unless
+      // it never was in this outbox.
+      min_retained = std::max(
+          min_retained,
+          unit->exec(absl::StrCat("SELECT ", kMinRetainedSql))[0][0]
+              .as<int64_t>());
       for (const v1::AggregateCursor& c : page->cursors()) {
         if (c.applied_event_id().empty() || c.applied_seq() < min_retained ||
             held_here.count(c.applied_event_id()) ||
@@ -248,10 +262,11 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
         if (at < through) ranges.push_back({a, at, through});
       }
       if (ranges.empty()) continue;
-      auto unit = OpenUnit(conn);
-      const ReOwed owed = ReOwe(*unit, subscription_, ranges);
-      report.diverged += RecordGaps(*unit, subscription_, owed, &applied);
-      unit->commit();
+      pqxx::work tx(conn);  // ReOwe holds retention back until the commit
+      ApplyLimits(tx);
+      const ReOwed owed = ReOwe(tx, subscription_, ranges);
+      report.diverged += RecordGaps(tx, subscription_, owed, &applied);
+      tx.commit();
       report.redelivered += owed.owed;
       report.redelivered_aggregates += ranges.size();
     }

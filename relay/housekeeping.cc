@@ -336,12 +336,13 @@ bool Housekeeping::PruneDelivered(pqxx::connection& conn) {
   constexpr absl::Duration kBudget = absl::Milliseconds(100);
   const absl::Time until = absl::Now() + kBudget;
   while (true) {
-    auto unit = OpenUnit(conn);
-    pqxx::transaction_base& tx = *unit;
-    // Small batches keep each transaction short, so vacuum is never held
-    // back.
+    // A transaction, also when the session is not pooled: PruneOutbox holds
+    // a lock over two statements. Small batches keep each transaction
+    // short, so vacuum is never held back.
+    pqxx::work tx(conn);
+    ApplyLimits(tx);
     const int64_t deleted = PruneOutbox(tx, options_.retention, kBatch);
-    unit->commit();
+    tx.commit();
     pruned_->Add(deleted);
     if (static_cast<int>(deleted) < kBatch) return false;
     if (stop_ || absl::Now() >= until) return true;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/schema.h"
+#include "relay/delivery_store.h"
 #include "relay/log_reader.h"
 #include "relay/log_testing.h"
 #include "relay/retention.h"
@@ -475,6 +476,48 @@ TEST_F(LogReaderTest, EachPartOfThePartitionsReadsItsOwnEvents) {
   EXPECT_EQ(db_.Scalar("SELECT count(DISTINCT (done_tick, reading_tick, "
                        "after_seq)) FROM outbox_log_positions"),
             1);
+}
+
+// An operator's replay of delivered events, not committed yet, and
+// retention deleting those same events: the delete waits for the replay
+// and then keeps what it owes. Before, it read past the replay's rows,
+// deleted the events, and left rows owing events that no longer exist
+// (never sent, never reported lost, and holding retention back for good).
+TEST_F(LogReaderTest, AReplayInFlightHoldsRetentionBack) {
+  Subscribe();
+  std::vector<int64_t> e;
+  for (int i = 0; i < 3; ++i) e.push_back(AppendCommitted("r"));
+  db_.Exec("DELETE FROM outbox_delivery");
+  LogReader reader = NewReader();
+  Drain(reader);
+  pqxx::connection operator_conn(db_.url());
+  pqxx::work replay(operator_conn);
+  ReplaySelector sel;
+  sel.by_seq = true;
+  sel.from_seq = e[0];
+  sel.to_seq = e[1];
+  EXPECT_EQ(Replay(replay, "billing", sel).owed, 2);
+  std::atomic<int64_t> pruned{-1};
+  std::thread retention([&] {
+    pqxx::connection c(db_.url());
+    pqxx::work tx(c);
+    pruned = PruneOutbox(tx, absl::ZeroDuration(), 1000);
+    tx.commit();
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (pruned < 0 && absl::Now() < deadline &&
+         db_.Scalar("SELECT count(*) FROM pg_locks WHERE locktype = "
+                    "'advisory' AND NOT granted") == 0) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(pruned, -1) << "the delete did not wait for the replay";
+  replay.commit();
+  retention.join();
+  EXPECT_EQ(pruned, 0);  // the lowest events are owed again
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_delivery d WHERE NOT "
+                       "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = d.seq)"),
+            0);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox"), 3);
 }
 
 TEST_F(LogReaderTest, RetentionKeepsWhatTheLogHasNotDelivered) {

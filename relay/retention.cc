@@ -13,6 +13,12 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   // event written since the log began, if the tick is missing) stops the
   // prefix. Events from before the log have no xid and are judged by their
   // delivery rows alone.
+  // Operators' replays and heals owe events again (ReOwe, Replay) under
+  // this lock shared: taken exclusive in a statement of its own, before
+  // the delete, whose snapshot then shows every delivery row they owed.
+  // Without it a replay's rows, not yet committed, would not hold back the
+  // delete of the events they point at.
+  tx.exec("SELECT pg_advisory_xact_lock(2834, 0)");
   static const std::string kSql =
       "WITH f AS (SELECT fl, (SELECT t.snapshot FROM outbox_ticks t WHERE "
       "t.id = fl) AS snap FROM outbox_log_floor($3) fl), "

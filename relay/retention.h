@@ -8,10 +8,15 @@
 // A subscription is done with an event when it has no outbox_delivery row
 // at or below it and, for one the log delivers to, the oldest tick the
 // log's subscriptions need (outbox_log_floor) shows the event's
-// transaction.
+// transaction. An operator's replay or a heal owing events again (ReOwe,
+// Replay) holds the deletes back until it commits: both take one lock,
+// the deletes exclusive, they shared.
 //
-// Example (the relay's housekeeping, in small batches):
-//   while (PruneOutbox(*OpenUnit(conn), retention, 1000) == 1000) {}
+// Example (the relay's housekeeping, in small batches, each in a
+// transaction of its own: PruneOutbox takes the lock in a statement before
+// its delete, so `tx` must not be a pqxx::nontransaction):
+//   do { pqxx::work tx(conn); n = PruneOutbox(tx, retention, 1000);
+//        tx.commit(); } while (n == 1000);
 
 #include <cstdint>
 #include <pqxx/pqxx>
