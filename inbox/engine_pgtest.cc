@@ -333,13 +333,13 @@ TEST_F(EngineTest, InboxRetentionRacingWithApplyingLosesAndDoublesNothing) {
   constexpr int kChains = 40;
   std::vector<std::vector<v1::Event>> chains;
   for (int i = 0; i < kChains; ++i) chains.push_back(Chain(1 + i * 3));
-  Database db2(tdb_.url(), 4, "consumer-test-2");
+  Database db2(tdb_.url(), 4, "engine-test-2");
   Metrics m2;
   Engine second(&db2, Ledger(), &m2);
   std::atomic<bool> applying{true};
   std::atomic<int64_t> pruned_meanwhile{0};
   std::thread pruner([&] {
-    Database prune_db(tdb_.url(), 1, "consumer-test-retention");
+    Database prune_db(tdb_.url(), 1, "engine-test-retention");
     while (applying) {
       absl::Status s = prune_db.Run([&](pqxx::connection& c) {
         const int64_t n = PruneInboxOnce(c, absl::ZeroDuration(), 3);
@@ -445,7 +445,7 @@ TEST_F(EngineTest, TwoReplicasRacingOnOneAggregateNeverStrandAnEvent) {
   // sharing the database. Each gets every event of each chain, in its own
   // random order, one event per transaction, so holds and applies of the
   // same aggregate interleave in every way.
-  Database db2(tdb_.url(), 4, "consumer-test-2");
+  Database db2(tdb_.url(), 4, "engine-test-2");
   Metrics m2;
   Engine second(&db2, Ledger(), &m2);
   std::vector<std::vector<v1::Event>> chains;
@@ -479,7 +479,7 @@ TEST_F(EngineTest, OversizedBatchEndsTheStreamWithInvalidArgument) {
   EXPECT_EQ(tdb_.Scalar("SELECT count(*) FROM inbox"), 0);
 }
 
-TEST(ConsumerDown, UnreachableDatabaseEndsTheStreamUnavailable) {
+TEST(EngineDown, UnreachableDatabaseEndsTheStreamUnavailable) {
   Database db("postgresql://127.0.0.1:1/outbox_billing", 1, "t");
   Metrics metrics;
   Engine applier(&db, Ledger(), &metrics);
@@ -1017,7 +1017,7 @@ TEST_F(EngineTest, OneEventIdOnTwoAggregatesInABatchAppliesOnce) {
   ExpectAppliedInOrder();
 }
 
-TEST(ConsumerHeldCap, BeyondTheCapEventsAreRejected) {
+TEST(EngineHeldCap, BeyondTheCapEventsAreRejected) {
   testing::TestDatabase tdb("heldcap", LedgerSchemas());
   Database db(tdb.url(), 2, "cap-test");
   Metrics metrics;
@@ -1042,7 +1042,7 @@ TEST(ConsumerHeldCap, BeyondTheCapEventsAreRejected) {
   EXPECT_EQ(tdb.Scalar("SELECT held_count FROM aggregate_cursors"), 0);
 }
 
-TEST(ConsumerSink, AReadOnlyDatabaseEndsTheStreamUnavailable) {
+TEST(EngineSink, AReadOnlyDatabaseEndsTheStreamUnavailable) {
   testing::TestDatabase tdb("sinkro", LedgerSchemas());
   Database db(tdb.url(), 2, "sink-ro");
   Metrics metrics;
