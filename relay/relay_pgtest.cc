@@ -1959,6 +1959,27 @@ TEST_F(RelayTest, AHealFindsAppliedEventsTheOutboxLost) {
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 1);
 }
 
+// Retention may leave the outbox empty: every applied event then lies
+// below what it retains, none was lost. (The heal took the empty outbox's
+// lowest retained seq for 0 and recorded every aggregate as ahead.)
+TEST_F(RelayTest, AHealAfterRetentionEmptiedTheOutboxFindsNothingLost) {
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  MakeOrders(5);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  orders_.Exec("DELETE FROM outbox");  // as retention would, all delivered
+  orders_.Exec(
+      "UPDATE subscriptions SET heal_requested_at = now(), heal_reason = "
+      "'test'");
+  ASSERT_TRUE(WaitFor([&] {
+    return orders_.Scalar(
+               "SELECT count(*) FROM subscriptions WHERE "
+               "healed_at >= heal_requested_at") == 1;
+  }));
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 0);
+}
+
 // A failover of the outbox database while the relay was down shows in the
 // identity the database recorded: the relay reports it (the word
 // "failover" and both timelines), counts it, and heals.
