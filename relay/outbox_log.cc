@@ -476,6 +476,17 @@ absl::StatusOr<Rebased> RebaseLog(pqxx::transaction_base& tx) {
       "NOT pg_visible_in_snapshot(o.xid, st.snapshot) "
       "AND NOT outbox_log_delivered(s.name, o.seq, o.xid, o.partition) END "
       "ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM owed";
+  // The old cluster's events whose transaction ids lie ahead of this
+  // cluster's (every one this statement sees at or above its snapshot's
+  // xmax: no id this cluster gave out can be there) lose their ids, as
+  // events from before the log have none: the owing above has judged
+  // them, and no range of the new log may hold them. Kept, they would
+  // count as owed by the log until this cluster's ids passed theirs, and
+  // come again then. Every such row is rewritten once, in this
+  // transaction.
+  static const std::string kForgetSql =
+      "UPDATE outbox SET xid = NULL WHERE xid >= "
+      "pg_snapshot_xmax(pg_current_snapshot())";
   static const std::string kRestartSql =
       "WITH gone AS (DELETE FROM outbox_ticks RETURNING id), "
       "t AS (INSERT INTO outbox_ticks (id, snapshot, high_seq) SELECT "
@@ -495,6 +506,7 @@ absl::StatusOr<Rebased> RebaseLog(pqxx::transaction_base& tx) {
     const int64_t old_high = now["old_high"].as<int64_t>();
     out.owed =
         tx.exec_params(kOweSql, snapshot, old_high)[0][0].as<int64_t>();
+    tx.exec(kForgetSql);
     out.tick =
         tx.exec_params(kRestartSql, snapshot, high)[0]["id"].as<int64_t>();
     out.rebased = true;

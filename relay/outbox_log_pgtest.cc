@@ -489,6 +489,16 @@ TEST_F(OutboxLogTest, ARebaseOwesWhatWasWrittenSinceTheRestore) {
       ReadRange(conn_, *rebased, *next);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(Seqs(*after), std::vector<int64_t>{in_flight});
+  // The old cluster's ids, ahead of this one's, are gone: the log owes
+  // only the event in flight across the rebase.
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox WHERE xid >= "
+                       "pg_snapshot_xmax(pg_current_snapshot())"),
+            0);
+  pqxx::work owed_tx(conn_);
+  absl::StatusOr<std::map<int, LogOwed>> owed_by =
+      LogOwedBy(owed_tx, "billing", {}, 1000000);
+  ASSERT_TRUE(owed_by.ok()) << owed_by.status();
+  EXPECT_EQ(LogOwedTotal(*owed_by).events, 1);
 }
 
 // A rebase and a move off the log in flight together: the rebase takes
