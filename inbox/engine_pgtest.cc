@@ -24,6 +24,7 @@
 #include "inbox/retention.h"
 #include "inbox/sink_service.h"
 #include "tests/testing/grpc.h"
+#include "tests/testing/inbox.h"
 #include "tests/testing/pg.h"
 
 namespace outbox::inbox {
@@ -125,36 +126,12 @@ class EngineTest : public ::testing::Test {
   std::vector<v1::EventResult> Deliver(
       const std::vector<std::vector<v1::Event>>& batches,
       grpc::Status* status = nullptr) {
-    auto stub = v1::EventSink::NewStub(channel_);
-    grpc::ClientContext ctx;
-    auto stream = stub->Deliver(&ctx);
-    std::vector<v1::EventResult> out;
-    uint64_t id = 0;
-    for (const auto& batch : batches) {
-      v1::DeliverRequest req;
-      req.set_batch_id(++id);
-      for (const auto& e : batch) *req.add_events() = e;
-      if (!stream->Write(req)) break;
-      v1::DeliverResponse resp;
-      if (!stream->Read(&resp)) break;
-      EXPECT_EQ(resp.batch_id(), id);
-      for (const auto& r : resp.results()) out.push_back(r);
-    }
-    stream->WritesDone();
-    grpc::Status s = stream->Finish();
-    if (status != nullptr) *status = s;
-    return out;
+    return testing::DeliverBatches(channel_, batches, status);
   }
 
   // Every aggregate's inbox rows are in seq order by apply_id, and each
   // applied seq is the chain's next.
-  void ExpectAppliedInOrder() {
-    EXPECT_EQ(tdb_.Scalar(
-                  "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION "
-                  "BY aggregate_id ORDER BY apply_id) AS before FROM inbox) x "
-                  "WHERE before >= seq"),
-              0);
-  }
+  void ExpectAppliedInOrder() { EXPECT_EQ(testing::InboxOutOfOrder(tdb_), 0); }
 
   testing::TestDatabase tdb_;
   Database db_;

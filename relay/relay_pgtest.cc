@@ -260,6 +260,17 @@ class RelayTest : public ::testing::Test {
   }
 
   // Gives `order`'s first event a schema this consumer cannot read.
+  // Asks for a heal as an operator would, and waits until it ran.
+  void HealNow() {
+    orders_.Exec(
+        "UPDATE subscriptions SET heal_requested_at = now(), heal_reason = "
+        "'test'");
+    ASSERT_TRUE(WaitFor([&] {
+      return orders_.Scalar(
+                 "SELECT count(*) FROM subscriptions WHERE "
+                 "healed_at >= heal_requested_at") == 1;
+    }));
+  }
   void Poison(const std::string& order) {
     orders_.Exec(absl::StrCat(
         "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) "
@@ -1943,14 +1954,7 @@ TEST_F(RelayTest, AHealFindsAppliedEventsTheOutboxLost) {
       "DELETE FROM outbox WHERE seq = (SELECT max(seq) FROM outbox WHERE "
       "aggregate_id = '",
       order, "')"));
-  orders_.Exec(
-      "UPDATE subscriptions SET heal_requested_at = now(), heal_reason = "
-      "'test'");
-  ASSERT_TRUE(WaitFor([&] {
-    return orders_.Scalar(
-               "SELECT count(*) FROM subscriptions WHERE "
-               "healed_at >= heal_requested_at") == 1;
-  }));
+  HealNow();
   EXPECT_EQ(orders_.Scalar(absl::StrCat(
                 "SELECT count(*) FROM outbox_divergences WHERE kind = "
                 "'consumer_ahead' AND aggregate_id = '",
@@ -1969,14 +1973,7 @@ TEST_F(RelayTest, AHealAfterRetentionEmptiedTheOutboxFindsNothingLost) {
   MakeOrders(5);
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
   orders_.Exec("DELETE FROM outbox");  // as retention would, all delivered
-  orders_.Exec(
-      "UPDATE subscriptions SET heal_requested_at = now(), heal_reason = "
-      "'test'");
-  ASSERT_TRUE(WaitFor([&] {
-    return orders_.Scalar(
-               "SELECT count(*) FROM subscriptions WHERE "
-               "healed_at >= heal_requested_at") == 1;
-  }));
+  HealNow();
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 0);
 }
 
