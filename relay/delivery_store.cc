@@ -11,6 +11,7 @@
 #include "common/schema.h"
 #include "relay/leases.h"
 #include "relay/outbox_row.h"
+#include "relay/retention.h"
 
 namespace outbox::relay {
 namespace {
@@ -86,11 +87,6 @@ v1::Divergence DivergenceFromRow(const pqxx::row& row) {
   d.set_resolved_by(row["resolved_by"].as<std::string>());
   d.set_resolution(row["resolution"].as<std::string>());
   return d;
-}
-
-// Retention's lock, shared (relay/retention.h): held until `tx` ends.
-void HoldRetentionBack(pqxx::transaction_base& tx) {
-  tx.exec("SELECT pg_advisory_xact_lock_shared(2834, 0)");
 }
 
 }  // namespace

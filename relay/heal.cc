@@ -12,17 +12,12 @@
 #include "common/db.h"
 #include "common/schema.h"
 #include "relay/delivery_store.h"
+#include "relay/retention.h"
 
 namespace outbox::relay {
 namespace {
 
 constexpr int kPage = 1000;
-
-// The lowest seq the outbox retains: retention deleted every event below
-// it. With none retained, the next seq to be drawn.
-constexpr char kMinRetainedSql[] =
-    "coalesce((SELECT min(seq) FROM outbox), (SELECT CASE WHEN is_called "
-    "THEN last_value + 1 ELSE last_value END FROM outbox_seq_seq))";
 
 absl::Status FromGrpc(const grpc::Status& s, const char* what) {
   return absl::UnavailableError(

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/db.h"
 #include "relay/delivery_store.h"
+#include "relay/retention.h"
 #include "relay/subscriptions.h"
 
 namespace outbox::relay {
@@ -117,12 +118,10 @@ absl::Status Settle(pqxx::connection& conn, const SubscribeOptions& options,
     // landed: an event whose predecessor is older than that had it deleted
     // by retention before this subscription existed.
     *chain_from = Once(conn, [&](pqxx::transaction_base& tx) {
-      tx.exec_params(
-          "UPDATE subscriptions SET chain_from = coalesce((SELECT min(seq) "
-          "FROM outbox), (SELECT CASE WHEN is_called THEN last_value + 1 "
-          "ELSE last_value END FROM outbox_seq_seq)) WHERE name = $1 AND "
-          "chain_from < 0",
-          options.subscription);
+      tx.exec_params(absl::StrCat("UPDATE subscriptions SET chain_from = ",
+                                  kMinRetainedSql,
+                                  " WHERE name = $1 AND chain_from < 0"),
+                     options.subscription);
       return tx
           .exec_params("SELECT chain_from FROM subscriptions WHERE name = $1",
                        options.subscription)[0][0]
