@@ -465,6 +465,19 @@ class StandbyPair:
             time.sleep(0.2)
         return self
 
+    def start_spare(self):
+        """Instead of a standby: an empty server of its own, made by initdb
+        (its transaction ids far behind the aged primary's), that a dump
+        of the primary is restored into (restore-orders)."""
+        self.standby.name = f"{self.name}-new"
+        self.standby.initdb().start()
+        return self
+
+    def replace_primary(self):
+        """The primary is gone for good (crash_primary) and the spare,
+        restored from its dump, takes its place; then move_address."""
+        self.old, self.current = self.primary, self.standby
+
     def replication_state(self):
         try:
             return self.primary.psql(

@@ -36,6 +36,12 @@ from .topology import (Cluster, PgBouncer, StandbyPair, TopologyError,
 GROUP = "topology"
 CUT_SECONDS = (2.5, 3.5)     # replication cut before the primary dies
 RESTORE_AFTER = (3.0, 4.5)   # s between the dump and the restore
+# restore-orders: the old server's transaction ids run this far ahead of a
+# new one's (besides what the load adds), as a server in service for a
+# while is ahead of one just made
+AGE_XIDS = 5000
+LOST_AFTER_DUMP = (1.5, 2.5)   # restore-orders: s of commits the dump lacks
+RELAYS_BACK_AFTER = (2.0, 3.0)  # restore-orders: s the producer writes alone
 FREEZE_SECONDS = 15.0        # hung-db: the server frozen this long
 REFUSAL_BOUND = 20.0         # s a binary may take to refuse a pooler
 RECONCILE_GRACE = "1s"
@@ -55,6 +61,9 @@ NUMBER_RE = re.compile(r"(?<![\w.:+-])(\d+)(?![\w.:-])")
 LEVEL_RE = re.compile(r'^\S+Z\s+(\w+)\s|"level":"(\w+)"')
 POOLER_RE = re.compile(r"(?i)pgbouncer|pooler")
 STATEMENT_RE = re.compile(r"(?i)statement")
+# The relay that finds the outbox's transaction ids behind its log's
+# (relay/relay.cc, Rebase).
+REBASE_RE = re.compile(r"(?i)transaction ids lie behind")
 REDELIVERY_METRIC_RE = re.compile(
     r"^(outbox_relay_\w*(?:redeliver|failover|rewind|diverg|identity)\w*)"
     r"(\{[^}]*\})?\s+([0-9.eE+]+)\s*$", re.M)
@@ -763,6 +772,148 @@ def check_restore_billing(run, report):
     return bad
 
 
+# -- restore-orders -----------------------------------------------------------
+
+
+def build_restore_pair(run):
+    """The orders database on a server whose transaction ids were moved
+    AGE_XIDS ahead, and an empty server beside it (initdb): the one its dump
+    is restored into. The services dial a movable address."""
+    pair = StandbyPair(run.suite.root, run.suite.ploop, run.suite.ports,
+                       "orders")
+    run.pairs["orders"] = pair  # stopped by _finish, even half-built
+    pair.start()
+    pair.primary.psql("postgres", "DO $$ BEGIN FOR i IN 1..%d LOOP PERFORM "
+                      "txid_current(); COMMIT; END LOOP; END $$" % AGE_XIDS,
+                      timeout=120)
+    run.homes[run.orders_db] = Home(lambda: pair.current, pair.address.port)
+    pair.start_spare()
+    run.log(f"orders: on {pair.primary} (aged by {AGE_XIDS} transaction "
+            f"ids), an empty server {pair.standby} beside it; services dial "
+            f":{pair.address.port}")
+
+
+def restore_orders(run):
+    """Under load: pg_dump -Fc of the orders database; 1.5-2.5 s later its
+    server is lost (pg_ctl stop -m immediate) and, as an operator moving to
+    a new server, CREATE DATABASE and pg_restore there, the services'
+    address moved to it. The new server's transaction ids lie behind the
+    dump's; the commits after the dump are gone, as in a lossy failover."""
+    pair = run.pairs["orders"]
+    db = run.orders_db
+    path = os.path.join(run.workdir, "orders.dump")
+    run.sleep(min(5.0, max(2.0, 0.25 * run.seconds)))
+    t = time.monotonic()
+    size = dump(pair.primary, db, path)
+    run.faults += 1
+    run.topo["dump"] = {"bytes": size, "seconds": round(time.monotonic() - t,
+                                                         2)}
+    run.log(f"orders: pg_dump -Fc under load: {size} bytes in "
+            f"{time.monotonic() - t:.1f}s")
+    run.sleep(run.rng.uniform(*LOST_AFTER_DUMP))
+    old_xid = int(pair.primary.psql("postgres",
+                                    "SELECT txid_current()").strip())
+    # The relays are down across the move (one frozen, one killed and held
+    # down) and come back after the producer has written to the new server
+    # for a while: events the new server commits before any relay ticks
+    # there carry transaction ids below every snapshot of the restored log.
+    relays = [p for p in run.sup.procs if p.kind == "relay"]
+    for i, p in enumerate(relays):
+        if i % 2 == 0:
+            run.sup.pause(p)
+        else:
+            run.sup.kill(p, signal.SIGKILL, down=600.0)
+    run.faults += 1
+    pair.crash_primary()
+    run.faults += 1
+    t = time.monotonic()
+    run.log(f"orders: relays {', '.join(p.name for p in relays)} down "
+            "(frozen / killed); its server stopped -m immediate (transaction "
+            f"id {old_xid}); restoring the dump into {pair.standby}")
+    pair.standby.create_db(db)
+    restore(pair.standby, db, path)
+    new_xid = int(pair.standby.psql("postgres",
+                                    "SELECT txid_current()").strip())
+    pair.replace_primary()
+    run.topo["restored_max_seq"] = int(pair.current.psql(
+        db, "SELECT coalesce(max(seq), 0) FROM outbox").strip())
+    n = pair.move_address()
+    run.topo["restore"] = {"seconds": round(time.monotonic() - t, 2),
+                           "old_xid": old_xid, "new_xid": new_xid,
+                           "connections_reset": n}
+    run.log(f"orders: restored in {time.monotonic() - t:.1f}s (transaction "
+            f"id {new_xid}); services' address :{pair.address.port} moved "
+            f"to {pair.current}; {n} connections reset")
+    alone = run.rng.uniform(*RELAYS_BACK_AFTER)
+    run.hold(alone)
+    run.sup.heal()  # the frozen relay thaws, the killed one starts
+    run.topo["restore"]["producer_alone_seconds"] = round(alone, 2)
+    run.log(f"orders: relays back after the producer wrote {alone:.1f}s to "
+            "the new server alone")
+    while run.sleep(0.5):
+        pass
+
+
+def check_restore_noticed(run):
+    """Every producer, and a relay, logged that the orders database is on
+    another server now, naming the new server's system identifier (a relay
+    that starts after another recorded the new server has nothing to
+    notice); on the outbox log, a relay logged the rebase (the ids went
+    behind)."""
+    bad = []
+    system = run.pairs["orders"].current.system_identifier()
+    noticed, silent = [], []
+    for p in run.sup.procs:
+        if p.kind not in ("producer", "relay"):
+            continue
+        if any(system in NUMBER_RE.findall(ln) for ln in
+               _lines_saying(p, FAILOVER_RE)):
+            noticed.append(p.name)
+        else:
+            silent.append(p.name)
+    for kind in ("producer", "relay"):
+        if not any(p.kind == kind and p.name in noticed
+                   for p in run.sup.procs):
+            bad.append(f"restore not noticed: no {kind} logged the new "
+                       f"server (system {system})")
+        elif kind == "producer":
+            bad += [f"restore not noticed: {p.name} logged nothing naming "
+                    f"the new server (system {system})"
+                    for p in run.sup.procs
+                    if p.kind == kind and p.name in silent]
+    rebased = [p.name for p in run.sup.procs if p.kind == "relay"
+               and _lines_saying(p, REBASE_RE)]
+    on_log = run.scn.relay_flags.get("log_delivery", "true") != "false"
+    if on_log and not rebased:
+        bad.append("rebase not noticed: no relay logged that the outbox's "
+                   "transaction ids lie behind its log's")
+    run.note("new server noticed by " + (", ".join(noticed) or "nobody")
+             + (f" (not by {', '.join(silent)})" if silent else "")
+             + (f"; log rebased by {', '.join(rebased)}" if rebased else
+                "; no rebase logged"))
+    return bad
+
+
+def _lines_saying(proc, pattern):
+    try:
+        with open(proc.log_path, errors="replace") as f:
+            return [ln for ln in f.read().splitlines() if pattern.search(ln)]
+    except OSError:
+        return []
+
+
+def check_restore_orders(run, report):
+    bad = list(run.listing_violations)
+    bad += check_reconcile(run, report)
+    bad += check_restore_noticed(run)
+    d = run.truth.get("divergence")
+    if d:
+        run.topo["restore"]["only_on_old_server"] = len(d["only_old"])
+        run.topo["restore"]["applied_only_on_old_server"] = len(d["diverged"])
+        run.topo["restore"]["seqs_handed_out_again"] = d["reused_seqs"]
+    return bad
+
+
 # -- PgBouncer ----------------------------------------------------------------
 
 
@@ -1101,6 +1252,16 @@ SCENARIOS = [
         restore_billing, relays=2, check=check_restore_billing,
         min_seconds=12.0),
     TopologyScenario(
+        "restore-orders",
+        "the orders database's server lost (stopped -m immediate) 1.5-2.5 s "
+        "after a pg_dump taken under load, the dump restored into a new "
+        "server whose transaction ids lie behind the dump's, the address "
+        "moved; the relays down meanwhile (one frozen, one killed) and back "
+        "2-3 s after the producer; what the consumer applied from the lost "
+        "commits must be listed until an operator resolves it",
+        restore_orders, relays=2, build=build_restore_pair,
+        before_verify=orders_listing, check=check_restore_orders),
+    TopologyScenario(
         "pgbouncer-transaction",
         "every service through PgBouncer in transaction mode "
         f"(default_pool_size {TRANSACTION_POOL}), 2 relays, one SIGKILLed "
@@ -1143,4 +1304,5 @@ SCENARIOS = [
 ROWS_SCENARIOS = [
     on_rows(s) for s in SCENARIOS
     if s.name in ("failover-orders", "failover-billing", "restore-billing",
+                  "restore-orders",
                   "pgbouncer-transaction", "hung-db")]
