@@ -580,19 +580,27 @@ def wait_drained_except(run, aggregates, bound):
 
 def orders_listing(run):
     """failover-orders, before the checker: the truth of what the failover
-    lost; verify and reconcile must list every effect whose event the
-    producer no longer has (exit non-zero); then the operator resolves
-    each listed divergence (outboxctl diverged / resolve, once outboxctl
-    has them), after which the checker must find everything clean."""
+    lost, then lost_commits_listing."""
     read_truth("orders")(run)
+    lost_commits_listing(run)
+
+
+def lost_commits_listing(run):
+    """After the orders database lost commits (run.truth["old_outbox"]:
+    what it held before): verify and reconcile must list every effect
+    whose event the producer no longer has (exit non-zero); then the
+    operator resolves each listed divergence (outboxctl diverged / resolve,
+    once outboxctl has them), after which the checker must find everything
+    clean."""
     d = divergence(run)
     run.truth["divergence"] = d
     aggs = {a for _, a in d["diverged"]}
     only_old_aggs = {v[1] for v in d["only_old"].values()}
-    run.note(f"orders failover: {len(d['only_old'])} events (of "
-             f"{len(only_old_aggs)} orders) existed only on the old primary; "
+    run.note(f"orders lost commits: {len(d['only_old'])} events (of "
+             f"{len(only_old_aggs)} orders) existed only in the lost database "
+             "(the old primary, or the one the restore replaced); "
              f"the consumer had applied {len(d['diverged'])} of them (of "
-             f"{len(aggs)} orders); the new primary handed out "
+             f"{len(aggs)} orders); the database handed out "
              f"{d['reused_seqs']} of their seqs again")
     bad = []
     bound = 120  # the I5 bound's base (README "Guarantees")
@@ -793,75 +801,102 @@ def build_restore_pair(run):
             f":{pair.address.port}")
 
 
-def restore_orders(run):
-    """Under load: pg_dump -Fc of the orders database; 1.5-2.5 s later its
-    server is lost (pg_ctl stop -m immediate) and, as an operator moving to
-    a new server, CREATE DATABASE and pg_restore there, the services'
-    address moved to it. The new server's transaction ids lie behind the
-    dump's; the commits after the dump are gone, as in a lossy failover."""
-    pair = run.pairs["orders"]
-    db = run.orders_db
-    path = os.path.join(run.workdir, "orders.dump")
-    run.sleep(min(5.0, max(2.0, 0.25 * run.seconds)))
-    t = time.monotonic()
-    size = dump(pair.primary, db, path)
-    run.faults += 1
-    run.topo["dump"] = {"bytes": size, "seconds": round(time.monotonic() - t,
-                                                         2)}
-    run.log(f"orders: pg_dump -Fc under load: {size} bytes in "
-            f"{time.monotonic() - t:.1f}s")
-    run.sleep(run.rng.uniform(*LOST_AFTER_DUMP))
-    old_xid = int(pair.primary.psql("postgres",
-                                    "SELECT txid_current()").strip())
-    # The relays are down across the move (one frozen, one killed and held
-    # down) and come back after the producer has written to the new server
-    # for a while: events the new server commits before any relay ticks
-    # there carry transaction ids below every snapshot of the restored log.
-    relays = [p for p in run.sup.procs if p.kind == "relay"]
-    for i, p in enumerate(relays):
-        if i % 2 == 0:
-            run.sup.pause(p)
+def restore_orders(in_place):
+    """Under load: pg_dump -Fc of the orders database; 1.5-2.5 s later the
+    relays go down (one frozen, one killed and held down) and, as an
+    operator restoring that backup: with `in_place`, DROP DATABASE ...
+    WITH (FORCE), CREATE DATABASE and pg_restore on the same server; else
+    its server is lost (pg_ctl stop -m immediate), the dump is restored
+    into a new server, whose transaction ids lie behind the dump's, and the
+    services' address moves there. The relays come back after the producer
+    has written alone for 2-3 s: on a new server, its events carry
+    transaction ids below every snapshot of the restored log. The commits
+    after the dump are gone, as in a lossy failover."""
+    def inject(run):
+        db = run.orders_db
+        pair = run.pairs.get("orders")
+        server = run.pg_of(db) if in_place else pair.primary
+        path = os.path.join(run.workdir, "orders.dump")
+        run.sleep(min(5.0, max(2.0, 0.25 * run.seconds)))
+        t = time.monotonic()
+        size = dump(server, db, path)
+        run.faults += 1
+        run.topo["dump"] = {"bytes": size,
+                            "seconds": round(time.monotonic() - t, 2)}
+        run.log(f"orders: pg_dump -Fc under load: {size} bytes in "
+                f"{time.monotonic() - t:.1f}s")
+        run.sleep(run.rng.uniform(*LOST_AFTER_DUMP))
+        old_xid = int(server.psql("postgres",
+                                  "SELECT txid_current()").strip())
+        relays = [p for p in run.sup.procs if p.kind == "relay"]
+        for i, p in enumerate(relays):
+            if i % 2 == 0:
+                run.sup.pause(p)
+            else:
+                run.sup.kill(p, signal.SIGKILL, down=600.0)
+        run.faults += 1
+        t = time.monotonic()
+        if in_place:
+            run.log(f"orders: relays {', '.join(p.name for p in relays)} "
+                    "down (frozen / killed); restoring the dump: DROP "
+                    "DATABASE ... WITH (FORCE), CREATE DATABASE, pg_restore")
+            took, rows = replace_from_dump(server, db, path, snapshot=(
+                "outbox", "SELECT event_id, seq, aggregate_id FROM outbox"))
+            # What the dropped database held: the truth of what was lost.
+            run.truth["old_outbox"] = {
+                r.split("\t")[0]: r.split("\t")[1:] for r in rows if r}
+            identity = server.psql("postgres", "SELECT oid FROM pg_database "
+                                   f"WHERE datname = '{db}'").strip()
+            run.topo["restore"] = {"seconds": round(took, 2),
+                                   "outbox_before": len(rows),
+                                   "database_oid": identity}
+            run.log(f"orders: restored in {took:.1f}s (the dropped database "
+                    f"held {len(rows)} events; new database oid {identity})")
         else:
-            run.sup.kill(p, signal.SIGKILL, down=600.0)
-    run.faults += 1
-    pair.crash_primary()
-    run.faults += 1
-    t = time.monotonic()
-    run.log(f"orders: relays {', '.join(p.name for p in relays)} down "
-            "(frozen / killed); its server stopped -m immediate (transaction "
-            f"id {old_xid}); restoring the dump into {pair.standby}")
-    pair.standby.create_db(db)
-    restore(pair.standby, db, path)
-    new_xid = int(pair.standby.psql("postgres",
-                                    "SELECT txid_current()").strip())
-    pair.replace_primary()
-    run.topo["restored_max_seq"] = int(pair.current.psql(
-        db, "SELECT coalesce(max(seq), 0) FROM outbox").strip())
-    n = pair.move_address()
-    run.topo["restore"] = {"seconds": round(time.monotonic() - t, 2),
-                           "old_xid": old_xid, "new_xid": new_xid,
-                           "connections_reset": n}
-    run.log(f"orders: restored in {time.monotonic() - t:.1f}s (transaction "
-            f"id {new_xid}); services' address :{pair.address.port} moved "
-            f"to {pair.current}; {n} connections reset")
-    alone = run.rng.uniform(*RELAYS_BACK_AFTER)
-    run.hold(alone)
-    run.sup.heal()  # the frozen relay thaws, the killed one starts
-    run.topo["restore"]["producer_alone_seconds"] = round(alone, 2)
-    run.log(f"orders: relays back after the producer wrote {alone:.1f}s to "
-            "the new server alone")
-    while run.sleep(0.5):
-        pass
+            pair.crash_primary()
+            run.faults += 1
+            run.log(f"orders: relays {', '.join(p.name for p in relays)} "
+                    "down (frozen / killed); its server stopped -m immediate "
+                    f"(transaction id {old_xid}); restoring the dump into "
+                    f"{pair.standby}")
+            pair.standby.create_db(db)
+            restore(pair.standby, db, path)
+            new_xid = int(pair.standby.psql(
+                "postgres", "SELECT txid_current()").strip())
+            pair.replace_primary()
+            n = pair.move_address()
+            identity = pair.current.system_identifier()
+            run.topo["restore"] = {"seconds": round(time.monotonic() - t, 2),
+                                   "old_xid": old_xid, "new_xid": new_xid,
+                                   "connections_reset": n,
+                                   "system_identifier": identity}
+            run.log(f"orders: restored in {time.monotonic() - t:.1f}s "
+                    f"(transaction id {new_xid}); services' address "
+                    f":{pair.address.port} moved to {pair.current}; {n} "
+                    "connections reset")
+        run.faults += 1
+        run.truth["restored_identity"] = identity
+        run.topo["restored_max_seq"] = int(run.pg_of(db).psql(
+            db, "SELECT coalesce(max(seq), 0) FROM outbox").strip())
+        alone = run.rng.uniform(*RELAYS_BACK_AFTER)
+        run.hold(alone)
+        run.sup.heal()  # the frozen relay thaws, the killed one starts
+        run.topo["restore"]["producer_alone_seconds"] = round(alone, 2)
+        run.log(f"orders: relays back after the producer wrote {alone:.1f}s "
+                "to the restored database alone")
+        while run.sleep(0.5):
+            pass
+    return inject
 
 
 def check_restore_noticed(run):
-    """Every producer, and a relay, logged that the orders database is on
-    another server now, naming the new server's system identifier (a relay
-    that starts after another recorded the new server has nothing to
-    notice); on the outbox log, a relay logged the rebase (the ids went
-    behind)."""
+    """Every producer, and a relay, logged that the orders database is
+    another now, naming the new server's system identifier or the new
+    database's oid (a relay that starts after another recorded it has
+    nothing to notice); into a new server on the outbox log, a relay logged
+    the rebase (the ids went behind)."""
     bad = []
-    system = run.pairs["orders"].current.system_identifier()
+    system = run.truth["restored_identity"]
     noticed, silent = [], []
     for p in run.sup.procs:
         if p.kind not in ("producer", "relay"):
@@ -875,19 +910,19 @@ def check_restore_noticed(run):
         if not any(p.kind == kind and p.name in noticed
                    for p in run.sup.procs):
             bad.append(f"restore not noticed: no {kind} logged the new "
-                       f"server (system {system})")
+                       f"database ({system})")
         elif kind == "producer":
             bad += [f"restore not noticed: {p.name} logged nothing naming "
-                    f"the new server (system {system})"
+                    f"the new database ({system})"
                     for p in run.sup.procs
                     if p.kind == kind and p.name in silent]
     rebased = [p.name for p in run.sup.procs if p.kind == "relay"
                and _lines_saying(p, REBASE_RE)]
     on_log = run.scn.relay_flags.get("log_delivery", "true") != "false"
-    if on_log and not rebased:
+    if on_log and "orders" in run.pairs and not rebased:
         bad.append("rebase not noticed: no relay logged that the outbox's "
                    "transaction ids lie behind its log's")
-    run.note("new server noticed by " + (", ".join(noticed) or "nobody")
+    run.note("restored database noticed by " + (", ".join(noticed) or "nobody")
              + (f" (not by {', '.join(silent)})" if silent else "")
              + (f"; log rebased by {', '.join(rebased)}" if rebased else
                 "; no rebase logged"))
@@ -1259,8 +1294,18 @@ SCENARIOS = [
         "moved; the relays down meanwhile (one frozen, one killed) and back "
         "2-3 s after the producer; what the consumer applied from the lost "
         "commits must be listed until an operator resolves it",
-        restore_orders, relays=2, build=build_restore_pair,
+        restore_orders(in_place=False), relays=2, build=build_restore_pair,
         before_verify=orders_listing, check=check_restore_orders),
+    TopologyScenario(
+        "restore-orders-in-place",
+        "the orders database dropped (FORCE) and restored on its server "
+        "from a pg_dump taken under load 1.5-2.5 s earlier; the relays down "
+        "meanwhile (one frozen, one killed) and back 2-3 s after the "
+        "producer; what the consumer applied from the lost commits must be "
+        "listed until an operator resolves it",
+        restore_orders(in_place=True), relays=2,
+        before_verify=lost_commits_listing, check=check_restore_orders,
+        min_seconds=12.0),
     TopologyScenario(
         "pgbouncer-transaction",
         "every service through PgBouncer in transaction mode "
@@ -1304,5 +1349,5 @@ SCENARIOS = [
 ROWS_SCENARIOS = [
     on_rows(s) for s in SCENARIOS
     if s.name in ("failover-orders", "failover-billing", "restore-billing",
-                  "restore-orders",
+                  "restore-orders", "restore-orders-in-place",
                   "pgbouncer-transaction", "hung-db")]
