@@ -7,51 +7,16 @@
 #include "common/limits.h"
 #include "common/schema.h"
 #include "common/server.h"
+#include "relay/delivery_store.h"
 #include "relay/outbox_log.h"
 
 namespace outbox::relay {
 namespace {
 
-// An outbox row `o` with its delivery state `d` for subscription $1 (a row
-// without one was delivered, or skipped when the subscription started
-// after it): the event columns first (as kEventColumns), then the state,
-// read by name in RowToProto.
-const std::string kRowSelect = absl::StrCat(
-    "SELECT ", kEventColumns, ", ", kDeliveryStatusSql,
-    " AS status, coalesce(d.attempts, 0) AS attempts, "
-    "coalesce(d.last_error, '') AS last_error, o.partition, "
-    "(extract(epoch FROM o.created_at) * 1000000)::bigint AS created_us, "
-    "coalesce((extract(epoch FROM d.available_at) * 1000000)::bigint, 0) "
-    "AS available_us, "
-    "coalesce((extract(epoch FROM d.dead_at) * 1000000)::bigint, 0) AS dead_us "
-    "FROM outbox o JOIN subscriptions s ON s.name = $1 "
-    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq",
-    kDeliveryLogJoinsSql);
-
 // Microseconds since the epoch for a request timestamp; 0 when unset.
 int64_t Micros(const google::protobuf::Timestamp& ts) {
   if (ts.seconds() == 0 && ts.nanos() == 0) return 0;
   return absl::ToUnixMicros(FromTimestamp(ts));
-}
-
-void RowToProto(const pqxx::row& row, v1::OutboxRow* out) {
-  if (!EventFromRow(row, out->mutable_event())) {
-    out->set_last_error("payload: not a valid outbox.v1.Event");
-  }
-  out->set_status(row["status"].as<std::string>());
-  out->set_attempts(row["attempts"].as<int>());
-  if (out->last_error().empty()) {
-    out->set_last_error(row["last_error"].as<std::string>());
-  }
-  out->set_partition(row["partition"].as<int>());
-  ToTimestamp(absl::FromUnixMicros(row["created_us"].as<int64_t>()),
-              out->mutable_created_at());
-  if (int64_t available = row["available_us"].as<int64_t>(); available != 0) {
-    ToTimestamp(absl::FromUnixMicros(available), out->mutable_available_at());
-  }
-  if (int64_t dead = row["dead_us"].as<int64_t>(); dead != 0) {
-    ToTimestamp(absl::FromUnixMicros(dead), out->mutable_dead_at());
-  }
 }
 
 // The subscription `requested` names, the relay's own when empty;
@@ -77,8 +42,7 @@ grpc::Status CheckLimit(int limit) {
 
 // NotFound unless `name` is a subscription.
 absl::Status CheckExists(pqxx::transaction_base& tx, const std::string& name) {
-  if (tx.exec_params("SELECT 1 FROM subscriptions WHERE name = $1", name)
-          .empty()) {
+  if (!SubscriptionExists(tx, name)) {
     return absl::NotFoundError(
         absl::StrCat("subscription ", name, " does not exist"));
   }
@@ -114,18 +78,7 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = OnSubscription<pqxx::read_transaction>(
       db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
-        // Undelivered rows only: the table of them is small; the delivered
-        // total is what the outbox retains beyond them.
-        pqxx::row r = tx.exec_params1(
-            "SELECT count(*) FILTER (WHERE d.status = 'pending') AS pending, "
-            "coalesce(extract(epoch FROM now() - min(o.created_at) FILTER "
-            "(WHERE d.status = 'pending')), 0)::float8 AS oldest, "
-            "count(*) FILTER (WHERE d.status = 'dead') AS dead, "
-            "(SELECT count(*) FROM outbox WHERE seq >= (SELECT start_seq FROM "
-            "subscriptions WHERE name = $1)) - count(*) AS delivered "
-            "FROM outbox_delivery d JOIN outbox o USING (seq) "
-            "WHERE d.subscription = $1",
-            *sub);
+        const DeliveryRowCounts rows = CountDeliveryRows(tx, *sub);
         // On the log: what it owes besides its exceptions, counted up to
         // kLogOwedCountCap.
         absl::StatusOr<std::map<int, LogOwed>> owed =
@@ -133,14 +86,14 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
         if (!owed.ok()) return owed.status();
         const LogOwed log_owed = LogOwedTotal(*owed);
         resp->set_diverged(OpenDivergences(tx, *sub));
-        resp->set_pending(r["pending"].as<int64_t>() + log_owed.events);
+        resp->set_pending(rows.pending + log_owed.events);
         resp->set_oldest_pending_seconds(
-            std::max(r["oldest"].as<double>(), log_owed.oldest_seconds));
-        resp->set_dead_letters(r["dead"].as<int64_t>());
+            std::max(rows.oldest_pending_seconds, log_owed.oldest_seconds));
+        resp->set_dead_letters(rows.dead);
         // Every event since its start without a row, less what the log
         // still owes.
-        resp->set_delivered_total(std::max<int64_t>(
-            0, r["delivered"].as<int64_t>() - log_owed.events));
+        resp->set_delivered_total(
+            std::max<int64_t>(0, rows.without_row - log_owed.events));
         return absl::OkStatus();
       });
   if (!s.ok()) return ToGrpcStatus(s);
@@ -174,23 +127,13 @@ grpc::Status RelayAdminImpl::ListDeadLetters(
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = OnSubscription<pqxx::read_transaction>(
       db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
-        const int limit = req->limit() == 0 ? 100 : req->limit();
-        // One more row than asked says whether more match.
-        const pqxx::result rows = tx.exec_params(
-            BoundedByPayloadBytes(
-                absl::StrCat(kRowSelect,
-                             "WHERE d.status = 'dead' AND ($2 = '' OR "
-                             "o.aggregate_id = $2) AND o.seq > $4 ORDER BY "
-                             "o.seq LIMIT $3 + 1"),
-                kMaxListingPayloadBytes),
-            *sub, req->aggregate_id(), limit, req->after_seq());
-        for (const auto& row : rows) {
-          if (resp->rows_size() == limit) break;
-          RowToProto(row, resp->add_rows());
+        DeadLetterPage page = ReadDeadLetters(
+            tx, *sub, req->aggregate_id(), req->after_seq(),
+            req->limit() == 0 ? 100 : req->limit(), kMaxListingPayloadBytes);
+        for (v1::OutboxRow& row : page.rows) {
+          *resp->add_rows() = std::move(row);
         }
-        // More match: beyond the limit, or cut by size.
-        resp->set_more(!rows.empty() &&
-                       rows[0]["rows_uncut"].as<int64_t>() > resp->rows_size());
+        resp->set_more(page.more);
         return absl::OkStatus();
       });
   return ToGrpcStatus(s);
@@ -232,38 +175,32 @@ grpc::Status RelayAdminImpl::Requeue(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "died_after: must be earlier than died_before");
   }
-  absl::Status s = OnSubscription<
-      pqxx::work>(db_, *sub, [&](pqxx::work& tx) -> absl::Status {
-    pqxx::result r = tx.exec_params(
-        "WITH q AS (UPDATE outbox_delivery SET status = 'pending', "
-        "attempts = 0, available_at = now(), last_error = NULL, dead_at = NULL "
-        "WHERE subscription = $7 AND status = 'dead' "
-        "AND ($1 = '' OR seq = (SELECT seq FROM outbox WHERE event_id = "
-        "nullif($1, '')::uuid)) "
-        "AND ($2 = '' OR aggregate_id = $2) "
-        "AND ($3::bigint = 0 OR dead_at >= to_timestamp($3::bigint / 1e6)) "
-        "AND ($4::bigint = 0 OR dead_at < to_timestamp($4::bigint / 1e6)) "
-        "AND ($5 = '' OR strpos(last_error, $5) > 0) RETURNING 1) "
-        "SELECT count(*), pg_notify($6, '') FROM q",
-        req->event_id(), req->aggregate_id(), after, before,
-        req->error_contains(), kNotifyChannel, *sub);
-    tx.commit();
-    resp->set_requeued(r[0][0].as<int64_t>());
-    if (resp->requeued() == 0 && !req->all_dead()) {
-      return absl::NotFoundError(
-          req->event_id().empty()
-              ? absl::StrCat("aggregate ", req->aggregate_id(),
-                             " has no dead letters",
-                             filtered ? " matching the filters" : "")
-              : absl::StrCat("event ", req->event_id(),
-                             " is not a dead letter"));
-    }
-    spdlog::info("relay: requeued {} dead letters of {} ({})", resp->requeued(),
-                 *sub,
-                 req->all_dead() ? "all matching"
-                                 : req->event_id() + req->aggregate_id());
-    return absl::OkStatus();
-  });
+  absl::Status s = OnSubscription<pqxx::work>(
+      db_, *sub, [&](pqxx::work& tx) -> absl::Status {
+        const int64_t requeued =
+            RequeueDeadLetters(tx, *sub,
+                               {.event_id = req->event_id(),
+                                .aggregate_id = req->aggregate_id(),
+                                .died_after_us = after,
+                                .died_before_us = before,
+                                .error_contains = req->error_contains()});
+        tx.commit();
+        resp->set_requeued(requeued);
+        if (resp->requeued() == 0 && !req->all_dead()) {
+          return absl::NotFoundError(
+              req->event_id().empty()
+                  ? absl::StrCat("aggregate ", req->aggregate_id(),
+                                 " has no dead letters",
+                                 filtered ? " matching the filters" : "")
+                  : absl::StrCat("event ", req->event_id(),
+                                 " is not a dead letter"));
+        }
+        spdlog::info("relay: requeued {} dead letters of {} ({})",
+                     resp->requeued(), *sub,
+                     req->all_dead() ? "all matching"
+                                     : req->event_id() + req->aggregate_id());
+        return absl::OkStatus();
+      });
   return ToGrpcStatus(s);
 }
 
@@ -282,14 +219,12 @@ grpc::Status RelayAdminImpl::GetEvent(grpc::ServerContext* ctx,
   if (!sub.ok()) return ToGrpcStatus(sub.status());
   absl::Status s = OnSubscription<pqxx::read_transaction>(
       db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
-        pqxx::result r = tx.exec_params(
-            absl::StrCat(kRowSelect, "WHERE o.event_id = $2::uuid"), *sub,
-            req->event_id());
-        if (r.empty()) {
+        std::optional<v1::OutboxRow> row = FindEvent(tx, *sub, req->event_id());
+        if (!row.has_value()) {
           return absl::NotFoundError(
               absl::StrCat("event ", req->event_id(), " is not in the outbox"));
         }
-        RowToProto(r[0], resp);
+        *resp = *std::move(row);
         return absl::OkStatus();
       });
   return ToGrpcStatus(s);
@@ -418,11 +353,8 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
   std::string type = req->aggregate_type();
   absl::Status s = OnSubscription<pqxx::read_transaction>(
       db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
-        const pqxx::result open = tx.exec_params(
-            "SELECT aggregate_type FROM outbox_divergences WHERE subscription "
-            "= $1 AND aggregate_id = $2 AND ($3 = '' OR aggregate_type = $3) "
-            "AND resolved_at IS NULL",
-            *sub, req->aggregate_id(), req->aggregate_type());
+        const std::vector<std::string> open = OpenDivergenceTypes(
+            tx, *sub, req->aggregate_id(), req->aggregate_type());
         if (open.empty()) {
           return absl::NotFoundError(
               absl::StrCat("aggregate ", req->aggregate_id(),
@@ -435,7 +367,7 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
                            " diverged; name the type of the one "
                            "to resolve"));
         }
-        type = open[0][0].as<std::string>();
+        type = open[0];
         chain = ChainOf(tx, type, req->aggregate_id());
         return absl::OkStatus();
       });
@@ -502,7 +434,7 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
                      rewound.applied_seq(), chain.back().first}})
                  .owed;
     }
-    tx.exec_params("SELECT pg_notify($1, '')", kNotifyChannel);
+    WakeRelays(tx);
     tx.commit();
     return absl::OkStatus();
   });
@@ -629,11 +561,7 @@ grpc::Status RelayAdminImpl::Act(grpc::ServerContext* ctx, const char* method,
       return a;
     }
     if (detail != nullptr) {
-      *detail = tx.exec_params1(
-                      "SELECT detail FROM subscription_actions WHERE "
-                      "subscription = $1 ORDER BY id DESC LIMIT 1",
-                      req->subscription())[0]
-                    .as<std::string>();
+      *detail = LastSubscriptionAction(tx, req->subscription());
     }
     if (info != nullptr) {
       for (const SubscriptionInfo& i :

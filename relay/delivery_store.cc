@@ -340,4 +340,156 @@ void HealDone(pqxx::transaction_base& tx, const std::string& subscription,
       subscription, due.requested_at);
 }
 
+namespace {
+
+// An outbox row `o` with its delivery state `d` for subscription $1 (a row
+// without one was delivered, or skipped when the subscription started
+// after it): the event columns first (as kEventColumns), then the state,
+// read by name in RowToProto.
+const std::string kRowSelect = absl::StrCat(
+    "SELECT ", kEventColumns, ", ", kDeliveryStatusSql,
+    " AS status, coalesce(d.attempts, 0) AS attempts, "
+    "coalesce(d.last_error, '') AS last_error, o.partition, "
+    "(extract(epoch FROM o.created_at) * 1000000)::bigint AS created_us, "
+    "coalesce((extract(epoch FROM d.available_at) * 1000000)::bigint, 0) "
+    "AS available_us, "
+    "coalesce((extract(epoch FROM d.dead_at) * 1000000)::bigint, 0) AS dead_us "
+    "FROM outbox o JOIN subscriptions s ON s.name = $1 "
+    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND d.seq = o.seq",
+    kDeliveryLogJoinsSql);
+
+v1::OutboxRow RowToProto(const pqxx::row& row) {
+  v1::OutboxRow out;
+  if (!EventFromRow(row, out.mutable_event())) {
+    out.set_last_error("payload: not a valid outbox.v1.Event");
+  }
+  out.set_status(row["status"].as<std::string>());
+  out.set_attempts(row["attempts"].as<int>());
+  if (out.last_error().empty()) {
+    out.set_last_error(row["last_error"].as<std::string>());
+  }
+  out.set_partition(row["partition"].as<int>());
+  ToTimestamp(absl::FromUnixMicros(row["created_us"].as<int64_t>()),
+              out.mutable_created_at());
+  if (int64_t available = row["available_us"].as<int64_t>(); available != 0) {
+    ToTimestamp(absl::FromUnixMicros(available), out.mutable_available_at());
+  }
+  if (int64_t dead = row["dead_us"].as<int64_t>(); dead != 0) {
+    ToTimestamp(absl::FromUnixMicros(dead), out.mutable_dead_at());
+  }
+  return out;
+}
+
+}  // namespace
+
+bool SubscriptionExists(pqxx::transaction_base& tx,
+                        const std::string& subscription) {
+  return !tx.exec_params("SELECT 1 FROM subscriptions WHERE name = $1",
+                         subscription)
+              .empty();
+}
+
+DeliveryRowCounts CountDeliveryRows(pqxx::transaction_base& tx,
+                                    const std::string& subscription) {
+  // Undelivered rows only: the table of them is small; the rest is what
+  // the outbox retains beyond them.
+  const pqxx::row r = tx.exec_params1(
+      "SELECT count(*) FILTER (WHERE d.status = 'pending') AS pending, "
+      "coalesce(extract(epoch FROM now() - min(o.created_at) FILTER "
+      "(WHERE d.status = 'pending')), 0)::float8 AS oldest, "
+      "count(*) FILTER (WHERE d.status = 'dead') AS dead, "
+      "(SELECT count(*) FROM outbox WHERE seq >= (SELECT start_seq FROM "
+      "subscriptions WHERE name = $1)) - count(*) AS without_row "
+      "FROM outbox_delivery d JOIN outbox o USING (seq) "
+      "WHERE d.subscription = $1",
+      subscription);
+  return {.pending = r["pending"].as<int64_t>(),
+          .oldest_pending_seconds = r["oldest"].as<double>(),
+          .dead = r["dead"].as<int64_t>(),
+          .without_row = r["without_row"].as<int64_t>()};
+}
+
+std::optional<v1::OutboxRow> FindEvent(pqxx::transaction_base& tx,
+                                       const std::string& subscription,
+                                       const std::string& event_id) {
+  const pqxx::result r =
+      tx.exec_params(absl::StrCat(kRowSelect, " WHERE o.event_id = $2::uuid"),
+                     subscription, event_id);
+  if (r.empty()) return std::nullopt;
+  return RowToProto(r[0]);
+}
+
+DeadLetterPage ReadDeadLetters(pqxx::transaction_base& tx,
+                               const std::string& subscription,
+                               const std::string& aggregate_id,
+                               int64_t after_seq, int limit,
+                               int64_t payload_budget) {
+  // One more row than asked says whether more match.
+  const pqxx::result rows = tx.exec_params(
+      BoundedByPayloadBytes(
+          absl::StrCat(kRowSelect,
+                       " WHERE d.status = 'dead' AND ($2 = '' OR "
+                       "o.aggregate_id = $2) AND o.seq > $4 ORDER BY "
+                       "o.seq LIMIT $3 + 1"),
+          payload_budget),
+      subscription, aggregate_id, limit, after_seq);
+  DeadLetterPage page;
+  for (const auto& row : rows) {
+    if (static_cast<int>(page.rows.size()) == limit) break;
+    page.rows.push_back(RowToProto(row));
+  }
+  // More match: beyond the limit, or cut by size.
+  page.more = !rows.empty() && rows[0]["rows_uncut"].as<int64_t>() >
+                                   static_cast<int64_t>(page.rows.size());
+  return page;
+}
+
+int64_t RequeueDeadLetters(pqxx::transaction_base& tx,
+                           const std::string& subscription,
+                           const DeadLetterFilter& filter) {
+  return tx
+      .exec_params1(
+          "WITH q AS (UPDATE outbox_delivery SET status = 'pending', "
+          "attempts = 0, available_at = now(), last_error = NULL, "
+          "dead_at = NULL WHERE subscription = $7 AND status = 'dead' "
+          "AND ($1 = '' OR seq = (SELECT seq FROM outbox WHERE event_id = "
+          "nullif($1, '')::uuid)) "
+          "AND ($2 = '' OR aggregate_id = $2) "
+          "AND ($3::bigint = 0 OR dead_at >= to_timestamp($3::bigint / 1e6)) "
+          "AND ($4::bigint = 0 OR dead_at < to_timestamp($4::bigint / 1e6)) "
+          "AND ($5 = '' OR strpos(last_error, $5) > 0) RETURNING 1) "
+          "SELECT count(*), pg_notify($6, '') FROM q",
+          filter.event_id, filter.aggregate_id, filter.died_after_us,
+          filter.died_before_us, filter.error_contains, kNotifyChannel,
+          subscription)[0]
+      .as<int64_t>();
+}
+
+std::vector<std::string> OpenDivergenceTypes(
+    pqxx::transaction_base& tx, const std::string& subscription,
+    const std::string& aggregate_id, const std::string& aggregate_type) {
+  std::vector<std::string> types;
+  for (const auto& row : tx.exec_params(
+           "SELECT aggregate_type FROM outbox_divergences WHERE subscription "
+           "= $1 AND aggregate_id = $2 AND ($3 = '' OR aggregate_type = $3) "
+           "AND resolved_at IS NULL",
+           subscription, aggregate_id, aggregate_type)) {
+    types.push_back(row["aggregate_type"].as<std::string>());
+  }
+  return types;
+}
+
+std::string LastSubscriptionAction(pqxx::transaction_base& tx,
+                                   const std::string& subscription) {
+  const pqxx::result r = tx.exec_params(
+      "SELECT detail FROM subscription_actions WHERE subscription = $1 "
+      "ORDER BY id DESC LIMIT 1",
+      subscription);
+  return r.empty() ? "" : r[0]["detail"].as<std::string>();
+}
+
+void WakeRelays(pqxx::transaction_base& tx) {
+  tx.exec_params("SELECT pg_notify($1, '')", kNotifyChannel);
+}
+
 }  // namespace outbox::relay

@@ -159,4 +159,73 @@ std::optional<HealDue> DueHeal(pqxx::transaction_base& tx,
 void HealDone(pqxx::transaction_base& tx, const std::string& subscription,
               const HealDue& due);
 
+// -- What an operator reads and asks (relay/admin_service.h) ---------------
+
+// Whether `subscription` exists.
+bool SubscriptionExists(pqxx::transaction_base& tx,
+                        const std::string& subscription);
+
+// The subscription's delivery rows: pending ones (and how long the oldest
+// has waited), dead letters, and the events since its start that have
+// none (delivered, or owed by the outbox log: relay/outbox_log.h
+// LogOwedBy counts those).
+struct DeliveryRowCounts {
+  int64_t pending = 0;
+  double oldest_pending_seconds = 0;
+  int64_t dead = 0;
+  int64_t without_row = 0;
+};
+DeliveryRowCounts CountDeliveryRows(pqxx::transaction_base& tx,
+                                    const std::string& subscription);
+
+// The outbox event `event_id` with its delivery state for `subscription`,
+// or nothing when the outbox does not hold it.
+std::optional<v1::OutboxRow> FindEvent(pqxx::transaction_base& tx,
+                                       const std::string& subscription,
+                                       const std::string& event_id);
+
+// Dead letters above seq `after_seq`, oldest first, of `aggregate_id`
+// ("" for any): at most `limit`, fewer when their payloads exceed
+// `payload_budget` bytes; `more` when others match.
+struct DeadLetterPage {
+  std::vector<v1::OutboxRow> rows;
+  bool more = false;
+};
+DeadLetterPage ReadDeadLetters(pqxx::transaction_base& tx,
+                               const std::string& subscription,
+                               const std::string& aggregate_id,
+                               int64_t after_seq, int limit,
+                               int64_t payload_budget);
+
+// Which dead letters Requeue puts back: one event, or those of one
+// aggregate, or all; narrowed by when they died (microseconds since the
+// epoch, 0 for open) and by text in their last error ("" for any).
+struct DeadLetterFilter {
+  std::string event_id;      // "" for any
+  std::string aggregate_id;  // "" for any
+  int64_t died_after_us = 0, died_before_us = 0;
+  std::string error_contains;
+};
+// Puts the matching dead letters back to pending with no attempts, and
+// wakes the relays (NOTIFY); returns how many.
+int64_t RequeueDeadLetters(pqxx::transaction_base& tx,
+                           const std::string& subscription,
+                           const DeadLetterFilter& filter);
+
+// The aggregate types of `aggregate_id`'s open divergences (only
+// `aggregate_type`'s when it is not "").
+std::vector<std::string> OpenDivergenceTypes(pqxx::transaction_base& tx,
+                                             const std::string& subscription,
+                                             const std::string& aggregate_id,
+                                             const std::string& aggregate_type);
+
+// The detail of the last action on `subscription` (subscription_actions),
+// "" for none.
+std::string LastSubscriptionAction(pqxx::transaction_base& tx,
+                                   const std::string& subscription);
+
+// Wakes every relay listening (NOTIFY on the producer's channel) once `tx`
+// commits: something changed that they should claim.
+void WakeRelays(pqxx::transaction_base& tx);
+
 }  // namespace outbox::relay
