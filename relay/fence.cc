@@ -60,6 +60,11 @@ FenceState FenceOf(const std::vector<StandbyPosition>& standbys,
   return state;
 }
 
+std::string WalPastVisibleCommits(pqxx::transaction_base& tx) {
+  return tx.exec1("SELECT pg_current_wal_insert_lsn()::text AS lsn")["lsn"]
+      .as<std::string>();
+}
+
 FenceState ReplicationFence::Read(pqxx::transaction_base& tx) const {
   std::vector<StandbyPosition> standbys;
   for (const auto& row :

@@ -6,7 +6,8 @@
 // the new primary lacks. The relay notes the primary's WAL position when
 // it claims a batch (every event it read had committed before it), and
 // holds the batch until the standbys' flush positions (pg_stat_replication,
-// readable with the pg_monitor role) pass it.
+// readable with the pg_monitor role) pass it. That position is WAL's insert
+// position, never its write position (WalPastVisibleCommits).
 //
 // Example:
 //   ReplicationFence fence({.standbys = 1});
@@ -48,6 +49,14 @@ struct FenceState {
   // positions cannot be read.
   std::string why_waiting;
 };
+
+// The primary's WAL position past the commit of every transaction `tx`
+// can see, as "X/Y": a batch read before it goes once the standbys flushed
+// it. Its insert position: the write position (pg_current_wal_lsn) lags
+// the commit records of asynchronous-commit transactions
+// (synchronous_commit = off), which are visible before their WAL is
+// written. Throws as libpqxx does.
+std::string WalPastVisibleCommits(pqxx::transaction_base& tx);
 
 // The WAL position "X/Y" as a number; nothing for anything else.
 std::optional<uint64_t> ParseLsn(absl::string_view lsn);

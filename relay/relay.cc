@@ -506,7 +506,7 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
     // Every event read had committed before this position.
     try {
       auto unit = OpenUnit(*conn_);
-      lsn = unit->exec("SELECT pg_current_wal_lsn()::text")[0][0].c_str();
+      lsn = WalPastVisibleCommits(*unit);
       unit->commit();
     } catch (const std::exception& e) {
       // Its events stay in flight until the stream is dropped: read again.

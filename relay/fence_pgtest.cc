@@ -1,0 +1,49 @@
+// The fence's WAL position against a real PostgreSQL: past the commit of
+// every transaction a read could see, asynchronous commits included.
+
+#include <gtest/gtest.h>
+
+#include <pqxx/pqxx>
+#include <string>
+
+#include "relay/fence.h"
+#include "tests/testing/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+uint64_t Lsn(const std::string& text) {
+  const std::optional<uint64_t> lsn = ParseLsn(text);
+  EXPECT_TRUE(lsn.has_value()) << text;
+  return lsn.value_or(0);
+}
+
+// A transaction committed with synchronous_commit = off is visible before
+// its WAL is written: the position must still lie past its commit record
+// (the write position, pg_current_wal_lsn, need not until the WAL writer
+// catches up).
+TEST(WalPastVisibleCommits, LiesPastAnAsynchronousCommit) {
+  testing::TestDatabase db("fence", {});
+  db.Exec("CREATE TABLE t (v int)");
+  pqxx::connection writer(db.url());
+  pqxx::connection reader(db.url());
+  for (int i = 0; i < 20; ++i) {
+    std::string committed;
+    {
+      pqxx::work tx(writer);
+      tx.exec("SET LOCAL synchronous_commit = off");
+      tx.exec_params("INSERT INTO t VALUES ($1)", i);
+      tx.commit();
+      // In the writer's session, after its commit: past the commit record.
+      pqxx::nontransaction after(writer);
+      committed = after.exec1("SELECT pg_current_wal_insert_lsn()::text")[0]
+                      .as<std::string>();
+    }
+    pqxx::work read(reader);
+    ASSERT_EQ(read.exec1("SELECT count(*) FROM t")[0].as<int>(), i + 1);
+    EXPECT_GE(Lsn(WalPastVisibleCommits(read)), Lsn(committed)) << "row " << i;
+  }
+}
+
+}  // namespace
+}  // namespace outbox::relay
