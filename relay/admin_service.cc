@@ -568,6 +568,7 @@ grpc::Status RelayAdminImpl::Act(grpc::ServerContext* ctx, const char* method,
            ReadSubscriptions(tx, relay_->retention(), false)) {
         if (i.name == req->subscription()) ToProto(i, info);
       }
+      if (detail != nullptr) info->set_action_detail(*detail);
     }
     tx.commit();
     return absl::OkStatus();

@@ -599,10 +599,11 @@ int Subscriptions(const std::vector<char*>& args) {
     std::printf("dropped %s (%s)\n", args[3], dropped.detail().c_str());
   } else if (action == "log" || action == "rows") {
     std::printf(
-        "%s is delivered from %s now; its relays follow at their next "
+        "%s is delivered from %s now (%s); its relays follow at their next "
         "rebalance round (--rebalance_interval)\n",
         info.name().c_str(),
-        info.delivery() == "log" ? "the outbox log" : "delivery rows");
+        info.delivery() == "log" ? "the outbox log" : "delivery rows",
+        info.action_detail().c_str());
   } else {
     std::printf("%s %s\n", info.name().c_str(),
                 info.paused() ? "paused: its relays claim nothing until resumed"
