@@ -55,7 +55,7 @@ ABSL_FLAG(std::string, start_from, "oldest",
           "retained event) or now (events written from its creation on).");
 ABSL_FLAG(int, max_attempts, 5,
           "REJECTED answers after which a row becomes a dead letter.");
-ABSL_FLAG(int, batch_size, 256, "Events per delivery batch (1-1000).");
+ABSL_FLAG(int, batch_size, 512, "Events per delivery batch (1-1000).");
 ABSL_FLAG(int, window, 2048,
           "Events in flight at most per stream (credit window).");
 ABSL_FLAG(int, streams, 2,

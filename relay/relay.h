@@ -107,7 +107,7 @@ struct RelayOptions {
   std::shared_ptr<Sink> sink;
   ClientTlsFiles consumer_tls;  // none: plaintext
   int max_attempts = 5;
-  int batch_size = 256;  // events per DeliverRequest
+  int batch_size = 512;  // events per DeliverRequest
   int window = 2048;     // events in flight at most
   // Batches in flight at most, per lane, while there is a backlog (each
   // batch in flight was full); otherwise one. Two keep the consumer busy
