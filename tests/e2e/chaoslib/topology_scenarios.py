@@ -414,20 +414,21 @@ def read_truth(which):
     return before
 
 
+def lines_saying(proc, pattern):
+    """The lines of `proc`'s log (every incarnation) that match `pattern`."""
+    try:
+        with open(proc.log_path, errors="replace") as f:
+            return [ln for ln in f.read().splitlines() if pattern.search(ln)]
+    except OSError:
+        return []
+
+
 def failover_lines(proc, old_tli, new_tli):
     """The lines of `proc`'s log (every incarnation) that say 'failover'
     and name both timelines, at level error (or without a level we can
     read); and the lines that say 'failover' at all."""
-    good, any_ = [], []
-    try:
-        with open(proc.log_path, errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return good, any_
-    for ln in lines:
-        if not FAILOVER_RE.search(ln):
-            continue
-        any_.append(ln)
+    good, any_ = [], lines_saying(proc, FAILOVER_RE)
+    for ln in any_:
         m = LEVEL_RE.search(ln)
         level = (m.group(1) or m.group(2)).lower() if m else None
         if level is not None and level not in ("error", "critical", "err",
@@ -826,8 +827,9 @@ def restore_orders(in_place):
         run.log(f"orders: pg_dump -Fc under load: {size} bytes in "
                 f"{time.monotonic() - t:.1f}s")
         run.sleep(run.rng.uniform(*LOST_AFTER_DUMP))
-        old_xid = int(server.psql("postgres",
-                                  "SELECT txid_current()").strip())
+        if not in_place:
+            old_xid = int(server.psql("postgres",
+                                      "SELECT txid_current()").strip())
         relays = [p for p in run.sup.procs if p.kind == "relay"]
         for i, p in enumerate(relays):
             if i % 2 == 0:
@@ -902,22 +904,20 @@ def check_restore_noticed(run):
         if p.kind not in ("producer", "relay"):
             continue
         if any(system in NUMBER_RE.findall(ln) for ln in
-               _lines_saying(p, FAILOVER_RE)):
+               lines_saying(p, FAILOVER_RE)):
             noticed.append(p.name)
         else:
             silent.append(p.name)
-    for kind in ("producer", "relay"):
-        if not any(p.kind == kind and p.name in noticed
-                   for p in run.sup.procs):
-            bad.append(f"restore not noticed: no {kind} logged the new "
-                       f"database ({system})")
-        elif kind == "producer":
-            bad += [f"restore not noticed: {p.name} logged nothing naming "
-                    f"the new database ({system})"
-                    for p in run.sup.procs
-                    if p.kind == kind and p.name in silent]
+    by_kind = {k: [p for p in run.sup.procs if p.kind == k]
+               for k in ("producer", "relay")}
+    bad += [f"restore not noticed: {p.name} logged nothing naming the new "
+            f"database ({system})"
+            for p in by_kind["producer"] if p.name in silent]
+    if not any(p.name in noticed for p in by_kind["relay"]):
+        bad.append(f"restore not noticed: no relay logged the new database "
+                   f"({system})")
     rebased = [p.name for p in run.sup.procs if p.kind == "relay"
-               and _lines_saying(p, REBASE_RE)]
+               and lines_saying(p, REBASE_RE)]
     on_log = run.scn.relay_flags.get("log_delivery", "true") != "false"
     if on_log and "orders" in run.pairs and not rebased:
         bad.append("rebase not noticed: no relay logged that the outbox's "
@@ -927,14 +927,6 @@ def check_restore_noticed(run):
              + (f"; log rebased by {', '.join(rebased)}" if rebased else
                 "; no rebase logged"))
     return bad
-
-
-def _lines_saying(proc, pattern):
-    try:
-        with open(proc.log_path, errors="replace") as f:
-            return [ln for ln in f.read().splitlines() if pattern.search(ln)]
-    except OSError:
-        return []
 
 
 def check_restore_orders(run, report):
