@@ -536,6 +536,19 @@ BEGIN
 END $$;
 )sql";
 
+// Marks of how far retention may go (relay/retention.cc): the sequence's
+// last value, and the transactions of this database open when it was
+// read. Once none of them is open, every event with a seq up to it has
+// committed or never will, so deleting up to it leaves no committed event
+// below an event deleted.
+constexpr char kOutboxV12[] = R"sql(
+CREATE TABLE IF NOT EXISTS outbox_retention_marks (
+  last_seq   bigint NOT NULL,
+  open_xacts text[] NOT NULL,
+  taken_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+)sql";
+
 const std::vector<Migration>& OutboxMigrations() {
   // The view derives each event's state as the admin API does.
   static const std::string kOutboxV1 = absl::StrCat(
@@ -858,6 +871,8 @@ $$;
       {10, "operators move subscriptions onto the log and off it",
        kOutboxV10.c_str()},
       {11, "a tick is refused outside READ COMMITTED", kOutboxV11},
+      {12, "retention waits for transactions that may still commit below",
+       kOutboxV12},
   };
   return kMigrations;
 }

@@ -246,8 +246,16 @@ bool Housekeeping::Run() {
     if (options_.retention > absl::ZeroDuration() && !owned.empty() &&
         owned.front() == 0 && absl::Now() >= next_prune_ && !stop_) {
       step = "retention";
-      more = PruneDelivered(conn);
-      if (!more) next_prune_ = absl::Now() + options_.retention_interval;
+      bool held_back = false;
+      more = PruneDelivered(conn, &held_back);
+      // Held back by a transaction that may still commit below what is
+      // old enough: it is usually over within a second.
+      if (!more) {
+        next_prune_ = absl::Now() + (held_back ? std::min(
+                                                     options_.retention_interval,
+                                                     absl::Seconds(1))
+                                               : options_.retention_interval);
+      }
     }
     if (!owned.empty() && owned.front() == 0 && !stop_) {
       step = "heal";
@@ -327,7 +335,7 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
   if (report->redelivered > 0) options_.wake();
 }
 
-bool Housekeeping::PruneDelivered(pqxx::connection& conn) {
+bool Housekeeping::PruneDelivered(pqxx::connection& conn, bool* held_back) {
   constexpr int kBatch = 1000;
   // Full batches follow each other for this long, then the step's pause:
   // a fixed count per step capped retention at 4,000 events/s whatever
@@ -341,7 +349,8 @@ bool Housekeeping::PruneDelivered(pqxx::connection& conn) {
     // short, so vacuum is never held back.
     pqxx::work tx(conn);
     ApplyLimits(tx);
-    const int64_t deleted = PruneOutbox(tx, options_.retention, kBatch);
+    const int64_t deleted =
+        PruneOutbox(tx, options_.retention, kBatch, held_back);
     tx.commit();
     pruned_->Add(deleted);
     if (static_cast<int>(deleted) < kBatch) return false;

@@ -112,8 +112,9 @@ class Housekeeping {
   bool Run();
   // Each throws on a database error.
   void RefreshBacklog(pqxx::connection& conn, const std::vector<int>& owned);
-  // Deletes full batches for up to 100 ms; true: more may go.
-  bool PruneDelivered(pqxx::connection& conn);
+  // Deletes full batches for up to 100 ms; true: more may go. Sets
+  // *held_back as PruneOutbox does, of its last step.
+  bool PruneDelivered(pqxx::connection& conn, bool* held_back);
   void HealIfDue(pqxx::connection& conn);
   void VacuumDeliveries(pqxx::connection& conn);
 

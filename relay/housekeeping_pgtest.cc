@@ -135,9 +135,9 @@ TEST_F(HousekeepingTest, StopCancelsADeleteWaitingOnALock) {
   Append("a", 0, 2);
   pqxx::connection holder(db_.url());
   auto lock = std::make_unique<pqxx::work>(holder);
-  lock->exec(
-      "SELECT 1 FROM outbox WHERE seq = (SELECT min(seq) FROM outbox) FOR "
-      "UPDATE");
+  // A table lock: a row lock would give the holder an xid, and retention
+  // waits for a writer that may still commit below without deleting.
+  lock->exec("LOCK TABLE outbox IN SHARE MODE");
   Own({0});
   std::unique_ptr<Housekeeping> hk = Make(absl::Milliseconds(1));
   hk->Start();

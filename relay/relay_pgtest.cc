@@ -36,6 +36,7 @@
 #include "relay/admin_service.h"
 #include "relay/heal.h"
 #include "relay/relay.h"
+#include "relay/retention.h"
 #include "tests/testing/grpc.h"
 #include "tests/testing/metrics.h"
 #include "tests/testing/orders.h"
@@ -1169,17 +1170,17 @@ TEST_F(RelayTest, RetentionNeverDeletesWhatAnySubscriptionStillNeeds) {
 }
 
 // Retention deletes, backlog figures and vacuum run beside delivery, never
-// in its way: with retention's delete waiting on a row lock, new events
-// are still delivered at once, the relay stops without waiting for the
-// lock, and the old rows go once the lock does.
+// in its way: with retention waiting on a lock (an operator's replay holds
+// it back), new events are still delivered at once, the relay stops
+// without waiting for the lock, and the old rows go once the lock does.
 TEST_F(RelayTest, HousekeepingWaitingOnALockDelaysNoDelivery) {
   Consumer consumer(billing_.url(), 0);
   ASSERT_NO_FATAL_FAILURE(DeliverOldOrders(consumer.port()));
   pqxx::connection holder(orders_.url());
   auto lock = std::make_unique<pqxx::work>(holder);
-  lock->exec(
-      "SELECT 1 FROM outbox WHERE seq = (SELECT min(seq) FROM outbox) "
-      "FOR UPDATE");
+  // Not a row lock: that gives the holder an xid, and retention waits for
+  // a writer that may still commit below without deleting.
+  HoldRetentionBack(*lock);
   RelayOptions options = Options(consumer.port());
   options.retention = absl::Hours(24);
   // No lock or statement timeout: the delete waits as long as the lock is
@@ -1189,7 +1190,7 @@ TEST_F(RelayTest, HousekeepingWaitingOnALockDelaysNoDelivery) {
   const auto waiting = [&] {
     return orders_.Scalar(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-        "'Lock' AND query LIKE '%DELETE FROM outbox%'");
+        "'Lock' AND query LIKE '%pg_advisory_xact_lock(%'");
   };
   auto relay = std::make_unique<Relay>(options, &metrics_);
   relay->Start();

@@ -1,5 +1,6 @@
 #include "relay/retention.h"
 
+#include <stdexcept>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -25,34 +26,98 @@ void HoldRetentionBack(pqxx::transaction_base& tx) {
 }
 
 int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
-                    int limit) {
+                    int limit, bool* held_back) {
+  if (held_back != nullptr) *held_back = false;
   // Operators' replays and heals owe events again (ReOwe, Replay) under
   // this lock shared: taken exclusive in a statement of its own, before
   // the delete, whose snapshot then shows every delivery row they owed.
   // Without it a replay's rows, not yet committed, would not hold back the
-  // delete of the events they point at.
-  tx.exec(RetentionLock(/*shared=*/false));
+  // delete of the events they point at. The same statement reads how far
+  // the sequence has been drawn.
+  const pqxx::row first = tx.exec1(absl::StrCat(
+      RetentionLock(/*shared=*/false),
+      ", current_setting('transaction_isolation') AS isolation, (SELECT CASE "
+      "WHEN is_called THEN last_value ELSE last_value - 1 END FROM "
+      "outbox_seq_seq) AS drawn"));
+  if (first["isolation"].as<std::string>() != "read committed") {
+    // Each statement must see what committed before it: the horizon below
+    // is read in one, and holds for the delete only if the delete's
+    // snapshot is newer.
+    throw std::logic_error(absl::StrCat(
+        "retention needs a READ COMMITTED transaction, not ",
+        first["isolation"].as<std::string>()));
+  }
+  // The horizon: a seq no transaction that may still commit holds below.
+  // A transaction's seq is drawn while it is open, so every seq up to
+  // `drawn` belongs to one that had ended by now or is open now: the mark
+  // records those open (by virtual transaction id, which a transaction has
+  // before it writes and even without an xid) and becomes the horizon
+  // once none of them is open any more (nor prepared: a prepared
+  // transaction drops its virtual id). Left out: a transaction idle after
+  // an error, and one idle that has written nothing (no xid), since the
+  // writer draws a seq and writes its event in one statement; a session
+  // whose state this role may not see counts as open. Marks are read a
+  // statement before the delete, so the delete's snapshot shows the rows
+  // of every transaction that ended. Without it, an event deleted above a
+  // transaction that commits later would leave what is gone no prefix of
+  // the outbox. A mark at most every 50 ms, 64 at most (a transaction open
+  // for long makes each one wait): the horizon lags the sequence by a
+  // mark's age.
+  static const std::string kHorizonSql =
+      "WITH taken AS (INSERT INTO outbox_retention_marks (last_seq, "
+      "open_xacts) SELECT $1, coalesce((SELECT array_agg(l.virtualxid) FROM "
+      "pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE "
+      "l.locktype = 'virtualxid' AND l.granted AND l.virtualxid = "
+      "l.virtualtransaction AND a.datname = current_database() AND l.pid <> "
+      "pg_backend_pid() AND NOT coalesce(a.state = 'idle in transaction "
+      "(aborted)' OR (a.state = 'idle in transaction' AND a.backend_xid IS "
+      "NULL), false)), '{}') WHERE NOT EXISTS (SELECT 1 FROM "
+      "outbox_retention_marks WHERE taken_at > clock_timestamp() - interval "
+      "'50 milliseconds') AND (SELECT count(*) FROM outbox_retention_marks) < "
+      "64 RETURNING last_seq, open_xacts), "
+      "h AS (SELECT max(m.last_seq) AS horizon FROM (SELECT last_seq, "
+      "open_xacts FROM outbox_retention_marks UNION ALL SELECT * FROM taken) "
+      "m WHERE (cardinality(m.open_xacts) = 0 OR NOT EXISTS (SELECT 1 FROM "
+      "pg_locks l WHERE l.locktype = 'virtualxid' AND l.virtualxid = "
+      "ANY(m.open_xacts))) AND NOT EXISTS "
+      "(SELECT 1 FROM pg_prepared_xacts p WHERE p.database = "
+      "current_database())) "
+      // Held back: the first event above the horizon is old enough.
+      "SELECT horizon, coalesce((SELECT o.created_at < now() - "
+      "make_interval(secs => $2::float8) FROM outbox o WHERE o.seq > "
+      "coalesce(h.horizon, 0) ORDER BY o.seq LIMIT 1), false) AS held FROM h";
+  const pqxx::row horizon =
+      tx.exec_params1(kHorizonSql, first["drawn"].as<int64_t>(),
+                      absl::ToDoubleSeconds(retention));
+  if (held_back != nullptr) *held_back = horizon["held"].as<bool>();
+  if (horizon["horizon"].is_null()) return 0;
+  const int64_t below = horizon["horizon"].as<int64_t>();
   // f: the oldest tick the log's subscriptions need (none when the log
   // delivers to none) and its snapshot: an event it does not show (every
   // event written since the log began, if the tick is missing) stops the
   // prefix. Events from before the log have no xid and are judged by their
-  // delivery rows alone.
+  // delivery rows alone. The marks up to the horizon become one, of no
+  // open transaction, which holds what they showed.
   static const std::string kSql =
       "WITH f AS (SELECT fl, (SELECT t.snapshot FROM outbox_ticks t WHERE "
       "t.id = fl) AS snap FROM outbox_log_floor($3) fl), "
-      "c AS (SELECT seq, created_at, xid FROM outbox WHERE seq < "
-      "coalesce((SELECT min((SELECT min(d.seq) FROM outbox_delivery d "
+      "c AS (SELECT seq, created_at, xid FROM outbox WHERE seq <= $4 AND seq "
+      "< coalesce((SELECT min((SELECT min(d.seq) FROM outbox_delivery d "
       "WHERE d.subscription = s.name)) FROM subscriptions s), "
-      "9223372036854775807) ORDER BY seq LIMIT $2) "
-      "DELETE FROM outbox WHERE seq IN (SELECT seq FROM c WHERE seq < "
+      "9223372036854775807) ORDER BY seq LIMIT $2), "
+      "old AS (DELETE FROM outbox_retention_marks WHERE last_seq <= $4), "
+      "kept AS (INSERT INTO outbox_retention_marks (last_seq, open_xacts) "
+      "VALUES ($4, '{}')), "
+      "d AS (DELETE FROM outbox WHERE seq IN (SELECT seq FROM c WHERE seq < "
       "coalesce((SELECT min(seq) FROM c WHERE created_at >= now() - "
       "make_interval(secs => $1::float8) OR ((SELECT fl FROM f) IS NOT NULL "
       "AND xid IS NOT NULL AND NOT coalesce(pg_visible_in_snapshot(xid, "
-      "(SELECT snap FROM f)), false))), 9223372036854775807))";
-  return static_cast<int64_t>(tx.exec_params(kSql,
-                                             absl::ToDoubleSeconds(retention),
-                                             limit, kPartitionCount)
-                                  .affected_rows());
+      "(SELECT snap FROM f)), false))), 9223372036854775807)) RETURNING 1) "
+      "SELECT count(*) FROM d";
+  return tx
+      .exec_params1(kSql, absl::ToDoubleSeconds(retention), limit,
+                    kPartitionCount, below)[0]
+      .as<int64_t>();
 }
 
 }  // namespace outbox::relay

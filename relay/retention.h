@@ -3,7 +3,10 @@
 // subscription is done with it and it is older than the retention, and
 // only as a prefix of the outbox (oldest first, stopping at the first one
 // that must stay), so that what is gone is exactly what lies below the
-// oldest retained seq (outboxctl verify relies on it).
+// oldest retained seq (outboxctl verify relies on it). A transaction
+// that may still commit holds the prefix back below its seq: until it
+// ends, no event above it goes, however old (an event may commit long
+// after events with larger seqs).
 //
 // A subscription is done with an event when it has no outbox_delivery row
 // at or below it and, for one the log delivers to, the oldest tick the
@@ -14,7 +17,8 @@
 //
 // Example (the relay's housekeeping, in small batches, each in a
 // transaction of its own: PruneOutbox takes the lock in a statement before
-// its delete, so `tx` must not be a pqxx::nontransaction):
+// its delete, so `tx` must not be a pqxx::nontransaction, and must be READ
+// COMMITTED, so that the delete sees what committed after the first):
 //   do { pqxx::work tx(conn); n = PruneOutbox(tx, retention, 1000);
 //        tx.commit(); } while (n == 1000);
 
@@ -26,9 +30,12 @@
 namespace outbox::relay {
 
 // Deletes up to `limit` events older than `retention` that every
-// subscription is done with; returns how many. Throws as libpqxx does.
+// subscription is done with; returns how many. Throws as libpqxx does,
+// and std::logic_error outside READ COMMITTED. With `held_back`, says
+// whether an event old enough to go waits for a transaction that may
+// still commit below it (worth another step soon).
 int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
-                    int limit);
+                    int limit, bool* held_back = nullptr);
 
 // Holds PruneOutbox back until `tx` ends (the lock above, shared): for
 // whoever owes retained events again (ReOwe, Replay). Call it before

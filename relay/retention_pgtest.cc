@@ -1,0 +1,199 @@
+// Retention against a real PostgreSQL: what it deletes stays a prefix of
+// the outbox when a transaction commits its event after events with
+// larger seqs, however long it stays open; a transaction that wrote
+// nothing does not hold it back; and it refuses a snapshot older than its
+// own statements.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/schema.h"
+#include "relay/log_testing.h"
+#include "relay/retention.h"
+#include "tests/testing/pg.h"
+
+namespace outbox::relay {
+namespace {
+
+class RetentionTest : public ::testing::Test {
+ protected:
+  // No subscription: every event may go as soon as retention allows.
+  RetentionTest() : db_("retention", {OutboxSchema()}), conn_(db_.url()) {}
+
+  int64_t AppendCommitted(const std::string& aggregate) {
+    pqxx::work tx(conn_);
+    const int64_t seq = Append(tx, aggregate);
+    tx.commit();
+    return seq;
+  }
+
+  // One step of retention with none kept for age, with a mark of its own
+  // (at most one per 50 ms is taken); checks after it that what is gone
+  // lies below all that is retained.
+  int64_t Prune() {
+    absl::SleepFor(absl::Milliseconds(55));
+    const std::set<int64_t> before = Seqs();
+    pqxx::work tx(conn_);
+    const int64_t n = PruneOutbox(tx, absl::ZeroDuration(), 1000);
+    tx.commit();
+    const std::set<int64_t> after = Seqs();
+    for (int64_t seq : before) {
+      if (after.count(seq) == 0 && !after.empty()) {
+        EXPECT_LT(seq, *after.begin())
+            << "retention deleted an event above a retained one";
+      }
+    }
+    return n;
+  }
+
+  std::set<int64_t> Seqs() {
+    std::set<int64_t> seqs;
+    for (const auto& row : db_.Query("SELECT seq FROM outbox")) {
+      seqs.insert(row[0].as<int64_t>());
+    }
+    return seqs;
+  }
+
+  int64_t Retained() { return db_.Scalar("SELECT count(*) FROM outbox"); }
+
+  testing::TestDatabase db_;
+  pqxx::connection conn_;
+};
+
+// The classic trap: a transaction draws its seq, others with larger seqs
+// commit and age, then it commits. Deleting them first left a retained
+// event below deleted ones, so verify and heal took the deleted ones for
+// lost, and a new subscription's chains started at the late event.
+TEST_F(RetentionTest, AnEventCommittedLateKeepsWhatIsAboveIt) {
+  const int64_t early = AppendCommitted("early");
+  EXPECT_EQ(Prune(), 1);
+  pqxx::connection slow_conn(db_.url());
+  pqxx::work slow(slow_conn);
+  const int64_t late = Append(slow, "late");
+  const int64_t a = AppendCommitted("a");
+  const int64_t b = AppendCommitted("b");
+  ASSERT_LT(early, late);
+  ASSERT_LT(late, a);
+  EXPECT_EQ(Prune(), 0);
+  EXPECT_EQ(Prune(), 0);
+  EXPECT_EQ(Retained(), 2);
+  slow.commit();
+  EXPECT_EQ(Prune(), 3);
+  EXPECT_EQ(Retained(), 0);
+  EXPECT_LT(late, b);
+}
+
+// The same for one that aborts: its seq is never filled, and what lies
+// above it goes once it has ended.
+TEST_F(RetentionTest, AnAbortedWriterHoldsRetentionOnlyWhileOpen) {
+  pqxx::connection slow_conn(db_.url());
+  auto slow = std::make_unique<pqxx::work>(slow_conn);
+  Append(*slow, "aborted");
+  AppendCommitted("a");
+  EXPECT_EQ(Prune(), 0);
+  slow->abort();
+  slow.reset();
+  EXPECT_EQ(Prune(), 1);
+  EXPECT_EQ(Retained(), 0);
+}
+
+// A writer that has drawn its seq in its statement and has no xid yet
+// (nextval takes one only when it logs the sequence, once per 32 values):
+// its statement runs, and it holds retention back.
+TEST_F(RetentionTest, ASeqDrawnBeforeTheWriterHasAnXidHoldsRetentionBack) {
+  const int64_t early = AppendCommitted("early");  // the sequence logged
+  std::atomic<int64_t> late{0};
+  std::thread writer([&] {
+    pqxx::connection c(db_.url());
+    pqxx::nontransaction tx(c);
+    late = tx.exec(
+                 "WITH s AS (SELECT nextval('outbox_seq_seq') AS seq), w AS "
+                 "(SELECT s.seq, pg_sleep(1.5) FROM s) INSERT INTO outbox "
+                 "(seq, event_id, aggregate_type, aggregate_id, prev_seq, "
+                 "event_type, schema_version, payload, partition) SELECT "
+                 "w.seq, gen_random_uuid(), 'order', 'late', 0, "
+                 "'order.created', 1, ''::bytea, 0 FROM w RETURNING seq")[0][0]
+               .as<int64_t>();
+  });
+  // Until the seq is drawn.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (db_.Scalar("SELECT last_value FROM outbox_seq_seq") == early &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const int64_t a = AppendCommitted("a");
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM pg_stat_activity WHERE "
+                       "backend_xid IS NOT NULL AND pid <> pg_backend_pid()"),
+            0)
+      << "the writer has an xid already: this is not the case tested";
+  EXPECT_EQ(Prune(), 0);
+  writer.join();
+  EXPECT_LT(late, a);
+  EXPECT_EQ(Retained(), 3);
+  EXPECT_EQ(Prune(), 3);
+}
+
+// A transaction that has written nothing (a report, a session left idle in
+// a transaction) holds nothing back; nor does one idle after an error.
+TEST_F(RetentionTest, TransactionsThatWroteNothingHoldNothingBack) {
+  pqxx::connection reader_conn(db_.url());
+  pqxx::work reader(reader_conn);
+  reader.exec("SELECT count(*) FROM outbox");
+  pqxx::connection failed_conn(db_.url());
+  pqxx::work failed(failed_conn);
+  Append(failed, "failed");
+  EXPECT_THROW(failed.exec("SELECT 1/0"), std::exception);
+  AppendCommitted("a");
+  AppendCommitted("b");
+  EXPECT_EQ(Prune(), 2);
+  EXPECT_EQ(Retained(), 0);
+}
+
+// Many steps while a writer stays open: the marks stay few, and once it
+// ends retention catches up.
+TEST_F(RetentionTest, AWriterOpenForLongLeavesFewMarks) {
+  pqxx::connection slow_conn(db_.url());
+  auto slow = std::make_unique<pqxx::work>(slow_conn);
+  Append(*slow, "slow");
+  constexpr int kSteps = 70;
+  for (int i = 0; i < kSteps; ++i) {
+    AppendCommitted(absl::StrCat("o", i));
+    EXPECT_EQ(Prune(), 0);
+  }
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_retention_marks"), 64);
+  slow->commit();
+  slow.reset();
+  // The newest mark, taken 6 steps before the end, first; then the rest.
+  const int64_t first = Prune();
+  EXPECT_GT(first, 60);
+  EXPECT_EQ(first + Prune(), kSteps + 1);
+  EXPECT_EQ(Retained(), 0);
+  EXPECT_LE(db_.Scalar("SELECT count(*) FROM outbox_retention_marks"), 2);
+}
+
+// Steps with nothing new to delete keep one mark, and events written
+// after them go.
+TEST_F(RetentionTest, IdleStepsKeepOneMark) {
+  AppendCommitted("a");
+  for (int i = 0; i < 70; ++i) Prune();
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_retention_marks"), 1);
+  AppendCommitted("b");
+  EXPECT_EQ(Prune(), 1);
+  EXPECT_EQ(Retained(), 0);
+}
+
+TEST_F(RetentionTest, ARepeatableReadTransactionIsRefused) {
+  AppendCommitted("a");
+  pqxx::work tx(conn_);
+  tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+  EXPECT_THROW(PruneOutbox(tx, absl::ZeroDuration(), 1000), std::logic_error);
+}
+
+}  // namespace
+}  // namespace outbox::relay
