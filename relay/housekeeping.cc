@@ -101,6 +101,19 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
                       return backlog_.Age(backlog_.oldest_dead_seconds,
                                           backlog_.dead_letters > 0);
                     });
+  metrics->AddGauge(
+      "outbox_retention_held_back_seconds",
+      "How long this replica's --retention has been held back by a "
+      "transaction of the outbox's database that may still commit below "
+      "events old enough to go (a session idle in a transaction after "
+      "writing, a prepared transaction); 0 when it is not.",
+      [this] {
+        const int64_t since = held_back_since_ms_.load();
+        return since == 0 ? 0.0
+                          : std::max(0.0, (absl::ToUnixMillis(absl::Now()) -
+                                           since) /
+                                              1000.0);
+      });
   // Every subscription of the database, as this replica last read them:
   // one that no relay delivers any more, or that an operator paused, shows
   // from any relay left, and so does what holds retention back.
@@ -248,6 +261,7 @@ bool Housekeeping::Run() {
       step = "retention";
       bool held_back = false;
       more = PruneDelivered(conn, &held_back);
+      FollowHeldBack(held_back);
       // Held back by a transaction that may still commit below what is
       // old enough: it is usually over within a second.
       if (!more) {
@@ -333,6 +347,27 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
                  options_.subscription, report->Summary());
   }
   if (report->redelivered > 0) options_.wake();
+}
+
+void Housekeeping::FollowHeldBack(bool held_back) {
+  if (!held_back) {
+    held_back_since_ms_ = 0;
+    held_back_warned_ = false;
+    return;
+  }
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  if (held_back_since_ms_.load() == 0) held_back_since_ms_ = now;
+  const absl::Duration held =
+      absl::Milliseconds(now - held_back_since_ms_.load());
+  if (held >= absl::Minutes(5) && !held_back_warned_) {
+    held_back_warned_ = true;
+    spdlog::warn(
+        "relay: retention held back for {} by a transaction of the outbox's "
+        "database that may still commit below events old enough to go (a "
+        "session idle in a transaction after writing, or a prepared "
+        "transaction: pg_stat_activity, pg_prepared_xacts)",
+        absl::FormatDuration(held));
+  }
 }
 
 bool Housekeeping::PruneDelivered(pqxx::connection& conn, bool* held_back) {

@@ -115,6 +115,8 @@ class Housekeeping {
   // Deletes full batches for up to 100 ms; true: more may go. Sets
   // *held_back as PruneOutbox does, of its last step.
   bool PruneDelivered(pqxx::connection& conn, bool* held_back);
+  // Keeps the held-back gauge; warns once when it passes 5 minutes.
+  void FollowHeldBack(bool held_back);
   void HealIfDue(pqxx::connection& conn);
   void VacuumDeliveries(pqxx::connection& conn);
 
@@ -126,6 +128,8 @@ class Housekeeping {
   Backlog backlog_ ABSL_GUARDED_BY(backlog_mu_);
 
   std::atomic<int64_t> deleted_since_vacuum_{0};
+  // Since when retention is held back (Unix ms, 0: it is not).
+  std::atomic<int64_t> held_back_since_ms_{0};
   std::atomic<bool> stop_{false};
   std::atomic<bool> busy_{false};  // a Run is in progress
   // Stop reads the connection's pointer to cancel its statement; every
@@ -140,6 +144,7 @@ class Housekeeping {
   absl::Time next_heal_check_ = absl::InfinitePast();
   std::unique_ptr<Healer> healer_;
   bool heal_skipped_ = false;  // logged once: no consumer to heal from
+  bool held_back_warned_ = false;  // logged once per hold
 
   std::unique_ptr<PeriodicTask> task_;  // last: it uses all of the above
 };

@@ -109,6 +109,32 @@ TEST_F(HousekeepingTest, OnlyTheOwnerOfPartitionZeroDeletesOldEvents) {
   EXPECT_EQ(SumOf(metrics_, "outbox_relay_pruned_total"), 8);
 }
 
+// A writer left open after writing holds retention back below its event,
+// and the gauge says since when; once it commits, all goes.
+TEST_F(HousekeepingTest, AnOpenWriterHoldsRetentionBackAndTheGaugeSaysSo) {
+  Append("a", 0, 3);
+  pqxx::connection writer_conn(db_.url());
+  auto writer = std::make_unique<pqxx::work>(writer_conn);
+  relay::Append(*writer, "late", 0, 0);
+  Append("b", 0, 2);
+  Own({0});
+  std::unique_ptr<Housekeeping> hk = Make(absl::Milliseconds(1));
+  const auto held = [&] {
+    return SumOf(metrics_, "outbox_retention_held_back_seconds");
+  };
+  EXPECT_EQ(held(), 0);
+  hk->Start();
+  ASSERT_TRUE(testing::WaitFor([&] { return held() >= 1.0; }))
+      << metrics_.Render();
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox"), 5);
+  writer->commit();
+  writer.reset();
+  ASSERT_TRUE(testing::WaitFor([&] {
+    return db_.Scalar("SELECT count(*) FROM outbox") == 0 && held() == 0;
+  })) << metrics_.Render();
+  EXPECT_EQ(SumOf(metrics_, "outbox_relay_pruned_total"), 6);
+}
+
 TEST_F(HousekeepingTest, ABacklogOfManyBatchesGoesWholeAndStopsAtWhatMustStay) {
   // Several full batches (1,000 each) in a step, then the first event a
   // subscription still owes stops the prefix: nothing after it goes.
