@@ -12,7 +12,6 @@
 #include "common/db.h"
 #include "common/schema.h"
 #include "relay/delivery_store.h"
-#include "relay/retention.h"
 
 namespace outbox::relay {
 namespace {

@@ -42,11 +42,4 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
 // reading the events, in a transaction (not a pqxx::nontransaction).
 void HoldRetentionBack(pqxx::transaction_base& tx);
 
-// The lowest seq the outbox retains, as an SQL expression: retention
-// deleted every event below it. With none retained, the next seq to be
-// drawn.
-inline constexpr char kMinRetainedSql[] =
-    "coalesce((SELECT min(seq) FROM outbox), (SELECT CASE WHEN is_called "
-    "THEN last_value + 1 ELSE last_value END FROM outbox_seq_seq))";
-
 }  // namespace outbox::relay

@@ -8,8 +8,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/db.h"
+#include "common/schema.h"
 #include "relay/delivery_store.h"
-#include "relay/retention.h"
 #include "relay/subscriptions.h"
 
 namespace outbox::relay {

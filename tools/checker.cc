@@ -406,14 +406,9 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
       }
       f.committed.emplace(row["event_id"].as<std::string>(), std::move(c));
     }
-    // Events below the oldest retained row were deleted by --retention
-    // (it deletes a prefix); with nothing retained, all that were written.
+    // Events below it were deleted by --retention.
     f.retained_from =
-        o.exec(
-             "SELECT coalesce((SELECT min(seq) FROM outbox), "
-             "coalesce(pg_sequence_last_value(pg_get_serial_sequence("
-             "'outbox', 'seq')::regclass), 0) + 1)")[0][0]
-            .as<int64_t>();
+        o.exec(absl::StrCat("SELECT ", kMinRetainedSql))[0][0].as<int64_t>();
     for (const auto& row :
          o.exec("SELECT order_id::text AS order_id, status FROM orders")) {
       f.order_status[row["order_id"].as<std::string>()] =

@@ -180,8 +180,10 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
           divergences.push_back(std::move(f));
         }
       }
-      min_retained = o.exec("SELECT coalesce(min(seq), 0) FROM outbox")[0][0]
-                         .as<int64_t>();
+      // With every event deleted, all that were drawn: an outbox emptied
+      // by retention leaves nothing the inbox applied an orphan.
+      min_retained =
+          o.exec(absl::StrCat("SELECT ", kMinRetainedSql))[0][0].as<int64_t>();
     }
 
     std::set<std::string> applied;

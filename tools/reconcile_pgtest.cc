@@ -125,6 +125,29 @@ TEST_F(ReconcileTest, AnAppliedEventTheOutboxDoesNotHoldIsListed) {
   EXPECT_EQ(r.findings[0].reason, "applied, not in the outbox");
 }
 
+// Retention deletes a prefix of the outbox: what the inbox applied below
+// the oldest event left is not an orphan, down to an outbox emptied of
+// every event (the oldest left is then the next seq to be drawn); what it
+// applied above is.
+TEST_F(ReconcileTest, EventsRetentionDeletedAreNoOrphans) {
+  orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE seq < ", c1_.seq));
+  ReconcileReport r = Reconcile();
+  EXPECT_TRUE(r.ok()) << r.Summary();
+  EXPECT_EQ(r.orphaned, 0) << r.Summary();
+
+  orders_.Exec("DELETE FROM outbox");
+  r = Reconcile();
+  EXPECT_TRUE(r.ok()) << r.Summary();
+  EXPECT_EQ(r.events, 0);
+
+  Staged ghost{b3_.seq + 5, NewUuid(), a_, "OrderShipped"};
+  Apply(ghost);
+  r = Reconcile();
+  EXPECT_EQ(r.orphaned, 1) << r.Summary();
+  ASSERT_EQ(r.findings.size(), 1u) << r.Summary();
+  EXPECT_EQ(r.findings[0].event_id, ghost.event_id);
+}
+
 TEST_F(ReconcileTest, AnUnknownSubscriptionIsNotFound) {
   ReconcileOptions other = window_;
   other.subscription = "nobody";
