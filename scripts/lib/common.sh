@@ -213,3 +213,31 @@ fuzz_all() {
   [ $rc -eq 0 ] && rm -rf "$work"
   return $rc
 }
+
+# failure_digest LASTTEST_LOG: for each test that failed in ctest's log
+# (Testing/Temporary/LastTest.log), the lines of its output that say why
+# (failures, errors, violations; at most 30) and its last 8 lines.
+failure_digest() {
+  local logf="$1"
+  [ -f "$logf" ] || return 0
+  printf '\n==> why the failed tests failed (from %s)\n' "$logf" >&2
+  awk '
+    /^[0-9]+\/[0-9]+ Test: / { name = $3; n = 0; next }
+    /^Output:$/ { inout = 1; getline; next }
+    /^<end of output>$/ { inout = 0; next }
+    inout { out[n++] = $0; next }
+    /^Test [A-Z]/ && !/^Test time/ && !/^Test Passed/ { failed = 1 }
+    /^"[^"]+" end time:/ {
+      if (failed) {
+        print "--- " name
+        k = 0
+        for (i = 0; i < n && k < 30; i++)
+          if (out[i] ~ /FAIL|ERROR|[Ee]rror[: ]|[Vv]iolat|Failure|not healed|not listed|not drained|\[  FAILED  \]|Assertion|Sanitizer/ && out[i] !~ /^\[[^]]*\]   \| /) {
+            print "  " out[i]; k++
+          }
+        print "  (last lines)"
+        for (i = (n > 8 ? n - 8 : 0); i < n; i++) print "  " out[i]
+      }
+      failed = 0; n = 0
+    }' "$logf" >&2
+}
