@@ -28,7 +28,8 @@ from .gray import HealthWatch
 from .observe import scrape
 from .pg import SqlError
 from .runner import HarnessError, Run, SHUTDOWN_TIMEOUT
-from .scenarios import ACK_TIMEOUT, Scenario, check_gray, on_rows
+from .scenarios import (ACK_TIMEOUT, RETENTION_FLAGS, Scenario, check_gray,
+                        check_retention, on_rows)
 from .tls import HARNESS
 from .topology import (Cluster, PgBouncer, StandbyPair, TopologyError,
                        UUID_RE, dump, replace_from_dump, restore)
@@ -1302,12 +1303,13 @@ SCENARIOS = [
         "pgbouncer-transaction",
         "every service through PgBouncer in transaction mode "
         f"(default_pool_size {TRANSACTION_POOL}), 2 relays, one SIGKILLed "
-        "now and then; a sampler looks for session state left on the "
-        "shared backends",
+        "now and then, --retention deleting what was applied; a sampler "
+        "looks for session state left on the shared backends",
         kill_relays_now_and_then, relays=2,
         build=build_bouncer("transaction", pool_size=TRANSACTION_POOL),
-        check=check_pgbouncer,
-        min_seconds=12.0),
+        check=lambda run, report: (check_pgbouncer(run, report)
+                                   + check_retention(run, report)),
+        relay_flags=RETENTION_FLAGS, min_seconds=12.0),
     TopologyScenario(
         "pgbouncer-session",
         "every service through PgBouncer in session mode "
@@ -1327,9 +1329,13 @@ SCENARIOS = [
         "hung-db",
         f"every process of the scenario's own PostgreSQL SIGSTOPped for "
         f"{FREEZE_SECONDS:g} s under load, then SIGCONT; "
-        "--stall_timeout=3s: the producer and relays must say NOT_SERVING",
-        hung_db, relays=2, build=build_own_server, check=check_hung_db,
-        service_flags=HUNG_FLAGS, health_after_heal=True,
+        "--stall_timeout=3s: the producer and relays must say NOT_SERVING; "
+        "--retention deleting what was applied",
+        hung_db, relays=2, build=build_own_server,
+        check=lambda run, report: (check_hung_db(run, report)
+                                   + check_retention(run, report)),
+        service_flags=HUNG_FLAGS, relay_flags=RETENTION_FLAGS,
+        health_after_heal=True,
         min_seconds=FREEZE_SECONDS + 8),
 ]
 
