@@ -146,6 +146,31 @@ TEST_F(RepairTest, RewindKeepsTheSharedHistoryAndRecordsTheRest) {
   EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM charges"), 0);  // not paid
 }
 
+// The producer's retention deleted created and paid after they were
+// delivered, and its cancel was lost with a failover: none of them is in
+// keep_event_ids, yet created and paid are shared history (up to
+// shared_through_seq); only the cancel is superseded, and the view stays
+// PAID with its charge.
+TEST_F(RepairTest, RewindKeepsWhatTheProducersRetentionDeleted) {
+  std::vector<v1::Event> o = Order("kept", 200);
+  Apply({&o[0], &o[1], &o[2]});
+  inbox::RewindRequest r;
+  r.aggregate_id = "kept";
+  r.shared_through_seq = 201;
+  r.reason = "the cancel was lost with the old primary";
+  r.operator_name = "ops";
+  auto done = repair_.Rewind(r);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->applied_seq, 201);
+  ASSERT_EQ(done->superseded.size(), 1u);
+  EXPECT_EQ(done->superseded[0].event_id, o[2].event_id());
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM inbox"), 2);
+  EXPECT_EQ(
+      billing_.Query("SELECT status FROM order_view")[0][0].as<std::string>(),
+      "PAID");
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM charges"), 1);
+}
+
 TEST_F(RepairTest, RewindOfAnAggregateTheProducerLostEntirelyDropsItsView) {
   std::vector<v1::Event> o = Order("gone", 7);
   Apply({&o[0], &o[1]});
@@ -180,6 +205,10 @@ TEST_F(RepairTest, RewindRefusesWhatItCannotRecord) {
   EXPECT_EQ(repair_.Rewind(r).status().code(),
             absl::StatusCode::kInvalidArgument);
   r.keep_event_ids.clear();
+  r.shared_through_seq = -1;
+  EXPECT_EQ(repair_.Rewind(r).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  r.shared_through_seq = 0;
   r.operator_name.clear();
   EXPECT_EQ(repair_.Rewind(r).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -97,6 +97,11 @@ absl::StatusOr<RewindResult> InboxRepair::Rewind(RewindRequest req) {
   if (req.operator_name.empty()) {
     return absl::InvalidArgumentError("operator: must be given");
   }
+  if (req.shared_through_seq < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared_through_seq: must be 0 or more, not ",
+                     req.shared_through_seq));
+  }
   std::set<std::string> keep;
   for (const std::string& id : req.keep_event_ids) {
     if (!IsUuid(id)) {
@@ -148,10 +153,15 @@ absl::StatusOr<RewindResult> InboxRepair::Rewind(RewindRequest req) {
         "ORDER BY seq",
         req.aggregate_id, req.source, req.aggregate_type);
     // The shared history is the longest prefix of the applied chain whose
-    // events the producer holds; rows below pruned_through are gone and
+    // events the producer holds, or held until its retention deleted them
+    // (up to shared_through_seq); rows below pruned_through are gone and
     // count as shared (retention deletes only old, settled rows).
     size_t k = 0;
-    while (k < rows.size() && keep.count(rows[k][0].as<std::string>())) ++k;
+    while (k < rows.size() &&
+           (rows[k][1].as<int64_t>() <= req.shared_through_seq ||
+            keep.count(rows[k][0].as<std::string>()))) {
+      ++k;
+    }
     out.applied_seq = k > 0 ? rows[k - 1][1].as<int64_t>() : pruned_through;
     std::vector<AppliedEvent> kept, gone;
     for (size_t i = 0; i < rows.size(); ++i) {

@@ -49,6 +49,9 @@ struct RewindRequest {
   std::string source, aggregate_type, aggregate_id;  // the chain
   // The producer's retained history of the aggregate, by event id.
   std::vector<std::string> keep_event_ids;
+  // ... and its events up to this seq, delivered and then deleted by the
+  // producer's retention (0: none).
+  int64_t shared_through_seq = 0;
   std::string reason;
   std::string operator_name;
 };

@@ -133,6 +133,7 @@ grpc::Status EventSinkImpl::Rewind(grpc::ServerContext* ctx,
   r.aggregate_id = req->aggregate_id();
   r.aggregate_type = req->aggregate_type();
   r.source = req->source();
+  r.shared_through_seq = req->shared_through_seq();
   r.keep_event_ids.assign(req->keep_event_ids().begin(),
                           req->keep_event_ids().end());
   r.reason = req->reason();

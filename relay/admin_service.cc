@@ -348,8 +348,10 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
         "its events");
   }
   const std::string who = CallerName(check_, *ctx);
-  // 1. The producer's history of the chain, as the outbox holds it.
+  // 1. The producer's history of the chain, as the outbox holds it, and
+  // how far retention deleted it.
   std::vector<std::pair<int64_t, std::string>> chain;
+  int64_t deleted_through = 0;
   std::string type = req->aggregate_type();
   absl::Status s = OnSubscription<pqxx::read_transaction>(
       db_, *sub, [&](pqxx::read_transaction& tx) -> absl::Status {
@@ -369,6 +371,7 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
         }
         type = open[0];
         chain = ChainOf(tx, type, req->aggregate_id());
+        deleted_through = DeletedThrough(tx, type, req->aggregate_id(), chain);
         return absl::OkStatus();
       });
   if (!s.ok()) return ToGrpcStatus(s);
@@ -379,6 +382,7 @@ grpc::Status RelayAdminImpl::ResolveDivergence(
   rewind.set_aggregate_type(type);
   rewind.set_source(relay_->source());
   for (const auto& [seq, id] : chain) rewind.add_keep_event_ids(id);
+  rewind.set_shared_through_seq(deleted_through);
   rewind.set_reason(req->reason());
   rewind.set_operator_(who);
   v1::RewindResponse rewound;

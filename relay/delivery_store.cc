@@ -141,6 +141,24 @@ std::vector<std::pair<int64_t, std::string>> ChainOf(
   return chain;
 }
 
+int64_t DeletedThrough(
+    pqxx::transaction_base& tx, const std::string& aggregate_type,
+    const std::string& aggregate_id,
+    const std::vector<std::pair<int64_t, std::string>>& chain) {
+  if (chain.empty()) {
+    return tx
+        .exec_params1(
+            "SELECT coalesce(max(last_seq), 0) FROM outbox_heads WHERE "
+            "aggregate_id = $1 AND ($2 = '' OR aggregate_type = $2)",
+            aggregate_id, aggregate_type)[0]
+        .as<int64_t>();
+  }
+  const pqxx::result r = tx.exec_params(
+      "SELECT prev_seq FROM outbox WHERE seq = $1", chain.front().first);
+  // Gone since ChainOf read it: retention deleted that one too.
+  return r.empty() ? chain.front().first : r[0][0].as<int64_t>();
+}
+
 Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
                 const ReplaySelector& sel) {
   HoldRetentionBack(tx);

@@ -69,6 +69,17 @@ std::vector<std::pair<int64_t, std::string>> ChainOf(
     pqxx::transaction_base& tx, const std::string& aggregate_type,
     const std::string& aggregate_id);
 
+// The newest event of that chain that retention deleted (0: none), given
+// its retained events `chain` (ChainOf, read before): the predecessor of
+// the oldest retained one, or the chain's newest event when none is
+// retained. Each was in this outbox's history and delivered before it
+// went, so a consumer's applied events up to it are shared history (an
+// operator's resolve keeps them), whatever was lost after.
+int64_t DeletedThrough(
+    pqxx::transaction_base& tx, const std::string& aggregate_type,
+    const std::string& aggregate_id,
+    const std::vector<std::pair<int64_t, std::string>>& chain);
+
 // What a replay owes again: exactly one selector.
 struct ReplaySelector {
   std::string event_id;

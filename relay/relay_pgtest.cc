@@ -1964,6 +1964,63 @@ TEST_F(RelayTest, AHealFindsAppliedEventsTheOutboxLost) {
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 1);
 }
 
+// Retention deleted an order's OrderCreated after it was delivered, then a
+// failover lost its OrderPaid: resolving keeps the OrderCreated the
+// consumer applied (the producer's history, though no longer retained)
+// and supersedes only the payment. (The resolve kept only retained events
+// and rewound the order to nothing: its view gone, CREATED in orders.)
+TEST_F(RelayTest, AResolveKeepsWhatRetentionDeletedOfTheChain) {
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  CreateOrder();  // older and retained: the lowest seq the outbox holds
+  const std::string order = CreateOrder();
+  Pay(order);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  const std::string where = absl::StrCat("aggregate_id = '", order, "'");
+  const int64_t created =
+      orders_.Scalar(absl::StrCat("SELECT min(seq) FROM outbox WHERE ", where));
+  const std::string paid_event =
+      orders_
+          .Query(absl::StrCat("SELECT event_id::text FROM outbox WHERE ",
+                              where, " ORDER BY seq DESC LIMIT 1"))[0][0]
+          .as<std::string>();
+  orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE ", where));
+  orders_.Exec(absl::StrCat("UPDATE outbox_heads SET last_seq = ", created,
+                            ", prev_seq = 0 WHERE ", where));
+  orders_.Exec(absl::StrCat(
+      "UPDATE orders SET status = 'CREATED', version = 1 WHERE order_id = '",
+      order, "'"));
+  HealNow();
+  ASSERT_EQ(orders_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox_divergences WHERE kind = "
+                "'consumer_ahead' AND resolved_at IS NULL AND ",
+                where)),
+            1);
+  AdminOnLoopback admin(orders_.url(), &relay);
+  ASSERT_NE(admin.stub(), nullptr);
+  grpc::ClientContext ctx;
+  v1::ResolveDivergenceRequest req;
+  req.set_aggregate_id(order);
+  req.set_reason("the payment was lost with the old primary");
+  v1::Divergence d;
+  ASSERT_TRUE(admin.stub()->ResolveDivergence(&ctx, req, &d).ok());
+  EXPECT_NE(d.resolution().find(absl::StrCat("from seq ", created, ";")),
+            std::string::npos)
+      << d.resolution();
+  EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM inbox_superseded"), 1);
+  EXPECT_EQ(billing_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM inbox_superseded WHERE event_id = '",
+                paid_event, "'")),
+            1);
+  EXPECT_EQ(billing_
+                .Query(absl::StrCat(
+                    "SELECT status FROM order_view WHERE order_id = '", order,
+                    "'"))[0][0]
+                .as<std::string>(),
+            "CREATED");
+}
+
 // Retention may leave the outbox empty: every applied event then lies
 // below what it retains, none was lost. (The heal took the empty outbox's
 // lowest retained seq for 0 and recorded every aggregate as ahead.)
