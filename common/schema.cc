@@ -549,6 +549,26 @@ CREATE TABLE IF NOT EXISTS outbox_retention_marks (
 );
 )sql";
 
+// How far retention deleted (relay/retention.cc): the newest seq it
+// deleted, kept beside the outbox so that it replicates, dumps and
+// restores with it. Below it every event went to retention; an event
+// missing above it went some other way (lost with a failover or a
+// restore). Reading that from the rows left (their lowest seq, or the
+// next seq to draw when none is left) took a failover's lost events for
+// retention's once the new primary had handed out their seqs again and
+// retention had deleted what lay below. Where retention ran before this
+// table, that reading is where it starts.
+constexpr char kOutboxV13[] = R"sql(
+CREATE TABLE IF NOT EXISTS outbox_retention_state (
+  id              int PRIMARY KEY CHECK (id = 1),
+  deleted_through bigint NOT NULL
+);
+INSERT INTO outbox_retention_state (id, deleted_through)
+SELECT 1, coalesce((SELECT min(seq) FROM outbox), (SELECT CASE WHEN is_called
+       THEN last_value + 1 ELSE last_value END FROM outbox_seq_seq)) - 1
+ON CONFLICT (id) DO NOTHING;
+)sql";
+
 const std::vector<Migration>& OutboxMigrations() {
   // The view derives each event's state as the admin API does.
   static const std::string kOutboxV1 = absl::StrCat(
@@ -873,6 +893,7 @@ $$;
       {11, "a tick is refused outside READ COMMITTED", kOutboxV11},
       {12, "retention waits for transactions that may still commit below",
        kOutboxV12},
+      {13, "retention records how far it deleted", kOutboxV13},
   };
   return kMigrations;
 }

@@ -59,13 +59,12 @@ inline constexpr char kDeliveryLogJoinsSql[] =
     " LEFT JOIN outbox_ticks lpr ON lpr.id = lp.reading_tick"
     " AND lp.reading_tick > 0 ";
 
-// The lowest seq the outbox retains, as an SQL expression: --retention
-// deleted every event below it (it deletes a prefix). With none retained
-// (all deleted, or none written yet), the next seq to be drawn. Retention's
-// subscriptions, heals, the checker and reconcile read it alike.
+// The lowest seq --retention may have left, as an SQL expression: it
+// deleted every event below it (a prefix), and none at or above it, so an
+// event missing there went some other way (a failover, a restore).
+// Subscriptions, heals, the checker and reconcile read it alike.
 inline constexpr char kMinRetainedSql[] =
-    "coalesce((SELECT min(seq) FROM outbox), (SELECT CASE WHEN is_called "
-    "THEN last_value + 1 ELSE last_value END FROM outbox_seq_seq))";
+    "(SELECT deleted_through + 1 FROM outbox_retention_state WHERE id = 1)";
 
 const std::vector<Migration>& OutboxMigrations();
 const std::vector<Migration>& InboxMigrations();

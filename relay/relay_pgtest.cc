@@ -1964,6 +1964,42 @@ TEST_F(RelayTest, AHealFindsAppliedEventsTheOutboxLost) {
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 1);
 }
 
+// After a failover the new primary hands out a lost event's seq again, and
+// retention may delete what lies below: the lost event's seq then lies
+// below every row the outbox holds. Yet retention never deleted it, and
+// the heal lists its aggregate. (Taking the lowest row left for how far
+// retention went, the heal took it for deleted by retention.)
+TEST_F(RelayTest, AHealFindsALostEventBelowTheRowsLeftAboveWhatRetentionDeleted) {
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  const std::string order = CreateOrder();
+  Pay(order);
+  MakeOrders(3);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  const std::string where = absl::StrCat("aggregate_id = '", order, "'");
+  const int64_t created =
+      orders_.Scalar(absl::StrCat("SELECT min(seq) FROM outbox WHERE ", where));
+  const int64_t paid =
+      orders_.Scalar(absl::StrCat("SELECT max(seq) FROM outbox WHERE ", where));
+  // Retention deleted up to the order's OrderCreated; its OrderPaid was
+  // lost, and so was every event between it and the later orders' ones.
+  orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE seq <= ", created,
+                            " OR seq = ", paid));
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox_retention_state SET deleted_through = ", created));
+  orders_.Exec(absl::StrCat("UPDATE outbox_heads SET last_seq = ", created,
+                            ", prev_seq = 0 WHERE ", where));
+  ASSERT_LT(paid, orders_.Scalar("SELECT min(seq) FROM outbox"));
+  HealNow();
+  EXPECT_EQ(orders_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox_divergences WHERE kind = "
+                "'consumer_ahead' AND consumer_seq = ",
+                paid, " AND ", where)),
+            1);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 1);
+}
+
 // Retention deleted an order's OrderCreated after it was delivered, then a
 // failover lost its OrderPaid: resolving keeps the OrderCreated the
 // consumer applied (the producer's history, though no longer retained)
@@ -1973,7 +2009,6 @@ TEST_F(RelayTest, AResolveKeepsWhatRetentionDeletedOfTheChain) {
   Consumer consumer(billing_.url(), 0);
   Relay relay(Options(consumer.port()), &metrics_);
   relay.Start();
-  CreateOrder();  // older and retained: the lowest seq the outbox holds
   const std::string order = CreateOrder();
   Pay(order);
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
@@ -1986,6 +2021,8 @@ TEST_F(RelayTest, AResolveKeepsWhatRetentionDeletedOfTheChain) {
                               where, " ORDER BY seq DESC LIMIT 1"))[0][0]
           .as<std::string>();
   orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE ", where));
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox_retention_state SET deleted_through = ", created));
   orders_.Exec(absl::StrCat("UPDATE outbox_heads SET last_seq = ", created,
                             ", prev_seq = 0 WHERE ", where));
   orders_.Exec(absl::StrCat(
@@ -2030,7 +2067,10 @@ TEST_F(RelayTest, AHealAfterRetentionEmptiedTheOutboxFindsNothingLost) {
   relay.Start();
   MakeOrders(5);
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
-  orders_.Exec("DELETE FROM outbox");  // as retention would, all delivered
+  // As retention would, all delivered.
+  orders_.Exec(
+      "UPDATE outbox_retention_state SET deleted_through = (SELECT max(seq) "
+      "FROM outbox); DELETE FROM outbox");
   HealNow();
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 0);
 }

@@ -97,7 +97,8 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   // event written since the log began, if the tick is missing) stops the
   // prefix. Events from before the log have no xid and are judged by their
   // delivery rows alone. The marks up to the horizon become one, of no
-  // open transaction, which holds what they showed.
+  // open transaction, which holds what they showed; outbox_retention_state
+  // records the newest seq deleted.
   static const std::string kSql =
       "WITH f AS (SELECT fl, (SELECT t.snapshot FROM outbox_ticks t WHERE "
       "t.id = fl) AS snap FROM outbox_log_floor($3) fl), "
@@ -112,7 +113,10 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
       "coalesce((SELECT min(seq) FROM c WHERE created_at >= now() - "
       "make_interval(secs => $1::float8) OR ((SELECT fl FROM f) IS NOT NULL "
       "AND xid IS NOT NULL AND NOT coalesce(pg_visible_in_snapshot(xid, "
-      "(SELECT snap FROM f)), false))), 9223372036854775807)) RETURNING 1) "
+      "(SELECT snap FROM f)), false))), 9223372036854775807)) RETURNING seq), "
+      "u AS (UPDATE outbox_retention_state SET deleted_through = "
+      "greatest(deleted_through, (SELECT max(seq) FROM d)) WHERE id = 1 AND "
+      "EXISTS (SELECT 1 FROM d)) "
       "SELECT count(*) FROM d";
   return tx
       .exec_params1(kSql, absl::ToDoubleSeconds(retention), limit,

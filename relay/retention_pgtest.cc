@@ -61,6 +61,9 @@ class RetentionTest : public ::testing::Test {
   }
 
   int64_t Retained() { return db_.Scalar("SELECT count(*) FROM outbox"); }
+  int64_t DeletedThrough() {
+    return db_.Scalar("SELECT deleted_through FROM outbox_retention_state");
+  }
 
   testing::TestDatabase db_;
   pqxx::connection conn_;
@@ -71,8 +74,10 @@ class RetentionTest : public ::testing::Test {
 // event below deleted ones, so verify and heal took the deleted ones for
 // lost, and a new subscription's chains started at the late event.
 TEST_F(RetentionTest, AnEventCommittedLateKeepsWhatIsAboveIt) {
+  EXPECT_EQ(DeletedThrough(), 0);
   const int64_t early = AppendCommitted("early");
   EXPECT_EQ(Prune(), 1);
+  EXPECT_EQ(DeletedThrough(), early);
   pqxx::connection slow_conn(db_.url());
   pqxx::work slow(slow_conn);
   const int64_t late = Append(slow, "late");
@@ -83,10 +88,12 @@ TEST_F(RetentionTest, AnEventCommittedLateKeepsWhatIsAboveIt) {
   EXPECT_EQ(Prune(), 0);
   EXPECT_EQ(Prune(), 0);
   EXPECT_EQ(Retained(), 2);
+  EXPECT_EQ(DeletedThrough(), early);  // what went, not what was seen
   slow.commit();
   EXPECT_EQ(Prune(), 3);
   EXPECT_EQ(Retained(), 0);
   EXPECT_LT(late, b);
+  EXPECT_EQ(DeletedThrough(), b);
 }
 
 // The same for one that aborts: its seq is never filled, and what lies

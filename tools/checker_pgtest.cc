@@ -234,6 +234,8 @@ TEST_F(CheckerTest, ADeadLetterAndTheEventsBehindItAreReportedApart) {
 TEST_F(CheckerTest, RowsTheRelaysRetentionDeletedAreNotViolations) {
   // --retention deletes a prefix of the outbox: a's events and b's first.
   orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE seq <= ", b1_.seq));
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox_retention_state SET deleted_through = ", b1_.seq));
   const CheckReport r = Check();
   EXPECT_TRUE(r.ok()) << r.Summary();
   // a1, a2 and b1 are applied and gone from the outbox; a's charge, whose
@@ -268,6 +270,8 @@ TEST_F(CheckerTest, RowsTheInboxRetentionDeletedAreNotViolations) {
 TEST_F(CheckerTest, RowsBothRetentionsDeletedAreNotViolations) {
   // Both sides let a's events go; its charge outlives both rows.
   orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE seq <= ", a2_.seq));
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox_retention_state SET deleted_through = ", a2_.seq));
   billing_.Exec("DELETE FROM inbox WHERE aggregate_id = '" + a_ + "'");
   billing_.Exec(absl::StrCat(
       "UPDATE aggregate_cursors SET pruned_through = last_seq WHERE "

@@ -125,17 +125,20 @@ TEST_F(ReconcileTest, AnAppliedEventTheOutboxDoesNotHoldIsListed) {
   EXPECT_EQ(r.findings[0].reason, "applied, not in the outbox");
 }
 
-// Retention deletes a prefix of the outbox: what the inbox applied below
-// the oldest event left is not an orphan, down to an outbox emptied of
-// every event (the oldest left is then the next seq to be drawn); what it
-// applied above is.
+// Retention deletes a prefix of the outbox and records how far: what the
+// inbox applied up to there is not an orphan, down to an outbox emptied of
+// every event; what it applied above is, even below the oldest event left.
 TEST_F(ReconcileTest, EventsRetentionDeletedAreNoOrphans) {
   orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE seq < ", c1_.seq));
+  orders_.Exec(absl::StrCat(
+      "UPDATE outbox_retention_state SET deleted_through = ", c1_.seq - 1));
   ReconcileReport r = Reconcile();
   EXPECT_TRUE(r.ok()) << r.Summary();
   EXPECT_EQ(r.orphaned, 0) << r.Summary();
 
-  orders_.Exec("DELETE FROM outbox");
+  orders_.Exec(
+      "UPDATE outbox_retention_state SET deleted_through = (SELECT max(seq) "
+      "FROM outbox); DELETE FROM outbox");
   r = Reconcile();
   EXPECT_TRUE(r.ok()) << r.Summary();
   EXPECT_EQ(r.events, 0);
