@@ -411,7 +411,7 @@ def check_retention(run, report):
             f"deleted from the outbox, {left[0]} rows left (from seq "
             f"{left[1]})")
     if report["pruned_from_outbox"] == 0:
-        return [f"retention: --retention={RETENTION_FLAGS['retention']} "
+        return [f"retention: --retention={run.scn.relay_flags['retention']} "
                 "deleted no applied event in the whole run"]
     return []
 

@@ -100,6 +100,23 @@ class Home:
         return f"postgresql://postgres@127.0.0.1:{port}/{db}"
 
 
+# Every outbox row, kept where retention does not delete it (the copy is
+# written in the producer's transaction by a trigger, before the load).
+OUTBOX_HISTORY = """
+CREATE TABLE chaos_outbox_history (event_id uuid PRIMARY KEY,
+                                   seq bigint NOT NULL,
+                                   aggregate_id text NOT NULL);
+CREATE FUNCTION chaos_outbox_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO chaos_outbox_history VALUES (NEW.event_id, NEW.seq,
+                                           NEW.aggregate_id);
+  RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_outbox_keep AFTER INSERT ON outbox
+  FOR EACH ROW EXECUTE FUNCTION chaos_outbox_keep();
+"""
+
+
 @dataclass
 class TopologyScenario(Scenario):
     # starts the scenario's servers and sets run.homes (before the
@@ -158,6 +175,29 @@ class TopologyRun(Run):
         self.log("databases: " + "; ".join(
             f"{db} on {self._where(db)}" for db in (self.orders_db,
                                                      self.billing_db)))
+        if self.keeps_history():
+            self.sql_orders(OUTBOX_HISTORY)
+            self.log("orders: every outbox row also kept in "
+                     "chaos_outbox_history, in the producer's transaction "
+                     "(--retention deletes from the outbox; the truth of "
+                     "what a failover or restore lost must not depend on it)",
+                     quiet=True)
+
+    def keeps_history(self):
+        """With --retention, what the outbox held is read from a copy that
+        retention leaves alone: before the load starts, every outbox row is
+        also written, in the producer's transaction, to
+        chaos_outbox_history, which replicates, dumps and restores with
+        the outbox and loses what it loses."""
+        return ("retention" in self.scn.relay_flags
+                and self.scn.before_verify is not None)
+
+    def outbox_rows_sql(self):
+        """SELECT event_id, seq, aggregate_id of every event the orders
+        database's history holds."""
+        return ("SELECT event_id, seq, aggregate_id FROM "
+                + ("chaos_outbox_history" if self.keeps_history()
+                   else "outbox"))
 
     def _where(self, db):
         home = self.homes.get(db)
@@ -399,8 +439,7 @@ def read_truth(which):
                                "was too short?)")
         if which == "orders":
             got = pair.read_old_primary({"outbox": (
-                run.orders_db, "SELECT event_id, seq, aggregate_id FROM "
-                "outbox")}, run.suite.ports)
+                run.orders_db, run.outbox_rows_sql())}, run.suite.ports)
             run.truth["old_outbox"] = {
                 ln.split("|")[0]: ln.split("|")[1:]
                 for ln in got["outbox"].splitlines() if ln}
@@ -539,8 +578,7 @@ def divergence(run):
     phantom). Also how many events only the old primary had, and how many
     seqs the new primary handed out again."""
     old = run.truth.get("old_outbox", {})
-    new = {r[0]: r[1:] for r in run.ids(
-        run.orders_db, "SELECT event_id, seq, aggregate_id FROM outbox")}
+    new = {r[0]: r[1:] for r in run.ids(run.orders_db, run.outbox_rows_sql())}
     inbox = run.ids(run.billing_db, "SELECT event_id, aggregate_id FROM inbox")
     only_old = {e: v for e, v in old.items() if e not in new}
     # every aggregate id either database knows: tells an aggregate's id
@@ -844,7 +882,7 @@ def restore_orders(in_place):
                     "down (frozen / killed); restoring the dump: DROP "
                     "DATABASE ... WITH (FORCE), CREATE DATABASE, pg_restore")
             took, rows = replace_from_dump(server, db, path, snapshot=(
-                "outbox", "SELECT event_id, seq, aggregate_id FROM outbox"))
+                "outbox", run.outbox_rows_sql()))
             # What the dropped database held: the truth of what was lost.
             run.truth["old_outbox"] = {
                 r.split("\t")[0]: r.split("\t")[1:] for r in rows if r}
@@ -1252,6 +1290,11 @@ def check_hung_db(run, report):
 
 
 HUNG_FLAGS = {"stall_timeout": "3s"}
+# Retention that lets the heal after a promotion run first: events the old
+# primary lost carry seqs the new one hands out again, and once retention
+# deleted those new events, a lost event's seq lies below what the outbox
+# retains and reads as deleted by retention (README "Retention").
+FAILOVER_RETENTION_FLAGS = {"retention": "5s", "retention_interval": "500ms"}
 
 
 SCENARIOS = [
@@ -1263,7 +1306,10 @@ SCENARIOS = [
         "consumer applied from the lost commits until an operator resolves "
         "it",
         failover("orders"), relays=2, build=build_pair("orders"),
-        before_verify=orders_listing, check=check_failover_orders),
+        before_verify=orders_listing,
+        check=lambda run, report: (check_failover_orders(run, report)
+                                   + check_retention(run, report)),
+        relay_flags=FAILOVER_RETENTION_FLAGS),
     TopologyScenario(
         "failover-billing",
         "the billing database on a primary + asynchronous standby: "
