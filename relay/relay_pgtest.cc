@@ -320,6 +320,36 @@ class RelayTest : public ::testing::Test {
     EXPECT_TRUE(store_.Pay(pay, "").ok());
   }
 
+  // What a failover after retention leaves of `order`, created and paid,
+  // both applied: retention had deleted its OrderCreated (and every event
+  // before it), and the new primary lacks its OrderPaid, so the order is
+  // CREATED there, with its OrderCreated its newest event.
+  struct LostPayment {
+    int64_t created = 0, paid = 0;  // seqs
+    std::string paid_event;
+  };
+  LostPayment LosePaymentAfterRetention(const std::string& order) {
+    const std::string where = absl::StrCat("aggregate_id = '", order, "'");
+    LostPayment lost;
+    lost.created = orders_.Scalar(
+        absl::StrCat("SELECT min(seq) FROM outbox WHERE ", where));
+    const pqxx::result paid = orders_.Query(
+        absl::StrCat("SELECT seq, event_id::text FROM outbox WHERE ", where,
+                     " ORDER BY seq DESC LIMIT 1"));
+    lost.paid = paid[0][0].as<int64_t>();
+    lost.paid_event = paid[0][1].as<std::string>();
+    orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE seq <= ", lost.created,
+                              " OR seq = ", lost.paid));
+    orders_.Exec(absl::StrCat(
+        "UPDATE outbox_retention_state SET deleted_through = ", lost.created));
+    orders_.Exec(absl::StrCat("UPDATE outbox_heads SET last_seq = ",
+                              lost.created, ", prev_seq = 0 WHERE ", where));
+    orders_.Exec(absl::StrCat(
+        "UPDATE orders SET status = 'CREATED', version = 1 WHERE order_id = '",
+        order, "'"));
+    return lost;
+  }
+
   // Creates `n` orders; pays every second one and cancels every third, so
   // aggregates carry one to three events.
   std::vector<std::string> MakeOrders(int n) {
@@ -1977,25 +2007,13 @@ TEST_F(RelayTest, AHealFindsALostEventBelowTheRowsLeftAboveWhatRetentionDeleted)
   Pay(order);
   MakeOrders(3);
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
-  const std::string where = absl::StrCat("aggregate_id = '", order, "'");
-  const int64_t created =
-      orders_.Scalar(absl::StrCat("SELECT min(seq) FROM outbox WHERE ", where));
-  const int64_t paid =
-      orders_.Scalar(absl::StrCat("SELECT max(seq) FROM outbox WHERE ", where));
-  // Retention deleted up to the order's OrderCreated; its OrderPaid was
-  // lost, and so was every event between it and the later orders' ones.
-  orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE seq <= ", created,
-                            " OR seq = ", paid));
-  orders_.Exec(absl::StrCat(
-      "UPDATE outbox_retention_state SET deleted_through = ", created));
-  orders_.Exec(absl::StrCat("UPDATE outbox_heads SET last_seq = ", created,
-                            ", prev_seq = 0 WHERE ", where));
-  ASSERT_LT(paid, orders_.Scalar("SELECT min(seq) FROM outbox"));
+  const LostPayment lost = LosePaymentAfterRetention(order);
+  ASSERT_LT(lost.paid, orders_.Scalar("SELECT min(seq) FROM outbox"));
   HealNow();
   EXPECT_EQ(orders_.Scalar(absl::StrCat(
                 "SELECT count(*) FROM outbox_divergences WHERE kind = "
                 "'consumer_ahead' AND consumer_seq = ",
-                paid, " AND ", where)),
+                lost.paid, " AND aggregate_id = '", order, "'")),
             1);
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 1);
 }
@@ -2012,27 +2030,12 @@ TEST_F(RelayTest, AResolveKeepsWhatRetentionDeletedOfTheChain) {
   const std::string order = CreateOrder();
   Pay(order);
   ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
-  const std::string where = absl::StrCat("aggregate_id = '", order, "'");
-  const int64_t created =
-      orders_.Scalar(absl::StrCat("SELECT min(seq) FROM outbox WHERE ", where));
-  const std::string paid_event =
-      orders_
-          .Query(absl::StrCat("SELECT event_id::text FROM outbox WHERE ",
-                              where, " ORDER BY seq DESC LIMIT 1"))[0][0]
-          .as<std::string>();
-  orders_.Exec(absl::StrCat("DELETE FROM outbox WHERE ", where));
-  orders_.Exec(absl::StrCat(
-      "UPDATE outbox_retention_state SET deleted_through = ", created));
-  orders_.Exec(absl::StrCat("UPDATE outbox_heads SET last_seq = ", created,
-                            ", prev_seq = 0 WHERE ", where));
-  orders_.Exec(absl::StrCat(
-      "UPDATE orders SET status = 'CREATED', version = 1 WHERE order_id = '",
-      order, "'"));
+  const LostPayment lost = LosePaymentAfterRetention(order);
   HealNow();
   ASSERT_EQ(orders_.Scalar(absl::StrCat(
                 "SELECT count(*) FROM outbox_divergences WHERE kind = "
-                "'consumer_ahead' AND resolved_at IS NULL AND ",
-                where)),
+                "'consumer_ahead' AND resolved_at IS NULL AND aggregate_id = '",
+                order, "'")),
             1);
   AdminOnLoopback admin(orders_.url(), &relay);
   ASSERT_NE(admin.stub(), nullptr);
@@ -2042,13 +2045,14 @@ TEST_F(RelayTest, AResolveKeepsWhatRetentionDeletedOfTheChain) {
   req.set_reason("the payment was lost with the old primary");
   v1::Divergence d;
   ASSERT_TRUE(admin.stub()->ResolveDivergence(&ctx, req, &d).ok());
-  EXPECT_NE(d.resolution().find(absl::StrCat("from seq ", created, ";")),
-            std::string::npos)
+  EXPECT_NE(
+      d.resolution().find(absl::StrCat("from seq ", lost.created, ";")),
+      std::string::npos)
       << d.resolution();
   EXPECT_EQ(billing_.Scalar("SELECT count(*) FROM inbox_superseded"), 1);
   EXPECT_EQ(billing_.Scalar(absl::StrCat(
                 "SELECT count(*) FROM inbox_superseded WHERE event_id = '",
-                paid_event, "'")),
+                lost.paid_event, "'")),
             1);
   EXPECT_EQ(billing_
                 .Query(absl::StrCat(
