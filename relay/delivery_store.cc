@@ -213,24 +213,57 @@ Replayed Replay(pqxx::transaction_base& tx, const std::string& subscription,
 }
 
 bool RecordDivergence(pqxx::transaction_base& tx, const NewDivergence& d) {
-  return !tx.exec_params(
-                "INSERT INTO outbox_divergences (subscription, aggregate_id, "
-                "kind, detail, consumer_seq, consumer_event_id, outbox_seq, "
-                "outbox_event_id, aggregate_type) VALUES ($1, $2, $3, $4, "
-                "nullif($5, 0), nullif($6, '')::uuid, nullif($7, 0), "
-                "nullif($8, '')::uuid, $9) ON CONFLICT (subscription, "
-                "aggregate_type, aggregate_id) WHERE resolved_at IS NULL DO "
-                "NOTHING RETURNING id",
-                d.subscription, d.aggregate_id, d.kind,
-                d.detail.substr(0, 2000), d.consumer_seq, d.consumer_event_id,
-                d.outbox_seq, d.outbox_event_id, d.aggregate_type)
-              .empty();
+  return RecordDivergences(tx, {d})[0];
+}
+
+std::vector<bool> RecordDivergences(pqxx::transaction_base& tx,
+                                    const std::vector<NewDivergence>& ds) {
+  std::vector<bool> recorded(ds.size(), false);
+  if (ds.empty()) return recorded;
+  ArrayLiteral subs, types, ids, kinds, details, cseqs, cevents, oseqs, oevents,
+      ords;
+  for (size_t i = 0; i < ds.size(); ++i) {
+    const NewDivergence& d = ds[i];
+    subs.Add(d.subscription);
+    types.Add(d.aggregate_type);
+    ids.Add(d.aggregate_id);
+    kinds.Add(d.kind);
+    details.Add(absl::string_view(d.detail).substr(0, 2000));
+    cseqs.Add(d.consumer_seq);
+    cevents.Add(d.consumer_event_id);
+    oseqs.Add(d.outbox_seq);
+    oevents.Add(d.outbox_event_id);
+    ords.Add(static_cast<int64_t>(i));
+  }
+  // In the given order, so that of two for one chain the first is kept;
+  // the ordinal comes back to say which were.
+  for (const auto& row : tx.exec_params(
+           "WITH n AS (SELECT * FROM unnest($1::text[], $2::text[], "
+           "$3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], "
+           "$8::bigint[], $9::text[], $10::bigint[]) AS n(s, t, a, k, d, cs, "
+           "ce, os, oe, i)), "
+           "ins AS (INSERT INTO outbox_divergences (subscription, "
+           "aggregate_type, aggregate_id, kind, detail, consumer_seq, "
+           "consumer_event_id, outbox_seq, outbox_event_id) SELECT s, t, a, "
+           "k, d, nullif(cs, 0), nullif(ce, '')::uuid, nullif(os, 0), "
+           "nullif(oe, '')::uuid FROM n ORDER BY i ON CONFLICT (subscription, "
+           "aggregate_type, aggregate_id) WHERE resolved_at IS NULL DO "
+           "NOTHING RETURNING subscription, aggregate_type, aggregate_id) "
+           "SELECT min(n.i) FROM ins JOIN n ON n.s = ins.subscription AND "
+           "n.t = ins.aggregate_type AND n.a = ins.aggregate_id "
+           "GROUP BY ins.subscription, ins.aggregate_type, ins.aggregate_id",
+           subs.str(), types.str(), ids.str(), kinds.str(), details.str(),
+           cseqs.str(), cevents.str(), oseqs.str(), oevents.str(),
+           ords.str())) {
+    recorded[row[0].as<size_t>()] = true;
+  }
+  return recorded;
 }
 
 int64_t RecordGaps(pqxx::transaction_base& tx, const std::string& subscription,
                    const ReOwed& owed,
                    const std::map<std::string, int64_t>* applied) {
-  int64_t recorded = 0;
+  std::vector<NewDivergence> ds;
   for (const auto& [agg, missing] : owed.gaps) {
     NewDivergence d = NewDivergence::Of(subscription, agg);
     d.kind = "lost_beyond_retention";
@@ -244,13 +277,19 @@ int64_t RecordGaps(pqxx::transaction_base& tx, const std::string& subscription,
       if (it != applied->end()) d.consumer_seq = it->second;
     }
     d.outbox_seq = missing;
-    if (RecordDivergence(tx, d)) {
-      ++recorded;
-      spdlog::error("relay: subscription {}, aggregate {}: {}", subscription,
-                    ChainLabel(agg), d.detail);
-    }
+    ds.push_back(std::move(d));
   }
-  return recorded;
+  const std::vector<bool> recorded = RecordDivergences(tx, ds);
+  int64_t n = 0;
+  for (size_t i = 0; i < ds.size(); ++i) {
+    if (!recorded[i]) continue;
+    ++n;
+    spdlog::error("relay: subscription {}, aggregate {}: {}", subscription,
+                  ChainLabel(OutboxChain(ds[i].aggregate_type,
+                                         ds[i].aggregate_id)),
+                  ds[i].detail);
+  }
+  return n;
 }
 
 std::vector<v1::Divergence> ListDivergences(pqxx::transaction_base& tx,
@@ -339,15 +378,10 @@ void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
 
 std::optional<HealDue> DueHeal(pqxx::transaction_base& tx,
                                const std::string& subscription) {
-  pqxx::result r = tx.exec_params(
-      "SELECT heal_requested_at::text, coalesce(heal_reason, '') AS "
-      "heal_reason FROM subscriptions WHERE name = $1 AND heal_requested_at IS "
-      "NOT NULL AND "
-      "(healed_at IS NULL OR healed_at < heal_requested_at)",
-      subscription);
+  pqxx::result r = tx.exec_params(kHealDueSql, subscription);
   if (r.empty()) return std::nullopt;
-  return HealDue{r[0]["heal_requested_at"].as<std::string>(),
-                 r[0]["heal_reason"].as<std::string>()};
+  return HealDue{r[0]["requested_at"].as<std::string>(),
+                 r[0]["reason"].as<std::string>()};
 }
 
 void HealDone(pqxx::transaction_base& tx, const std::string& subscription,

@@ -119,6 +119,12 @@ struct NewDivergence {
   std::string outbox_event_id;  // "" for none
 };
 bool RecordDivergence(pqxx::transaction_base& tx, const NewDivergence& d);
+// The same for many in one statement (a heal after a failover records
+// hundreds; one statement each took seconds on a busy server, while
+// operators listing what diverged saw only part). Returns, for each of
+// `ds`, whether it was recorded (the first of two for one chain is).
+std::vector<bool> RecordDivergences(pqxx::transaction_base& tx,
+                                    const std::vector<NewDivergence>& ds);
 
 // Records, for each gap of `owed`, that the consumer lost events the outbox
 // no longer retains (kind lost_beyond_retention), and logs it; `applied`

@@ -6,6 +6,7 @@
 #include <map>
 #include <pqxx/pqxx>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -114,15 +115,15 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
           min_retained,
           unit->exec(absl::StrCat("SELECT ", kMinRetainedSql))[0][0]
               .as<int64_t>());
+      std::vector<NewDivergence> found;
       for (const v1::AggregateCursor& c : page->cursors()) {
         if (c.applied_event_id().empty() || c.applied_seq() < min_retained ||
             held_here.count(c.applied_event_id()) ||
             is_diverged(c.aggregate_type(), c.aggregate_id())) {
           continue;
         }
-        const std::string chain =
-            OutboxChain(c.aggregate_type(), c.aggregate_id());
-        NewDivergence d = NewDivergence::Of(subscription_, chain);
+        NewDivergence d = NewDivergence::Of(
+            subscription_, OutboxChain(c.aggregate_type(), c.aggregate_id()));
         d.kind = "consumer_ahead";
         d.detail = absl::StrCat(
             "the consumer applied event ", c.applied_event_id(), " (seq ",
@@ -133,13 +134,22 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
             "database holds another outbox's history");
         d.consumer_seq = c.applied_seq();
         d.consumer_event_id = c.applied_event_id();
-        if (RecordDivergence(*unit, d)) {
-          ++report.diverged;
-          diverged.insert(chain);
-          diverged_ids.insert(c.aggregate_id());
-          spdlog::error("relay: heal of {}: aggregate {} diverged: {}",
-                        subscription_, ChainLabel(chain), d.detail);
-        }
+        found.push_back(std::move(d));
+      }
+      // One statement for the page's: one each made a heal after a
+      // failover take seconds, during which operators saw only part.
+      const std::vector<bool> recorded = RecordDivergences(*unit, found);
+      for (size_t i = 0; i < found.size(); ++i) {
+        if (!recorded[i]) continue;
+        ++report.diverged;
+        diverged.insert(
+            OutboxChain(found[i].aggregate_type, found[i].aggregate_id));
+        diverged_ids.insert(found[i].aggregate_id);
+        spdlog::error("relay: heal of {}: aggregate {} diverged: {}",
+                      subscription_,
+                      ChainLabel(OutboxChain(found[i].aggregate_type,
+                                             found[i].aggregate_id)),
+                      found[i].detail);
       }
       unit->commit();
       if (!page->more() || page->cursors_size() == 0) break;
