@@ -305,16 +305,17 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
   if (!due.has_value()) return;
   if (options_.consumer == nullptr) {
     // A broker keeps no cursors to compare: its per-subject chain check
-    // answers DIVERGED for another history instead, event by event.
-    if (!heal_skipped_) {
-      spdlog::warn(
-          "relay: heal of subscription {} requested ({}), but the sink keeps "
-          "no cursors: events of another history are refused as DIVERGED "
-          "when they are published",
-          options_.subscription, due->reason);
-      heal_skipped_ = true;
-    }
-    next_heal_check_ = absl::Now() + absl::Seconds(60);
+    // answers DIVERGED for another history instead, event by event. The
+    // request is closed, so that verify and reconcile do not wait for a
+    // heal nobody runs.
+    spdlog::warn(
+        "relay: heal of subscription {} requested ({}), but the sink keeps "
+        "no cursors: events of another history are refused as DIVERGED "
+        "when they are published",
+        options_.subscription, due->reason);
+    auto tx = OpenUnit(conn);
+    HealDone(*tx, options_.subscription, *due);
+    tx->commit();
     return;
   }
   if (healer_ == nullptr) {

@@ -143,7 +143,6 @@ class Housekeeping {
   absl::Time next_prune_ = absl::InfinitePast();
   absl::Time next_heal_check_ = absl::InfinitePast();
   std::unique_ptr<Healer> healer_;
-  bool heal_skipped_ = false;  // logged once: no consumer to heal from
   bool held_back_warned_ = false;  // logged once per hold
 
   std::unique_ptr<PeriodicTask> task_;  // last: it uses all of the above

@@ -1,8 +1,8 @@
 // The relay's housekeeping against a real PostgreSQL: its backlog figures
 // follow the partitions the relay owns at once, only the owner of
 // partition 0 deletes old events, a stop cancels a delete waiting on a
-// lock, and many deletes by the worker bring a vacuum of the delivery
-// table.
+// lock, many deletes by the worker bring a vacuum of the delivery table,
+// and a heal nobody can run is closed.
 
 #include <gtest/gtest.h>
 
@@ -91,6 +91,22 @@ TEST_F(HousekeepingTest, TheFiguresFollowTheOwnedPartitionsAtOnce) {
       << "an owned partition without events shows as 0";
   hk->Stop();
   hk->Stop();  // again: nothing
+}
+
+// A sink without cursors (a broker) cannot be healed: the request is
+// closed, so that verify and reconcile do not wait for it forever.
+TEST_F(HousekeepingTest, AHealRequestWithoutAConsumerIsClosed) {
+  db_.Exec(
+      "INSERT INTO subscriptions (name, heal_requested_at, heal_reason) "
+      "VALUES ('billing', now(), 'test')");
+  Own({0});
+  std::unique_ptr<Housekeeping> hk = Make(absl::ZeroDuration());
+  hk->Start();
+  ASSERT_TRUE(testing::WaitFor([&] {
+    return db_.Scalar("SELECT count(*) FROM subscriptions WHERE healed_at = "
+                      "heal_requested_at") == 1;
+  }));
+  hk->Stop();
 }
 
 TEST_F(HousekeepingTest, OnlyTheOwnerOfPartitionZeroDeletesOldEvents) {

@@ -34,6 +34,7 @@
 #include "producer/order_schema.h"
 #include "producer/order_store.h"
 #include "relay/admin_service.h"
+#include "relay/delivery_store.h"
 #include "relay/heal.h"
 #include "relay/relay.h"
 #include "relay/retention.h"
@@ -260,7 +261,6 @@ class RelayTest : public ::testing::Test {
     return o;
   }
 
-  // Gives `order`'s first event a schema this consumer cannot read.
   // Asks for a heal as an operator would, and waits until it ran.
   void HealNow() {
     orders_.Exec(
@@ -272,6 +272,7 @@ class RelayTest : public ::testing::Test {
                  "healed_at >= heal_requested_at") == 1;
     }));
   }
+  // Gives `order`'s first event a schema this consumer cannot read.
   void Poison(const std::string& order) {
     orders_.Exec(absl::StrCat(
         "UPDATE outbox SET schema_version = 2 WHERE seq = (SELECT min(seq) "
@@ -1992,6 +1993,117 @@ TEST_F(RelayTest, AHealFindsAppliedEventsTheOutboxLost) {
                 order, "'")),
             1);
   EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 1);
+}
+
+// A failover or a restore loses hundreds of applied events at once: the
+// heal records every aggregate, over several pages of the consumer's
+// cursors, and none twice when it runs again.
+TEST_F(RelayTest, AHealRecordsEveryAggregateThatLostAppliedEvents) {
+  Consumer consumer(billing_.url(), 0);
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  MakeOrders(2300);
+  ASSERT_TRUE(WaitFor([&] { return Applied() == Events() && Pending() == 0; },
+                      absl::Seconds(60)));
+  // The last event of about every other order goes, as with a failover's
+  // lost commits.
+  const int64_t before = Events();
+  orders_.Exec(
+      "DELETE FROM outbox o USING outbox_heads h WHERE o.seq = h.last_seq "
+      "AND h.last_seq % 2 = 0");
+  const int64_t lost = before - Events();
+  ASSERT_GT(lost, 1000);  // more than a page of cursors
+  HealNow();
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences WHERE "
+                           "kind = 'consumer_ahead' AND consumer_seq % 2 = 0"),
+            lost);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), lost);
+  HealNow();
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), lost);
+}
+
+// Until a due heal ran, what the consumer lost is not owed again and not
+// every divergence is recorded: verify is not drained and reconcile not
+// complete, and both say why; once a relay ran it, both are clean.
+TEST_F(RelayTest, VerifyAndReconcileSayAHealIsDue) {
+  Consumer consumer(billing_.url(), 0);
+  {
+    Relay relay(Options(consumer.port()), &metrics_);
+    relay.Start();
+    MakeOrders(5);
+    ASSERT_TRUE(
+        WaitFor([&] { return Applied() == Events() && Pending() == 0; }));
+  }
+  orders_.Exec(
+      "UPDATE subscriptions SET heal_requested_at = now(), heal_reason = "
+      "'the consumer database changed'");
+  auto report =
+      tools::Check(orders_.url(), billing_.url(), absl::Milliseconds(300));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->drained);
+  EXPECT_FALSE(report->ok());
+  EXPECT_TRUE(absl::StrContains(report->heal_due,
+                                "the consumer database changed"))
+      << report->Summary();
+  EXPECT_TRUE(absl::StrContains(report->Summary(), "a heal is due"));
+  EXPECT_TRUE(absl::StrContains(report->Json(), "\"heal_due\":\"the "));
+  tools::ReconcileOptions ro;
+  ro.grace = absl::ZeroDuration();
+  auto rec = tools::Reconcile(orders_.url(), billing_.url(), ro);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->listed(), 0) << rec->Summary();
+  EXPECT_FALSE(rec->ok());
+  EXPECT_TRUE(absl::StrContains(rec->Summary(), "RESULT: INCOMPLETE"))
+      << rec->Summary();
+
+  // verify --wait waits for it.
+  Relay relay(Options(consumer.port()), &metrics_);
+  relay.Start();
+  report = tools::Check(orders_.url(), billing_.url(), absl::Seconds(30));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->Summary();
+  EXPECT_EQ(report->heal_due, "");
+  rec = tools::Reconcile(orders_.url(), billing_.url(), ro);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_TRUE(rec->ok()) << rec->Summary();
+}
+
+// Divergences recorded in one statement: each chain gets one open record
+// (the first given), and one open already stays as it was.
+TEST_F(RelayTest, DivergencesRecordedTogetherKeepOneOpenPerChain) {
+  pqxx::connection conn(orders_.url());
+  pqxx::work tx(conn);
+  NewDivergence open = NewDivergence::Of("billing", OutboxChain("order", "c"));
+  open.kind = "chain_broken";
+  open.detail = "open already";
+  ASSERT_TRUE(RecordDivergence(tx, open));
+  std::vector<NewDivergence> ds;
+  for (const char* id : {"a", "b", "a", "c"}) {
+    NewDivergence d = NewDivergence::Of("billing", OutboxChain("order", id));
+    d.kind = "consumer_ahead";
+    d.detail = absl::StrCat("of ", id, " \"quoted\" \\ ", ds.size());
+    d.consumer_seq = 7 + static_cast<int64_t>(ds.size());
+    d.consumer_event_id =
+        ds.empty() ? "01a24bdc-cc49-73c8-ac93-f3e9e9691cd7" : "";
+    ds.push_back(std::move(d));
+  }
+  EXPECT_EQ(RecordDivergences(tx, ds),
+            (std::vector<bool>{true, true, false, false}));
+  EXPECT_EQ(RecordDivergences(tx, {}), std::vector<bool>{});
+  tx.commit();
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences"), 3);
+  EXPECT_EQ(orders_.Scalar("SELECT consumer_seq FROM outbox_divergences "
+                           "WHERE aggregate_id = 'a'"),
+            7);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences WHERE "
+                           "aggregate_id = 'a' AND detail = 'of a \"quoted\" "
+                           "\\ 0' AND consumer_event_id = "
+                           "'01a24bdc-cc49-73c8-ac93-f3e9e9691cd7' AND "
+                           "outbox_seq IS NULL AND aggregate_type = 'order'"),
+            1);
+  EXPECT_EQ(orders_.Scalar("SELECT count(*) FROM outbox_divergences WHERE "
+                           "aggregate_id = 'c' AND kind = 'chain_broken'"),
+            1);
 }
 
 // After a failover the new primary hands out a lost event's seq again, and

@@ -47,7 +47,7 @@ std::string CheckReport::Summary() const {
       "dead letters       %d (and %d events waiting behind them)\n"
       "still pending      %d\n"
       "held at consumer   %d\n"
-      "drained            %s in %s\n"
+      "drained            %s in %s%s\n"
       "latency created->applied  p50 %.1f ms  p99 %.1f ms\n"
       "I1 lost            %s (missing effects %d)\n"
       "I2 duplicate effect %d\n"
@@ -58,7 +58,14 @@ std::string CheckReport::Summary() const {
       "diverged           %d aggregates (%d deliveries parked, %d applied "
       "events the outbox lacks); superseded by an operator %d\n",
       events, applied, dead_letters, behind_dead, pending, held,
-      drained ? "yes" : "NO", absl::FormatDuration(drain_time), latency_p50_ms,
+      drained ? "yes" : "NO", absl::FormatDuration(drain_time),
+      heal_due.empty()
+          ? ""
+          : absl::StrCat(" (a heal is due: ", heal_due,
+                         "; until a relay ran it, what the consumer lost is "
+                         "not delivered again, nor every divergence "
+                         "recorded)"),
+      latency_p50_ms,
       latency_p99_ms,
       drained ? absl::StrCat(lost)
               : absl::StrCat(lost, " known; unknown until drained (", pending,
@@ -87,14 +94,14 @@ std::string CheckReport::Json() const {
       "\"latency_p99_ms\":%.2f,\"pruned_from_outbox\":%d,"
       "\"pruned_from_inbox\":%d,\"lost_known\":%s,\"diverged\":%d,"
       "\"diverged_events\":%d,\"orphaned\":%d,\"superseded\":%d,"
-      "\"examples\":%s}\n",
+      "\"heal_due\":\"%s\",\"examples\":%s}\n",
       ok() ? "true" : "false", events, applied, dead_letters, behind_dead,
       pending, held, drained ? "true" : "false",
       absl::ToDoubleSeconds(drain_time), lost, missing_effects,
       duplicate_effects, order_violations, phantoms, view_mismatches,
       latency_p50_ms, latency_p99_ms, pruned_from_outbox, pruned_from_inbox,
       drained ? "true" : "false", diverged, diverged_events, orphaned,
-      superseded, ex);
+      superseded, JsonEscape(heal_due), ex);
 }
 
 std::string OutboxSourceName(pqxx::transaction_base& o) {
@@ -125,6 +132,7 @@ CheckReport Verdict(const CheckFacts& f) {
   CheckReport r;
   r.drained = f.drained;
   r.drain_time = f.drain_time;
+  r.heal_due = f.heal_due;
   const auto& committed = f.committed;
   const auto& applied = f.applied;
   const auto& pruned_through = f.pruned_through;
@@ -361,7 +369,14 @@ absl::StatusOr<CheckReport> Check(const std::string& orders_url,
                                      ours),
                         waiting.str())[0][0]
               .as<int64_t>();
-      if (undrained == 0 && held == 0) {
+      const pqxx::result heal = o.exec_params(kHealDueSql, subscription);
+      f.heal_due =
+          heal.empty()
+              ? ""
+              : absl::StrFormat("%s, requested %.1f s ago",
+                                heal[0]["reason"].as<std::string>(),
+                                heal[0]["age_s"].as<double>());
+      if (undrained == 0 && held == 0 && heal.empty()) {
         f.drained = true;
         break;
       }

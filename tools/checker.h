@@ -46,6 +46,11 @@ struct CheckReport {
   // (inbox_superseded): their effects stay, recorded; not phantoms.
   int64_t superseded = 0;
   absl::Duration drain_time;  // I5: time until drained (or the wait)
+  // Not drained either while a heal is due (a database changed under the
+  // subscription): until a relay compared the consumer with the outbox,
+  // what the consumer lost is not owed again nor what diverged recorded.
+  // Its reason, "" when none is due.
+  std::string heal_due;
   bool drained = false;
   double latency_p50_ms = 0, latency_p99_ms = 0;  // created -> applied
   std::vector<std::string> examples;  // the first violations, readable
@@ -98,6 +103,7 @@ struct CheckFacts {
   std::map<std::string, int64_t> pruned_through;
   std::set<std::string> superseded;  // event ids an operator superseded
   int64_t held = 0;                  // held at the consumer
+  std::string heal_due;              // CheckReport::heal_due
   bool drained = false;
   absl::Duration drain_time;
 };

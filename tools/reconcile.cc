@@ -55,10 +55,17 @@ std::string ReconcileReport::Summary() const {
   if (static_cast<int64_t>(findings.size()) < listed()) {
     absl::StrAppend(&s, "  ... and ", listed() - findings.size(), " more\n");
   }
-  absl::StrAppend(&s,
-                  ok() ? "RESULT: OK, every event of the window is applied\n"
-                       : (not_applied() > 0 ? "RESULT: NOT APPLIED, see above\n"
-                                            : "RESULT: DIVERGED, see above\n"));
+  if (!heal_due.empty()) {
+    absl::StrAppend(&s, "a heal is due (", heal_due,
+                    "): until a relay ran it, what the consumer lost is not "
+                    "delivered again and not every divergence is recorded; "
+                    "run reconcile again once it is done\n");
+  }
+  absl::StrAppend(
+      &s, ok()                ? "RESULT: OK, every event of the window is applied\n"
+          : not_applied() > 0 ? "RESULT: NOT APPLIED, see above\n"
+          : listed() > 0      ? "RESULT: DIVERGED, see above\n"
+                              : "RESULT: INCOMPLETE, a heal is due\n");
   return s;
 }
 
@@ -81,11 +88,11 @@ std::string ReconcileReport::Json() const {
       "\"events\":%d,\"applied\":%d,\"pruned\":%d,\"pending\":%d,"
       "\"behind_dead\":%d,\"dead\":%d,\"held\":%d,\"lost\":%d,"
       "\"diverged\":%d,\"orphaned\":%d,\"open_divergences\":%d,"
-      "\"findings\":%s}\n",
+      "\"heal_due\":\"%s\",\"findings\":%s}\n",
       ok() ? "true" : "false", JsonEscape(subscription),
       absl::ToDoubleSeconds(window), absl::ToDoubleSeconds(grace), events,
       applied, pruned, pending, behind_dead, dead, held, lost, diverged,
-      orphaned, open_divergences, list);
+      orphaned, open_divergences, JsonEscape(heal_due), list);
 }
 
 absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
@@ -160,6 +167,12 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
                             row[1].as<std::string>())] = row[2].as<int64_t>();
       }
       source = OutboxSourceName(o);
+      const pqxx::result heal = o.exec_params(kHealDueSql, options.subscription);
+      if (!heal.empty()) {
+        r.heal_due = absl::StrFormat("%s, requested %.1f s ago",
+                                     heal[0]["reason"].as<std::string>(),
+                                     heal[0]["age_s"].as<double>());
+      }
       if (o.exec("SELECT to_regclass('outbox_divergences') IS NOT NULL")[0][0]
               .as<bool>()) {
         for (const auto& row : o.exec_params(
@@ -180,8 +193,7 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
           divergences.push_back(std::move(f));
         }
       }
-      // With every event deleted, all that were drawn: an outbox emptied
-      // by retention leaves nothing the inbox applied an orphan.
+      // Below it retention deleted: nothing applied there is an orphan.
       min_retained =
           o.exec(absl::StrCat("SELECT ", kMinRetainedSql))[0][0].as<int64_t>();
     }

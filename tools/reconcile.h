@@ -51,13 +51,17 @@ struct ReconcileReport {
   // From the consumer back: applied in the window, not in the outbox.
   int64_t orphaned = 0;
   int64_t open_divergences = 0;   // aggregates waiting for an operator
+  // A heal due (a database changed under the subscription), "" when none:
+  // until a relay ran it, what the consumer lost is not delivered again
+  // and not every divergence is recorded, so the findings are incomplete.
+  std::string heal_due;
   std::vector<Finding> findings;  // the first max_listed, oldest first
 
   int64_t not_applied() const {
     return pending + behind_dead + dead + held + lost + diverged;
   }
   int64_t listed() const { return not_applied() + orphaned + open_divergences; }
-  bool ok() const { return listed() == 0; }
+  bool ok() const { return listed() == 0 && heal_due.empty(); }
   std::string Summary() const;
   std::string Json() const;
 };
