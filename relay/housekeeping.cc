@@ -103,10 +103,11 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
                     });
   metrics->AddGauge(
       "outbox_retention_held_back_seconds",
-      "How long this replica's --retention has been held back by a "
-      "transaction of the outbox's database that may still commit below "
-      "events old enough to go (a session idle in a transaction after "
-      "writing, a prepared transaction); 0 when it is not.",
+      "How long this replica's --retention has been held back, with "
+      "events old enough to go, by a transaction of the outbox's database "
+      "that may still commit below them (a session idle in a transaction "
+      "after writing, a prepared transaction) or by a heal not yet run; 0 "
+      "when it is not.",
       [this] {
         const int64_t since = held_back_since_ms_.load();
         return since == 0 ? 0.0
@@ -259,13 +260,13 @@ bool Housekeeping::Run() {
     if (options_.retention > absl::ZeroDuration() && !owned.empty() &&
         owned.front() == 0 && absl::Now() >= next_prune_ && !stop_) {
       step = "retention";
-      bool held_back = false;
+      std::string held_back;
       more = PruneDelivered(conn, &held_back);
       FollowHeldBack(held_back);
       // Held back by a transaction that may still commit below what is
       // old enough: it is usually over within a second.
       if (!more) {
-        next_prune_ = absl::Now() + (held_back ? std::min(
+        next_prune_ = absl::Now() + (!held_back.empty() ? std::min(
                                                      options_.retention_interval,
                                                      absl::Seconds(1))
                                                : options_.retention_interval);
@@ -350,8 +351,8 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
   if (report->redelivered > 0) options_.wake();
 }
 
-void Housekeeping::FollowHeldBack(bool held_back) {
-  if (!held_back) {
+void Housekeeping::FollowHeldBack(const std::string& held_back) {
+  if (held_back.empty()) {
     held_back_since_ms_ = 0;
     held_back_warned_ = false;
     return;
@@ -362,16 +363,13 @@ void Housekeeping::FollowHeldBack(bool held_back) {
       absl::Milliseconds(now - held_back_since_ms_.load());
   if (held >= absl::Minutes(5) && !held_back_warned_) {
     held_back_warned_ = true;
-    spdlog::warn(
-        "relay: retention held back for {} by a transaction of the outbox's "
-        "database that may still commit below events old enough to go (a "
-        "session idle in a transaction after writing, or a prepared "
-        "transaction: pg_stat_activity, pg_prepared_xacts)",
-        absl::FormatDuration(held));
+    spdlog::warn("relay: retention held back for {} by {}",
+                 absl::FormatDuration(held), held_back);
   }
 }
 
-bool Housekeeping::PruneDelivered(pqxx::connection& conn, bool* held_back) {
+bool Housekeeping::PruneDelivered(pqxx::connection& conn,
+                                  std::string* held_back) {
   constexpr int kBatch = 1000;
   // Full batches follow each other for this long, then the step's pause:
   // a fixed count per step capped retention at 4,000 events/s whatever

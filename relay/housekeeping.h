@@ -114,9 +114,9 @@ class Housekeeping {
   void RefreshBacklog(pqxx::connection& conn, const std::vector<int>& owned);
   // Deletes full batches for up to 100 ms; true: more may go. Sets
   // *held_back as PruneOutbox does, of its last step.
-  bool PruneDelivered(pqxx::connection& conn, bool* held_back);
+  bool PruneDelivered(pqxx::connection& conn, std::string* held_back);
   // Keeps the held-back gauge; warns once when it passes 5 minutes.
-  void FollowHeldBack(bool held_back);
+  void FollowHeldBack(const std::string& held_back);
   void HealIfDue(pqxx::connection& conn);
   void VacuumDeliveries(pqxx::connection& conn);
 

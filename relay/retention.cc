@@ -26,8 +26,8 @@ void HoldRetentionBack(pqxx::transaction_base& tx) {
 }
 
 int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
-                    int limit, bool* held_back) {
-  if (held_back != nullptr) *held_back = false;
+                    int limit, std::string* held_back) {
+  if (held_back != nullptr) held_back->clear();
   // Operators' replays and heals owe events again (ReOwe, Replay) under
   // this lock shared: taken exclusive in a statement of its own, before
   // the delete, whose snapshot then shows every delivery row they owed.
@@ -46,6 +46,30 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
     throw std::logic_error(absl::StrCat(
         "retention needs a READ COMMITTED transaction, not ",
         first["isolation"].as<std::string>()));
+  }
+  // Nothing goes while a heal is due: after a failover or a restore of
+  // the outbox's database, the heal tells a lost applied event (its seq
+  // at or above what retention deleted) from a deleted one, and after one
+  // of the consumer's, it owes again from the outbox what the consumer
+  // lost. Deleting first would hide the one and make the other
+  // lost_beyond_retention. Read after the lock: a heal requested later
+  // finds this delete's record (outbox_retention_state).
+  const pqxx::result heal = tx.exec_params(
+      "SELECT s.name, coalesce(s.heal_reason, '') AS reason, "
+      "coalesce((SELECT o.created_at < now() - make_interval(secs => "
+      "$1::float8) FROM outbox o ORDER BY o.seq LIMIT 1), false) AS due "
+      "FROM subscriptions s WHERE s.heal_requested_at IS NOT NULL AND "
+      "(s.healed_at IS NULL OR s.healed_at < s.heal_requested_at) "
+      "ORDER BY s.heal_requested_at LIMIT 1",
+      absl::ToDoubleSeconds(retention));
+  if (!heal.empty()) {
+    if (held_back != nullptr && heal[0]["due"].as<bool>()) {
+      *held_back = absl::StrCat("the heal of subscription ",
+                                heal[0]["name"].as<std::string>(),
+                                ", due: ", heal[0]["reason"].as<std::string>(),
+                                " (a relay delivering to it runs it)");
+    }
+    return 0;
   }
   // The horizon: a seq no transaction that may still commit holds below.
   // A transaction's seq is drawn while it is open, so every seq up to
@@ -89,7 +113,13 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   const pqxx::row horizon =
       tx.exec_params1(kHorizonSql, first["drawn"].as<int64_t>(),
                       absl::ToDoubleSeconds(retention));
-  if (held_back != nullptr) *held_back = horizon["held"].as<bool>();
+  if (held_back != nullptr && horizon["held"].as<bool>()) {
+    *held_back =
+        "a transaction of the outbox's database that may still commit below "
+        "events old enough to go (a session idle in a transaction after "
+        "writing, or a prepared transaction: pg_stat_activity, "
+        "pg_prepared_xacts)";
+  }
   if (horizon["horizon"].is_null()) return 0;
   const int64_t below = horizon["horizon"].as<int64_t>();
   // f: the oldest tick the log's subscriptions need (none when the log

@@ -13,7 +13,9 @@
 // log's subscriptions need (outbox_log_floor) shows the event's
 // transaction. An operator's replay or a heal owing events again (ReOwe,
 // Replay) holds the deletes back until it commits: both take one lock,
-// the deletes exclusive, they shared.
+// the deletes exclusive, they shared. A heal due for any subscription
+// holds every delete back until a relay ran it (delivery_store.h
+// RequestHeal): it needs what retention has not deleted yet.
 //
 // Example (the relay's housekeeping, in small batches, each in a
 // transaction of its own: PruneOutbox takes the lock in a statement before
@@ -23,6 +25,7 @@
 //        tx.commit(); } while (n == 1000);
 
 #include <cstdint>
+#include <string>
 #include <pqxx/pqxx>
 
 #include "absl/time/time.h"
@@ -32,10 +35,11 @@ namespace outbox::relay {
 // Deletes up to `limit` events older than `retention` that every
 // subscription is done with; returns how many. Throws as libpqxx does,
 // and std::logic_error outside READ COMMITTED. With `held_back`, says
-// whether an event old enough to go waits for a transaction that may
-// still commit below it (worth another step soon).
+// what an event old enough to go waits for, "" when nothing does: a
+// transaction that may still commit below it (worth another step soon),
+// or a due heal.
 int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
-                    int limit, bool* held_back = nullptr);
+                    int limit, std::string* held_back = nullptr);
 
 // Holds PruneOutbox back until `tx` ends (the lock above, shared): for
 // whoever owes retained events again (ReOwe, Replay). Call it before

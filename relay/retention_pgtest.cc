@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/schema.h"
@@ -68,6 +69,36 @@ class RetentionTest : public ::testing::Test {
   testing::TestDatabase db_;
   pqxx::connection conn_;
 };
+
+// A heal due holds every delete back, whatever the events' age, and says
+// so: after a failover it tells lost events from deleted ones by what
+// retention deleted, and after a consumer's restore it owes again what
+// the consumer lost.
+TEST_F(RetentionTest, ADueHealHoldsEveryDeleteBack) {
+  for (int i = 0; i < 3; ++i) AppendCommitted("a");
+  db_.Exec(
+      "INSERT INTO subscriptions (name, heal_requested_at, heal_reason) "
+      "VALUES ('billing', now(), 'the outbox database was restored')");
+  absl::SleepFor(absl::Milliseconds(55));
+  {
+    pqxx::work tx(conn_);
+    std::string held_back;
+    EXPECT_EQ(PruneOutbox(tx, absl::ZeroDuration(), 1000, &held_back), 0);
+    tx.commit();
+    EXPECT_TRUE(absl::StrContains(held_back, "heal of subscription billing"))
+        << held_back;
+    EXPECT_TRUE(absl::StrContains(held_back, "was restored")) << held_back;
+  }
+  EXPECT_EQ(Retained(), 3);
+  EXPECT_EQ(DeletedThrough(), 0);
+  db_.Exec("UPDATE subscriptions SET healed_at = heal_requested_at");
+  EXPECT_EQ(Prune(), 3);
+  // Nothing holds it back now.
+  pqxx::work tx(conn_);
+  std::string held_back = "unset";
+  EXPECT_EQ(PruneOutbox(tx, absl::ZeroDuration(), 1000, &held_back), 0);
+  EXPECT_EQ(held_back, "");
+}
 
 // The classic trap: a transaction draws its seq, others with larger seqs
 // commit and age, then it commits. Deleting them first left a retained
