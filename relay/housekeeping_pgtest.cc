@@ -187,7 +187,7 @@ TEST_F(HousekeepingTest, StopCancelsADeleteWaitingOnALock) {
     return db_.Scalar(
                "SELECT count(*) FROM pg_stat_activity WHERE "
                "wait_event_type = 'Lock' AND query LIKE '%DELETE "
-               "FROM outbox%'") == 1;
+               "FROM outbox%' AND datname = current_database()") == 1;
   }));
   std::atomic<bool> stopped{false};
   std::thread stopper([&] {

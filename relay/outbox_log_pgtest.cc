@@ -541,7 +541,8 @@ TEST_F(OutboxLogTest, ARebaseWaitsForAMoveOffTheLogWithoutADeadlock) {
   });
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (db_.Scalar("SELECT count(*) FROM pg_stat_activity WHERE "
-                    "wait_event_type = 'Lock'") == 0 &&
+                    "wait_event_type = 'Lock' AND datname = "
+                    "current_database()") == 0 &&
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -1221,7 +1221,8 @@ TEST_F(RelayTest, HousekeepingWaitingOnALockDelaysNoDelivery) {
   const auto waiting = [&] {
     return orders_.Scalar(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-        "'Lock' AND query LIKE '%pg_advisory_xact_lock(%'");
+        "'Lock' AND query LIKE '%pg_advisory_xact_lock(%' AND datname = "
+        "current_database()");
   };
   auto relay = std::make_unique<Relay>(options, &metrics_);
   relay->Start();
