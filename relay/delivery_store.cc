@@ -381,7 +381,8 @@ std::optional<HealDue> DueHeal(pqxx::transaction_base& tx,
   pqxx::result r = tx.exec_params(kHealDueSql, subscription);
   if (r.empty()) return std::nullopt;
   return HealDue{r[0]["requested_at"].as<std::string>(),
-                 r[0]["reason"].as<std::string>()};
+                 r[0]["reason"].as<std::string>(),
+                 absl::Seconds(r[0]["age_s"].as<double>())};
 }
 
 void HealDone(pqxx::transaction_base& tx, const std::string& subscription,

@@ -169,6 +169,7 @@ void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
 struct HealDue {
   std::string requested_at;  // as the database prints it, to close it with
   std::string reason;
+  absl::Duration age;  // since it was requested
 };
 std::optional<HealDue> DueHeal(pqxx::transaction_base& tx,
                                const std::string& subscription);

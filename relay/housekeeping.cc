@@ -102,6 +102,21 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
                                           backlog_.dead_letters > 0);
                     });
   metrics->AddGauge(
+      "outbox_relay_heal_due_seconds",
+      "How long a heal of the subscription (the consumer compared with "
+      "what was delivered, after a database changed) has been requested and "
+      "not run, as the replica that runs heals (the owner of partition 0) "
+      "last read it; 0 when none is due, and on the other replicas. Until "
+      "it runs, what the consumer lost is not delivered again and retention "
+      "deletes nothing.",
+      [this] {
+        const int64_t since = heal_due_since_ms_.load();
+        return since == 0 ? 0.0
+                          : std::max(0.0, (absl::ToUnixMillis(absl::Now()) -
+                                           since) /
+                                              1000.0);
+      });
+  metrics->AddGauge(
       "outbox_retention_held_back_seconds",
       "How long this replica's --retention has been held back, with "
       "events old enough to go, by a transaction of the outbox's database "
@@ -275,6 +290,8 @@ bool Housekeeping::Run() {
     if (!owned.empty() && owned.front() == 0 && !stop_) {
       step = "heal";
       HealIfDue(conn);
+    } else {
+      heal_due_since_ms_ = 0;  // another replica runs heals
     }
     step = "vacuum";
     if (!stop_ && !conn.info().pooled) VacuumDeliveries(conn);
@@ -303,6 +320,11 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
     due = DueHeal(*tx, options_.subscription);
     tx->commit();
   }
+  heal_due_since_ms_ =
+      due.has_value()
+          ? absl::ToUnixMillis(absl::Now() - std::max(absl::ZeroDuration(),
+                                                       due->age))
+          : 0;
   if (!due.has_value()) return;
   if (options_.consumer == nullptr) {
     // A broker keeps no cursors to compare: its per-subject chain check
@@ -317,6 +339,7 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
     auto tx = OpenUnit(conn);
     HealDone(*tx, options_.subscription, *due);
     tx->commit();
+    heal_due_since_ms_ = 0;
     return;
   }
   if (healer_ == nullptr) {
@@ -341,6 +364,7 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
     HealDone(*tx, options_.subscription, *due);
     tx->commit();
   }
+  heal_due_since_ms_ = 0;  // unless a newer one came: the next check says
   if (report->redelivered > 0 || report->diverged > 0) {
     spdlog::warn("relay: heal of subscription {} done: {}",
                  options_.subscription, report->Summary());

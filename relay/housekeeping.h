@@ -130,6 +130,9 @@ class Housekeeping {
   std::atomic<int64_t> deleted_since_vacuum_{0};
   // Since when retention is held back (Unix ms, 0: it is not).
   std::atomic<int64_t> held_back_since_ms_{0};
+  // Since when the heal this replica runs has been due (Unix ms, 0: none,
+  // or this replica runs none).
+  std::atomic<int64_t> heal_due_since_ms_{0};
   std::atomic<bool> stop_{false};
   std::atomic<bool> busy_{false};  // a Run is in progress
   // Stop reads the connection's pointer to cancel its statement; every

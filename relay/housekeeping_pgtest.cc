@@ -2,8 +2,9 @@
 // follow the partitions the relay owns at once, only the owner of
 // partition 0 deletes old events, a stop cancels a delete waiting on a
 // lock, many deletes by the worker bring a vacuum of the delivery table,
-// and a heal nobody can run is closed.
+// a heal nobody can run is closed, and one that cannot run yet shows.
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -27,8 +28,10 @@ class HousekeepingTest : public ::testing::Test {
  protected:
   HousekeepingTest() : db_("housekeeping", {OutboxSchema()}) {}
 
-  // Housekeeping of subscription "billing" for the partitions in owned_.
-  std::unique_ptr<Housekeeping> Make(absl::Duration retention) {
+  // Housekeeping of subscription "billing" for the partitions in owned_,
+  // healing from `consumer` (null: none, as with a broker).
+  std::unique_ptr<Housekeeping> Make(
+      absl::Duration retention, v1::EventSink::Stub* consumer = nullptr) {
     Housekeeping::Options options{
         .db_url = db_.url(),
         .subscription = "billing",
@@ -44,6 +47,7 @@ class HousekeepingTest : public ::testing::Test {
         .wake = [] {},
         .redelivered_heal = metrics_.AddCounter("redelivered", ""),
         .diverged = metrics_.AddCounter("diverged", "")};
+    options.consumer = consumer;
     return std::make_unique<Housekeeping>(std::move(options), &metrics_);
   }
 
@@ -106,6 +110,35 @@ TEST_F(HousekeepingTest, AHealRequestWithoutAConsumerIsClosed) {
     return db_.Scalar("SELECT count(*) FROM subscriptions WHERE healed_at = "
                       "heal_requested_at") == 1;
   }));
+  hk->Stop();
+}
+
+// A heal that cannot run (its consumer does not answer) shows in the
+// gauge, from when it was requested, on the replica that runs heals only;
+// once done, the gauge is 0.
+TEST_F(HousekeepingTest, TheGaugeSaysHowLongAHealHasBeenDue) {
+  db_.Exec(
+      "INSERT INTO subscriptions (name, heal_requested_at, heal_reason) "
+      "VALUES ('billing', now() - interval '10 minutes', 'test')");
+  // Nothing listens there: every call fails at once.
+  auto channel = grpc::CreateChannel("127.0.0.1:1",
+                                     grpc::InsecureChannelCredentials());
+  auto consumer = v1::EventSink::NewStub(channel);
+  const auto due = [&] {
+    return SumOf(metrics_, "outbox_relay_heal_due_seconds");
+  };
+  Own({3});
+  std::unique_ptr<Housekeeping> hk = Make(absl::ZeroDuration(), consumer.get());
+  hk->Start();
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_EQ(due(), 0) << "a replica without partition 0 runs no heal";
+  Own({0, 3});
+  ASSERT_TRUE(testing::WaitFor([&] { return due() >= 600; }))
+      << metrics_.Render();
+  EXPECT_LT(due(), 700);
+  db_.Exec("UPDATE subscriptions SET healed_at = heal_requested_at");
+  EXPECT_TRUE(testing::WaitFor([&] { return due() == 0; }))
+      << metrics_.Render();
   hk->Stop();
 }
 
