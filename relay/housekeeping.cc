@@ -22,6 +22,13 @@ namespace {
 // Where the backlog figures' scan stops (the gauges' help says so).
 constexpr int kBacklogScanCap = 100000;
 
+// Seconds since `since_ms` (Unix ms); 0 when it is 0 (not since anything).
+double SecondsSince(const std::atomic<int64_t>& since_ms) {
+  const int64_t since = since_ms.load();
+  if (since == 0) return 0.0;
+  return std::max(0.0, (absl::ToUnixMillis(absl::Now()) - since) / 1000.0);
+}
+
 }  // namespace
 
 Housekeeping::Housekeeping(Options options, Metrics* metrics)
@@ -109,13 +116,7 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
       "last read it; 0 when none is due, and on the other replicas. Until "
       "it runs, what the consumer lost is not delivered again and retention "
       "deletes nothing.",
-      [this] {
-        const int64_t since = heal_due_since_ms_.load();
-        return since == 0 ? 0.0
-                          : std::max(0.0, (absl::ToUnixMillis(absl::Now()) -
-                                           since) /
-                                              1000.0);
-      });
+      [this] { return SecondsSince(heal_due_since_ms_); });
   metrics->AddGauge(
       "outbox_retention_held_back_seconds",
       "How long this replica's --retention has been held back, with "
@@ -123,13 +124,7 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
       "that may still commit below them (a session idle in a transaction "
       "after writing, a prepared transaction) or by a heal not yet run; 0 "
       "when it is not.",
-      [this] {
-        const int64_t since = held_back_since_ms_.load();
-        return since == 0 ? 0.0
-                          : std::max(0.0, (absl::ToUnixMillis(absl::Now()) -
-                                           since) /
-                                              1000.0);
-      });
+      [this] { return SecondsSince(held_back_since_ms_); });
   // Every subscription of the database, as this replica last read them:
   // one that no relay delivers any more, or that an operator paused, shows
   // from any relay left, and so does what holds retention back.
