@@ -66,16 +66,18 @@ inline constexpr char kDeliveryLogJoinsSql[] =
 inline constexpr char kMinRetainedSql[] =
     "(SELECT deleted_through + 1 FROM outbox_retention_state WHERE id = 1)";
 
-// The heal a subscription ($1) waits for, if any: requested (a database
-// changed under it, or an operator asked) and not yet done. Its columns:
-// requested_at (text, as the database prints it), reason, and age_s (how
-// long ago it was requested). The relays run it; verify and reconcile say
-// that what it will find is not known yet.
+// The heal a subscription ($1; '' for the oldest of any) waits for, if
+// any: requested (a database changed under it, or an operator asked) and
+// not yet done. Its columns: name, requested_at (text, as the database
+// prints it), reason, and age_s (how long ago it was requested). The
+// relays run it; verify and reconcile say that what it will find is not
+// known yet; retention deletes nothing while one is due.
 inline constexpr char kHealDueSql[] =
-    "SELECT heal_requested_at::text AS requested_at, coalesce(heal_reason, "
-    "'') AS reason, extract(epoch FROM now() - heal_requested_at)::float8 AS "
-    "age_s FROM subscriptions WHERE name = $1 AND heal_requested_at IS NOT "
-    "NULL AND (healed_at IS NULL OR healed_at < heal_requested_at)";
+    "SELECT name, heal_requested_at::text AS requested_at, "
+    "coalesce(heal_reason, '') AS reason, extract(epoch FROM now() - "
+    "heal_requested_at)::float8 AS age_s FROM subscriptions WHERE ($1 = '' "
+    "OR name = $1) AND heal_requested_at IS NOT NULL AND (healed_at IS NULL "
+    "OR healed_at < heal_requested_at) ORDER BY heal_requested_at LIMIT 1";
 
 const std::vector<Migration>& OutboxMigrations();
 const std::vector<Migration>& InboxMigrations();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
+#include "common/schema.h"
 
 namespace outbox::relay {
 
@@ -54,14 +55,13 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   // lost. Deleting first would hide the one and make the other
   // lost_beyond_retention. Read after the lock: a heal requested later
   // finds this delete's record (outbox_retention_state).
-  const pqxx::result heal = tx.exec_params(
-      "SELECT s.name, coalesce(s.heal_reason, '') AS reason, "
-      "coalesce((SELECT o.created_at < now() - make_interval(secs => "
-      "$1::float8) FROM outbox o ORDER BY o.seq LIMIT 1), false) AS due "
-      "FROM subscriptions s WHERE s.heal_requested_at IS NOT NULL AND "
-      "(s.healed_at IS NULL OR s.healed_at < s.heal_requested_at) "
-      "ORDER BY s.heal_requested_at LIMIT 1",
-      absl::ToDoubleSeconds(retention));
+  static const std::string kHealSql = absl::StrCat(
+      "SELECT h.name, h.reason, coalesce((SELECT o.created_at < now() - "
+      "make_interval(secs => $2::float8) FROM outbox o ORDER BY o.seq LIMIT "
+      "1), false) AS due FROM (",
+      kHealDueSql, ") h");
+  const pqxx::result heal =
+      tx.exec_params(kHealSql, "", absl::ToDoubleSeconds(retention));
   if (!heal.empty()) {
     if (held_back != nullptr && heal[0]["due"].as<bool>()) {
       *held_back = absl::StrCat("the heal of subscription ",

@@ -167,12 +167,7 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
                             row[1].as<std::string>())] = row[2].as<int64_t>();
       }
       source = OutboxSourceName(o);
-      const pqxx::result heal = o.exec_params(kHealDueSql, options.subscription);
-      if (!heal.empty()) {
-        r.heal_due = absl::StrFormat("%s, requested %.1f s ago",
-                                     heal[0]["reason"].as<std::string>(),
-                                     heal[0]["age_s"].as<double>());
-      }
+      r.heal_due = DueHealText(o, options.subscription);
       if (o.exec("SELECT to_regclass('outbox_divergences') IS NOT NULL")[0][0]
               .as<bool>()) {
         for (const auto& row : o.exec_params(
