@@ -1,7 +1,8 @@
 // Retention against a real PostgreSQL: what it deletes stays a prefix of
 // the outbox when a transaction commits its event after events with
 // larger seqs, however long it stays open; a transaction that wrote
-// nothing does not hold it back; and it refuses a snapshot older than its
+// nothing does not hold it back, nor does one prepared for two-phase
+// commit once it ends; and it refuses a snapshot older than its
 // own statements.
 
 #include <gtest/gtest.h>
@@ -125,6 +126,65 @@ TEST_F(RetentionTest, AnEventCommittedLateKeepsWhatIsAboveIt) {
   EXPECT_EQ(Retained(), 0);
   EXPECT_LT(late, b);
   EXPECT_EQ(DeletedThrough(), b);
+}
+
+// A prepared transaction (two-phase commit) drops its virtual id, so no
+// mark can name it: while one exists in the database, nothing goes, and
+// the step says why. Once it commits, its event and all above it go, and
+// what went is still a prefix.
+TEST_F(RetentionTest, APreparedTransactionHoldsEveryDeleteBack) {
+  if (db_.Scalar("SELECT current_setting('max_prepared_transactions')::int") ==
+      0) {
+    GTEST_SKIP() << "the server allows no prepared transactions "
+                    "(./scripts/test starts one that does)";
+  }
+  const std::string gid = absl::StrCat("retention-test-", db_.name());
+  // Whatever happens below, the prepared transaction does not outlive the
+  // test (it would hold the database, and its locks, for good).
+  struct Cleanup {
+    const std::string& url;
+    const std::string& gid;
+    ~Cleanup() {
+      try {
+        pqxx::connection c(url);
+        pqxx::nontransaction n(c);
+        if (!n.exec_params("SELECT 1 FROM pg_prepared_xacts WHERE gid = $1",
+                           gid)
+                 .empty()) {
+          n.exec(absl::StrCat("ROLLBACK PREPARED ", n.quote(gid)));
+        }
+      } catch (const std::exception&) {
+      }
+    }
+  } cleanup{db_.url(), gid};
+  const int64_t before = AppendCommitted("before");
+  int64_t prepared = 0;
+  {
+    pqxx::connection c(db_.url());
+    pqxx::nontransaction n(c);
+    n.exec("BEGIN");
+    prepared = Append(n, "prepared");
+    n.exec(absl::StrCat("PREPARE TRANSACTION ", n.quote(gid)));
+  }  // its session is gone; the transaction is not
+  const int64_t after = AppendCommitted("after");
+  ASSERT_LT(before, prepared);
+  ASSERT_LT(prepared, after);
+  absl::SleepFor(absl::Milliseconds(55));
+  {
+    pqxx::work tx(conn_);
+    std::string held_back;
+    EXPECT_EQ(PruneOutbox(tx, absl::ZeroDuration(), 1000, &held_back), 0);
+    tx.commit();
+    EXPECT_TRUE(absl::StrContains(held_back, "prepared transaction"))
+        << held_back;
+  }
+  EXPECT_EQ(Prune(), 0);
+  EXPECT_EQ(Retained(), 2);
+  EXPECT_EQ(DeletedThrough(), 0);
+  db_.Exec(absl::StrCat("COMMIT PREPARED '", gid, "'"));
+  EXPECT_EQ(Prune(), 3);
+  EXPECT_EQ(Retained(), 0);
+  EXPECT_EQ(DeletedThrough(), after);
 }
 
 // The same for one that aborts: its seq is never filled, and what lies
