@@ -12,7 +12,7 @@ PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 # psycopg2 for examples/python-consumer; kubectl, which renders the
 # manifests, is not a Debian package and must be on the machine).
 OUTBOX_PACKAGES=(
-  build-essential cmake pkg-config git ca-certificates
+  build-essential cmake pkg-config git ca-certificates ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libpqxx-dev libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   prometheus-cpp-dev
@@ -87,9 +87,25 @@ ensure_node_tools() {
 
 # Configures and builds into build/ (Release unless BUILD_TYPE says):
 # every target, or OUTBOX_BUILD_TARGET (e.g. binaries: no test binary).
+# The Release build's compiler cache (ccache, in .local/): the image's
+# builder stage compiles the same sources with the same compiler and flags,
+# and reads it (scripts/lib/image.sh mounts it read-only), so that a CI run
+# compiles the project once, not twice. Paths are taken relative to the
+# checkout (CCACHE_BASEDIR), which is /src in the image.
+OUTBOX_CCACHE_DIR="${OUTBOX_CCACHE_DIR:-$OUTBOX_ROOT/.local/ccache}"
+export_ccache_env() {
+  export CCACHE_DIR="$OUTBOX_CCACHE_DIR" CCACHE_BASEDIR="$OUTBOX_ROOT" \
+    CCACHE_COMPILERCHECK=content CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=2G
+}
+
 build() {
-  local target="${OUTBOX_BUILD_TARGET:-all}"
-  build_in build "${BUILD_TYPE:-Release}" "$target"
+  local target="${OUTBOX_BUILD_TARGET:-all}" launcher=()
+  if command -v ccache >/dev/null; then
+    export_ccache_env
+    mkdir -p "$CCACHE_DIR"
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  fi
+  build_in build "${BUILD_TYPE:-Release}" "$target" "${launcher[@]}"
   for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
     [ -x "$OUTBOX_ROOT/build/bin/$b" ] || die "build/bin/$b is missing"
   done

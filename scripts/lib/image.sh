@@ -194,7 +194,12 @@ make_bases() {
 build_image() {
   local t0=$SECONDS out="$OUTBOX_IMAGE_CACHE/build.log" rc=0
   log "podman build -f deploy/docker/Dockerfile -t $OUTBOX_IMAGE (log: $out)"
-  podman build --pull=never --layers -f "$OUTBOX_ROOT/deploy/docker/Dockerfile" \
+  # The checkout's Release build compiled the same sources: its compiler
+  # cache (read-only) saves compiling them again.
+  local cache=()
+  [ -d "$OUTBOX_CCACHE_DIR" ] && cache=(--volume "$OUTBOX_CCACHE_DIR:/ccache:ro")
+  podman build --pull=never --layers "${cache[@]}" \
+    -f "$OUTBOX_ROOT/deploy/docker/Dockerfile" \
     -t "$OUTBOX_IMAGE" "$OUTBOX_ROOT" >"$out" 2>&1 || rc=$?
   [ $rc -eq 0 ] || { tail -30 "$out" >&2; die "podman build failed (exit $rc; full log: $out)"; }
   BUILD_SECONDS=$((SECONDS - t0))
