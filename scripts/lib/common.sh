@@ -93,19 +93,29 @@ ensure_node_tools() {
 # compiles the project once, not twice. Paths are taken relative to the
 # checkout (CCACHE_BASEDIR), which is /src in the image.
 OUTBOX_CCACHE_DIR="${OUTBOX_CCACHE_DIR:-$OUTBOX_ROOT/.local/ccache}"
+# ccache also hashes the locale (it changes the compiler's messages): the
+# image's builder has LANG=C.UTF-8 and no LC_ variable, and so does the
+# build here.
 export_ccache_env() {
   export CCACHE_DIR="$OUTBOX_CCACHE_DIR" CCACHE_BASEDIR="$OUTBOX_ROOT" \
-    CCACHE_COMPILERCHECK=content CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=2G
+    CCACHE_COMPILERCHECK=content CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=2G \
+    LANG=C.UTF-8
+  unset LC_ALL LC_CTYPE LC_MESSAGES
 }
 
 build() {
-  local target="${OUTBOX_BUILD_TARGET:-all}" launcher=()
+  local target="${OUTBOX_BUILD_TARGET:-all}"
   if command -v ccache >/dev/null; then
-    export_ccache_env
-    mkdir -p "$CCACHE_DIR"
-    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+    # In a subshell: the locale and ccache's settings are the build's only.
+    (
+      export_ccache_env
+      mkdir -p "$CCACHE_DIR"
+      build_in build "${BUILD_TYPE:-Release}" "$target" \
+        -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
+    ) || exit
+  else
+    build_in build "${BUILD_TYPE:-Release}" "$target"
   fi
-  build_in build "${BUILD_TYPE:-Release}" "$target" "${launcher[@]}"
   for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
     [ -x "$OUTBOX_ROOT/build/bin/$b" ] || die "build/bin/$b is missing"
   done
