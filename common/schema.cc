@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace outbox {
 
@@ -1037,6 +1038,15 @@ CREATE TABLE IF NOT EXISTS held_actions (
       {8, "the common batch written as its cursors are read", kInboxV8},
   };
   return kMigrations;
+}
+
+std::string DueHealText(pqxx::transaction_base& outbox,
+                        const std::string& subscription) {
+  const pqxx::result heal = outbox.exec_params(kHealDueSql, subscription);
+  if (heal.empty()) return "";
+  return absl::StrFormat("%s, requested %.1f s ago",
+                         heal[0]["reason"].as<std::string>(),
+                         heal[0]["age_s"].as<double>());
 }
 
 }  // namespace outbox

@@ -15,6 +15,7 @@
 // creates only what is missing and converts what is older.
 // Table and column names named in DESIGN.md section 3 are a public contract.
 
+#include <string>
 #include <vector>
 
 #include "common/db.h"
@@ -78,6 +79,9 @@ inline constexpr char kHealDueSql[] =
     "heal_requested_at)::float8 AS age_s FROM subscriptions WHERE ($1 = '' "
     "OR name = $1) AND heal_requested_at IS NOT NULL AND (healed_at IS NULL "
     "OR healed_at < heal_requested_at) ORDER BY heal_requested_at LIMIT 1";
+// That heal, for people: "reason, requested N s ago"; "" when none is due.
+std::string DueHealText(pqxx::transaction_base& outbox,
+                        const std::string& subscription);
 
 const std::vector<Migration>& OutboxMigrations();
 const std::vector<Migration>& InboxMigrations();

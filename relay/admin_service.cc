@@ -472,6 +472,7 @@ void ToProto(const SubscriptionInfo& s, v1::Subscription* p) {
   p->set_pinned_by(s.pinned_by);
   p->set_pins(s.PinDescription());
   p->set_delivery(s.on_log ? "log" : "rows");
+  p->set_heal_due(s.heal_due);
 }
 
 }  // namespace

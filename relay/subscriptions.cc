@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "common/schema.h"
 #include "relay/outbox_log.h"
 
 namespace outbox::relay {
@@ -83,6 +84,7 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
       s.paused_at = absl::FromUnixMicros(
           static_cast<int64_t>(row["paused_at"].as<double>() * 1e6));
     }
+    s.heal_due = DueHealText(tx, s.name);
     double lowest_age = row["lowest_age"].as<double>();
     if (counts && s.on_log) {
       // What the log owes besides the exceptions counted above.

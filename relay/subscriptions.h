@@ -45,6 +45,7 @@ struct SubscriptionInfo {
   // Why (with retention_pinned_seconds > 0): "dead_letter", "diverged",
   // "paused", "abandoned" (no relay alive) or "pending".
   std::string pinned_by;
+  std::string heal_due;  // DueHealText: "" when no heal is due
 
   // "dead letter seq 42 (...)": what holds it back, for people.
   std::string PinDescription() const;

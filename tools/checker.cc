@@ -113,15 +113,6 @@ std::string OutboxSourceName(pqxx::transaction_base& o) {
   return n.empty() ? "" : n[0][0].as<std::string>();
 }
 
-std::string DueHealText(pqxx::transaction_base& o,
-                        const std::string& subscription) {
-  const pqxx::result heal = o.exec_params(kHealDueSql, subscription);
-  if (heal.empty()) return "";
-  return absl::StrFormat("%s, requested %.1f s ago",
-                         heal[0]["reason"].as<std::string>(),
-                         heal[0]["age_s"].as<double>());
-}
-
 std::string RowsOfSource(pqxx::transaction_base& b, const std::string& source,
                          const std::string& prefix) {
   if (b.exec("SELECT 1 FROM information_schema.columns WHERE table_name = "

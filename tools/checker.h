@@ -122,11 +122,6 @@ CheckReport Verdict(const CheckFacts& facts);
 // The name an outbox's events carry (outbox_source), "" when none is
 // recorded (no relay ran, or a release before sources).
 std::string OutboxSourceName(pqxx::transaction_base& outbox);
-// The heal `subscription` waits for, as "reason, requested N s ago"; ""
-// when none is due. Until a relay ran it, what a changed database lost is
-// not known (CheckReport::heal_due, ReconcileReport::heal_due).
-std::string DueHealText(pqxx::transaction_base& outbox,
-                        const std::string& subscription);
 // A condition on a consumer table's rows (columns prefixed by `prefix`,
 // e.g. "t.") that holds for those of `source`: its own, and those without
 // a source that it took over or nobody did yet (inbox_legacy_source);

@@ -547,7 +547,7 @@ int Subscriptions(const std::vector<char*>& args) {
     outbox::v1::ListSubscriptionsResponse resp;
     grpc::Status st = stub->ListSubscriptions(&ctx, {}, &resp);
     if (!st.ok()) return Fail("subscriptions", st);
-    int pinning = 0;
+    int pinning = 0, healing = 0;
     for (const auto& s : resp.subscriptions()) {
       std::printf(
           "%s%s: %lld pending (oldest %.0f s), %lld dead, %lld diverged; %lld "
@@ -565,11 +565,21 @@ int Subscriptions(const std::vector<char*>& args) {
         ++pinning;
         std::printf("  pins retention: %s\n", s.pins().c_str());
       }
+      if (!s.heal_due().empty()) {
+        ++healing;
+        std::printf(
+            "  heal due: %s (a relay delivering it runs it; until then "
+            "retention deletes nothing and verify cannot tell what was "
+            "lost)\n",
+            s.heal_due().c_str());
+      }
     }
     std::printf(
-        "%d subscription(s); retention %s%s\n", resp.subscriptions_size(),
+        "%d subscription(s); retention %s%s%s\n", resp.subscriptions_size(),
         resp.retention().c_str(),
-        pinning > 0 ? absl::StrCat(", pinned by ", pinning).c_str() : "");
+        pinning > 0 ? absl::StrCat(", pinned by ", pinning).c_str() : "",
+        healing > 0 ? absl::StrCat(", ", healing, " heal(s) due").c_str()
+                    : "");
     return pinning > 0 ? 1 : 0;
   }
   if ((action != "pause" && action != "resume" && action != "drop" &&

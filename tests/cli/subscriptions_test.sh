@@ -56,6 +56,22 @@ until curl -sf "http://127.0.0.1:$RM/metrics" >"$WORK/metrics" &&
 done
 pass "an abandoned subscription pins retention: outboxctl exits 1 and names it; the relay's metrics too"
 
+# A heal requested for audit, which no relay runs: the listing says so.
+psql "$orders_db" -Xqc "UPDATE subscriptions SET heal_requested_at = now() - interval '42 seconds',
+  heal_reason = 'the consumer''s database changed (test)' WHERE name = 'audit'"
+ctl subscriptions >"$WORK/list_heal.out" || :
+grep -Eq "^  heal due: the consumer's database changed \(test\), requested 4[2-9]\.[0-9] s ago" "$WORK/list_heal.out" ||
+  fail "the listing does not say audit's heal is due: $(cat "$WORK/list_heal.out")"
+grep -q "subscription(s); retention 1h, pinned by 1, 1 heal(s) due$" "$WORK/list_heal.out" ||
+  fail "the summary does not count the due heal: $(tail -1 "$WORK/list_heal.out")"
+[ "$(grep -c 'heal due' "$WORK/list_heal.out")" = 1 ] ||
+  fail "a heal is said due for billing too: $(cat "$WORK/list_heal.out")"
+psql "$orders_db" -Xqc "UPDATE subscriptions SET healed_at = heal_requested_at WHERE name = 'audit'"
+ctl subscriptions >"$WORK/list_healed.out" || :
+! grep -q 'heal' "$WORK/list_healed.out" ||
+  fail "a heal is still said due once run: $(cat "$WORK/list_healed.out")"
+pass "a due heal shows in outboxctl subscriptions, and goes once run"
+
 ctl subscriptions pause billing --reason="consumer maintenance" | tee "$WORK/pause.out"
 grep -q "billing paused" "$WORK/pause.out" || fail "pause: $(cat "$WORK/pause.out")"
 # The relay reads the pause in its next rebalance round (every second).
