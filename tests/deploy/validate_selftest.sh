@@ -22,6 +22,8 @@ bin_dir=$(cd "$bin_dir" && pwd)
 [[ -d "$here/node_modules" ]] || { echo "validate_selftest: run 'npm ci' in $here" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# Each binary's --helpfull is read once for all the cases (tests/deploy/lib/flags.mjs).
+export OUTBOX_HELPFULL_CACHE="$tmp/helpfull"
 
 # A scratch copy of what validate.sh reads; the npm packages are linked,
 # not copied.
