@@ -110,7 +110,7 @@ SELECT (SELECT count(*) FROM owed),
        (SELECT count(*) FROM ord WHERE after_seq <> prev_seq),
        (SELECT count(*) FROM ord WHERE after_seq > 0 AND seq <= after_seq),
        (SELECT count(*) FROM differs),
-       (SELECT count(*) FROM outbox_delivery WHERE subscription = '{NAME}'
+       (SELECT count(*) FROM outbox_deliveries WHERE subscription = '{NAME}'
           AND status = 'pending'),
        (SELECT count(*) FROM {SCRATCH}.audit_inbox),
        (SELECT count(*) FROM {SCRATCH}.audit_log)
@@ -324,7 +324,7 @@ class AuditSubscription:
         while True:
             try:
                 pending = int(run.sql_orders(
-                    f"SELECT count(*) FROM outbox_delivery p WHERE "
+                    f"SELECT count(*) FROM outbox_deliveries p WHERE "
                     f"p.subscription = '{NAME}' AND p.status = 'pending' AND "
                     f"NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE "
                     f"d.subscription = '{NAME}' AND d.aggregate_id = "

@@ -607,7 +607,7 @@ def wait_drained_except(run, aggregates, bound):
     while True:
         try:
             pend = int(run.sql_orders(
-                "SELECT count(*) FROM outbox_delivery WHERE subscription = "
+                "SELECT count(*) FROM outbox_deliveries WHERE subscription = "
                 f"'billing' AND status = 'pending' AND aggregate_id NOT IN "
                 f"({lst})").strip())
             held = int(run.sql_billing(
