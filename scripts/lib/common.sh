@@ -95,7 +95,8 @@ ensure_node_tools() {
 OUTBOX_CCACHE_DIR="${OUTBOX_CCACHE_DIR:-$OUTBOX_ROOT/.local/ccache}"
 # ccache also hashes the locale (it changes the compiler's messages): the
 # image's builder has LANG=C.UTF-8 and no LC_ variable, and so does the
-# build here.
+# build here. tests/deploy/check_image_libs.sh fails when the settings here
+# and the Dockerfile's ENV differ.
 export_ccache_env() {
   export CCACHE_DIR="$OUTBOX_CCACHE_DIR" CCACHE_BASEDIR="$OUTBOX_ROOT" \
     CCACHE_COMPILERCHECK=content CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=2G \

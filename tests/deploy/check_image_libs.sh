@@ -5,7 +5,8 @@
 # Debian package that the runtime stage's `apt-get install` list pulls in
 # (with its dependencies), or to the base image (Priority: required).
 # Also checks that every package the Dockerfile installs (builder and
-# runtime) exists in the configured Debian release.
+# runtime) exists in the configured Debian release, and that the builder
+# stage hashes the same ccache settings as the host's build.
 #
 # Usage: tests/deploy/check_image_libs.sh BIN_DIR   (e.g. build/bin)
 # Needs: a Debian 12 host with the build's libraries installed (ldd must
@@ -54,13 +55,61 @@ if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
   compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null ||
     fail "no apt package lists (run apt-get update as root): cannot check the Dockerfile's packages"
 fi
+# One apt-cache call for every package (each call loads the whole cache,
+# 0.7 s here): a package it does not know prints no block of its own.
+declare -A candidate=()
+while read -r pkg cand; do
+  candidate[$pkg]=$cand
+done < <(
+  # shellcheck disable=SC2086
+  apt-cache policy $builder_pkgs $runtime_pkgs 2>/dev/null |
+    awk '/^[^ ].*:$/ {sub(/:$/, ""); pkg = $0} /^  Candidate:/ {print pkg, $2}'
+)
 for p in $builder_pkgs $runtime_pkgs; do
-  cand=$(apt-cache policy "$p" 2>/dev/null | awk '/Candidate:/ {print $2}')
+  cand=${candidate[$p]:-}
   if [[ -z "$cand" || "$cand" == "(none)" ]]; then
     echo "FAIL package $p is not available from the configured Debian release (apt-get update?)"
     failures=$((failures + 1))
   fi
 done
+
+# The image's builder finds the checkout's ccache entries (scripts/image
+# mounts them) only if it hashes the same settings as the host's build
+# (export_ccache_env in scripts/lib/common.sh). One changed alone fails
+# nothing: the image would silently compile everything again.
+ccache_settings() {
+  local v
+  for v in CCACHE_COMPILERCHECK CCACHE_NOHASHDIR LANG LC_ALL LC_CTYPE LC_MESSAGES; do
+    echo "$v=${!v-}"
+  done
+}
+host_ccache=$(env -i bash -c 'source "$1"; export_ccache_env; shift; eval "$*"; ccache_settings' _ \
+  "$root/scripts/lib/common.sh" "$(declare -f ccache_settings)")
+image_ccache=$(python3 - "$dockerfile" <<'PY'
+import re, shlex, sys
+text = open(sys.argv[1]).read().replace("\\\n", " ")
+builder = re.split(r"^FROM\s", text, flags=re.M)[1]
+env, workdir = {}, ""
+for line in builder.splitlines():
+    m = re.match(r"\s*(ENV|WORKDIR)\s+(.*)", line)
+    if m and m.group(1) == "ENV":
+        env.update(t.split("=", 1) for t in shlex.split(m.group(2)) if "=" in t)
+    elif m:
+        workdir = m.group(2).strip()
+for v in ("CCACHE_COMPILERCHECK", "CCACHE_NOHASHDIR", "LANG", "LC_ALL",
+          "LC_CTYPE", "LC_MESSAGES"):
+    print(f"{v}={env.get(v, '')}")
+if env.get("CCACHE_BASEDIR") != workdir:
+    print(f"CCACHE_BASEDIR={env.get('CCACHE_BASEDIR', '')} (the sources are in {workdir})")
+PY
+)
+if [[ "$host_ccache" != "$image_ccache" ]]; then
+  echo "FAIL the Dockerfile's builder and scripts/lib/common.sh hash different ccache settings (the image would recompile everything):"
+  diff <(echo "$host_ccache") <(echo "$image_ccache") | sed -n 's/^</       host: /p; s/^>/       image:/p'
+  failures=$((failures + 1))
+else
+  echo "ok   ccache: the image's builder hashes what the host's build does ($(tr '\n' ' ' <<<"$host_ccache"))"
+fi
 
 closure=$(
   {
@@ -72,14 +121,37 @@ closure=$(
   } | sed 's/:.*//' | sort -u
 )
 
-owner() {
-  local f=$1 alt
-  case "$f" in
-    /usr/lib/*) alt=${f#/usr} ;;
-    /lib/*) alt=/usr$f ;;
-    *) alt=$f ;;
+# Every library any binary loads, resolved, and the package owning each:
+# one dpkg -S for them all (each call reads the whole file database). With
+# merged /usr a file is listed under /lib or /usr/lib, so both are asked.
+declare -A libs_of=() owner_of=()
+all_libs=()
+for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
+  [[ -x "$bin_dir/$b" ]] || continue
+  libs_of[$b]=$(ldd "$bin_dir/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
+    xargs -r -n1 readlink -f | sort -u)
+  mapfile -t -O "${#all_libs[@]}" all_libs <<<"${libs_of[$b]}"
+done
+alt_of() {
+  case "$1" in
+    /usr/lib/*) echo "${1#/usr}" ;;
+    /lib/*) echo "/usr$1" ;;
+    *) echo "$1" ;;
   esac
-  { dpkg -S "$f" 2>/dev/null || dpkg -S "$alt" 2>/dev/null; } | head -n1 | cut -d: -f1
+}
+queries=()
+for f in $(printf '%s\n' "${all_libs[@]}" | sort -u); do
+  queries+=("$f" "$(alt_of "$f")")
+done
+if [[ ${#queries[@]} -gt 0 ]]; then
+  while IFS= read -r line; do
+    pkg=${line%%: *}
+    owner_of[${line#*: }]=${pkg%%:*}
+  done < <(dpkg -S "${queries[@]}" 2>/dev/null | grep -v '^diversion by' || :)
+fi
+owner() {
+  local f=$1
+  echo "${owner_of[$f]:-${owner_of[$(alt_of "$f")]:-}}"
 }
 
 checked=0
@@ -97,13 +169,14 @@ for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
   fi
   missing=()
   while read -r lib; do
+    [[ -n "$lib" ]] || continue
     pkg=$(owner "$lib")
     if [[ -z "$pkg" ]]; then
       missing+=("$lib (no Debian package owns it)")
     elif ! grep -qx "$pkg" <<<"$closure"; then
       missing+=("$lib (package $pkg)")
     fi
-  done < <(ldd "$exe" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | xargs -r -n1 readlink -f | sort -u)
+  done <<<"${libs_of[$b]}"
   if [[ ${#missing[@]} -gt 0 ]]; then
     echo "FAIL $b needs libraries the runtime image lacks:"
     printf '       %s\n' "${missing[@]}"
