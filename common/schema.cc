@@ -1040,13 +1040,29 @@ CREATE TABLE IF NOT EXISTS held_actions (
   return kMigrations;
 }
 
+namespace {
+
+std::string HealText(const pqxx::row& heal) {
+  return absl::StrFormat("%s, requested %.1f s ago",
+                         heal["reason"].as<std::string>(),
+                         heal["age_s"].as<double>());
+}
+
+}  // namespace
+
 std::string DueHealText(pqxx::transaction_base& outbox,
                         const std::string& subscription) {
   const pqxx::result heal = outbox.exec_params(kHealDueSql, subscription);
-  if (heal.empty()) return "";
-  return absl::StrFormat("%s, requested %.1f s ago",
-                         heal[0]["reason"].as<std::string>(),
-                         heal[0]["age_s"].as<double>());
+  return heal.empty() ? "" : HealText(heal[0]);
+}
+
+std::map<std::string, std::string> DueHealTexts(
+    pqxx::transaction_base& outbox) {
+  std::map<std::string, std::string> out;
+  for (const pqxx::row& heal : outbox.exec_params(kHealDueSql, "")) {
+    out.emplace(heal["name"].as<std::string>(), HealText(heal));
+  }
+  return out;
 }
 
 }  // namespace outbox

@@ -15,6 +15,7 @@
 // creates only what is missing and converts what is older.
 // Table and column names named in DESIGN.md section 3 are a public contract.
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -67,8 +68,8 @@ inline constexpr char kDeliveryLogJoinsSql[] =
 inline constexpr char kMinRetainedSql[] =
     "(SELECT deleted_through + 1 FROM outbox_retention_state WHERE id = 1)";
 
-// The heal a subscription ($1; '' for the oldest of any) waits for, if
-// any: requested (a database changed under it, or an operator asked) and
+// The heal a subscription ($1; '' for every one, the oldest first) waits
+// for, if any: requested (a database changed under it, or an operator asked) and
 // not yet done. Its columns: name, requested_at (text, as the database
 // prints it), reason, and age_s (how long ago it was requested). The
 // relays run it; verify and reconcile say that what it will find is not
@@ -78,10 +79,12 @@ inline constexpr char kHealDueSql[] =
     "coalesce(heal_reason, '') AS reason, extract(epoch FROM now() - "
     "heal_requested_at)::float8 AS age_s FROM subscriptions WHERE ($1 = '' "
     "OR name = $1) AND heal_requested_at IS NOT NULL AND (healed_at IS NULL "
-    "OR healed_at < heal_requested_at) ORDER BY heal_requested_at LIMIT 1";
+    "OR healed_at < heal_requested_at) ORDER BY heal_requested_at";
 // That heal, for people: "reason, requested N s ago"; "" when none is due.
 std::string DueHealText(pqxx::transaction_base& outbox,
                         const std::string& subscription);
+// Every due heal's text, by subscription: one query for a listing.
+std::map<std::string, std::string> DueHealTexts(pqxx::transaction_base& outbox);
 
 const std::vector<Migration>& OutboxMigrations();
 const std::vector<Migration>& InboxMigrations();

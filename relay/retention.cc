@@ -59,7 +59,7 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
       "SELECT h.name, h.reason, coalesce((SELECT o.created_at < now() - "
       "make_interval(secs => $2::float8) FROM outbox o ORDER BY o.seq LIMIT "
       "1), false) AS due FROM (",
-      kHealDueSql, ") h");
+      kHealDueSql, ") h ORDER BY h.age_s DESC LIMIT 1");
   const pqxx::result heal =
       tx.exec_params(kHealSql, "", absl::ToDoubleSeconds(retention));
   if (!heal.empty()) {

@@ -29,6 +29,7 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
                                                 absl::Duration retention,
                                                 bool counts) {
   std::vector<SubscriptionInfo> out;
+  const std::map<std::string, std::string> heals = DueHealTexts(tx);
   // The counts read every delivery row of a subscription: an admin's
   // question, bounded by the session's statement_timeout.
   const std::string count_rows =
@@ -84,7 +85,7 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
       s.paused_at = absl::FromUnixMicros(
           static_cast<int64_t>(row["paused_at"].as<double>() * 1e6));
     }
-    s.heal_due = DueHealText(tx, s.name);
+    if (auto h = heals.find(s.name); h != heals.end()) s.heal_due = h->second;
     double lowest_age = row["lowest_age"].as<double>();
     if (counts && s.on_log) {
       // What the log owes besides the exceptions counted above.
