@@ -286,7 +286,7 @@ bool Housekeeping::Run() {
       step = "heal";
       HealIfDue(conn);
     } else {
-      heal_due_since_ms_ = 0;  // another replica runs heals
+      SetHealDue(std::nullopt);  // another replica runs heals
     }
     step = "vacuum";
     if (!stop_ && !conn.info().pooled) VacuumDeliveries(conn);
@@ -306,6 +306,14 @@ bool Housekeeping::Run() {
   }
 }
 
+void Housekeeping::SetHealDue(const std::optional<HealDue>& due) {
+  heal_due_since_ms_ =
+      due.has_value()
+          ? absl::ToUnixMillis(absl::Now() - std::max(absl::ZeroDuration(),
+                                                       due->age))
+          : 0;
+}
+
 void Housekeeping::HealIfDue(pqxx::connection& conn) {
   if (absl::Now() < next_heal_check_) return;
   next_heal_check_ = absl::Now() + absl::Seconds(1);
@@ -315,11 +323,7 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
     due = DueHeal(*tx, options_.subscription);
     tx->commit();
   }
-  heal_due_since_ms_ =
-      due.has_value()
-          ? absl::ToUnixMillis(absl::Now() - std::max(absl::ZeroDuration(),
-                                                       due->age))
-          : 0;
+  SetHealDue(due);
   if (!due.has_value()) return;
   if (options_.consumer == nullptr) {
     // A broker keeps no cursors to compare: its per-subject chain check
@@ -334,7 +338,7 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
     auto tx = OpenUnit(conn);
     HealDone(*tx, options_.subscription, *due);
     tx->commit();
-    heal_due_since_ms_ = 0;
+    SetHealDue(std::nullopt);
     return;
   }
   if (healer_ == nullptr) {
@@ -359,7 +363,7 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
     HealDone(*tx, options_.subscription, *due);
     tx->commit();
   }
-  heal_due_since_ms_ = 0;  // unless a newer one came: the next check says
+  SetHealDue(std::nullopt);  // unless a newer one came: the next check says
   if (report->redelivered > 0 || report->diverged > 0) {
     spdlog::warn("relay: heal of subscription {} done: {}",
                  options_.subscription, report->Summary());

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@
 #include "common/metrics.h"
 #include "common/periodic.h"
 #include "outbox/v1/sink.grpc.pb.h"
+#include "relay/delivery_store.h"
 #include "relay/heal.h"
 #include "relay/subscriptions.h"
 
@@ -118,6 +120,8 @@ class Housekeeping {
   // Keeps the held-back gauge; warns once when it passes 5 minutes.
   void FollowHeldBack(const std::string& held_back);
   void HealIfDue(pqxx::connection& conn);
+  // Keeps the heal gauge's start: `due`'s request time, or none.
+  void SetHealDue(const std::optional<HealDue>& due);
   void VacuumDeliveries(pqxx::connection& conn);
 
   const Options options_;
