@@ -701,9 +701,52 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             "'pending'").strip().split("|")
         return int(out[0]), int(out[1])
 
-    def verify(self):
+    def run_checker(self, wait, saved_as):
+        """outboxctl verify --wait=`wait`s: its JSON report, its whole
+        output kept in the work directory as `saved_as`."""
         orders_url = self.pg_of(self.orders_db).db_url(self.orders_db)
         billing_url = self.pg_of(self.billing_db).db_url(self.billing_db)
+        argv = [os.path.join(self.suite.bin, "outboxctl"), "verify",
+                f"--orders_db={orders_url}", f"--billing_db={billing_url}",
+                f"--wait={wait}s", "--format=json"]
+        self.log(f"checking: outboxctl verify --wait={wait}s", quiet=True)
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True,
+                               timeout=wait + 120)
+        except subprocess.TimeoutExpired:
+            raise HarnessError("outboxctl verify did not finish")
+        with open(os.path.join(self.workdir, saved_as), "w") as f:
+            f.write(r.stdout + r.stderr)
+        line = next((ln for ln in reversed(r.stdout.splitlines())
+                     if ln.startswith("{")), None)
+        if line is None or r.returncode not in (0, 1):
+            raise HarnessError(f"outboxctl verify failed (rc "
+                               f"{r.returncode}): {r.stderr.strip()[-500:]}")
+        return json.loads(line)
+
+    def checker_violations(self, rep, wait):
+        """What the checker's report `rep` breaks of I1-I6."""
+        out = []
+        if not rep["drained"]:
+            out.append(
+                f"I5 liveness: not drained within {wait}s after the faults "
+                f"stopped ({rep['pending']} pending, {rep['held']} held)")
+        for key, label in (("lost", "I1 lost events"),
+                           ("missing_effects", "I1 missing effects"),
+                           ("duplicate_effects", "I2 duplicate effects"),
+                           ("order_violations", "I3 order violations"),
+                           ("phantoms", "I4 phantoms"),
+                           ("view_mismatches", "order view mismatches")):
+            if rep[key]:
+                out.append(f"{label}: {rep[key]}")
+        if rep["dead_letters"] != self.scn.expect_dead:
+            out.append(
+                f"dead letters: {rep['dead_letters']} (expected "
+                f"{self.scn.expect_dead}; transport faults never dead-letter)")
+        return out
+
+    def verify(self):
         pending = 0  # every subscription's (fan-out: audit's too)
         try:
             self.backlog, pending = self.owed()
@@ -716,41 +759,9 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         if wait is None:
             wait = 120 + pending // 1000
         self.wait = wait
-        argv = [os.path.join(self.suite.bin, "outboxctl"), "verify",
-                f"--orders_db={orders_url}", f"--billing_db={billing_url}",
-                f"--wait={wait}s", "--format=json"]
-        self.log(f"checking: outboxctl verify --wait={wait}s", quiet=True)
-        try:
-            r = subprocess.run(argv, stdin=subprocess.DEVNULL,
-                               capture_output=True, text=True,
-                               timeout=wait + 120)
-        except subprocess.TimeoutExpired:
-            raise HarnessError("outboxctl verify did not finish")
-        with open(os.path.join(self.workdir, "verify.json"), "w") as f:
-            f.write(r.stdout + r.stderr)
-        line = next((ln for ln in reversed(r.stdout.splitlines())
-                     if ln.startswith("{")), None)
-        if line is None or r.returncode not in (0, 1):
-            raise HarnessError(f"outboxctl verify failed (rc "
-                               f"{r.returncode}): {r.stderr.strip()[-500:]}")
-        rep = json.loads(line)
+        rep = self.run_checker(wait, "verify.json")
         self.report = rep
-        if not rep["drained"]:
-            self.violations.append(
-                f"I5 liveness: not drained within {wait}s after the faults "
-                f"stopped ({rep['pending']} pending, {rep['held']} held)")
-        for key, label in (("lost", "I1 lost events"),
-                           ("missing_effects", "I1 missing effects"),
-                           ("duplicate_effects", "I2 duplicate effects"),
-                           ("order_violations", "I3 order violations"),
-                           ("phantoms", "I4 phantoms"),
-                           ("view_mismatches", "order view mismatches")):
-            if rep[key]:
-                self.violations.append(f"{label}: {rep[key]}")
-        if rep["dead_letters"] != self.scn.expect_dead:
-            self.violations.append(
-                f"dead letters: {rep['dead_letters']} (expected "
-                f"{self.scn.expect_dead}; transport faults never dead-letter)")
+        self.violations += self.checker_violations(rep, wait)
         if self.scn.check is not None:
             self.violations += self.scn.check(self, rep)
         self.log(f"checked: {rep['events']} events, {rep['applied']} applied, "
