@@ -86,6 +86,7 @@ grpc::Status RelayAdminImpl::GetStats(grpc::ServerContext* ctx,
         if (!owed.ok()) return owed.status();
         const LogOwed log_owed = LogOwedTotal(*owed);
         resp->set_diverged(OpenDivergences(tx, *sub));
+        resp->set_heal_due(DueHealText(tx, *sub));
         resp->set_pending(rows.pending + log_owed.events);
         resp->set_oldest_pending_seconds(
             std::max(rows.oldest_pending_seconds, log_owed.oldest_seconds));

@@ -219,8 +219,8 @@ int Stats() {
           "relay %s (%s), subscription %s\n  pending %lld, oldest %.1f s, dead "
           "letters %lld, "
           "delivered %lld, diverged aggregates %lld\n  partitions owned %d of "
-          "%d, in flight %lld, stream %s%s%s\n  consumer database %s\n  this "
-          "process: delivered %lld, rejected %lld\n",
+          "%d, in flight %lld, stream %s%s%s%s%s\n  consumer database %s\n  "
+          "this process: delivered %lld, rejected %lld\n",
           s.replica_id().c_str(), absl::GetFlag(FLAGS_relay).c_str(),
           s.subscription().c_str(), static_cast<long long>(s.pending()),
           s.oldest_pending_seconds(), static_cast<long long>(s.dead_letters()),
@@ -230,6 +230,8 @@ int Stats() {
           s.stream_connected() ? "connected" : "down",
           s.paused_reason().empty() ? "" : "\n  PAUSED: ",
           s.paused_reason().c_str(),
+          s.heal_due().empty() ? "" : "\n  HEAL DUE: ",
+          s.heal_due().c_str(),
           s.consumer_database().empty() ? "not seen yet"
                                         : s.consumer_database().c_str(),
           static_cast<long long>(s.delivered_by_process()),

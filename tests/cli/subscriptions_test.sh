@@ -66,11 +66,20 @@ grep -q "subscription(s); retention 1h, pinned by 1, 1 heal(s) due$" "$WORK/list
   fail "the summary does not count the due heal: $(tail -1 "$WORK/list_heal.out")"
 [ "$(grep -c 'heal due' "$WORK/list_heal.out")" = 1 ] ||
   fail "a heal is said due for billing too: $(cat "$WORK/list_heal.out")"
+ctl stats --subscription=audit >"$WORK/stats_heal.out" 2>&1 || :
+grep -Eq "^  HEAL DUE: the consumer's database changed \(test\), requested 4[2-9]\.[0-9] s ago" "$WORK/stats_heal.out" ||
+  fail "outboxctl stats does not say audit's heal is due: $(cat "$WORK/stats_heal.out")"
+ctl stats >"$WORK/stats_billing.out" 2>&1 || :
+! grep -q 'HEAL DUE' "$WORK/stats_billing.out" ||
+  fail "outboxctl stats says a heal is due for billing: $(cat "$WORK/stats_billing.out")"
 psql "$orders_db" -Xqc "UPDATE subscriptions SET healed_at = heal_requested_at WHERE name = 'audit'"
 ctl subscriptions >"$WORK/list_healed.out" || :
 ! grep -q 'heal' "$WORK/list_healed.out" ||
   fail "a heal is still said due once run: $(cat "$WORK/list_healed.out")"
-pass "a due heal shows in outboxctl subscriptions, and goes once run"
+ctl stats --subscription=audit >"$WORK/stats_healed.out" 2>&1 || :
+! grep -q 'HEAL DUE' "$WORK/stats_healed.out" ||
+  fail "outboxctl stats still says a heal is due once run: $(cat "$WORK/stats_healed.out")"
+pass "a due heal shows in outboxctl subscriptions and stats, and goes once run"
 
 ctl subscriptions pause billing --reason="consumer maintenance" | tee "$WORK/pause.out"
 grep -q "billing paused" "$WORK/pause.out" || fail "pause: $(cat "$WORK/pause.out")"
