@@ -149,7 +149,7 @@ bad_flag() {
   shift
   out=$("$BIN/outboxctl" conformance "$@" 2>&1) || rc=$?
   [ "$rc" = 2 ] || fail "conformance $*: exit $rc, not 2: $out"
-  echo "$out" | grep -q -- "$flag" || fail "conformance $*: does not name $flag: $out"
+  grep -q -- "$flag" <<<"$out" || fail "conformance $*: does not name $flag: $out"
 }
 bad_flag --sink
 bad_flag --sink --sink nocolon

@@ -87,6 +87,6 @@ python3 -c 'import json; print(json.dumps({"batchId": "1", "events": [{"eventId"
   >"$WORK/big.json"
 out=$("$BUF" curl --protocol grpc --http2-prior-knowledge --timeout 20s -d @"$WORK/big.json" \
   "http://127.0.0.1:$C/outbox.v1.EventSink/Deliver" 2>&1 || true)
-echo "$out" | grep -q resource_exhausted || fail "a 4 MiB Deliver message: ${out:0:300}"
+grep -q resource_exhausted <<<"$out" || fail "a 4 MiB Deliver message: ${out:0:300}"
 [ "$(psql "$audit_db" -qAtc "SELECT count(*) FROM inbox")" = 13 ] || fail "the refused message wrote something"
 pass "a Deliver message over 4 MiB is refused with RESOURCE_EXHAUSTED"

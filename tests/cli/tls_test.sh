@@ -54,14 +54,14 @@ pass "the relay with its certificate delivered every event"
 applied=$(psql "$billing_db" -qAtc "SELECT count(*) FROM inbox")
 forged='{"batchId":"1","events":[{"eventId":"6f1c2b1e-3c1a-4f7e-9a57-1d2a3b4c5d6e","aggregateType":"order","aggregateId":"x","seq":"999999","prevSeq":"0","eventType":"OrderCreated","schemaVersion":1}]}'
 out=$(rpc_as intruder "$C" outbox.v1.EventSink/Deliver "$forged")
-echo "$out" | grep -q permission_denied || fail "intruder on Deliver: $out"
-echo "$out" | grep -q "spiffe://outbox/intruder" || fail "refusal does not name the identity: $out"
+grep -q permission_denied <<<"$out" || fail "intruder on Deliver: $out"
+grep -q "spiffe://outbox/intruder" <<<"$out" || fail "refusal does not name the identity: $out"
 grep -q "refused EventSink.Deliver .*spiffe://outbox/intruder" "$WORK/consumer.log" ||
   fail "the consumer did not log the refused identity"
 [ "$(psql "$billing_db" -qAtc "SELECT count(*) FROM inbox")" = "$applied" ] ||
   fail "the intruder's event was written"
 out=$(rpc_as reader "$C" outbox.v1.EventSink/Deliver "$forged")
-echo "$out" | grep -q permission_denied || fail "reader on Deliver: $out"
+grep -q permission_denied <<<"$out" || fail "reader on Deliver: $out"
 [ "$(psql "$billing_db" -qAtc "SELECT count(*) FROM inbox")" = "$applied" ] ||
   fail "the reader's event was written"
 pass "same CA, identity not admitted (or admitted for queries only): PERMISSION_DENIED on Deliver, logged, nothing written"
@@ -90,13 +90,13 @@ grep -q "TLS without client certificates" "$WORK/consumer4.log" ||
   fail "the consumer did not warn that nobody is authenticated: $(head -5 "$WORK/consumer4.log")"
 for who in - relay; do
   out=$(rpc_as "$who" "$C4" outbox.v1.EventSink/Deliver "$forged")
-  echo "$out" | grep -q unauthenticated || fail "Deliver without client authentication ($who): $out"
-  echo "$out" | grep -q -- "--tls_client_ca" || fail "the refusal does not say what is missing: $out"
+  grep -q unauthenticated <<<"$out" || fail "Deliver without client authentication ($who): $out"
+  grep -q -- "--tls_client_ca" <<<"$out" || fail "the refusal does not say what is missing: $out"
 done
 [ "$(psql "$billing_db" -qAtc "SELECT count(*) FROM inbox")" = "$applied" ] ||
   fail "an event from an unauthenticated client was written"
 out=$(rpc_as - "$C4" outbox.v1.BillingQuery/GetStats)
-echo "$out" | grep -qi unauthenticated && fail "the query API refused a TLS client: $out"
+grep -qi unauthenticated <<<"$out" && fail "the query API refused a TLS client: $out"
 kill "$LAST_PID"
 pass "TLS without client certificates: refused at start unless meant; then no delivery, nothing written"
 
@@ -109,7 +109,7 @@ refused() {
   shift 3
   before=$(grep -c -- "$why" "$WORK/$name.log" || true)
   out=$("$@" 2>&1) || true
-  echo "$out" | grep -q SERVING && fail "$name :$port served a client that should fail with \"$why\""
+  grep -q SERVING <<<"$out" && fail "$name :$port served a client that should fail with \"$why\""
   deadline=$((SECONDS + 20))
   until [ "$(grep -c -- "$why" "$WORK/$name.log" || true)" -gt "$before" ]; do
     [ $SECONDS -lt $deadline ] || fail "$name :$port did not log \"$why\" for $*: ${out:0:300}"
@@ -132,9 +132,9 @@ done
 pass "no certificate, another CA's certificate, or plaintext: refused in the handshake, and the server says why"
 
 out=$(rpc_as reader "$R" outbox.v1.RelayAdmin/Requeue '{"allDead":true}')
-echo "$out" | grep -q permission_denied || fail "reader's Requeue: $out"
+grep -q permission_denied <<<"$out" || fail "reader's Requeue: $out"
 out=$(rpc_as reader "$R" outbox.v1.RelayAdmin/GetStats)
-echo "$out" | grep -q '"partitionsTotal"' || fail "reader's GetStats: $out"
+grep -q '"partitionsTotal"' <<<"$out" || fail "reader's GetStats: $out"
 out=$("$BIN/outboxctl" requeue "${ctl[@]}" --relay="localhost:$R" --all-dead)
 [ "$out" = "requeued 0 dead letters" ] || fail "admin's requeue: $out"
 pass "Requeue: denied to the read-only identity, allowed to the admin identity"
@@ -142,7 +142,7 @@ pass "Requeue: denied to the read-only identity, allowed to the admin identity"
 big=$(head -c 100000 /dev/zero | tr '\0' 'a')
 out=$(rpc_as outboxctl "$P" outbox.v1.OrderService/CreateOrder \
   "{\"customerId\":\"$big\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"a\",\"quantity\":1}]}")
-echo "$out" | grep -q resource_exhausted || fail "100 KB CreateOrder: $out"
+grep -q resource_exhausted <<<"$out" || fail "100 KB CreateOrder: $out"
 pass "a request over 64 KiB is refused before it is parsed"
 
 serial() {

@@ -162,7 +162,9 @@ for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
     failures=$((failures + 1))
     continue
   fi
-  if ldd "$exe" | grep -q 'not found'; then
+  # Not `ldd | grep -q`: grep stopping early breaks ldd's pipe, which
+  # pipefail counts as no match.
+  if grep -q 'not found' <<<"$(ldd "$exe")"; then
     echo "FAIL $b: ldd reports a library not found on this host:"
     ldd "$exe" | grep 'not found'
     failures=$((failures + 1))
