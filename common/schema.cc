@@ -1042,25 +1042,36 @@ CREATE TABLE IF NOT EXISTS held_actions (
 
 namespace {
 
-std::string HealText(const pqxx::row& heal) {
-  return absl::StrFormat("%s, requested %.1f s ago",
-                         heal["reason"].as<std::string>(),
-                         heal["age_s"].as<double>());
+HealDue HealFromRow(const pqxx::row& heal) {
+  return HealDue{heal["requested_at"].as<std::string>(),
+                 heal["reason"].as<std::string>(),
+                 absl::Seconds(heal["age_s"].as<double>())};
 }
 
 }  // namespace
 
-std::string DueHealText(pqxx::transaction_base& outbox,
-                        const std::string& subscription) {
-  const pqxx::result heal = outbox.exec_params(kHealDueSql, subscription);
-  return heal.empty() ? "" : HealText(heal[0]);
+std::string HealDue::Text() const {
+  return absl::StrFormat("%s, requested %.1f s ago", reason,
+                         absl::ToDoubleSeconds(age));
 }
 
-std::map<std::string, std::string> DueHealTexts(
-    pqxx::transaction_base& outbox) {
-  std::map<std::string, std::string> out;
+std::optional<HealDue> DueHeal(pqxx::transaction_base& outbox,
+                               const std::string& subscription) {
+  const pqxx::result heal = outbox.exec_params(kHealDueSql, subscription);
+  if (heal.empty()) return std::nullopt;
+  return HealFromRow(heal[0]);
+}
+
+std::string DueHealText(pqxx::transaction_base& outbox,
+                        const std::string& subscription) {
+  const std::optional<HealDue> due = DueHeal(outbox, subscription);
+  return due ? due->Text() : "";
+}
+
+std::map<std::string, HealDue> DueHeals(pqxx::transaction_base& outbox) {
+  std::map<std::string, HealDue> out;
   for (const pqxx::row& heal : outbox.exec_params(kHealDueSql, "")) {
-    out.emplace(heal["name"].as<std::string>(), HealText(heal));
+    out.emplace(heal["name"].as<std::string>(), HealFromRow(heal));
   }
   return out;
 }

@@ -16,9 +16,11 @@
 // Table and column names named in DESIGN.md section 3 are a public contract.
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/db.h"
 
 namespace outbox {
@@ -69,8 +71,8 @@ inline constexpr char kMinRetainedSql[] =
     "(SELECT deleted_through + 1 FROM outbox_retention_state WHERE id = 1)";
 
 // The heal a subscription ($1; '' for every one, the oldest first) waits
-// for, if any: requested (a database changed under it, or an operator asked) and
-// not yet done. Its columns: name, requested_at (text, as the database
+// for, if any: requested (a database changed under it, or an operator asked)
+// and not yet done. Its columns: name, requested_at (text, as the database
 // prints it), reason, and age_s (how long ago it was requested). The
 // relays run it; verify and reconcile say that what it will find is not
 // known yet; retention deletes nothing while one is due.
@@ -80,11 +82,23 @@ inline constexpr char kHealDueSql[] =
     "heal_requested_at)::float8 AS age_s FROM subscriptions WHERE ($1 = '' "
     "OR name = $1) AND heal_requested_at IS NOT NULL AND (healed_at IS NULL "
     "OR healed_at < heal_requested_at) ORDER BY heal_requested_at";
-// That heal, for people: "reason, requested N s ago"; "" when none is due.
+// A heal that is due: requested after the last one completed.
+struct HealDue {
+  std::string requested_at;  // as the database prints it, to close it with
+  std::string reason;
+  absl::Duration age;  // since it was requested
+
+  // For people: "reason, requested N s ago".
+  std::string Text() const;
+};
+// The heal `subscription` waits for, if any.
+std::optional<HealDue> DueHeal(pqxx::transaction_base& outbox,
+                               const std::string& subscription);
+// Its Text(); "" when none is due (verify's and reconcile's reports).
 std::string DueHealText(pqxx::transaction_base& outbox,
                         const std::string& subscription);
-// Every due heal's text, by subscription: one query for a listing.
-std::map<std::string, std::string> DueHealTexts(pqxx::transaction_base& outbox);
+// Every due heal, by subscription: one query for a listing.
+std::map<std::string, HealDue> DueHeals(pqxx::transaction_base& outbox);
 
 const std::vector<Migration>& OutboxMigrations();
 const std::vector<Migration>& InboxMigrations();

@@ -284,10 +284,10 @@ int64_t RecordGaps(pqxx::transaction_base& tx, const std::string& subscription,
   for (size_t i = 0; i < ds.size(); ++i) {
     if (!recorded[i]) continue;
     ++n;
-    spdlog::error("relay: subscription {}, aggregate {}: {}", subscription,
-                  ChainLabel(OutboxChain(ds[i].aggregate_type,
-                                         ds[i].aggregate_id)),
-                  ds[i].detail);
+    spdlog::error(
+        "relay: subscription {}, aggregate {}: {}", subscription,
+        ChainLabel(OutboxChain(ds[i].aggregate_type, ds[i].aggregate_id)),
+        ds[i].detail);
   }
   return n;
 }
@@ -374,15 +374,6 @@ void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
       "UPDATE subscriptions SET heal_requested_at = now(), heal_reason = $2 "
       "WHERE name = $1",
       subscription, reason.substr(0, 2000));
-}
-
-std::optional<HealDue> DueHeal(pqxx::transaction_base& tx,
-                               const std::string& subscription) {
-  pqxx::result r = tx.exec_params(kHealDueSql, subscription);
-  if (r.empty()) return std::nullopt;
-  return HealDue{r[0]["requested_at"].as<std::string>(),
-                 r[0]["reason"].as<std::string>(),
-                 absl::Seconds(r[0]["age_s"].as<double>())};
 }
 
 void HealDone(pqxx::transaction_base& tx, const std::string& subscription,

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/db_identity.h"
 #include "common/ids.h"
+#include "common/schema.h"
 #include "outbox/v1/relay.pb.h"
 
 namespace outbox::relay {
@@ -165,15 +166,8 @@ DatabaseIdentity ConsumerIdentity(pqxx::transaction_base& tx,
 void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
                  const std::string& reason);
 
-// A heal that is due: requested after the last one completed.
-struct HealDue {
-  std::string requested_at;  // as the database prints it, to close it with
-  std::string reason;
-  absl::Duration age;  // since it was requested
-};
-std::optional<HealDue> DueHeal(pqxx::transaction_base& tx,
-                               const std::string& subscription);
-// Closes the request `due` (unless a newer one came meanwhile).
+// Closes the request `due` (common/schema.h's DueHeal), unless a newer one
+// came meanwhile.
 void HealDone(pqxx::transaction_base& tx, const std::string& subscription,
               const HealDue& due);
 
