@@ -489,8 +489,8 @@ grpc::Status RelayAdminImpl::ListSubscriptions(
   absl::Status s = db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::read_transaction tx(c);
     ApplyLimits(tx);
-    for (const SubscriptionInfo& info :
-         ReadSubscriptions(tx, relay_->retention(), true)) {
+    for (const SubscriptionInfo& info : ReadSubscriptions(
+             tx, relay_->retention(), SubscriptionDetail::kCounts)) {
       ToProto(info, resp->add_subscriptions());
     }
     return absl::OkStatus();
@@ -570,8 +570,8 @@ grpc::Status RelayAdminImpl::Act(grpc::ServerContext* ctx, const char* method,
       *detail = LastSubscriptionAction(tx, req->subscription());
     }
     if (info != nullptr) {
-      for (const SubscriptionInfo& i :
-           ReadSubscriptions(tx, relay_->retention(), false)) {
+      for (const SubscriptionInfo& i : ReadSubscriptions(
+               tx, relay_->retention(), SubscriptionDetail::kSummary)) {
         if (i.name == req->subscription()) ToProto(i, info);
       }
       if (detail != nullptr) info->set_action_detail(*detail);

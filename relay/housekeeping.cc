@@ -231,7 +231,8 @@ void Housekeeping::RefreshBacklog(pqxx::connection& conn,
   b.dead_letters = dead["n"].as<int64_t>();
   b.oldest_dead_seconds = std::max(0.0, dead["age"].as<double>());
   b.diverged = OpenDivergences(tx, options_.subscription);
-  b.subscriptions = ReadSubscriptions(tx, options_.retention, false);
+  b.subscriptions =
+      ReadSubscriptions(tx, options_.retention, SubscriptionDetail::kGauges);
   unit->commit();
   b.as_of = absl::Now();
   absl::MutexLock lock(&backlog_mu_);
@@ -276,10 +277,10 @@ bool Housekeeping::Run() {
       // Held back by a transaction that may still commit below what is
       // old enough: it is usually over within a second.
       if (!more) {
-        next_prune_ = absl::Now() + (!held_back.empty() ? std::min(
-                                                     options_.retention_interval,
-                                                     absl::Seconds(1))
-                                               : options_.retention_interval);
+        next_prune_ = absl::Now() + (!held_back.empty()
+                                         ? std::min(options_.retention_interval,
+                                                    absl::Seconds(1))
+                                         : options_.retention_interval);
       }
     }
     if (!owned.empty() && owned.front() == 0 && !stop_) {
@@ -309,8 +310,8 @@ bool Housekeeping::Run() {
 void Housekeeping::SetHealDue(const std::optional<HealDue>& due) {
   heal_due_since_ms_ =
       due.has_value()
-          ? absl::ToUnixMillis(absl::Now() - std::max(absl::ZeroDuration(),
-                                                       due->age))
+          ? absl::ToUnixMillis(absl::Now() -
+                               std::max(absl::ZeroDuration(), due->age))
           : 0;
 }
 

@@ -27,9 +27,12 @@ std::string SubscriptionInfo::PinDescription() const {
 
 std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
                                                 absl::Duration retention,
-                                                bool counts) {
+                                                SubscriptionDetail detail) {
   std::vector<SubscriptionInfo> out;
-  const std::map<std::string, std::string> heals = DueHealTexts(tx);
+  const bool counts = detail == SubscriptionDetail::kCounts;
+  const std::map<std::string, HealDue> heals =
+      detail == SubscriptionDetail::kGauges ? std::map<std::string, HealDue>{}
+                                            : DueHeals(tx);
   // The counts read every delivery row of a subscription: an admin's
   // question, bounded by the session's statement_timeout.
   const std::string count_rows =
@@ -85,7 +88,9 @@ std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
       s.paused_at = absl::FromUnixMicros(
           static_cast<int64_t>(row["paused_at"].as<double>() * 1e6));
     }
-    if (auto h = heals.find(s.name); h != heals.end()) s.heal_due = h->second;
+    if (auto h = heals.find(s.name); h != heals.end()) {
+      s.heal_due = h->second.Text();
+    }
     double lowest_age = row["lowest_age"].as<double>();
     if (counts && s.on_log) {
       // What the log owes besides the exceptions counted above.

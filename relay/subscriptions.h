@@ -12,7 +12,8 @@
 //
 // Example:
 //   auto unit = OpenUnit(conn);
-//   for (const SubscriptionInfo& s : ReadSubscriptions(*unit, retention))
+//   for (const SubscriptionInfo& s :
+//        ReadSubscriptions(*unit, retention, SubscriptionDetail::kGauges))
 //     if (s.retention_pinned_seconds > 0) ...;
 
 #include <optional>
@@ -45,19 +46,27 @@ struct SubscriptionInfo {
   // Why (with retention_pinned_seconds > 0): "dead_letter", "diverged",
   // "paused", "abandoned" (no relay alive) or "pending".
   std::string pinned_by;
-  std::string heal_due;  // DueHealText: "" when no heal is due
+  std::string heal_due;  // HealDue::Text(): "" when none is due
 
   // "dead letter seq 42 (...)": what holds it back, for people.
   std::string PinDescription() const;
 };
 
-// Every subscription, by name. `retention` 0: nothing is pinned. Without
-// `counts` the pending, dead and diverged figures stay 0 and it costs a few
-// index probes per subscription; with them it reads every delivery row.
-// Throws as libpqxx does.
+// What ReadSubscriptions reads besides each subscription's own row and the
+// few index probes that give its lowest event and what it pins.
+enum class SubscriptionDetail {
+  kGauges,   // nothing more: housekeeping's backlog refresh, every 15 s
+  kSummary,  // each one's due heal (one query for all): an operator's reply
+  kCounts,   // that, and the pending, dead and diverged figures, which read
+             // every delivery row and what the log owes: the listing
+};
+
+// Every subscription, by name. `retention` 0: nothing is pinned. Below
+// kCounts the pending, dead and diverged figures stay 0; below kSummary
+// heal_due stays "". Throws as libpqxx does.
 std::vector<SubscriptionInfo> ReadSubscriptions(pqxx::transaction_base& tx,
                                                 absl::Duration retention,
-                                                bool counts);
+                                                SubscriptionDetail detail);
 
 enum class SubscriptionAction { kPause, kResume, kDrop, kToLog, kToRows };
 
