@@ -124,11 +124,13 @@ closure=$(
 # Every library any binary loads, resolved, and the package owning each:
 # one dpkg -S for them all (each call reads the whole file database). With
 # merged /usr a file is listed under /lib or /usr/lib, so both are asked.
-declare -A libs_of=() owner_of=()
+# ldd runs once a binary (ldd_of: its output as printed).
+declare -A ldd_of=() libs_of=() owner_of=()
 all_libs=()
 for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
   [[ -x "$bin_dir/$b" ]] || continue
-  libs_of[$b]=$(ldd "$bin_dir/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
+  ldd_of[$b]=$(ldd "$bin_dir/$b")
+  libs_of[$b]=$(awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' <<<"${ldd_of[$b]}" |
     xargs -r -n1 readlink -f | sort -u)
   mapfile -t -O "${#all_libs[@]}" all_libs <<<"${libs_of[$b]}"
 done
@@ -164,9 +166,9 @@ for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
   fi
   # Not `ldd | grep -q`: grep stopping early breaks ldd's pipe, which
   # pipefail counts as no match.
-  if grep -q 'not found' <<<"$(ldd "$exe")"; then
+  if grep -q 'not found' <<<"${ldd_of[$b]}"; then
     echo "FAIL $b: ldd reports a library not found on this host:"
-    ldd "$exe" | grep 'not found'
+    grep 'not found' <<<"${ldd_of[$b]}"
     failures=$((failures + 1))
   fi
   missing=()
@@ -184,7 +186,7 @@ for b in outbox-producer outbox-relay outbox-consumer outboxctl; do
     printf '       %s\n' "${missing[@]}"
     failures=$((failures + 1))
   else
-    echo "ok   $b: all $(ldd "$exe" | grep -c '=> /') libraries come from the runtime packages or the base image"
+    echo "ok   $b: all $(grep -c '=> /' <<<"${ldd_of[$b]}") libraries come from the runtime packages or the base image"
     checked=$((checked + 1))
   fi
 done
