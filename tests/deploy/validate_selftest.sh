@@ -24,6 +24,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # Each binary's --helpfull is read once for all the cases (tests/deploy/lib/flags.mjs).
 export OUTBOX_HELPFULL_CACHE="$tmp/helpfull"
+# Each rendered document is parsed once (tests/deploy/lib/k8s.mjs).
+export OUTBOX_YAML_CACHE="$tmp/yaml"
+mkdir -p "$OUTBOX_YAML_CACHE"
 
 # A scratch copy of what validate.sh reads; the npm packages are linked,
 # not copied.
