@@ -15,9 +15,9 @@
 //   outboxctl replay --event ID | --aggregate ID | --from_seq N [--to_seq M]
 //                    | --since D [--until D]   owe retained events again
 //   outboxctl diverged [--all]           aggregates whose histories diverged
-//   outboxctl resolve --aggregate ID | --all --reason TEXT   adopt the
-//   producer's
-//                                        history for a diverged aggregate
+//   outboxctl resolve --aggregate ID | --all [--parallel N] --reason TEXT
+//                                        adopt the producer's history for a
+//                                        diverged aggregate (or every one)
 //   outboxctl conformance --sink HOST:PORT [--cases a,b] [--wrong_cert F
 //                     --wrong_key F]     drive any EventSink through the
 //                                        delivery protocol's cases
@@ -32,10 +32,15 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/program_name.h"
@@ -44,6 +49,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/config.h"
 #include "common/db_flags.h"
 #include "common/ids.h"
@@ -128,6 +134,9 @@ ABSL_FLAG(absl::Duration, until, absl::ZeroDuration(),
 ABSL_FLAG(std::string, event, "", "replay: one event, by its event_id.");
 ABSL_FLAG(bool, all, false,
           "diverged: resolved ones too; resolve: every open divergence.");
+ABSL_FLAG(int, parallel, 4,
+          "resolve --all: aggregates resolved at once (1-64); each is a "
+          "rewind at the consumer and a transaction at the outbox.");
 ABSL_FLAG(std::string, reason, "",
           "resolve: why the producer's history is adopted; held release, "
           "held skip, subscriptions pause|resume|drop|log|rows: why (recorded "
@@ -230,8 +239,7 @@ int Stats() {
           s.stream_connected() ? "connected" : "down",
           s.paused_reason().empty() ? "" : "\n  PAUSED: ",
           s.paused_reason().c_str(),
-          s.heal_due().empty() ? "" : "\n  HEAL DUE: ",
-          s.heal_due().c_str(),
+          s.heal_due().empty() ? "" : "\n  HEAL DUE: ", s.heal_due().c_str(),
           s.consumer_database().empty() ? "not seen yet"
                                         : s.consumer_database().c_str(),
           static_cast<long long>(s.delivered_by_process()),
@@ -412,9 +420,10 @@ int Diverged() {
   return open == 0 ? 0 : 1;
 }
 
-// Resolves one aggregate's divergence; 0 or Fail's code.
-int ResolveOne(RelayAdmin::Stub* stub, const std::string& type,
-               const std::string& aggregate) {
+// Resolves one aggregate's divergence into `closed`.
+grpc::Status ResolveOne(RelayAdmin::Stub* stub, const std::string& type,
+                        const std::string& aggregate,
+                        outbox::v1::Divergence* closed) {
   grpc::ClientContext ctx;
   // A rewind walks the aggregate's history at both ends.
   ctx.set_deadline(std::chrono::system_clock::now() +
@@ -425,11 +434,66 @@ int ResolveOne(RelayAdmin::Stub* stub, const std::string& type,
   req.set_aggregate_id(aggregate);
   req.set_aggregate_type(type);
   req.set_reason(absl::GetFlag(FLAGS_reason));
-  outbox::v1::Divergence d;
-  grpc::Status st = stub->ResolveDivergence(&ctx, req, &d);
-  if (!st.ok()) return Fail(absl::StrCat("resolve ", aggregate), st);
-  PrintDivergence(d);
-  return 0;
+  return stub->ResolveDivergence(&ctx, req, closed);
+}
+
+// Every open divergence, --parallel at a time, each printed as it is
+// closed. The open ones are listed again after each page (10,000), less
+// those that failed, until none is left. 0: all resolved; 1: some not.
+int ResolveAll(RelayAdmin::Stub* stub) {
+  constexpr int kPage = 10000;
+  const int parallel = absl::GetFlag(FLAGS_parallel);
+  absl::Mutex mu;  // the output and the counts
+  int resolved = 0, failed = 0;
+  std::set<std::pair<std::string, std::string>> failures;  // type, id
+  for (;;) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    outbox::v1::ListDivergencesRequest req;
+    req.set_subscription(absl::GetFlag(FLAGS_subscription));
+    req.set_limit(kPage);
+    outbox::v1::ListDivergencesResponse resp;
+    grpc::Status st = stub->ListDivergences(&ctx, req, &resp);
+    if (!st.ok()) return Fail("diverged", st);
+    std::vector<const outbox::v1::Divergence*> todo;
+    for (const auto& d : resp.divergences()) {
+      if (failures.count({d.aggregate_type(), d.aggregate_id()}) == 0) {
+        todo.push_back(&d);
+      }
+    }
+    std::atomic<size_t> next{0};
+    std::atomic<int> done{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
+        const outbox::v1::Divergence& d = *todo[i];
+        outbox::v1::Divergence closed;
+        grpc::Status r =
+            ResolveOne(stub, d.aggregate_type(), d.aggregate_id(), &closed);
+        absl::MutexLock lock(&mu);
+        if (r.ok()) {
+          PrintDivergence(closed);
+          ++resolved;
+          done.fetch_add(1);
+        } else {
+          Fail(absl::StrCat("resolve ", d.aggregate_id()), r);
+          failures.insert({d.aggregate_type(), d.aggregate_id()});
+          ++failed;
+        }
+      }
+    };
+    std::vector<std::thread> workers;
+    for (int w = 1; w < std::min<int>(parallel, todo.size()); ++w) {
+      workers.emplace_back(work);
+    }
+    work();
+    for (std::thread& t : workers) t.join();
+    // A short page was the last; a page of failures alone makes no
+    // progress.
+    if (resp.divergences_size() < kPage || done.load() == 0) break;
+  }
+  std::printf("resolved %d of %d diverged aggregates\n", resolved,
+              resolved + failed);
+  return failed == 0 ? 0 : 1;
 }
 
 // One aggregate (--aggregate), or every open divergence (--all), each
@@ -439,30 +503,25 @@ int Resolve() {
   if (absl::GetFlag(FLAGS_reason).empty() ||
       all == !absl::GetFlag(FLAGS_aggregate).empty()) {
     std::fprintf(stderr,
-                 "usage: outboxctl resolve --aggregate ID | --all --reason "
-                 "TEXT\n");
+                 "usage: outboxctl resolve --aggregate ID | --all "
+                 "[--parallel N] --reason TEXT\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_parallel) < 1 || absl::GetFlag(FLAGS_parallel) > 64) {
+    std::fprintf(stderr, "outboxctl: --parallel: must be 1-64, not %d\n",
+                 absl::GetFlag(FLAGS_parallel));
     return 2;
   }
   auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
-  if (!all) {
-    return ResolveOne(stub.get(), absl::GetFlag(FLAGS_aggregate_type),
-                      absl::GetFlag(FLAGS_aggregate));
+  if (all) return ResolveAll(stub.get());
+  outbox::v1::Divergence closed;
+  grpc::Status st = ResolveOne(stub.get(), absl::GetFlag(FLAGS_aggregate_type),
+                               absl::GetFlag(FLAGS_aggregate), &closed);
+  if (!st.ok()) {
+    return Fail(absl::StrCat("resolve ", absl::GetFlag(FLAGS_aggregate)), st);
   }
-  grpc::ClientContext ctx;
-  Deadline(&ctx);
-  outbox::v1::ListDivergencesRequest req;
-  req.set_subscription(absl::GetFlag(FLAGS_subscription));
-  req.set_limit(10000);
-  outbox::v1::ListDivergencesResponse resp;
-  grpc::Status st = stub->ListDivergences(&ctx, req, &resp);
-  if (!st.ok()) return Fail("diverged", st);
-  int failed = 0;
-  for (const auto& d : resp.divergences()) {
-    failed += ResolveOne(stub.get(), d.aggregate_type(), d.aggregate_id()) != 0;
-  }
-  std::printf("resolved %d of %d diverged aggregates\n",
-              resp.divergences_size() - failed, resp.divergences_size());
-  return failed == 0 ? 0 : 1;
+  PrintDivergence(closed);
+  return 0;
 }
 
 // outboxctl held [--failed] | held release|skip EVENT_ID --reason TEXT:
@@ -580,8 +639,7 @@ int Subscriptions(const std::vector<char*>& args) {
         "%d subscription(s); retention %s%s%s\n", resp.subscriptions_size(),
         resp.retention().c_str(),
         pinning > 0 ? absl::StrCat(", pinned by ", pinning).c_str() : "",
-        healing > 0 ? absl::StrCat(", ", healing, " heal(s) due").c_str()
-                    : "");
+        healing > 0 ? absl::StrCat(", ", healing, " heal(s) due").c_str() : "");
     return pinning > 0 ? 1 : 0;
   }
   if ((action != "pause" && action != "resume" && action != "drop" &&
@@ -835,7 +893,8 @@ int main(int argc, char** argv) {
       "[--rate R], verify, demo --orders N,\n  reconcile [--window 1h] "
       "[--grace 5m] [--subscription S],\n  replay --event ID|--aggregate "
       "ID|--from_seq N [--to_seq M]|--since D [--until D],\n  diverged "
-      "[--all], resolve --aggregate ID|--all --reason TEXT,\n  held "
+      "[--all], resolve --aggregate ID|--all [--parallel N] --reason TEXT,\n  "
+      "held "
       "[--failed], held release|skip EVENT_ID --reason TEXT,\n  "
       "subscriptions, subscriptions pause|resume|drop|log|rows NAME --reason "
       "TEXT "
@@ -887,7 +946,7 @@ int main(int argc, char** argv) {
       "[--error TEXT] | show EVENT_ID | load --orders N "
       "--concurrency C | verify | demo --orders N | reconcile | "
       "replay --event ID|--aggregate ID|--from_seq N|--since D | "
-      "diverged | resolve --aggregate ID|--all --reason TEXT | "
+      "diverged | resolve --aggregate ID|--all [--parallel N] --reason TEXT | "
       "held [--failed] | held release|skip EVENT_ID --reason "
       "TEXT | subscriptions | subscriptions pause|resume|drop|log|rows NAME "
       "--reason TEXT [--force] | conformance --sink HOST:PORT\n");

@@ -53,6 +53,9 @@ refused --since requeue --all-dead --since=-1h
 refused --limit reconcile --limit=-1
 refused --grace reconcile --grace=-5m
 refused --concurrency demo --concurrency=0
+refused --parallel resolve --all --reason=y --parallel=0
+refused --parallel resolve --all --reason=y --parallel=65
+refused "resolve --aggregate ID | --all" resolve --reason=y
 refused --rate load --orders=10 --rate=-5
 refused --pay_fraction load --pay_fraction=1.5
 refused --only load --only=refund
