@@ -660,7 +660,12 @@ def lost_commits_listing(run):
     bad += more
     if aggs:
         if re.search(r"\bresolve\b", commands):
-            bad += resolve_divergences(run, sorted(listed)[:RESOLVE_MAX])
+            # `outboxctl diverged` listed them all: the operator resolves
+            # every one with one command, when outboxctl has it.
+            at_once = ("--parallel" in commands and listed == aggs
+                       and len(listed) <= RESOLVE_MAX)
+            bad += resolve_divergences(run, sorted(listed)[:RESOLVE_MAX],
+                                       at_once)
         else:
             bad.append(f"operator: {len(aggs)} diverged orders cannot be "
                        "resolved: outboxctl has no `resolve` command")
@@ -738,14 +743,22 @@ def list_divergences(run, d, aggs, commands):
     return (diverged if diverged is not None else named), bad
 
 
-def resolve_divergences(run, todo):
+# The first line outboxctl prints of a divergence: [TYPE ]AGGREGATE  KIND
+RESOLVED_RE = re.compile(r"^(?:\S+ )?(" + UUID_RE.pattern[2:-2] + r")  \S",
+                         re.M)
+
+
+def resolve_divergences(run, todo, at_once=False):
     """The operator's part: `outboxctl resolve --aggregate ID --reason TEXT
     --relay HOST:PORT` for each listed order, four at a time, within
-    max(120 s, 0.25 s an order). Returns violations."""
+    max(120 s, 0.25 s an order); or, `at_once`, `outboxctl resolve --all
+    --parallel=4`, which must close exactly those. Returns violations."""
     from concurrent.futures import ThreadPoolExecutor
     reason = (f"chaos {run.name}: effects applied from the old primary, "
               "whose events the failover lost")
     bound = max(120.0, 0.25 * len(todo))
+    if at_once:
+        return resolve_all(run, todo, reason, bound)
     deadline = time.monotonic() + bound
     failed = []
 
@@ -770,6 +783,35 @@ def resolve_divergences(run, todo):
     run.topo["listing"]["resolved"] = resolved
     run.note(f"operator: resolved {resolved} of {len(todo)} listed orders "
              "with outboxctl resolve")
+    return bad
+
+
+def resolve_all(run, todo, reason, bound):
+    """resolve_divergences with one `outboxctl resolve --all`."""
+    t0 = time.monotonic()
+    try:
+        rc, out, err = run.outboxctl(
+            ["resolve", "--all", "--parallel=4", f"--reason={reason}"]
+            + run.relay_admin_flags(), timeout=bound, name="resolve-all.txt")
+    except HarnessError as e:
+        return [f"resolve --all: {e}"]
+    closed = set(RESOLVED_RE.findall(out))
+    resolved = len(closed & set(todo))
+    bad = []
+    if rc != 0:
+        bad.append(f"outboxctl resolve --all exited {rc}: "
+                   f"{(err or out).strip()[-200:]}")
+    extra = sorted(closed - set(todo))
+    if extra:
+        bad.append(f"resolve --all closed {len(extra)} divergences of orders "
+                   "the failover did not touch (e.g. " + ", ".join(extra[:3])
+                   + ")")
+    if resolved < len(todo):
+        bad.append(f"resolve --all: {len(todo) - resolved} of {len(todo)} "
+                   "listed orders left unresolved")
+    run.topo["listing"]["resolved"] = resolved
+    run.note(f"operator: resolved {resolved} of {len(todo)} listed orders "
+             f"with outboxctl resolve --all in {time.monotonic() - t0:.1f}s")
     return bad
 
 
