@@ -462,7 +462,6 @@ int ResolveAll(RelayAdmin::Stub* stub) {
       }
     }
     std::atomic<size_t> next{0};
-    std::atomic<int> done{0};
     auto work = [&] {
       for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
         const outbox::v1::Divergence& d = *todo[i];
@@ -473,7 +472,6 @@ int ResolveAll(RelayAdmin::Stub* stub) {
         if (r.ok()) {
           PrintDivergence(closed);
           ++resolved;
-          done.fetch_add(1);
         } else {
           Fail(absl::StrCat("resolve ", d.aggregate_id()), r);
           failures.insert({d.aggregate_type(), d.aggregate_id()});
@@ -481,6 +479,7 @@ int ResolveAll(RelayAdmin::Stub* stub) {
         }
       }
     };
+    const int resolved_before = resolved;
     std::vector<std::thread> workers;
     for (int w = 1; w < std::min<int>(parallel, todo.size()); ++w) {
       workers.emplace_back(work);
@@ -489,7 +488,7 @@ int ResolveAll(RelayAdmin::Stub* stub) {
     for (std::thread& t : workers) t.join();
     // A short page was the last; a page of failures alone makes no
     // progress.
-    if (resp.divergences_size() < kPage || done.load() == 0) break;
+    if (resp.divergences_size() < kPage || resolved == resolved_before) break;
   }
   std::printf("resolved %d of %d diverged aggregates\n", resolved,
               resolved + failed);
