@@ -145,11 +145,13 @@ build_in() {
 
 # check_test_binaries DIR LABEL: every test ctest would run in DIR with
 # LABEL has its executable in DIR/bin (gtests and fuzz targets are named
-# after their binaries), so that a target the build did not make fails
-# here, naming it, instead of a ctest line that is easy to miss.
+# after their binaries, a shard NAME/K after NAME), so that a target the
+# build did not make fails here, naming it, instead of a ctest line that is
+# easy to miss.
 check_test_binaries() {
   local dir="$OUTBOX_ROOT/$1" label="$2" names n=0 t
-  names=$(ctest --test-dir "$dir" -N -L "$label" | sed -n 's/^ *Test *#[0-9]*: //p')
+  names=$(ctest --test-dir "$dir" -N -L "$label" | sed -n 's/^ *Test *#[0-9]*: //p' |
+    sed 's|/[0-9]*$||' | sort -u)
   [ -n "$names" ] || die "$1: ctest lists no test labelled $label"
   for t in $names; do
     [ -x "$dir/bin/$t" ] || die "$1/bin/$t is missing: the build did not make it"
@@ -217,25 +219,40 @@ pg_stop() {
 
 # fuzz_all BINDIR SECONDS: runs every fuzz target in BINDIR for SECONDS each,
 # starting from its checked-in corpus (new inputs go to a scratch folder;
-# the repository is not changed). A crash fails, naming the input to check
-# in as a regression (tests/fuzz/corpus/<target>/).
+# the repository is not changed), two at a time (a fuzzer keeps one core
+# busy). A crash fails, naming the input to check in as a regression
+# (tests/fuzz/corpus/<target>/).
 fuzz_all() {
   local bin="$1" seconds="$2" t work rc=0
+  local targets=(order_request_fuzz consumer_plan_fuzz traceparent_fuzz outbox_payload_fuzz)
   work=$(mktemp -d /tmp/outbox-fuzz.XXXXXX)
-  for t in order_request_fuzz consumer_plan_fuzz traceparent_fuzz outbox_payload_fuzz; do
+  for t in "${targets[@]}"; do
     [ -x "$bin/$t" ] || die "$bin/$t is missing"
-    mkdir -p "$work/$t"
-    log "fuzzing $t for ${seconds}s"
-    if ! "$bin/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-      -print_final_stats=1 -artifact_prefix="$work/$t/" "$work/$t" \
-      "$OUTBOX_ROOT/tests/fuzz/corpus/$t" >"$work/$t.log" 2>&1; then
-      tail -40 "$work/$t.log" >&2
-      printf 'error: %s found a failing input: %s (check it in under tests/fuzz/corpus/%s/)\n' \
-        "$t" "$(ls "$work/$t"/crash-* "$work/$t"/leak-* "$work/$t"/timeout-* 2>/dev/null | head -1)" "$t" >&2
-      rc=1
-      continue
-    fi
-    grep -E '^stat::number_of_executed_units|^#[0-9]+ *DONE' "$work/$t.log" | tail -2 >&2 || true
+  done
+  local i pids=()
+  for ((i = 0; i < ${#targets[@]}; i += 2)); do
+    pids=()
+    for t in "${targets[@]:i:2}"; do
+      mkdir -p "$work/$t"
+      log "fuzzing $t for ${seconds}s"
+      "$bin/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+        -print_final_stats=1 -artifact_prefix="$work/$t/" "$work/$t" \
+        "$OUTBOX_ROOT/tests/fuzz/corpus/$t" >"$work/$t.log" 2>&1 &
+      pids+=($!)
+    done
+    local k=0
+    for t in "${targets[@]:i:2}"; do
+      if ! wait "${pids[k]}"; then
+        tail -40 "$work/$t.log" >&2
+        printf 'error: %s found a failing input: %s (check it in under tests/fuzz/corpus/%s/)\n' \
+          "$t" "$(ls "$work/$t"/crash-* "$work/$t"/leak-* "$work/$t"/timeout-* 2>/dev/null | head -1)" "$t" >&2
+        rc=1
+      else
+        printf '%s: %s\n' "$t" \
+          "$(grep -E '^stat::number_of_executed_units' "$work/$t.log" | tail -1)" >&2
+      fi
+      k=$((k + 1))
+    done
   done
   [ $rc -eq 0 ] && rm -rf "$work"
   return $rc
