@@ -393,17 +393,26 @@ void PrintDivergence(const outbox::v1::Divergence& d) {
   }
 }
 
-// Exit 0: nothing diverged (open); 1: some are (listed).
-int Diverged() {
-  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
+// The --subscription's divergences, `limit` at most; the resolved ones too
+// when `include_resolved`.
+grpc::Status ListDivergences(RelayAdmin::Stub* stub, bool include_resolved,
+                             int limit,
+                             outbox::v1::ListDivergencesResponse* resp) {
   grpc::ClientContext ctx;
   Deadline(&ctx);
   outbox::v1::ListDivergencesRequest req;
   req.set_subscription(absl::GetFlag(FLAGS_subscription));
-  req.set_include_resolved(absl::GetFlag(FLAGS_all));
-  req.set_limit(absl::GetFlag(FLAGS_limit));
+  req.set_include_resolved(include_resolved);
+  req.set_limit(limit);
+  return stub->ListDivergences(&ctx, req, resp);
+}
+
+// Exit 0: nothing diverged (open); 1: some are (listed).
+int Diverged() {
+  auto stub = RelayAdmin::NewStub(Channel(absl::GetFlag(FLAGS_relay)));
   outbox::v1::ListDivergencesResponse resp;
-  grpc::Status st = stub->ListDivergences(&ctx, req, &resp);
+  grpc::Status st = ListDivergences(stub.get(), absl::GetFlag(FLAGS_all),
+                                    absl::GetFlag(FLAGS_limit), &resp);
   if (!st.ok()) return Fail("diverged", st);
   int open = 0;
   for (const auto& d : resp.divergences()) {
@@ -447,13 +456,8 @@ int ResolveAll(RelayAdmin::Stub* stub) {
   int resolved = 0, failed = 0;
   std::set<std::pair<std::string, std::string>> failures;  // type, id
   for (;;) {
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    outbox::v1::ListDivergencesRequest req;
-    req.set_subscription(absl::GetFlag(FLAGS_subscription));
-    req.set_limit(kPage);
     outbox::v1::ListDivergencesResponse resp;
-    grpc::Status st = stub->ListDivergences(&ctx, req, &resp);
+    grpc::Status st = ListDivergences(stub, false, kPage, &resp);
     if (!st.ok()) return Fail("diverged", st);
     std::vector<const outbox::v1::Divergence*> todo;
     for (const auto& d : resp.divergences()) {
