@@ -33,6 +33,11 @@ class BusyChains {
   void Clear();
 
   bool busy(const std::string& chain) const { return events_.count(chain) > 0; }
+  // The events of `chain` out (0: not busy).
+  int events(const std::string& chain) const {
+    auto it = events_.find(chain);
+    return it == events_.end() ? 0 : it->second;
+  }
   size_t size() const { return events_.size(); }
   // How many times a chain stopped being busy (or all did: Clear).
   uint64_t freed() const { return freed_; }

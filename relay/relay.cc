@@ -342,21 +342,20 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
     // past them at little cost, and it also finds the rows that committed
     // after a larger seq was sent, which a claim above sent_through misses:
     // then it is the only claim of the round, one statement instead of two.
-    // Answered deliveries (only those: MarksRideWithClaim) are deleted by
-    // the next claim statement, which frees their aggregates unless more of
+    // Answered deliveries (only those: Settlement::RideWithClaim) are deleted
+    // by the next claim statement, which frees their aggregates unless more of
     // their events are out: as if marked before this claim began.
-    std::map<std::string, int> riding;  // events of each chain
-    if (MarksRideWithClaim()) {
-      for (const Mark& m : marks_) ++riding[m.chain];
-    }
-    const bool frees = busy_.Frees(riding);
+    std::map<std::string, int> riding = settlement_.Riding();
+    const BusyChains& busy = settlement_.busy();
+    const bool frees = busy.Frees(riding);
     bool fresh = ClaimAboveSent(
-        {.outstanding = InFlightEvents() + static_cast<int64_t>(marks_.size()),
+        {.outstanding = InFlightEvents() +
+                        static_cast<int64_t>(settlement_.marks().size()),
          .batch_size = options_.batch_size,
          .sent_through = lane.cursor.sent_through,
          .full_claim_due = absl::Now() >= lane.cursor.next_full_claim,
          .passed_over = lane.cursor.passed_over,
-         .freed_since = lane.cursor.freed_at_claim != busy_.freed() || frees});
+         .freed_since = lane.cursor.freed_at_claim != busy.freed() || frees});
     if (!fresh)
       lane.cursor.next_full_claim = absl::Now() + options_.poll_interval;
     // Each claim of this round continues after the last row the one before
@@ -369,8 +368,8 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       if (limit == 0) break;
       round->ran = true;
       // Only the first statement carries them: later ones of this round
-      // find marks_ empty, or holding the rejections of rows it could not
-      // read, which FlushMarks writes.
+      // find no marks, or the rejections of rows it could not read, which
+      // FlushMarks writes.
       const bool ride = !riding.empty();
       ClaimQuery query{.subscription = options_.subscription,
                        .partitions = partitions,
@@ -380,14 +379,14 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
                        .member = ownership_.member(),
                        .lsn = fence_ != nullptr};
       if (ride) {
-        // Those from the log have no row: MarksWritten settles them.
-        MarkPlan marking = PlanMarks(marks_);
+        // Those from the log have no row: Written settles them.
+        MarkPlan marking = PlanMarks(settlement_.marks());
         query.delivered = std::move(marking.delivered);
         query.delivered_ids = std::move(marking.delivered_ids);
       }
       // By id: a busy chain keeps the other chains of its id (other types)
       // out of this claim too, which only delays them.
-      for (const std::string& chain : busy_.BusyAfter(riding)) {
+      for (const std::string& chain : busy.BusyAfter(riding)) {
         query.excluded_ids.emplace_back(ChainIdOf(chain));
       }
       const absl::Time t0 = absl::Now();
@@ -406,12 +405,12 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       counters_.claim_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
       if (ride) {
         MaybeCrash("relay.after_mark_commit");
-        MarksWritten(0);
+        Count(settlement_.Written({}));
         riding.clear();
       }
       if (fresh) {
         lane.cursor.passed_over |= !query.excluded_ids.empty();
-        lane.cursor.freed_at_claim = busy_.freed();
+        lane.cursor.freed_at_claim = busy.freed();
       } else {
         lane.cursor.passed_over = false;  // this claim saw every ready row
       }
@@ -527,13 +526,14 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
                           .parsed = e.payload_ok,
                           .partition = e.partition});
   }
-  BuiltBatch built = BuildBatch(
-      std::move(candidates),
-      {.batch_id = next_batch_id_++,
-       .from_log = true,
-       .source = source_,
-       .chain_from = chain_from_,
-       .busy = [this](const std::string& chain) { return busy_.busy(chain); }});
+  BuiltBatch built = BuildBatch(std::move(candidates),
+                                {.batch_id = next_batch_id_++,
+                                 .from_log = true,
+                                 .source = source_,
+                                 .chain_from = chain_from_,
+                                 .busy = [this](const std::string& chain) {
+                                   return settlement_.busy().busy(chain);
+                                 }});
   Take(lane, built);
   if (built.batch.seqs.empty()) return true;
   MaybeCrash("relay.after_claim_before_send");
@@ -544,8 +544,7 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
 }
 
 void Relay::Take(Lane& lane, BuiltBatch& built) {
-  for (const std::string& chain : built.busy) busy_.Add(chain);
-  for (Mark& m : built.marks) marks_.push_back(std::move(m));
+  settlement_.Sent(built);
   if (!built.batch.from_log) {
     lane.cursor.sent_through =
         std::max(lane.cursor.sent_through, built.sent_through);
@@ -650,16 +649,8 @@ void Relay::HandleResponses(Lane& lane) {
       }
     }
     Answer answer = AnswerOf(batch, resp);
-    for (Mark& m : answer.marks) {
-      if (m.kind == Mark::kRejected) {
-        LogEventScope scope(m.log_fields);
-        spdlog::info("relay: row {} REJECTED by the consumer: {}", m.seq,
-                     m.reason);
-      }
-      marks_.push_back(std::move(m));
-    }
     consumer_.Lacks(answer.reowe);
-    for (const std::string& chain : answer.unanswered) busy_.Remove(chain);
+    settlement_.Answered(std::move(answer));
   }
 }
 
@@ -670,12 +661,13 @@ int64_t Relay::InFlightEvents() const {
 }
 
 bool Relay::FlushMarks() {
-  if (marks_.empty()) return true;
+  const std::vector<Mark>& marks = settlement_.marks();
+  if (marks.empty()) return true;
   // Answered by the consumer, not yet marked: redelivery must follow.
   MaybeCrash("relay.after_send_before_mark");
-  const MarkPlan plan = PlanMarks(marks_);
+  const MarkPlan plan = PlanMarks(marks);
   if (plan.nothing()) {
-    MarksWritten(0);  // from the log only: nothing to write
+    Count(settlement_.Written({}));  // from the log only: nothing to write
     return true;
   }
   if (!plan.owed.empty()) log_.Owed();
@@ -693,7 +685,7 @@ bool Relay::FlushMarks() {
       tx = std::make_unique<pqxx::work>(*conn_);
       ApplyLimits(*tx);
     }
-    written = WriteMarks(*tx, options_.subscription, marks_, plan,
+    written = WriteMarks(*tx, options_.subscription, marks, plan,
                          {.max_attempts = options_.max_attempts,
                           .backoff = options_.reject_backoff,
                           .backoff_max = options_.reject_backoff_max});
@@ -703,31 +695,20 @@ bool Relay::FlushMarks() {
     counters_.mark_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   } catch (const std::exception& e) {
     last_db_error_ = std::string(StatusFromException(e).message());
-    spdlog::warn("relay: marking {} rows: {}", marks_.size(), last_db_error_);
+    spdlog::warn("relay: marking {} rows: {}", marks.size(), last_db_error_);
     return false;
   }
-  counters_.diverged->Add(written.diverged);
-  MarksWritten(written.dead);
+  Count(settlement_.Written(written));
   return true;
 }
 
-bool Relay::MarksRideWithClaim() const {
-  return std::all_of(marks_.begin(), marks_.end(),
-                     [](const Mark& m) { return m.delivered(); });
-}
-
-void Relay::MarksWritten(int64_t dead) {
-  const MarkTally tally = TallyMarks(marks_);
-  for (const Mark& m : marks_) {
-    // Answered, or an exception now: the log's position may pass it.
-    if (m.from_log) log_.Settle(m.seq);
-  }
-  counters_.delivered->Add(tally.delivered);
-  housekeeping_->Deleted(tally.rows_deleted);
-  counters_.rejected->Add(tally.rejected);
-  counters_.dead->Add(dead);
-  for (const Mark& m : marks_) busy_.Remove(m.chain);
-  marks_.clear();
+void Relay::Count(const Settled& settled) {
+  for (int64_t seq : settled.from_log) log_.Settle(seq);
+  counters_.delivered->Add(settled.tally.delivered);
+  housekeeping_->Deleted(settled.tally.rows_deleted);
+  counters_.rejected->Add(settled.tally.rejected);
+  counters_.dead->Add(settled.written.dead);
+  counters_.diverged->Add(settled.written.diverged);
 }
 
 bool Relay::WriteRepairs() {
@@ -757,9 +738,8 @@ void Relay::DropEverything(const std::string& why) {
     lane.cursor.sent_through = 0;
     lane.cursor.next_full_claim = absl::InfinitePast();
   }
-  marks_.clear();
+  settlement_.Clear();
   consumer_.DropLacking();
-  busy_.Clear();
   log_.Reset();  // positions are read again
   log_.Owed();
   try {
@@ -821,9 +801,7 @@ void Relay::DropStream(Lane& lane, const std::string& why) {
   // lanes have in flight too, answered DUPLICATE the second time).
   if (lane.any_from_log()) log_.Rewind();
   for (const InFlight& batch : lane.Drop(absl::Now())) {
-    for (const EventLogFields& e : batch.events) {
-      busy_.Remove(OutboxChain(e.aggregate_type, e.aggregate_id));
-    }
+    settlement_.Dropped(batch);
   }
 }
 
@@ -869,9 +847,9 @@ bool Relay::AllConnected() const {
 absl::Duration Relay::NextWait(bool stopping) const {
   absl::Duration wait = options_.poll_interval;
   if (stopping) wait = absl::Milliseconds(20);
-  const bool fenced = std::any_of(
-      lanes_.begin(), lanes_.end(),
-      [](const Lane& lane) { return lane.holding(); });
+  const bool fenced =
+      std::any_of(lanes_.begin(), lanes_.end(),
+                  [](const Lane& lane) { return lane.holding(); });
   if (!AllConnected() || conn_ == nullptr) {
     wait = std::min(wait, absl::Milliseconds(100));
   }
@@ -1005,14 +983,14 @@ void Relay::Run() {
     // read past its range (a claim of exceptions, which would carry the
     // marks, runs only now and then).
     const bool rebalance_due = absl::Now() >= next_rebalance_;
-    if (db_ok &&
-        (stopping || rebalance_due || !MarksRideWithClaim() || on_log_)) {
+    if (db_ok && (stopping || rebalance_due || !settlement_.RideWithClaim() ||
+                  on_log_)) {
       db_ok = FlushMarks();
     }
     if (db_ok) db_ok = FlushLog(stopping || rebalance_due);
     if (db_ok) db_ok = WriteRepairs();
     if (stopping) {
-      if ((InFlightEvents() == 0 && marks_.empty()) ||
+      if ((InFlightEvents() == 0 && settlement_.settled()) ||
           absl::Now() >= deadline) {
         break;
       }

@@ -59,7 +59,6 @@
 #include "outbox/v1/relay.pb.h"
 #include "outbox/v1/sink.grpc.pb.h"
 #include "relay/batch_builder.h"
-#include "relay/busy_chains.h"
 #include "relay/claim.h"
 #include "relay/consumer_link.h"
 #include "relay/consumer_watch.h"
@@ -75,6 +74,7 @@
 #include "relay/ownership.h"
 #include "relay/policy.h"
 #include "relay/relay_metrics.h"
+#include "relay/settlement.h"
 #include "relay/subscribe.h"
 #include "relay/subscriptions.h"
 
@@ -241,7 +241,7 @@ class Relay {
   bool SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round);
   // Sends `req` (`batch` in flight) on `lane`, or holds it until the
   // standbys flushed WAL position `lsn` (the fence).
-  // A built batch's events out: busy chains, marks, in-flight seqs.
+  // A built batch's events out: the settlement's, and the lane's cursor.
   void Take(Lane& lane, BuiltBatch& built);
   void Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
                 const std::string& lsn);
@@ -258,14 +258,12 @@ class Relay {
   // The lanes that claim this cycle: every open one while spread_ (a
   // backlog), else the first open one; updates `serving_`.
   std::vector<Lane*> ServingLanes();
-  // Writes marks_ in a statement of its own (a transaction when some are
-  // rejections).
+  // Writes the settlement's marks in a statement of their own (a
+  // transaction when some are rejections).
   bool FlushMarks();
-  // marks_ holds deliveries only: the round's first claim may write them
-  // (kMarkAndClaimSql) instead of FlushMarks.
-  bool MarksRideWithClaim() const;
-  // After marks_ were written: counts them, frees their aggregates, clears.
-  void MarksWritten(int64_t dead);
+  // After the marks were written: counts them and lets the log's
+  // positions pass those from the log.
+  void Count(const Settled& settled);
   // What answers taught that the database must know: the consumer's
   // database identity (a change requests a heal) and the events a HELD
   // answer showed the consumer lacks (owed again at once).
@@ -329,10 +327,9 @@ class Relay {
   absl::Time next_rebalance_ = absl::InfinitePast();
   uint64_t next_batch_id_ = 1;
 
-  // Aggregates with events in flight or answered and not yet marked: not
-  // claimed again until marked (event count each).
-  BusyChains busy_;
-  std::vector<Mark> marks_;  // answered, not yet written
+  // Aggregates with events in flight or answered and not yet marked (not
+  // claimed again until marked), and the answers' marks.
+  Settlement settlement_;
   // What answers taught of the consumer's database, until WriteRepairs.
   ConsumerWatch consumer_;
   std::string fence_waiting_;  // why the fence holds batches, or ""
