@@ -145,10 +145,10 @@ std::string Relay::source() const {
   return state_.source;
 }
 
-bool Relay::EnsureConnection() {
-  if (conn_ != nullptr && conn_->is_open()) return true;
+absl::Status Relay::EnsureConnection() {
+  if (conn_ != nullptr && conn_->is_open()) return absl::OkStatus();
   conn_.reset();
-  if (absl::Now() < next_db_attempt_) return false;
+  if (absl::Now() < next_db_attempt_) return connect_failed_;
   auto conn = Connect(options_.db_url, session_name_, session_);
   absl::Status session = conn.status();
   if (session.ok() && !(*conn)->info().pooled) {
@@ -189,10 +189,11 @@ bool Relay::EnsureConnection() {
     up = absl::FailedPreconditionError(subscription_refused_);
   }
   if (!up.ok()) {
-    last_db_error_ = std::string(up.status().message());
-    spdlog::warn("relay: connecting: {}; retrying", last_db_error_);
+    connect_failed_ = up.status();
+    spdlog::warn("relay: connecting: {}; retrying",
+                 std::string(connect_failed_.message()));
     next_db_attempt_ = absl::Now() + db_backoff_.Next();
-    return false;
+    return connect_failed_;
   }
   subscription_refused_.clear();
   subscription_id_ = up->subscription.id;
@@ -221,10 +222,16 @@ bool Relay::EnsureConnection() {
   log_.Reset();  // positions are read again in this session
   ownership_.Forget();
   next_rebalance_ = absl::InfinitePast();
-  return true;
+  return absl::OkStatus();
 }
 
-bool Relay::Rebalance() {
+absl::Status Relay::Failed(absl::string_view step, absl::Status status) {
+  spdlog::warn("relay: {}: {}", std::string(step),
+               std::string(status.message()));
+  return status;
+}
+
+absl::Status Relay::Rebalance() {
   const size_t before = ownership_.owned().size();
   try {
     auto tx = OpenUnit(*conn_);
@@ -238,10 +245,11 @@ bool Relay::Rebalance() {
           ReadSubscriptionState(*tx, options_.subscription);
       if (!sub.has_value()) {
         // Dropped: the next session finds out how (TakeUpSubscription).
-        last_db_error_ = absl::StrCat("subscription ", options_.subscription,
-                                      " is gone from the database");
-        spdlog::error("relay: {}", last_db_error_);
-        return false;
+        absl::Status gone = absl::NotFoundError(
+            absl::StrCat("subscription ", options_.subscription,
+                         " is gone from the database"));
+        spdlog::error("relay: {}", std::string(gone.message()));
+        return gone;
       }
       std::string paused;
       if (!sub->paused.empty()) {
@@ -273,7 +281,7 @@ bool Relay::Rebalance() {
             "answer",
             replica_id_, before);
       }
-      return true;
+      return absl::OkStatus();
     }
     std::set<int> in_flight;  // partitions with a batch out
     for (const Lane& lane : lanes_) lane.PartitionsInFlight(&in_flight);
@@ -298,11 +306,9 @@ bool Relay::Rebalance() {
                    replica_id_, ownership_.owned().size(), kPartitionCount,
                    round.members);
     }
-    return true;
+    return absl::OkStatus();
   } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
-    spdlog::warn("relay: rebalance: {}", last_db_error_);
-    return false;
+    return Failed("rebalance", StatusFromException(e));
   }
 }
 
@@ -333,9 +339,9 @@ std::vector<Lane*> Relay::ServingLanes() {
   return open;
 }
 
-bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
+absl::Status Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
   const std::vector<int> partitions = ownership_.ForSlot(slot, slots);
-  if (partitions.empty()) return true;
+  if (partitions.empty()) return absl::OkStatus();
   try {
     // First above what was sent, then all (and all at least once per poll).
     // With fewer rows in flight than a batch, a claim from the start reads
@@ -451,21 +457,20 @@ bool Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         lane.cursor.next_full_claim = absl::Now() + options_.poll_interval;
       }
     }
-    return true;
+    return absl::OkStatus();
   } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
-    spdlog::warn("relay: claim: {}", last_db_error_);
-    return false;
+    return Failed("claim", StatusFromException(e));
   }
 }
 
-bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
+absl::Status Relay::SendFromLog(Lane& lane, int slot, int slots,
+                                ClaimRound* round) {
   const std::vector<int> partitions = ownership_.ForSlot(slot, slots);
-  if (partitions.empty()) return true;
+  if (partitions.empty()) return absl::OkStatus();
   const int limit = LaneLimit(lane);
   if (limit == 0) {
     log_.Skipped();
-    return true;
+    return absl::OkStatus();
   }
   round->ran = true;
   const absl::Time t0 = absl::Now();
@@ -486,20 +491,16 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
     // An operator moved it off the log since the last rebalance round:
     // its rows are claimed from now on.
     FollowLogMove(false);
-    return true;
+    return absl::OkStatus();
   }
-  if (!read.ok()) {
-    last_db_error_ = std::string(read.status().message());
-    spdlog::warn("relay: reading the outbox log: {}", last_db_error_);
-    return false;
-  }
+  if (!read.ok()) return Failed("reading the outbox log", read.status());
   counters_.claim_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   if (options_.after_claim) options_.after_claim(read->events.size());
   if (read->diverted > 0) {
     spdlog::debug("relay: {} events of chains with exceptions join them",
                   read->diverted);
   }
-  if (read->events.empty()) return true;
+  if (read->events.empty()) return absl::OkStatus();
   std::string lsn;
   if (fence_ != nullptr) {
     // Every event read had committed before this position.
@@ -510,8 +511,7 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
     } catch (const std::exception& e) {
       // Its events stay in flight until the stream is dropped: read again.
       log_.Rewind();
-      last_db_error_ = std::string(StatusFromException(e).message());
-      return false;
+      return StatusFromException(e);
     }
   }
   // Chains this batch must not send: one of their events is unanswered
@@ -535,12 +535,12 @@ bool Relay::SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round) {
                                    return settlement_.busy().busy(chain);
                                  }});
   Take(lane, built);
-  if (built.batch.seqs.empty()) return true;
+  if (built.batch.seqs.empty()) return absl::OkStatus();
   MaybeCrash("relay.after_claim_before_send");
   built.batch.full = read->more;
   round->full |= built.batch.full;
   Dispatch(lane, std::move(built.batch), std::move(built.request), lsn);
-  return true;
+  return absl::OkStatus();
 }
 
 void Relay::Take(Lane& lane, BuiltBatch& built) {
@@ -566,18 +566,14 @@ void Relay::Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
   }
 }
 
-bool Relay::FlushLog(bool now) {
-  if (!log_.FlushDue(absl::Now(), now)) return true;
+absl::Status Relay::FlushLog(bool now) {
+  if (!log_.FlushDue(absl::Now(), now)) return absl::OkStatus();
   // The positions are the log's marks: answered, not yet recorded (a crash
   // means those events are read and sent again).
   MaybeCrash("relay.before_mark_commit");
   absl::StatusOr<std::vector<int>> lost = log_.Flush(*conn_);
   if (lost.ok()) MaybeCrash("relay.after_mark_commit");
-  if (!lost.ok()) {
-    last_db_error_ = std::string(lost.status().message());
-    spdlog::warn("relay: storing log positions: {}", last_db_error_);
-    return false;
-  }
+  if (!lost.ok()) return Failed("storing log positions", lost.status());
   for (int p : *lost) {
     spdlog::warn(
         "relay {}: the log position of partition {} was not as this relay "
@@ -585,7 +581,7 @@ bool Relay::FlushLog(bool now) {
         "log); it stops reading it",
         replica_id_, p);
   }
-  return true;
+  return absl::OkStatus();
 }
 
 void Relay::FollowLogMove(bool on_log) {
@@ -598,7 +594,7 @@ void Relay::FollowLogMove(bool on_log) {
   log_.Owed();  // off the log, what it owed is rows; on it, exceptions
 }
 
-bool Relay::Rebase() {
+absl::Status Relay::Rebase() {
   try {
     pqxx::work tx(*conn_);
     ApplyLimits(tx);
@@ -613,9 +609,7 @@ bool Relay::Rebase() {
           r->owed, r->tick);
     }
   } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
-    spdlog::warn("relay: rebasing the outbox log: {}", last_db_error_);
-    return false;
+    return Failed("rebasing the outbox log", StatusFromException(e));
   }
   // Every position moved: read them again, and claim what became
   // exceptions.
@@ -624,7 +618,7 @@ bool Relay::Rebase() {
     if (lane.has_stream()) DropStream(lane, "the outbox log was rebased");
   }
   log_.Reset();
-  return true;
+  return absl::OkStatus();
 }
 
 int Relay::LaneLimit(const Lane& lane) const {
@@ -660,15 +654,15 @@ int64_t Relay::InFlightEvents() const {
   return n;
 }
 
-bool Relay::FlushMarks() {
+absl::Status Relay::FlushMarks() {
   const std::vector<Mark>& marks = settlement_.marks();
-  if (marks.empty()) return true;
+  if (marks.empty()) return absl::OkStatus();
   // Answered by the consumer, not yet marked: redelivery must follow.
   MaybeCrash("relay.after_send_before_mark");
   const MarkPlan plan = PlanMarks(marks);
   if (plan.nothing()) {
     Count(settlement_.Written({}));  // from the log only: nothing to write
-    return true;
+    return absl::OkStatus();
   }
   if (!plan.owed.empty()) log_.Owed();
   WrittenMarks written;
@@ -694,12 +688,11 @@ bool Relay::FlushMarks() {
     MaybeCrash("relay.after_mark_commit");
     counters_.mark_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
-    spdlog::warn("relay: marking {} rows: {}", marks.size(), last_db_error_);
-    return false;
+    return Failed(absl::StrCat("marking ", marks.size(), " rows"),
+                  StatusFromException(e));
   }
   Count(settlement_.Written(written));
-  return true;
+  return absl::OkStatus();
 }
 
 void Relay::Count(const Settled& settled) {
@@ -711,20 +704,18 @@ void Relay::Count(const Settled& settled) {
   counters_.diverged->Add(settled.written.diverged);
 }
 
-bool Relay::WriteRepairs() {
+absl::Status Relay::WriteRepairs() {
   absl::StatusOr<ConsumerWatch::Recorded> recorded = consumer_.Record(*conn_);
   if (!recorded.ok()) {
-    last_db_error_ = std::string(recorded.status().message());
-    spdlog::warn("relay: recording what the consumer's answers showed: {}",
-                 last_db_error_);
-    return false;
+    return Failed("recording what the consumer's answers showed",
+                  recorded.status());
   }
   if (recorded->owed) log_.Owed();
   if (recorded->consumer_database.has_value()) {
     absl::MutexLock lock(&mu_);
     state_.consumer_database = *recorded->consumer_database;
   }
-  return true;
+  return absl::OkStatus();
 }
 
 void Relay::DropEverything(const std::string& why) {
@@ -753,16 +744,15 @@ void Relay::DropEverything(const std::string& why) {
   }
 }
 
-bool Relay::ReleaseFenced(Lane& lane) {
-  if (fence_ == nullptr || !lane.holding()) return true;
+absl::Status Relay::ReleaseFenced(Lane& lane) {
+  if (fence_ == nullptr || !lane.holding()) return absl::OkStatus();
   FenceState state;
   try {
     auto tx = OpenUnit(*conn_);
     state = fence_->Read(*tx);
     tx->commit();
   } catch (const std::exception& e) {
-    last_db_error_ = std::string(StatusFromException(e).message());
-    return false;
+    return StatusFromException(e);
   }
   if (state.why_waiting.empty()) {
     counters_.batches->Add(lane.Release(state.flushed, absl::Now()));
@@ -783,7 +773,7 @@ bool Relay::ReleaseFenced(Lane& lane) {
     next_fence_log_ = absl::Now() + absl::Seconds(10);
   }
   fence_waiting_ = waiting;
-  return true;
+  return absl::OkStatus();
 }
 
 void Relay::DropStream(Lane& lane, const std::string& why) {
@@ -886,7 +876,8 @@ void Relay::Finish() {
     lane.Close(absl::Milliseconds(500));
   }
   if (conn_ != nullptr) {
-    if (FlushMarks()) FlushLog(true);
+    // A failure is logged; what it would have written is delivered again.
+    if (FlushMarks().ok()) FlushLog(true).IgnoreError();
     try {
       // The others take the partitions over now, not when the leases
       // would expire.
@@ -904,8 +895,8 @@ void Relay::Finish() {
   state_.stream_connected = false;
 }
 
-bool Relay::DeliverRound(bool* all_held) {
-  bool db_ok = true;
+absl::Status Relay::DeliverRound(bool* all_held) {
+  absl::Status db;
   // Paused: what is in flight is answered, nothing more is claimed.
   const std::vector<Lane*> serving =
       paused_.empty() ? ServingLanes() : std::vector<Lane*>{};
@@ -914,22 +905,22 @@ bool Relay::DeliverRound(bool* all_held) {
   const std::optional<absl::Time> heard = listener_->TakeHeard();
   // On the log, the claims are of exceptions only (LogFeed::BeginRound).
   const bool claims = !on_log_ || log_.BeginRound(absl::Now(), heard);
-  for (size_t i = 0; db_ok && i < serving.size(); ++i) {
+  for (size_t i = 0; db.ok() && i < serving.size(); ++i) {
     // A rebase this round dropped every stream: the rest of it waits.
     if (!serving[i]->connected()) continue;
     if (claims) {
-      db_ok = Claim(*serving[i], static_cast<int>(i),
-                    static_cast<int>(serving.size()), &round);
+      db = Claim(*serving[i], static_cast<int>(i),
+                 static_cast<int>(serving.size()), &round);
     }
-    if (db_ok && on_log_) {
-      db_ok = SendFromLog(*serving[i], static_cast<int>(i),
-                          static_cast<int>(serving.size()), &round);
+    if (db.ok() && on_log_) {
+      db = SendFromLog(*serving[i], static_cast<int>(i),
+                       static_cast<int>(serving.size()), &round);
     }
   }
-  if (on_log_ && db_ok) log_.EndRound();
-  if (db_ok) db_ok = FlushMarks();  // no claim ran to write them
+  if (on_log_ && db.ok()) log_.EndRound();
+  if (db.ok()) db = FlushMarks();  // no claim ran to write them
   for (Lane& lane : lanes_) {
-    if (db_ok) db_ok = ReleaseFenced(lane);
+    if (db.ok()) db = ReleaseFenced(lane);
   }
   const bool spread_before = spread_;
   if (round.full) {
@@ -942,10 +933,10 @@ bool Relay::DeliverRound(bool* all_held) {
   // After the claims: a lane that has just sent its batch waits for its
   // answer as much as one that could not claim at all. (Lanes that
   // begin or stop serving next time claim then.)
-  *all_held = db_ok && !serving.empty() && spread_ == spread_before &&
+  *all_held = db.ok() && !serving.empty() && spread_ == spread_before &&
               std::all_of(serving.begin(), serving.end(),
                           [&](const Lane* l) { return LaneLimit(*l) == 0; });
-  return db_ok;
+  return db;
 }
 
 void Relay::Run() {
@@ -965,8 +956,9 @@ void Relay::Run() {
     // statement that never returns (a hung server) shows as a stall.
     if (watchdog_ != nullptr && !stopping) watchdog_->Working();
     bool all_held = false;  // every serving lane waits for answers
-    bool db_ok = EnsureConnection();
-    if (db_ok && own_db_changed_.exchange(false)) {
+    // The first step that failed this pass: the database is lost.
+    absl::Status db = EnsureConnection();
+    if (db.ok() && own_db_changed_.exchange(false)) {
       std::string why;
       {
         absl::MutexLock lock(&change_mu_);
@@ -983,20 +975,20 @@ void Relay::Run() {
     // read past its range (a claim of exceptions, which would carry the
     // marks, runs only now and then).
     const bool rebalance_due = absl::Now() >= next_rebalance_;
-    if (db_ok && (stopping || rebalance_due || !settlement_.RideWithClaim() ||
-                  on_log_)) {
-      db_ok = FlushMarks();
+    if (db.ok() && (stopping || rebalance_due || !settlement_.RideWithClaim() ||
+                    on_log_)) {
+      db = FlushMarks();
     }
-    if (db_ok) db_ok = FlushLog(stopping || rebalance_due);
-    if (db_ok) db_ok = WriteRepairs();
+    if (db.ok()) db = FlushLog(stopping || rebalance_due);
+    if (db.ok()) db = WriteRepairs();
     if (stopping) {
       if ((InFlightEvents() == 0 && settlement_.settled()) ||
           absl::Now() >= deadline) {
         break;
       }
-    } else if (db_ok) {
+    } else if (db.ok()) {
       if (rebalance_due) {
-        db_ok = Rebalance();
+        db = Rebalance();
         next_rebalance_ = absl::Now() + options_.rebalance_interval;
       }
       if (!unlinked_) {
@@ -1005,7 +997,7 @@ void Relay::Run() {
               *sink_, [this] { Wake(); }, absl::Now());
         }
       }
-      if (db_ok) db_ok = DeliverRound(&all_held);
+      if (db.ok()) db = DeliverRound(&all_held);
     }
     // New rows can go only after an answer, which wakes us anyway: a NOTIFY
     // meanwhile would only wake us for nothing, on the cores that the
@@ -1013,7 +1005,7 @@ void Relay::Run() {
     // before wakes were back on would be lost: it wakes us now.
     listener_->WantWakes(!all_held);
     if (!all_held && listener_->heard()) Wake();
-    if (!db_ok && conn_ != nullptr) {
+    if (!db.ok() && conn_ != nullptr) {
       // Lost or broken. The leases stay ours until they expire; the next
       // session renews those still ours (Rebalance).
       conn_.reset();
@@ -1021,8 +1013,8 @@ void Relay::Run() {
       ownership_.Forget();
     }
     if (watchdog_ != nullptr && !stopping) {
-      if (!db_ok) {
-        watchdog_->Failed(absl::UnavailableError(last_db_error_));
+      if (!db.ok()) {
+        watchdog_->Failed(db);
       } else {
         watchdog_->Done();
       }

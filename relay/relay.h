@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -210,8 +211,9 @@ class Relay {
   void FollowConsumer();
   // The serving lanes' claims and log reads of one round, then the marks
   // they left and the fenced batches that may go; `*all_held`: every
-  // serving lane waits for answers. False when the database is lost.
-  bool DeliverRound(bool* all_held);
+  // serving lane waits for answers. An error: the database is lost (as in
+  // each step below that returns a status).
+  absl::Status DeliverRound(bool* all_held);
   // Every lane has its stream.
   bool AllConnected() const;
   // How long the loop may sleep unless woken.
@@ -222,9 +224,12 @@ class Relay {
   // and positions, releases the partitions.
   void Finish();
   void Wake();
-  // Each returns false when the database connection is lost.
-  bool EnsureConnection();
-  bool Rebalance();
+  // Connects and takes up the subscription, unless connected; until the
+  // next attempt is due, the error of the last one.
+  absl::Status EnsureConnection();
+  absl::Status Rebalance();
+  // Logs that `step` failed with `status`, and returns it.
+  static absl::Status Failed(absl::string_view step, absl::Status status);
   // What one cycle's claims found (for choosing the lanes of the next).
   struct ClaimRound {
     bool ran = false;   // a claim ran (it was not held back by the window)
@@ -235,44 +240,44 @@ class Relay {
   int LaneLimit(const Lane& lane) const;
   // Claims for the partitions of slot `slot` of `slots` and sends them on
   // `lane`.
-  bool Claim(Lane& lane, int slot, int slots, ClaimRound* round);
+  absl::Status Claim(Lane& lane, int slot, int slots, ClaimRound* round);
   // The same from the outbox log (on_log_): reads the next events of those
   // partitions and sends them on `lane`.
-  bool SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round);
-  // Sends `req` (`batch` in flight) on `lane`, or holds it until the
-  // standbys flushed WAL position `lsn` (the fence).
+  absl::Status SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round);
   // A built batch's events out: the settlement's, and the lane's cursor.
   void Take(Lane& lane, BuiltBatch& built);
+  // Sends `req` (`batch` in flight) on `lane`, or holds it until the
+  // standbys flushed WAL position `lsn` (the fence).
   void Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
                 const std::string& lsn);
   // Stores the log positions that answers moved (written marks only), at
   // most every LogFeedOptions::flush_interval unless `now`.
-  bool FlushLog(bool now);
+  absl::Status FlushLog(bool now);
   // The subscription is on the log (`on_log`) or off it now, as another
   // replica, an operator or a rebase left it: the log is read afresh.
   void FollowLogMove(bool on_log);
   // The outbox's transaction ids went behind the log's (a dump restored
   // into another cluster): owes what the log had not delivered and
   // restarts it (RebaseLog).
-  bool Rebase();
+  absl::Status Rebase();
   // The lanes that claim this cycle: every open one while spread_ (a
   // backlog), else the first open one; updates `serving_`.
   std::vector<Lane*> ServingLanes();
   // Writes the settlement's marks in a statement of their own (a
   // transaction when some are rejections).
-  bool FlushMarks();
+  absl::Status FlushMarks();
   // After the marks were written: counts them and lets the log's
   // positions pass those from the log.
   void Count(const Settled& settled);
   // What answers taught that the database must know: the consumer's
   // database identity (a change requests a heal) and the events a HELD
   // answer showed the consumer lacks (owed again at once).
-  bool WriteRepairs();
+  absl::Status WriteRepairs();
   // Everything in flight and answered is dropped (the outbox database
   // failed over: its rows may be other events now); a heal is requested.
   void DropEverything(const std::string& why);
   // Sends the fenced batches of `lane` that the standbys have flushed.
-  bool ReleaseFenced(Lane& lane);
+  absl::Status ReleaseFenced(Lane& lane);
   void HandleResponses(Lane& lane);
   void DropStream(Lane& lane, const std::string& why);
   int64_t InFlightEvents() const;
@@ -313,7 +318,8 @@ class Relay {
   // it), as last logged.
   bool log_refused_ = false;
 
-  std::string last_db_error_;  // of the last failed step, for the watchdog
+  // Why the last connection attempt failed, until one succeeds.
+  absl::Status connect_failed_;
   // Why the subscription is not delivered: an operator paused it ("" when
   // not), read every rebalance round.
   std::string paused_;
