@@ -32,28 +32,12 @@
 
 #include "absl/time/time.h"
 #include "outbox/v1/sink.pb.h"
+#include "relay/claim_walk.h"
 #include "relay/marks.h"
 #include "relay/policy.h"
 #include "relay/sink.h"
 
 namespace outbox::relay {
-
-// Where a lane's claims of pending rows stand (relay/policy.h,
-// ClaimAboveSent).
-struct ClaimCursor {
-  int64_t sent_through = 0;  // the highest claimed seq sent on the lane
-  // A claim from the start at least this often, so that rows passed over
-  // never wait long behind a steady stream of new ones.
-  absl::Time next_full_claim = absl::InfinitePast();
-  // A claim above sent_through skips the rows of busy aggregates (the next
-  // event of an order whose previous one is in flight). Set when one ran
-  // while an aggregate was busy: once an aggregate has been freed since
-  // (BusyChains::freed() moved past freed_at_claim), the next claim starts
-  // from the start, so that such a row waits for its predecessor's mark,
-  // not for poll_interval.
-  bool passed_over = false;
-  uint64_t freed_at_claim = 0;
-};
 
 class Lane {
  public:

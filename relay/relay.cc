@@ -343,32 +343,20 @@ absl::Status Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
   const std::vector<int> partitions = ownership_.ForSlot(slot, slots);
   if (partitions.empty()) return absl::OkStatus();
   try {
-    // First above what was sent, then all (and all at least once per poll).
-    // With fewer rows in flight than a batch, a claim from the start reads
-    // past them at little cost, and it also finds the rows that committed
-    // after a larger seq was sent, which a claim above sent_through misses:
-    // then it is the only claim of the round, one statement instead of two.
     // Answered deliveries (only those: Settlement::RideWithClaim) are deleted
-    // by the next claim statement, which frees their aggregates unless more of
-    // their events are out: as if marked before this claim began.
+    // by the next claim statement, which frees their aggregates unless more
+    // of their events are out: as if marked before this claim began.
     std::map<std::string, int> riding = settlement_.Riding();
     const BusyChains& busy = settlement_.busy();
-    const bool frees = busy.Frees(riding);
-    bool fresh = ClaimAboveSent(
+    ClaimWalk walk(
+        &lane.cursor,
         {.outstanding = InFlightEvents() +
                         static_cast<int64_t>(settlement_.marks().size()),
          .batch_size = options_.batch_size,
-         .sent_through = lane.cursor.sent_through,
-         .full_claim_due = absl::Now() >= lane.cursor.next_full_claim,
-         .passed_over = lane.cursor.passed_over,
-         .freed_since = lane.cursor.freed_at_claim != busy.freed() || frees});
-    if (!fresh)
-      lane.cursor.next_full_claim = absl::Now() + options_.poll_interval;
-    // Each claim of this round continues after the last row the one before
-    // returned: a row that could not go (its predecessor backing off or
-    // dead) is passed, not excluded by id, so a round costs the same with
-    // thousands of such aggregates as with none.
-    int64_t after = fresh ? lane.cursor.sent_through : 0;
+         .freed = busy.freed(),
+         .riding_frees = busy.Frees(riding),
+         .now = absl::Now(),
+         .poll_interval = options_.poll_interval});
     for (;;) {
       const int limit = LaneLimit(lane);
       if (limit == 0) break;
@@ -380,7 +368,7 @@ absl::Status Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       ClaimQuery query{.subscription = options_.subscription,
                        .partitions = partitions,
                        .limit = limit,
-                       .after = after,
+                       .after = walk.after(),
                        .mark = ride,
                        .member = ownership_.member(),
                        .lsn = fence_ != nullptr};
@@ -414,25 +402,16 @@ absl::Status Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
         Count(settlement_.Written({}));
         riding.clear();
       }
-      if (fresh) {
-        lane.cursor.passed_over |= !query.excluded_ids.empty();
-        lane.cursor.freed_at_claim = busy.freed();
-      } else {
-        lane.cursor.passed_over = false;  // this claim saw every ready row
-      }
       if (options_.after_claim) options_.after_claim(rows);
       if (spdlog::should_log(spdlog::level::debug)) {
         spdlog::debug("relay: claimed {} rows in {}", rows,
                       absl::FormatDuration(absl::Now() - t0));
       }
-      if (rows == 0) {
-        if (!fresh) break;
-        fresh = false;
-        after = 0;
-        lane.cursor.next_full_claim = absl::Now() + options_.poll_interval;
-        continue;
-      }
-      after = std::max(after, claimed.last_seq);
+      const ClaimWalk::Next next =
+          walk.Claimed(rows, claimed.last_seq, !query.excluded_ids.empty(),
+                       busy.freed(), absl::Now());
+      if (next == ClaimWalk::kDone) break;
+      if (next == ClaimWalk::kAgain) continue;
       // A chain goes when its first row here is its first undelivered
       // event; then all its rows here go, in chain order.
       BuiltBatch built = BuildBatch(std::move(claimed.candidates),
@@ -441,21 +420,15 @@ absl::Status Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
                                      .chain_from = chain_from_,
                                      .max_bytes = kMaxDeliveryBatchBytes});
       Take(lane, built);
-      const bool full = built.cut_by_bytes;
+      const bool cut = built.cut_by_bytes;
       if (!built.batch.seqs.empty()) {
         MaybeCrash("relay.after_claim_before_send");
-        built.batch.full = full || static_cast<int>(rows) >= limit;
+        built.batch.full = cut || static_cast<int>(rows) >= limit;
         round->full |= built.batch.full;
         Dispatch(lane, std::move(built.batch), std::move(built.request),
                  claimed.lsn);
       }
-      if (full) break;
-      if (static_cast<int>(rows) < limit) {
-        if (!fresh) break;
-        fresh = false;  // the new rows are claimed: now the passed-over ones
-        after = 0;
-        lane.cursor.next_full_claim = absl::Now() + options_.poll_interval;
-      }
+      if (!walk.Continue(rows, limit, cut, absl::Now())) break;
     }
     return absl::OkStatus();
   } catch (const std::exception& e) {
