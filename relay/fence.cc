@@ -84,4 +84,21 @@ FenceState ReplicationFence::Read(pqxx::transaction_base& tx) const {
   return FenceOf(standbys, options_);
 }
 
+bool ReplicationFence::Note(const FenceState& state, bool holding,
+                            absl::Time now) {
+  std::string waiting;
+  if (holding) {
+    waiting =
+        state.why_waiting.empty()
+            ? absl::StrCat("replication fence: waiting for ", options_.standbys,
+                           " standbys to flush the claimed events")
+            : state.why_waiting;
+  }
+  const bool warn = !state.why_waiting.empty() && holding &&
+                    (waiting != waiting_ || now >= next_warning_);
+  if (warn) next_warning_ = now + absl::Seconds(10);
+  waiting_ = std::move(waiting);
+  return warn;
+}
+
 }  // namespace outbox::relay

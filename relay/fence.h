@@ -13,6 +13,8 @@
 //   ReplicationFence fence({.standbys = 1});
 //   FenceState state = fence.Read(tx);
 //   if (state.flushed >= batch_lsn) Send(batch);
+//   if (fence.Note(state, batches still held, absl::Now())) warn of
+//   fence.waiting();
 
 #include <cstdint>
 #include <optional>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace outbox::relay {
 
@@ -75,8 +78,19 @@ class ReplicationFence {
 
   const FenceOptions& options() const { return options_; }
 
+  // After a Read (`state`) and the releases it allowed: whether batches
+  // are still held. Returns true when a warning is due: the fence itself
+  // holds them back (state.why_waiting: too few standbys, hidden
+  // positions), and that reason is new or was last warned of 10 s ago.
+  // Pure.
+  bool Note(const FenceState& state, bool holding, absl::Time now);
+  // Why held batches wait, as last noted; "" when none is held.
+  const std::string& waiting() const { return waiting_; }
+
  private:
   const FenceOptions options_;
+  std::string waiting_;
+  absl::Time next_warning_ = absl::InfinitePast();
 };
 
 }  // namespace outbox::relay

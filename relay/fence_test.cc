@@ -59,5 +59,35 @@ TEST(FenceOf, HiddenPositionsNameThePrivilege) {
   EXPECT_NE(s.why_waiting.find("pg_monitor"), std::string::npos);
 }
 
+TEST(ReplicationFence, SaysWhyHeldBatchesWaitAndWarnsOfItsOwnReasons) {
+  ReplicationFence fence({.standbys = 2});
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const FenceState flushing;  // enough standbys: their flush lags
+  FenceState too_few;
+  too_few.why_waiting = "replication fence: 1 of the 2 standbys stream";
+  // Nothing held: no reason, no warning.
+  EXPECT_FALSE(fence.Note(flushing, false, t0));
+  EXPECT_EQ(fence.waiting(), "");
+  // Held while the standbys flush: a reason, no warning (milliseconds).
+  EXPECT_FALSE(fence.Note(flushing, true, t0));
+  EXPECT_EQ(fence.waiting(),
+            "replication fence: waiting for 2 standbys to flush the claimed "
+            "events");
+  // Held by the fence itself: warned at once, then every 10 s.
+  EXPECT_TRUE(fence.Note(too_few, true, t0));
+  EXPECT_EQ(fence.waiting(), too_few.why_waiting);
+  EXPECT_FALSE(fence.Note(too_few, true, t0 + absl::Seconds(9)));
+  EXPECT_TRUE(fence.Note(too_few, true, t0 + absl::Seconds(10)));
+  // Another reason: warned at once.
+  FenceState hidden;
+  hidden.why_waiting = "replication fence: positions hidden (pg_monitor)";
+  EXPECT_TRUE(fence.Note(hidden, true, t0 + absl::Seconds(11)));
+  // Released (or the streams dropped): nothing held, nothing to say, and
+  // the same reason later is new again.
+  EXPECT_FALSE(fence.Note(hidden, false, t0 + absl::Seconds(12)));
+  EXPECT_EQ(fence.waiting(), "");
+  EXPECT_TRUE(fence.Note(hidden, true, t0 + absl::Seconds(13)));
+}
+
 }  // namespace
 }  // namespace outbox::relay

@@ -44,6 +44,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                                })),
       session_(options_.session),
       ownership_(options_.subscription, replica_id_, options_.lease_ttl),
+      subscription_watch_(options_.subscription, replica_id_),
       log_({.reader = {.subscription = options_.subscription,
                        .member = ownership_.member(),
                        .payload_budget = kMaxDeliveryBatchBytes},
@@ -149,75 +150,57 @@ absl::Status Relay::EnsureConnection() {
   if (conn_ != nullptr && conn_->is_open()) return absl::OkStatus();
   conn_.reset();
   if (absl::Now() < next_db_attempt_) return connect_failed_;
-  auto conn = Connect(options_.db_url, session_name_, session_);
-  absl::Status session = conn.status();
-  if (session.ok() && !(*conn)->info().pooled) {
-    try {
-      pqxx::nontransaction tx(**conn);
-      // The server notices a vanished relay's session within about 25
-      // s. A mark lost in a server crash only means the row is delivered
-      // again (and answered DUPLICATE): marks need not wait for the WAL
-      // flush. Behind a transaction pooler a SET would stay behind for
-      // other clients' transactions (the producer's commits among them),
-      // so it is set only on a session of our own.
-      tx.exec(
-          "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
-          "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
-    } catch (const std::exception& e) {
-      session = StatusFromException(e);
+  absl::StatusOr<WorkerSession> opened =
+      OpenWorkerSession(options_.db_url, session_name_, session_,
+                        {.subscription = options_.subscription,
+                         .source = options_.source,
+                         .start_from = options_.start_from,
+                         .resubscribe = options_.resubscribe,
+                         .actor = replica_id_,
+                         .stopping =
+                             [this] {
+                               absl::MutexLock lock(&mu_);
+                               return stopping_;
+                             }},
+                        options_.log_delivery);
+  if (opened.ok() && !opened->up.subscription.refused.empty()) {
+    if (opened->up.subscription.refused != subscription_refused_) {
+      spdlog::error("relay: {}", opened->up.subscription.refused);
     }
+    subscription_refused_ = opened->up.subscription.refused;
+    opened = absl::FailedPreconditionError(subscription_refused_);
   }
-  absl::StatusOr<TakenUp> up =
-      !session.ok() ? absl::StatusOr<TakenUp>(session)
-                    : TakeUp(**conn,
-                             {.subscription = options_.subscription,
-                              .source = options_.source,
-                              .start_from = options_.start_from,
-                              .resubscribe = options_.resubscribe,
-                              .actor = replica_id_,
-                              .stopping =
-                                  [this] {
-                                    absl::MutexLock lock(&mu_);
-                                    return stopping_;
-                                  }},
-                             options_.log_delivery, (*conn)->info().identity);
-  if (up.ok() && !up->subscription.refused.empty()) {
-    if (up->subscription.refused != subscription_refused_) {
-      spdlog::error("relay: {}", up->subscription.refused);
-    }
-    subscription_refused_ = up->subscription.refused;
-    up = absl::FailedPreconditionError(subscription_refused_);
-  }
-  if (!up.ok()) {
-    connect_failed_ = up.status();
+  if (!opened.ok()) {
+    connect_failed_ = opened.status();
     spdlog::warn("relay: connecting: {}; retrying",
                  std::string(connect_failed_.message()));
     next_db_attempt_ = absl::Now() + db_backoff_.Next();
     return connect_failed_;
   }
   subscription_refused_.clear();
-  subscription_id_ = up->subscription.id;
-  chain_from_ = up->subscription.chain_from;
-  if (source_ != up->subscription.source) {
-    spdlog::info("relay: events carry source {}", up->subscription.source);
-    source_ = up->subscription.source;
+  const TakenUp& up = opened->up;
+  subscription_id_ = up.subscription.id;
+  chain_from_ = up.subscription.chain_from;
+  if (source_ != up.subscription.source) {
+    spdlog::info("relay: events carry source {}", up.subscription.source);
+    source_ = up.subscription.source;
     absl::MutexLock lock(&mu_);
     state_.source = source_;
   }
-  if (options_.log_delivery && !up->start_tick.has_value() && !log_refused_) {
+  if (options_.log_delivery && !up.start_tick.has_value() && !log_refused_) {
     spdlog::warn(
         "relay: subscription {} stays on delivery rows: an operator moved "
         "it off the outbox log, which --log_delivery does not undo "
         "(outboxctl subscriptions log {} moves it back)",
         options_.subscription, options_.subscription);
   }
-  log_refused_ = options_.log_delivery && !up->start_tick.has_value();
-  FollowLogMove(up->start_tick.has_value());
+  log_refused_ = options_.log_delivery && !up.start_tick.has_value();
+  FollowLogMove(up.start_tick.has_value());
   // The database's own record of its identity: a failover or restore while
   // this relay was down shows now.
-  if (up->recorded.has_value()) own_watch_->ObserveRecorded(*up->recorded);
-  consumer_.Stored(up->consumer);
-  conn_ = std::move(*conn);
+  if (up.recorded.has_value()) own_watch_->ObserveRecorded(*up.recorded);
+  consumer_.Stored(up.consumer);
+  conn_ = std::move(opened->conn);
   db_backoff_.Reset();
   log_.Reset();  // positions are read again in this session
   ownership_.Forget();
@@ -240,35 +223,10 @@ absl::Status Relay::Rebalance() {
       // identity is read again each round.
       own_watch_->Observe(ReadIdentity(*tx));
     }
-    {
-      const std::optional<SubscriptionState> sub =
-          ReadSubscriptionState(*tx, options_.subscription);
-      if (!sub.has_value()) {
-        // Dropped: the next session finds out how (TakeUpSubscription).
-        absl::Status gone = absl::NotFoundError(
-            absl::StrCat("subscription ", options_.subscription,
-                         " is gone from the database"));
-        spdlog::error("relay: {}", std::string(gone.message()));
-        return gone;
-      }
-      std::string paused;
-      if (!sub->paused.empty()) {
-        paused = absl::StrCat("subscription ", options_.subscription,
-                              " paused ", sub->paused);
-      }
-      // Another replica or an operator moved it onto the log or off it.
-      FollowLogMove(sub->on_log);
-      if (paused != paused_) {
-        if (paused.empty()) {
-          spdlog::info("relay {}: subscription {} resumed: claiming again",
-                       replica_id_, options_.subscription);
-        } else {
-          spdlog::warn("relay {}: {}; it claims nothing until resumed",
-                       replica_id_, paused);
-        }
-        paused_ = paused;
-      }
-    }
+    const absl::StatusOr<SubscriptionState> sub = subscription_watch_.Read(*tx);
+    if (!sub.ok()) return sub.status();
+    // Another replica or an operator moved it onto the log or off it.
+    FollowLogMove(sub->on_log);
     if (unlinked_) {
       // Not a member while the consumer does not answer: the replicas that
       // reach it share every partition. Nothing is in flight (the streams
@@ -399,7 +357,7 @@ absl::Status Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
       counters_.claim_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
       if (ride) {
         MaybeCrash("relay.after_mark_commit");
-        Count(settlement_.Written({}));
+        Settle(settlement_.Written({}));
         riding.clear();
       }
       if (options_.after_claim) options_.after_claim(rows);
@@ -634,7 +592,7 @@ absl::Status Relay::FlushMarks() {
   MaybeCrash("relay.after_send_before_mark");
   const MarkPlan plan = PlanMarks(marks);
   if (plan.nothing()) {
-    Count(settlement_.Written({}));  // from the log only: nothing to write
+    Settle(settlement_.Written({}));  // from the log only: nothing to write
     return absl::OkStatus();
   }
   if (!plan.owed.empty()) log_.Owed();
@@ -664,11 +622,11 @@ absl::Status Relay::FlushMarks() {
     return Failed(absl::StrCat("marking ", marks.size(), " rows"),
                   StatusFromException(e));
   }
-  Count(settlement_.Written(written));
+  Settle(settlement_.Written(written));
   return absl::OkStatus();
 }
 
-void Relay::Count(const Settled& settled) {
+void Relay::Settle(const Settled& settled) {
   for (int64_t seq : settled.from_log) log_.Settle(seq);
   counters_.delivered->Add(settled.tally.delivered);
   housekeeping_->Deleted(settled.tally.rows_deleted);
@@ -717,36 +675,32 @@ void Relay::DropEverything(const std::string& why) {
   }
 }
 
-absl::Status Relay::ReleaseFenced(Lane& lane) {
-  if (fence_ == nullptr || !lane.holding()) return absl::OkStatus();
+absl::Status Relay::ReleaseFenced() {
+  if (fence_ == nullptr) return absl::OkStatus();
   FenceState state;
-  try {
-    auto tx = OpenUnit(*conn_);
-    state = fence_->Read(*tx);
-    tx->commit();
-  } catch (const std::exception& e) {
-    return StatusFromException(e);
-  }
-  if (state.why_waiting.empty()) {
-    counters_.batches->Add(lane.Release(state.flushed, absl::Now()));
-  }
-  std::string waiting;
-  if (lane.holding()) {
-    waiting = state.why_waiting.empty()
-                  ? absl::StrCat("replication fence: waiting for ",
-                                 options_.fence.standbys,
-                                 " standbys to flush the claimed events")
-                  : state.why_waiting;
-  }
-  if (!waiting.empty() &&
-      (waiting != fence_waiting_ || absl::Now() >= next_fence_log_)) {
-    if (!state.why_waiting.empty()) {
-      spdlog::warn("relay: delivery paused: {}", waiting);
+  if (AnyHeld()) {
+    try {
+      auto tx = OpenUnit(*conn_);
+      state = fence_->Read(*tx);
+      tx->commit();
+    } catch (const std::exception& e) {
+      return StatusFromException(e);
     }
-    next_fence_log_ = absl::Now() + absl::Seconds(10);
+    if (state.why_waiting.empty()) {
+      for (Lane& lane : lanes_) {
+        counters_.batches->Add(lane.Release(state.flushed, absl::Now()));
+      }
+    }
   }
-  fence_waiting_ = waiting;
+  if (fence_->Note(state, AnyHeld(), absl::Now())) {
+    spdlog::warn("relay: delivery paused: {}", fence_->waiting());
+  }
   return absl::OkStatus();
+}
+
+bool Relay::AnyHeld() const {
+  return std::any_of(lanes_.begin(), lanes_.end(),
+                     [](const Lane& lane) { return lane.holding(); });
 }
 
 void Relay::DropStream(Lane& lane, const std::string& why) {
@@ -810,9 +764,6 @@ bool Relay::AllConnected() const {
 absl::Duration Relay::NextWait(bool stopping) const {
   absl::Duration wait = options_.poll_interval;
   if (stopping) wait = absl::Milliseconds(20);
-  const bool fenced =
-      std::any_of(lanes_.begin(), lanes_.end(),
-                  [](const Lane& lane) { return lane.holding(); });
   if (!AllConnected() || conn_ == nullptr) {
     wait = std::min(wait, absl::Milliseconds(100));
   }
@@ -820,7 +771,7 @@ absl::Duration Relay::NextWait(bool stopping) const {
     wait = std::min(wait, options_.fast_poll_interval);
   }
   // Standbys flush within milliseconds; a held batch is looked at often.
-  if (fenced) wait = std::min(wait, absl::Milliseconds(2));
+  if (AnyHeld()) wait = std::min(wait, absl::Milliseconds(2));
   // A tick refused as too early is asked for again when it is due.
   if (on_log_) wait = std::min(wait, log_.RetryWait(absl::Now()));
   return wait;
@@ -831,7 +782,10 @@ void Relay::PublishState() {
                                  ownership_.owned().end());
   state_.in_flight = InFlightEvents();
   state_.stream_connected = AllConnected();
-  state_.paused_reason = paused_.empty() ? fence_waiting_ : paused_;
+  state_.paused_reason = subscription_watch_.paused();
+  if (state_.paused_reason.empty() && fence_ != nullptr) {
+    state_.paused_reason = fence_->waiting();
+  }
   state_.consumer_unreachable.clear();
   if (std::optional<std::string> why;
       unlinked_ && (why = sink_->Unreachable()).has_value()) {
@@ -871,8 +825,9 @@ void Relay::Finish() {
 absl::Status Relay::DeliverRound(bool* all_held) {
   absl::Status db;
   // Paused: what is in flight is answered, nothing more is claimed.
-  const std::vector<Lane*> serving =
-      paused_.empty() ? ServingLanes() : std::vector<Lane*>{};
+  const std::vector<Lane*> serving = subscription_watch_.paused().empty()
+                                         ? ServingLanes()
+                                         : std::vector<Lane*>{};
   ClaimRound round;
   // The claims below see every row notified so far.
   const std::optional<absl::Time> heard = listener_->TakeHeard();
@@ -892,9 +847,7 @@ absl::Status Relay::DeliverRound(bool* all_held) {
   }
   if (on_log_ && db.ok()) log_.EndRound();
   if (db.ok()) db = FlushMarks();  // no claim ran to write them
-  for (Lane& lane : lanes_) {
-    if (db.ok()) db = ReleaseFenced(lane);
-  }
+  if (db.ok()) db = ReleaseFenced();
   const bool spread_before = spread_;
   if (round.full) {
     spread_ = true;

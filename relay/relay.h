@@ -268,7 +268,7 @@ class Relay {
   absl::Status FlushMarks();
   // After the marks were written: counts them and lets the log's
   // positions pass those from the log.
-  void Count(const Settled& settled);
+  void Settle(const Settled& settled);
   // What answers taught that the database must know: the consumer's
   // database identity (a change requests a heal) and the events a HELD
   // answer showed the consumer lacks (owed again at once).
@@ -276,8 +276,11 @@ class Relay {
   // Everything in flight and answered is dropped (the outbox database
   // failed over: its rows may be other events now); a heal is requested.
   void DropEverything(const std::string& why);
-  // Sends the fenced batches of `lane` that the standbys have flushed.
-  absl::Status ReleaseFenced(Lane& lane);
+  // Sends the fenced batches that the standbys have flushed (one read of
+  // their positions for every lane).
+  absl::Status ReleaseFenced();
+  // A lane holds a fenced batch.
+  bool AnyHeld() const;
   void HandleResponses(Lane& lane);
   void DropStream(Lane& lane, const std::string& why);
   int64_t InFlightEvents() const;
@@ -306,6 +309,8 @@ class Relay {
   // Worker-thread state.
   std::unique_ptr<Connection> conn_;
   PartitionOwnership ownership_;
+  // Gone, paused, on the log: read every rebalance round.
+  SubscriptionWatch subscription_watch_;
   int subscription_id_ = 0;
   // Events whose prev_seq is below this are the first of their chain for
   // this subscription (their predecessor was never owed to it).
@@ -320,9 +325,6 @@ class Relay {
 
   // Why the last connection attempt failed, until one succeeds.
   absl::Status connect_failed_;
-  // Why the subscription is not delivered: an operator paused it ("" when
-  // not), read every rebalance round.
-  std::string paused_;
   // Why TakeUpSubscription refused (it was dropped, or --source names
   // another), as last logged.
   std::string subscription_refused_;
@@ -338,8 +340,6 @@ class Relay {
   Settlement settlement_;
   // What answers taught of the consumer's database, until WriteRepairs.
   ConsumerWatch consumer_;
-  std::string fence_waiting_;  // why the fence holds batches, or ""
-  absl::Time next_fence_log_ = absl::InfinitePast();
   // A backlog was seen and not yet worked off: the partitions are spread
   // over every open lane (see RelayOptions::lanes).
   bool spread_ = false;

@@ -118,10 +118,10 @@ absl::Status Settle(pqxx::connection& conn, const SubscribeOptions& options,
     // landed: an event whose predecessor is older than that had it deleted
     // by retention before this subscription existed.
     *chain_from = Once(conn, [&](pqxx::transaction_base& tx) {
-      tx.exec_params(absl::StrCat("UPDATE subscriptions SET chain_from = ",
-                                  kMinRetainedSql,
-                                  " WHERE name = $1 AND chain_from < 0"),
-                     options.subscription);
+      tx.exec_params(
+          absl::StrCat("UPDATE subscriptions SET chain_from = ",
+                       kMinRetainedSql, " WHERE name = $1 AND chain_from < 0"),
+          options.subscription);
       return tx
           .exec_params("SELECT chain_from FROM subscriptions WHERE name = $1",
                        options.subscription)[0][0]
@@ -295,6 +295,29 @@ absl::StatusOr<TakenUp> TakeUp(pqxx::connection& conn,
     return StatusFromException(e);
   }
   return up;
+}
+
+absl::StatusOr<WorkerSession> OpenWorkerSession(
+    const std::string& url, const std::string& application_name,
+    const DbSession& session, const SubscribeOptions& options,
+    bool move_onto_log) {
+  absl::StatusOr<std::unique_ptr<Connection>> conn =
+      Connect(url, application_name, session);
+  if (!conn.ok()) return conn.status();
+  if (!(*conn)->info().pooled) {
+    try {
+      pqxx::nontransaction tx(**conn);
+      tx.exec(
+          "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
+          "SET tcp_keepalives_count = 3; SET synchronous_commit = off");
+    } catch (const std::exception& e) {
+      return StatusFromException(e);
+    }
+  }
+  absl::StatusOr<TakenUp> up =
+      TakeUp(**conn, options, move_onto_log, (*conn)->info().identity);
+  if (!up.ok()) return up.status();
+  return WorkerSession{.conn = *std::move(conn), .up = *std::move(up)};
 }
 
 }  // namespace outbox::relay

@@ -15,12 +15,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <pqxx/pqxx>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/db.h"
 #include "common/db_identity.h"
 
 namespace outbox::relay {
@@ -78,7 +80,7 @@ absl::StatusOr<std::optional<int64_t>> EnsureLogDelivery(
 
 // What a relay's new session starts from.
 struct TakenUp {
-  Subscribed subscription;  // when refused, nothing below is set
+  Subscribed subscription;            // when refused, nothing below is set
   std::optional<int64_t> start_tick;  // on the outbox log: its start tick
   // The outbox database's own record of its identity: compared with the
   // session's, it shows a failover or a restore while no relay watched.
@@ -96,5 +98,25 @@ absl::StatusOr<TakenUp> TakeUp(pqxx::connection& conn,
                                const SubscribeOptions& options,
                                bool move_onto_log,
                                const DatabaseIdentity& session);
+
+// A relay worker's new session: its connection, and what its subscription
+// starts from.
+struct WorkerSession {
+  std::unique_ptr<Connection> conn;
+  TakenUp up;
+};
+
+// Connects to `url` as `application_name` (Connect) and takes the
+// subscription up (TakeUp). On a session of its own, first: TCP keepalives
+// (the server notices a vanished relay within about 25 s) and asynchronous
+// commits (a mark lost in a server crash only means the event is delivered
+// again, and answered DUPLICATE). Behind a transaction pooler a SET would
+// stay behind for other clients' transactions (the producer's commits
+// among them), so there it sets nothing. Errors as Connect's and TakeUp's;
+// a refusal is no error.
+absl::StatusOr<WorkerSession> OpenWorkerSession(
+    const std::string& url, const std::string& application_name,
+    const DbSession& session, const SubscribeOptions& options,
+    bool move_onto_log);
 
 }  // namespace outbox::relay

@@ -1,5 +1,7 @@
 #include "relay/subscriptions.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <map>
 #include <stdexcept>
@@ -251,6 +253,38 @@ std::optional<SubscriptionState> ReadSubscriptionState(
                                 ": ", r[0]["paused_reason"].as<std::string>());
   }
   return state;
+}
+
+SubscriptionWatch::SubscriptionWatch(std::string subscription,
+                                     std::string replica)
+    : subscription_(std::move(subscription)), replica_(std::move(replica)) {}
+
+absl::StatusOr<SubscriptionState> SubscriptionWatch::Read(
+    pqxx::transaction_base& tx) {
+  std::optional<SubscriptionState> state =
+      ReadSubscriptionState(tx, subscription_);
+  if (!state.has_value()) {
+    absl::Status gone = absl::NotFoundError(absl::StrCat(
+        "subscription ", subscription_, " is gone from the database"));
+    spdlog::error("relay: {}", std::string(gone.message()));
+    return gone;
+  }
+  std::string paused;
+  if (!state->paused.empty()) {
+    paused =
+        absl::StrCat("subscription ", subscription_, " paused ", state->paused);
+  }
+  if (paused != paused_) {
+    if (paused.empty()) {
+      spdlog::info("relay {}: subscription {} resumed: claiming again",
+                   replica_, subscription_);
+    } else {
+      spdlog::warn("relay {}: {}; it claims nothing until resumed", replica_,
+                   paused);
+    }
+    paused_ = std::move(paused);
+  }
+  return *std::move(state);
 }
 
 std::optional<std::string> LastDrop(pqxx::transaction_base& tx,

@@ -99,6 +99,26 @@ struct SubscriptionState {
 std::optional<SubscriptionState> ReadSubscriptionState(
     pqxx::transaction_base& tx, const std::string& name);
 
+// What a relay's worker follows of its subscription, every rebalance round:
+// whether it is gone (dropped) or paused by an operator (each logged when
+// it begins and ends), and whether it is on the outbox log. Not
+// thread-safe: the worker owns it.
+class SubscriptionWatch {
+ public:
+  // `replica` names the relay in the log lines.
+  SubscriptionWatch(std::string subscription, std::string replica);
+  // The state in `tx`; NotFound when the subscription is gone (the next
+  // session finds out how: TakeUpSubscription). Throws as libpqxx does.
+  absl::StatusOr<SubscriptionState> Read(pqxx::transaction_base& tx);
+  // "subscription NAME paused by WHO: WHY" while paused, as last read; "".
+  const std::string& paused() const { return paused_; }
+
+ private:
+  const std::string subscription_;
+  const std::string replica_;
+  std::string paused_;
+};
+
 // The last drop of `name` recorded ("by WHO at WHEN: REASON"), if the
 // subscription was dropped and not made again since.
 std::optional<std::string> LastDrop(pqxx::transaction_base& tx,

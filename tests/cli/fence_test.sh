@@ -112,4 +112,14 @@ wait_streaming 1
 "$BIN/outboxctl" verify --orders_db="$orders_db" --billing_db="$billing_db" \
   --wait=60s | tee "$WORK/verify2.out" || fail "after the standby came back"
 [ "$(applied)" -gt "$before" ] || fail "nothing was delivered after the standby came back"
+# Nothing held any more: the relay no longer says it is paused.
+deadline=$((SECONDS + 10))
+while :; do
+  if "$BIN/outboxctl" stats --relay="127.0.0.1:$R" --consumer="127.0.0.1:$C" \
+    >"$WORK/stats.out" 2>&1 && ! grep -q "PAUSED" "$WORK/stats.out"; then
+    break
+  fi
+  [ $SECONDS -lt $deadline ] || fail "the relay still says it is paused: $(cat "$WORK/stats.out")"
+  sleep 0.2
+done
 pass "once the standby streams again the held events are delivered; every invariant holds"
