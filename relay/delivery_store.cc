@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <pqxx/pqxx>
 
 #include "absl/strings/str_cat.h"
@@ -314,6 +315,39 @@ int64_t OpenDivergences(pqxx::transaction_base& tx,
           "AND resolved_at IS NULL",
           subscription)[0]
       .as<int64_t>();
+}
+
+std::map<int, WaitingFigures> PendingRows(pqxx::transaction_base& tx,
+                                          const std::string& subscription,
+                                          const std::vector<int>& partitions,
+                                          int64_t cap) {
+  std::map<int, WaitingFigures> figures;
+  for (const auto& row : tx.exec_params(
+           "WITH x AS (SELECT partition, seq FROM outbox_delivery WHERE "
+           "subscription = $1 AND status = 'pending' AND partition = "
+           "ANY($2::int[]) ORDER BY seq LIMIT $3), "
+           "p AS (SELECT partition, count(*) AS n, min(seq) AS first FROM x "
+           "GROUP BY partition) "
+           "SELECT p.partition, p.n, coalesce(extract(epoch FROM now() - "
+           "o.created_at), 0)::float8 AS age FROM p LEFT JOIN outbox o ON "
+           "o.seq = p.first",
+           subscription, ArrayLiteral(partitions).str(), cap)) {
+    figures[row["partition"].as<int>()] = {
+        .events = row["n"].as<int64_t>(),
+        .oldest_seconds = std::max(0.0, row["age"].as<double>())};
+  }
+  return figures;
+}
+
+WaitingFigures DeadLetters(pqxx::transaction_base& tx,
+                           const std::string& subscription) {
+  const pqxx::row dead = tx.exec_params1(
+      "SELECT count(*) AS n, coalesce(extract(epoch FROM now() - "
+      "min(dead_at)), 0)::float8 AS age FROM outbox_delivery WHERE "
+      "subscription = $1 AND status = 'dead'",
+      subscription);
+  return {.events = dead["n"].as<int64_t>(),
+          .oldest_seconds = std::max(0.0, dead["age"].as<double>())};
 }
 
 std::optional<v1::Divergence> ResolveDivergence(

@@ -142,6 +142,25 @@ std::vector<v1::Divergence> ListDivergences(pqxx::transaction_base& tx,
 int64_t OpenDivergences(pqxx::transaction_base& tx,
                         const std::string& subscription);
 
+// How many events wait, and how old the oldest is (seconds, 0 when none).
+struct WaitingFigures {
+  int64_t events = 0;
+  double oldest_seconds = 0;
+};
+
+// The pending delivery rows of `subscription` in `partitions`, by
+// partition (those with none are left out). Bounded: it counts the first
+// `cap` rows in seq order (the primary key) and looks up one outbox row
+// per partition.
+std::map<int, WaitingFigures> PendingRows(pqxx::transaction_base& tx,
+                                          const std::string& subscription,
+                                          const std::vector<int>& partitions,
+                                          int64_t cap);
+
+// The dead letters of `subscription`: how many, and the age of the oldest.
+WaitingFigures DeadLetters(pqxx::transaction_base& tx,
+                           const std::string& subscription);
+
 // Marks the open divergence of `aggregate_id` resolved and puts its
 // diverged deliveries back to pending; the divergence as it now reads, or
 // nothing when none was open.

@@ -199,20 +199,9 @@ void Housekeeping::RefreshBacklog(pqxx::connection& conn,
   for (int p : owned) b.partitions[p] = {0, 0.0};
   auto unit = OpenUnit(conn);
   pqxx::transaction_base& tx = *unit;
-  // Bounded: the first kBacklogScanCap pending rows in seq order (the
-  // primary key), then one outbox lookup per partition.
-  for (const auto& row : tx.exec_params(
-           "WITH x AS (SELECT partition, seq FROM outbox_delivery WHERE "
-           "subscription = $1 AND status = 'pending' AND partition = "
-           "ANY($2::int[]) ORDER BY seq LIMIT $3), "
-           "p AS (SELECT partition, count(*) AS n, min(seq) AS first FROM x "
-           "GROUP BY partition) "
-           "SELECT p.partition, p.n, coalesce(extract(epoch FROM now() - "
-           "o.created_at), 0)::float8 AS age FROM p LEFT JOIN outbox o ON "
-           "o.seq = p.first",
-           options_.subscription, ArrayLiteral(owned).str(), kBacklogScanCap)) {
-    b.partitions[row["partition"].as<int>()] = {
-        row["n"].as<int64_t>(), std::max(0.0, row["age"].as<double>())};
+  for (const auto& [partition, pending] :
+       PendingRows(tx, options_.subscription, owned, kBacklogScanCap)) {
+    b.partitions[partition] = {pending.events, pending.oldest_seconds};
   }
   // On the log, what it still owes (nothing for a subscription on rows).
   absl::StatusOr<std::map<int, LogOwed>> owed =
@@ -223,13 +212,9 @@ void Housekeeping::RefreshBacklog(pqxx::connection& conn,
     n += o.events;
     age = std::max(age, o.oldest_seconds);
   }
-  const pqxx::row dead = tx.exec_params1(
-      "SELECT count(*) AS n, coalesce(extract(epoch FROM now() - "
-      "min(dead_at)), 0)::float8 AS age FROM outbox_delivery WHERE "
-      "subscription = $1 AND status = 'dead'",
-      options_.subscription);
-  b.dead_letters = dead["n"].as<int64_t>();
-  b.oldest_dead_seconds = std::max(0.0, dead["age"].as<double>());
+  const WaitingFigures dead = DeadLetters(tx, options_.subscription);
+  b.dead_letters = dead.events;
+  b.oldest_dead_seconds = dead.oldest_seconds;
   b.diverged = OpenDivergences(tx, options_.subscription);
   b.subscriptions =
       ReadSubscriptions(tx, options_.retention, SubscriptionDetail::kGauges);
