@@ -34,6 +34,7 @@
 #include "common/metrics.h"
 #include "common/server.h"
 #include "common/sql_state.h"
+#include "common/text.h"
 #include "common/tls.h"
 #include "common/watchdog.h"
 
@@ -46,9 +47,9 @@ namespace {
 TEST(ChainKey, NamesEachChainOnceAndReadsBack) {
   // Different chains never share a key, whatever bytes their parts hold.
   const std::vector<ChainId> chains = {
-      {"", "", "x"},        {"", "order", "x"},     {"a", "order", "x"},
-      {"a", "orde", "rx"},  {"a:", "order", "x"},   {"", "5:order", "x"},
-      {"a", "order", ""},   {"a1", "2:b", "c"},     {"a", "12:b", "c"}};
+      {"", "", "x"},       {"", "order", "x"},   {"a", "order", "x"},
+      {"a", "orde", "rx"}, {"a:", "order", "x"}, {"", "5:order", "x"},
+      {"a", "order", ""},  {"a1", "2:b", "c"},   {"a", "12:b", "c"}};
   std::set<std::string> keys;
   for (const ChainId& c : chains) {
     const std::string key = ChainKey(c);
@@ -70,6 +71,38 @@ TEST(ChainKey, NamesEachChainOnceAndReadsBack) {
   EXPECT_FALSE(IsSourceName(""));
   EXPECT_FALSE(IsSourceName("with space"));
   EXPECT_FALSE(IsSourceName(std::string(65, 'a')));
+}
+
+TEST(Text, DecodesUtf8AndRefusesWhatPostgresWouldRefuse) {
+  EXPECT_EQ(DecodeUtf8("a", 0)->code_point, 0x61u);
+  EXPECT_EQ(DecodeUtf8("\xC3\xA9", 0)->length, 2);                // é
+  EXPECT_EQ(DecodeUtf8("\xE2\x82\xAC", 0)->code_point, 0x20ACu);  // €
+  EXPECT_EQ(DecodeUtf8("\xF0\x9F\x98\x80", 0)->length, 4);
+  EXPECT_FALSE(DecodeUtf8("\xA9", 0).has_value());              // continuation
+  EXPECT_FALSE(DecodeUtf8("\xC3", 0).has_value());              // cut short
+  EXPECT_FALSE(DecodeUtf8("\xC0\xAF", 0).has_value());          // overlong
+  EXPECT_FALSE(DecodeUtf8("\xED\xA0\x80", 0).has_value());      // surrogate
+  EXPECT_FALSE(DecodeUtf8("\xF4\x90\x80\x80", 0).has_value());  // > U+10FFFF
+  EXPECT_FALSE(DecodeUtf8("\xFF", 0).has_value());
+  EXPECT_FALSE(DecodeUtf8("", 0).has_value());
+}
+
+TEST(Text, StorableTextIsValidUtf8WithoutNulCutAtACharacter) {
+  EXPECT_EQ(StorableText("amount: must be positive", 2000),
+            "amount: must be positive");
+  // A NUL and bytes that are no character become U+FFFD, one each.
+  EXPECT_EQ(StorableText(std::string("a\0b\xFF\xC3", 5), 100),
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD\xEF\xBF\xBD");
+  // Cut before a character that would not fit whole.
+  const std::string e_acute = "\xC3\xA9";
+  std::string many;
+  for (int i = 0; i < 1500; ++i) many += e_acute;  // 3000 bytes
+  const std::string cut = StorableText(many, 2001);
+  EXPECT_EQ(cut.size(), 2000u);
+  EXPECT_EQ(cut, many.substr(0, 2000));
+  EXPECT_EQ(StorableText("abc", 0), "");
+  EXPECT_EQ(StorableText(std::string(10, '\0'), 6), "\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
 TEST(Config, EnvNameIsUpperSnake) {
@@ -688,8 +721,9 @@ TEST(Identity, AUriSanHidesDnsSansAndTheCommonName) {
   EXPECT_NE(s.message().find("--tls_cn_identity"), std::string::npos) << s;
   rules.common_name_identity = true;
   EXPECT_TRUE(rules.Decide(Cert({}, {}, "relay"), Access::kCall).ok());
-  EXPECT_EQ(rules.Decide(Cert({}, {"other.svc"}, "relay"), Access::kCall).code(),
-            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(
+      rules.Decide(Cert({}, {"other.svc"}, "relay"), Access::kCall).code(),
+      absl::StatusCode::kPermissionDenied);
 }
 
 // A CN that looks like the relay's URI is not the relay: CA-signed for some

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <climits>
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -10,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "common/ids.h"
 #include "common/log.h"
+#include "common/text.h"
 
 namespace outbox::producer {
 namespace {
@@ -23,35 +25,12 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
 // PostgreSQL would refuse) or holds a control character (C0, DEL or C1).
 int CountCleanChars(absl::string_view s) {
   int count = 0;
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    uint32_t cp;
-    int len;
-    if (c < 0x80) {
-      cp = c, len = 1;
-    } else if ((c >> 5) == 0x6) {
-      cp = c & 0x1f, len = 2;
-    } else if ((c >> 4) == 0xe) {
-      cp = c & 0x0f, len = 3;
-    } else if ((c >> 3) == 0x1e) {
-      cp = c & 0x07, len = 4;
-    } else {
-      return -1;
-    }
-    if (i + len > s.size()) return -1;
-    for (int k = 1; k < len; ++k) {
-      unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc >> 6) != 0x2) return -1;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    static constexpr uint32_t kMinOfLength[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMinOfLength[len] || (cp >= 0xd800 && cp <= 0xdfff) ||
-        cp > 0x10ffff) {
-      return -1;
-    }
+  for (size_t i = 0; i < s.size(); ++count) {
+    const std::optional<Utf8Char> ch = DecodeUtf8(s, i);
+    if (!ch.has_value()) return -1;
+    const uint32_t cp = ch->code_point;
     if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) return -1;
-    i += len;
-    ++count;
+    i += ch->length;
   }
   return count;
 }

@@ -10,6 +10,7 @@
 #include "common/ids.h"
 #include "common/limits.h"
 #include "common/schema.h"
+#include "common/text.h"
 #include "relay/leases.h"
 #include "relay/outbox_row.h"
 #include "relay/retention.h"
@@ -229,7 +230,7 @@ std::vector<bool> RecordDivergences(pqxx::transaction_base& tx,
     types.Add(d.aggregate_type);
     ids.Add(d.aggregate_id);
     kinds.Add(d.kind);
-    details.Add(absl::string_view(d.detail).substr(0, 2000));
+    details.Add(StorableText(d.detail, 2000));
     cseqs.Add(d.consumer_seq);
     cevents.Add(d.consumer_event_id);
     oseqs.Add(d.outbox_seq);
@@ -360,7 +361,7 @@ std::optional<v1::Divergence> ResolveDivergence(
                    "AND aggregate_id = $2 AND aggregate_type = $5 AND "
                    "resolved_at IS NULL RETURNING ",
                    kDivergenceColumns),
-      subscription, aggregate_id, resolved_by, resolution.substr(0, 100000),
+      subscription, aggregate_id, resolved_by, StorableText(resolution, 100000),
       aggregate_type);
   if (r.empty()) return std::nullopt;
   // A divergence from before chains had a type ('') is of every type.
@@ -407,7 +408,7 @@ void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
   tx.exec_params(
       "UPDATE subscriptions SET heal_requested_at = now(), heal_reason = $2 "
       "WHERE name = $1",
-      subscription, reason.substr(0, 2000));
+      subscription, StorableText(reason, 2000));
 }
 
 void HealDone(pqxx::transaction_base& tx, const std::string& subscription,

@@ -1,7 +1,9 @@
 #include "relay/marks.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "absl/strings/match.h"
@@ -9,6 +11,7 @@
 #include "common/db.h"
 #include "common/ids.h"
 #include "common/schema.h"
+#include "common/text.h"
 #include "relay/delivery_store.h"
 #include "relay/outbox_log.h"
 #include "relay/policy.h"
@@ -17,8 +20,11 @@
 namespace outbox::relay {
 namespace {
 
-// The reason stored with a row: a consumer's message, cut short.
-std::string Stored(const std::string& reason) { return reason.substr(0, 2000); }
+// The reason stored with a row: a consumer's message, cut short, as
+// PostgreSQL's text takes it (common/text.h).
+std::string Stored(const std::string& reason) {
+  return StorableText(reason, 2000);
+}
 
 // Deletes delivered rows: $1 the subscription, $2 and $3 MarkPlan's
 // delivered and delivered_ids as array literals.
@@ -128,61 +134,101 @@ WrittenMarks WriteMarks(pqxx::transaction_base& tx,
     absl::StatusOr<int64_t> n = OweExceptions(tx, subscription, plan.owed);
     if (!n.ok()) throw std::runtime_error(n.status().ToString());
   }
-  // A rejected row backs off by RetryDelay after its attempts (the n-th of
-  // $5 after the n-th failure; the last one beyond, long capped by then):
-  // one schedule for the rows of this flush.
-  std::string reject_delays;
+  // Rejections and divergences, each kind in one statement whatever their
+  // number (a failover's heal answers hundreds DIVERGED at once). A row is
+  // marked only while pending and holding the event answered; one mark a
+  // row (the first), as one statement updates a row once.
+  std::vector<const Mark*> rejected, diverged;
+  std::set<int64_t> seen;
   for (const Mark& m : marks) {
-    if (m.kind == Mark::kRejected) {
-      if (reject_delays.empty()) {
-        ArrayLiteral delays;
-        for (absl::Duration d :
-             RetryDelays(policy.backoff, policy.backoff_max,
-                         std::min(policy.max_attempts, kMaxCountedFailures),
-                         RandomJitter)) {
-          delays.Add(absl::StrCat(absl::ToDoubleSeconds(d)));
-        }
-        reject_delays = delays.str();
+    if (m.kind != Mark::kRejected && m.kind != Mark::kDiverged) continue;
+    if (!seen.insert(m.seq).second) continue;
+    (m.kind == Mark::kRejected ? rejected : diverged).push_back(&m);
+  }
+  const auto arrays = [](const std::vector<const Mark*>& ms) {
+    ArrayLiteral seqs, reasons, ids;
+    for (const Mark* m : ms) {
+      seqs.Add(m->seq);
+      reasons.Add(Stored(m->reason));
+      ids.Add(m->event_id);
+    }
+    return std::array<std::string, 3>{seqs.str(), reasons.str(), ids.str()};
+  };
+  if (!rejected.empty()) {
+    // A rejected row backs off by RetryDelay after its attempts (the n-th
+    // of $5 after the n-th failure; the last one beyond, long capped by
+    // then): one schedule for the rows of this flush.
+    ArrayLiteral delays;
+    for (absl::Duration d :
+         RetryDelays(policy.backoff, policy.backoff_max,
+                     std::min(policy.max_attempts, kMaxCountedFailures),
+                     RandomJitter)) {
+      delays.Add(absl::StrCat(absl::ToDoubleSeconds(d)));
+    }
+    const auto [seqs, reasons, ids] = arrays(rejected);
+    std::set<int64_t> dead;
+    for (const auto& row : tx.exec_params(
+             "UPDATE outbox_delivery d SET attempts = d.attempts + 1, "
+             "last_error = m.reason, status = CASE WHEN d.attempts + 1 >= $3 "
+             "THEN 'dead' ELSE 'pending' END, dead_at = CASE WHEN d.attempts "
+             "+ 1 >= $3 THEN now() END, available_at = now() + "
+             "make_interval(secs => ($4::float8[])[least(d.attempts + 1, "
+             "cardinality($4::float8[]))]) FROM unnest($2::bigint[], "
+             "$5::text[], $6::uuid[]) AS m(seq, reason, event_id) WHERE "
+             "d.subscription = $1 AND d.seq = m.seq AND d.status = 'pending' "
+             "AND EXISTS (SELECT 1 FROM outbox o WHERE o.seq = m.seq AND "
+             "o.event_id = m.event_id) RETURNING d.seq, d.status",
+             subscription, seqs, policy.max_attempts, delays.str(), reasons,
+             ids)) {
+      if (row["status"].as<std::string>() == kDeliveryDead) {
+        dead.insert(row["seq"].as<int64_t>());
       }
-      const pqxx::result r = tx.exec_params(
-          "UPDATE outbox_delivery SET attempts = attempts + 1, last_error = "
-          "$3, status = CASE WHEN attempts + 1 >= $4 THEN 'dead' ELSE "
-          "'pending' END, dead_at = CASE WHEN attempts + 1 >= $4 THEN now() "
-          "END, available_at = now() + make_interval(secs => "
-          "($5::float8[])[least(attempts + 1, cardinality($5::float8[]))]) "
-          "WHERE subscription = $1 AND seq = $2 AND status = 'pending' AND "
-          "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND o.event_id = "
-          "$6::uuid) RETURNING status",
-          subscription, m.seq, Stored(m.reason), policy.max_attempts,
-          reject_delays, m.event_id);
-      if (!r.empty() && r[0]["status"].as<std::string>() == kDeliveryDead) {
-        ++written.dead;
-        LogEventScope scope(m.log_fields);
-        spdlog::warn("relay: row {} is a dead letter: {}", m.seq, m.reason);
-      }
-    } else if (m.kind == Mark::kDiverged) {
-      // Not the event's fault, and no attempt: it waits, with its
-      // aggregate, for an operator.
-      const pqxx::result r = tx.exec_params(
-          "UPDATE outbox_delivery SET status = 'diverged', last_error = $3 "
-          "WHERE subscription = $1 AND seq = $2 AND status = 'pending' AND "
-          "EXISTS (SELECT 1 FROM outbox o WHERE o.seq = $2 AND o.event_id "
-          "= $4::uuid) RETURNING 1",
-          subscription, m.seq, Stored(m.reason), m.event_id);
-      if (r.empty()) continue;
-      NewDivergence d = NewDivergence::Of(subscription, m.chain);
-      d.kind = absl::StartsWith(m.reason, "position reused") ? "position_reused"
-                                                             : "chain_broken";
-      d.detail = m.reason;
-      d.consumer_seq = m.applied_seq;
-      d.outbox_seq = m.seq;
-      d.outbox_event_id = m.event_id;
-      if (RecordDivergence(tx, d)) ++written.diverged;
-      LogEventScope scope(m.log_fields);
+    }
+    for (const Mark* m : rejected) {
+      if (!dead.count(m->seq)) continue;
+      ++written.dead;
+      LogEventScope scope(m->log_fields);
+      spdlog::warn("relay: row {} is a dead letter: {}", m->seq, m->reason);
+    }
+  }
+  if (!diverged.empty()) {
+    // Not the event's fault, and no attempt: it waits, with its aggregate,
+    // for an operator.
+    const auto [seqs, reasons, ids] = arrays(diverged);
+    std::set<int64_t> marked;
+    for (const auto& row : tx.exec_params(
+             "UPDATE outbox_delivery d SET status = 'diverged', last_error = "
+             "m.reason FROM unnest($2::bigint[], $3::text[], $4::uuid[]) AS "
+             "m(seq, reason, event_id) WHERE d.subscription = $1 AND d.seq = "
+             "m.seq AND d.status = 'pending' AND EXISTS (SELECT 1 FROM outbox "
+             "o WHERE o.seq = m.seq AND o.event_id = m.event_id) RETURNING "
+             "d.seq",
+             subscription, seqs, reasons, ids)) {
+      marked.insert(row["seq"].as<int64_t>());
+    }
+    std::vector<NewDivergence> ds;
+    std::vector<const Mark*> of;  // the mark of each of ds
+    for (const Mark* m : diverged) {
+      if (!marked.count(m->seq)) continue;
+      NewDivergence d = NewDivergence::Of(subscription, m->chain);
+      d.kind = absl::StartsWith(m->reason, "position reused")
+                   ? "position_reused"
+                   : "chain_broken";
+      d.detail = m->reason;
+      d.consumer_seq = m->applied_seq;
+      d.outbox_seq = m->seq;
+      d.outbox_event_id = m->event_id;
+      ds.push_back(std::move(d));
+      of.push_back(m);
+    }
+    const std::vector<bool> recorded = RecordDivergences(tx, ds);
+    for (size_t i = 0; i < ds.size(); ++i) {
+      if (recorded[i]) ++written.diverged;
+      LogEventScope scope(of[i]->log_fields);
       spdlog::error(
           "relay: aggregate {} diverged at row {}: {}; it waits for an "
           "operator (outboxctl diverged, outboxctl resolve)",
-          ChainLabel(m.chain), m.seq, m.reason);
+          ChainLabel(of[i]->chain), of[i]->seq, of[i]->reason);
     }
   }
   return written;

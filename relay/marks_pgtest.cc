@@ -235,6 +235,59 @@ TEST_F(MarksTest, ADivergenceWaitsForAnOperatorWithNoAttemptCounted) {
   EXPECT_EQ(OpenDivergences(tx, "billing"), 1);
 }
 
+// Rejections and divergences of many rows are written in one flush, each
+// kind in one statement: every row its mark, one divergence per aggregate,
+// nothing for a row that holds another event now.
+TEST_F(MarksTest, ManyRejectionsAndDivergencesInOneFlush) {
+  std::vector<Mark> marks;
+  for (int i = 0; i < 20; ++i) {
+    marks.push_back(Event("r" + std::to_string(i), Mark::kRejected));
+  }
+  for (const char* aggregate : {"x", "x", "y"}) {
+    Mark m = Event(aggregate, Mark::kDiverged);
+    m.reason = "chain broken: the consumer has applied 9";
+    marks.push_back(m);
+  }
+  Mark other = Event("z", Mark::kRejected);
+  other.event_id = "00000000-0000-0000-0000-000000000001";  // another event's
+  marks.push_back(other);
+  const WrittenMarks w = Write(marks, 1);  // one attempt: dead at once
+  EXPECT_EQ(w.dead, 20);
+  EXPECT_EQ(w.diverged, 2);  // x's first, and y's
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(Row(marks[i].seq), "dead 1");
+  for (int i = 20; i < 23; ++i) EXPECT_EQ(Row(marks[i].seq), "diverged 0");
+  EXPECT_EQ(Row(other.seq), "pending 0");
+  pqxx::work tx(conn_);
+  EXPECT_EQ(OpenDivergences(tx, "billing"), 2);
+}
+
+// A consumer's reason may hold any bytes: a NUL, bytes that are no UTF-8,
+// a multi-byte character where it is cut. PostgreSQL's text takes none of
+// them, and a flush that failed on one would fail again on every retry, the
+// relay's marks stopped for good. What is stored is valid text, cut short.
+TEST_F(MarksTest, AnyBytesOfAReasonAreStoredAsValidText) {
+  Mark m = Event("a", Mark::kRejected);
+  m.reason = std::string("bad\0answer \xFF\xC3 ", 15);
+  for (int i = 0; i < 1500; ++i) m.reason += "\xC3\xA9";  // 3000 bytes of é
+  Mark d = Event("b", Mark::kDiverged);
+  d.reason = m.reason;
+  const WrittenMarks w = Write({m, d});
+  EXPECT_EQ(Row(m.seq), "pending 1");
+  EXPECT_EQ(Row(d.seq), "diverged 0");
+  EXPECT_EQ(w.diverged, 1);
+  const std::string stored =
+      db_.Query(absl::StrCat("SELECT last_error FROM outbox_delivery WHERE "
+                             "subscription = 'billing' AND seq = ",
+                             m.seq))[0][0]
+          .as<std::string>();
+  EXPECT_LE(stored.size(), 2000u);
+  EXPECT_EQ(stored.substr(0, 3), "bad");
+  EXPECT_EQ(stored.substr(3, 3), "\xEF\xBF\xBD");  // the NUL
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_divergences WHERE "
+                       "detail LIKE 'bad%' AND octet_length(detail) <= 2000"),
+            1);
+}
+
 TEST_F(MarksTest, AnEventFromTheLogNotDeliveredBecomesAnException) {
   ASSERT_TRUE(EnsureLogDelivery(conn_, "billing", true).ok());
   Mark delivered = Event("a", Mark::kDelivered);
