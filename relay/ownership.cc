@@ -1,5 +1,7 @@
 #include "relay/ownership.h"
 
+#include <spdlog/spdlog.h>
+
 #include <utility>
 
 #include "absl/random/random.h"
@@ -53,6 +55,39 @@ OwnershipRound PartitionOwnership::Balance(
   owned_ = std::move(owned);
   releasing_ = std::move(releasing);
   return round;
+}
+
+std::vector<int> PartitionOwnership::Round(
+    pqxx::transaction_base& tx, bool unlinked,
+    const std::function<bool(int)>& busy) {
+  const std::set<int> before = owned_;
+  if (unlinked) {
+    // Nothing is in flight (the streams were dropped) and the marks were
+    // written before this round.
+    ReleaseAll(tx);
+    if (!before.empty()) {
+      spdlog::warn(
+          "relay {}: gave up its {} partitions: its consumer does not answer",
+          member(), before.size());
+    }
+    return {before.begin(), before.end()};
+  }
+  const OwnershipRound round = Balance(tx, busy);
+  for (int p : round.lost) {
+    spdlog::warn(
+        "relay {}: the lease of partition {} was taken over (this relay "
+        "did not renew it within --lease_ttl); it stops claiming it",
+        member(), p);
+  }
+  if (owned_.size() != before.size()) {
+    spdlog::info("relay {}: owns {} of {} partitions ({} replicas)", member(),
+                 owned_.size(), partitions_, round.members);
+  }
+  // Those released had their positions stored before this round (the
+  // worker flushes them first); those lost are another replica's now.
+  std::set<int> gone = round.lost;
+  gone.insert(round.released.begin(), round.released.end());
+  return {gone.begin(), gone.end()};
 }
 
 void PartitionOwnership::ReleaseAll(pqxx::transaction_base& tx) {

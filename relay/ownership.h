@@ -13,11 +13,10 @@
 // Example (each rebalance round):
 //   PartitionOwnership ownership("billing", replica_id, absl::Seconds(5));
 //   auto tx = OpenUnit(conn);
-//   OwnershipRound round = ownership.Balance(*tx, [&](int p) {
-//     return something of partition p is in flight;
-//   });
+//   std::vector<int> gone = ownership.Round(*tx, consumer unreachable,
+//       [&](int p) { return something of partition p is in flight; });
 //   tx->commit();
-//   forget the positions of round.lost and round.released;
+//   forget the log positions of `gone`;
 //   claim ownership.ForSlot(lane, lanes) on each lane.
 
 #include <functional>
@@ -52,6 +51,14 @@ class PartitionOwnership {
   OwnershipRound Balance(pqxx::transaction_base& tx,
                          const std::function<bool(int)>& busy);
 
+  // One rebalance round of a relay's worker, in `tx`: Balance, or, while
+  // `unlinked` (its consumer does not answer: the replicas that reach it
+  // share every partition), ReleaseAll. Logs what changed: partitions
+  // another replica took over, all given up, the share it owns now.
+  // Returns the partitions no longer its own (taken over or given up),
+  // whose log positions are then another replica's. Throws as Balance.
+  std::vector<int> Round(pqxx::transaction_base& tx, bool unlinked,
+                         const std::function<bool(int)>& busy);
   // Gives up every partition and the membership in `tx`: the others take
   // them over at once instead of when the leases expire (a clean stop, or
   // a consumer this replica cannot reach).

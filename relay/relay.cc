@@ -215,7 +215,6 @@ absl::Status Relay::Failed(absl::string_view step, absl::Status status) {
 }
 
 absl::Status Relay::Rebalance() {
-  const size_t before = ownership_.owned().size();
   try {
     auto tx = OpenUnit(*conn_);
     if (conn_->info().pooled) {
@@ -227,43 +226,11 @@ absl::Status Relay::Rebalance() {
     if (!sub.ok()) return sub.status();
     // Another replica or an operator moved it onto the log or off it.
     FollowLogMove(sub->on_log);
-    if (unlinked_) {
-      // Not a member while the consumer does not answer: the replicas that
-      // reach it share every partition. Nothing is in flight (the streams
-      // were dropped) and the marks were written before this round.
-      ownership_.ReleaseAll(*tx);
-      tx->commit();
-      if (before > 0) {
-        spdlog::warn(
-            "relay {}: gave up its {} partitions: its consumer does not "
-            "answer",
-            replica_id_, before);
-      }
-      return absl::OkStatus();
-    }
     std::set<int> in_flight;  // partitions with a batch out
     for (const Lane& lane : lanes_) lane.PartitionsInFlight(&in_flight);
-    const OwnershipRound round =
-        ownership_.Balance(*tx, [&](int p) { return in_flight.count(p) > 0; });
-    for (int p : round.lost) {
-      spdlog::warn(
-          "relay {}: the lease of partition {} was taken over (this relay "
-          "did not renew it within --lease_ttl); it stops claiming it",
-          replica_id_, p);
-    }
-    {
-      // The positions of those released were stored before this round
-      // (FlushLog); those lost are another replica's now.
-      std::set<int> gone = round.lost;
-      gone.insert(round.released.begin(), round.released.end());
-      log_.Forget({gone.begin(), gone.end()});
-    }
+    log_.Forget(ownership_.Round(
+        *tx, unlinked_, [&](int p) { return in_flight.count(p) > 0; }));
     tx->commit();
-    if (ownership_.owned().size() != before) {
-      spdlog::info("relay {}: owns {} of {} partitions ({} replicas)",
-                   replica_id_, ownership_.owned().size(), kPartitionCount,
-                   round.members);
-    }
     return absl::OkStatus();
   } catch (const std::exception& e) {
     return Failed("rebalance", StatusFromException(e));
