@@ -570,6 +570,31 @@ SELECT 1, coalesce((SELECT min(seq) FROM outbox), (SELECT CASE WHEN is_called
 ON CONFLICT (id) DO NOTHING;
 )sql";
 
+// Any binary that reaches the outbox's database after a failover or a
+// restore records its new identity: the producer at its start, a relay as
+// it takes up its subscription or deletes old events. Whichever does,
+// every subscription's heal is requested in the same statement. Before,
+// only the relays that noticed the change requested the heal of their own
+// subscription: one whose relays were down then, when another binary had
+// recorded the new identity first, was never healed, and retention could
+// delete what its heal needed before a relay came.
+constexpr char kOutboxV14[] = R"sql(
+CREATE OR REPLACE FUNCTION outbox_identity_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE subscriptions SET heal_requested_at = now(),
+    heal_reason = 'the outbox database changed under it (failover or '
+      || 'restore): its identity was ' || OLD.identity || ', is '
+      || NEW.identity;
+  RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS outbox_identity_changed ON outbox_database_identity;
+CREATE TRIGGER outbox_identity_changed AFTER UPDATE OF identity
+  ON outbox_database_identity FOR EACH ROW
+  WHEN (OLD.identity IS DISTINCT FROM NEW.identity)
+  EXECUTE FUNCTION outbox_identity_changed();
+)sql";
+
 const std::vector<Migration>& OutboxMigrations() {
   // The view derives each event's state as the admin API does.
   static const std::string kOutboxV1 = absl::StrCat(
@@ -895,6 +920,7 @@ $$;
       {12, "retention waits for transactions that may still commit below",
        kOutboxV12},
       {13, "retention records how far it deleted", kOutboxV13},
+      {14, "a changed identity requests every subscription's heal", kOutboxV14},
   };
   return kMigrations;
 }

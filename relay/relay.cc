@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/db.h"
+#include "common/db_identity.h"
 #include "common/fault.h"
 #include "common/ids.h"
 #include "common/limits.h"
@@ -634,6 +635,9 @@ void Relay::DropEverything(const std::string& why) {
   try {
     auto tx = OpenUnit(*conn_);
     RequestHeal(*tx, options_.subscription, why);
+    // Behind a pooler no new session took it up: recorded here, the new
+    // identity requests every other subscription's heal as well.
+    RecordIdentity(*tx, own_watch_->current());
     tx->commit();
   } catch (const std::exception& e) {
     // The next change of identity, or an operator's replay, heals then.

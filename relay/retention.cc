@@ -1,9 +1,11 @@
 #include "relay/retention.h"
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/db_identity.h"
 #include "common/ids.h"
 #include "common/schema.h"
 
@@ -16,8 +18,8 @@ namespace {
 constexpr int kRetentionLockKey = 2834;
 
 std::string RetentionLock(bool shared) {
-  return absl::StrCat("SELECT pg_advisory_xact_lock",
-                      shared ? "_shared" : "", "(", kRetentionLockKey, ", 0)");
+  return absl::StrCat("SELECT pg_advisory_xact_lock", shared ? "_shared" : "",
+                      "(", kRetentionLockKey, ", 0)");
 }
 
 }  // namespace
@@ -44,10 +46,16 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
     // Each statement must see what committed before it: the horizon below
     // is read in one, and holds for the delete only if the delete's
     // snapshot is newer.
-    throw std::logic_error(absl::StrCat(
-        "retention needs a READ COMMITTED transaction, not ",
-        first["isolation"].as<std::string>()));
+    throw std::logic_error(
+        absl::StrCat("retention needs a READ COMMITTED transaction, not ",
+                     first["isolation"].as<std::string>()));
   }
+  // A failover or a restore that no binary has recorded yet is recorded
+  // now, which requests every subscription's heal (the trigger
+  // outbox_identity_changed): the check below then holds this delete back.
+  const DatabaseIdentity now = ReadIdentity(tx);
+  const std::optional<DatabaseIdentity> recorded = RecordedIdentity(tx);
+  if (recorded.has_value() && *recorded != now) RecordIdentity(tx, now);
   // Nothing goes while a heal is due: after a failover or a restore of
   // the outbox's database, the heal tells a lost applied event (its seq
   // at or above what retention deleted) from a deleted one, and after one

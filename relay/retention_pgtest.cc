@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/db_identity.h"
 #include "common/schema.h"
 #include "relay/log_testing.h"
 #include "relay/retention.h"
@@ -99,6 +100,55 @@ TEST_F(RetentionTest, ADueHealHoldsEveryDeleteBack) {
   std::string held_back = "unset";
   EXPECT_EQ(PruneOutbox(tx, absl::ZeroDuration(), 1000, &held_back), 0);
   EXPECT_EQ(held_back, "");
+}
+
+// A failover or a restore that no binary has recorded yet (every relay of
+// every subscription down, say) is recorded by retention itself before it
+// deletes anything: every subscription's heal is then due, and the delete
+// waits for them. Whichever binary records a new identity requests them
+// all, so none is missed by a relay that was away.
+TEST_F(RetentionTest, AnUnrecordedFailoverRequestsEveryHealFirst) {
+  for (int i = 0; i < 3; ++i) AppendCommitted("a");
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing'), ('audit')");
+  DatabaseIdentity now;
+  {
+    pqxx::work tx(conn_);
+    now = ReadIdentity(tx);
+  }
+  ASSERT_TRUE(now.known());
+  DatabaseIdentity before = now;
+  before.timeline = now.timeline + 41;  // as the old primary recorded it
+  db_.Exec(absl::StrCat(
+      "INSERT INTO outbox_database_identity (id, identity) VALUES (1, '",
+      before.Key(), "') ON CONFLICT (id) DO NOTHING"));
+  ASSERT_EQ(db_.Scalar("SELECT count(*) FROM subscriptions WHERE "
+                       "heal_requested_at IS NOT NULL"),
+            0);
+  absl::SleepFor(absl::Milliseconds(55));
+  {
+    pqxx::work tx(conn_);
+    std::string held_back;
+    EXPECT_EQ(PruneOutbox(tx, absl::ZeroDuration(), 1000, &held_back), 0);
+    tx.commit();
+    EXPECT_TRUE(absl::StrContains(held_back, "the outbox database changed"))
+        << held_back;
+  }
+  EXPECT_EQ(Retained(), 3);
+  EXPECT_EQ(db_.Query("SELECT identity FROM outbox_database_identity")[0][0]
+                .as<std::string>(),
+            now.Key());
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM subscriptions WHERE "
+                       "heal_requested_at IS NOT NULL AND heal_reason LIKE "
+                       "'%failover or restore%'"),
+            2);
+  db_.Exec("UPDATE subscriptions SET healed_at = heal_requested_at");
+  EXPECT_EQ(Prune(), 3);
+  // The same identity again requests nothing.
+  db_.Exec(absl::StrCat("UPDATE outbox_database_identity SET identity = '",
+                        now.Key(), "'"));
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM subscriptions WHERE healed_at < "
+                       "heal_requested_at"),
+            0);
 }
 
 // The classic trap: a transaction draws its seq, others with larger seqs
