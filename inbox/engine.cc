@@ -123,8 +123,8 @@ absl::Status ReadHeld(pqxx::work& tx, const HeldQuery& q, Snapshot* snap) {
   return absl::OkStatus();
 }
 
-std::map<std::string, InboxPlace> InInbox(pqxx::work& tx,
-                                          const std::vector<std::string>& ids) {
+std::map<std::string, InboxPlace> InInbox(
+    pqxx::work& tx, const std::vector<std::string>& ids) {
   std::map<std::string, InboxPlace> found;
   if (ids.empty()) return found;
   for (const auto& row : ExecPrepared(
@@ -142,20 +142,19 @@ std::map<std::string, InboxPlace> InInbox(pqxx::work& tx,
 
 // The inbox rows of a batch: $1-$7 event_id, source, aggregate_type,
 // aggregate_id, seq, event_type, occurred_at.
-#define OUTBOX_INSERT_INBOX                                             \
-  "INSERT INTO inbox (event_id, source, aggregate_type, aggregate_id, " \
-  "seq, event_type, occurred_at) SELECT * FROM unnest($1::uuid[], "     \
-  "$2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], "      \
+#define OUTBOX_INSERT_INBOX                                                \
+  "INSERT INTO inbox (event_id, source, aggregate_type, aggregate_id, "    \
+  "seq, event_type, occurred_at) SELECT * FROM unnest($1::uuid[], "        \
+  "$2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], "         \
   "$7::timestamptz[]) ON CONFLICT DO NOTHING"
 // The new cursors and held counts of chains: $N-$N+2 source,
 // aggregate_type, aggregate_id, $N+3 last_seq, $N+4 held_count.
-#define OUTBOX_UPSERT_CURSORS(s, t, a, b, c)                              \
-  "INSERT INTO aggregate_cursors (source, aggregate_type, aggregate_id, " \
-  "last_seq, held_count) SELECT * FROM unnest(" s "::text[], " t          \
-  "::text[], " a "::text[], " b "::bigint[], " c                          \
-  "::int[]) "                                                             \
-  "ON CONFLICT (source, aggregate_type, aggregate_id) DO UPDATE SET "     \
-  "last_seq = EXCLUDED.last_seq, held_count = EXCLUDED.held_count, "      \
+#define OUTBOX_UPSERT_CURSORS(s, t, a, b, c)                                \
+  "INSERT INTO aggregate_cursors (source, aggregate_type, aggregate_id, "   \
+  "last_seq, held_count) SELECT * FROM unnest(" s "::text[], " t            \
+  "::text[], " a "::text[], " b "::bigint[], " c "::int[]) "                \
+  "ON CONFLICT (source, aggregate_type, aggregate_id) DO UPDATE SET "       \
+  "last_seq = EXCLUDED.last_seq, held_count = EXCLUDED.held_count, "        \
   "updated_at = now()"
 
 struct InboxRows {
@@ -239,8 +238,7 @@ Inserted InsertInboxAndCursors(
 // function of the inbox schema (outbox_inbox_apply_chains,
 // common/schema.cc). Fills `snap` as LockCursors does, with the cursors as
 // they were; returns whether it wrote, and `inserted` the apply_ids taken.
-bool LockCursorsAndWrite(pqxx::work& tx,
-                         const std::set<std::string>& aggregates,
+bool LockCursorsAndWrite(pqxx::work& tx, const std::set<std::string>& aggregates,
                          const std::vector<const v1::Event*>& events,
                          const Foreseen& foreseen, Snapshot* snap,
                          Inserted* inserted) {
@@ -291,8 +289,8 @@ void InsertHeld(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
       "decode(h, 'hex') FROM unnest($1::uuid[], $2::text[], $3::text[], "
       "$4::text[], $5::bigint[], $6::bigint[], $7::text[]) AS t(e, c, t, a, "
       "s, p, h)",
-      ev.str(), chain.source.str(), chain.type.str(), chain.id.str(), seq.str(),
-      prev.str(), pay.str());
+      ev.str(), chain.source.str(), chain.type.str(), chain.id.str(),
+      seq.str(), prev.str(), pay.str());
 }
 
 // Deletes the held events that the chains of `changed` passed: they were
@@ -555,8 +553,8 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
     if (!attempt.ok() && OriginOf(attempt.status()) == ErrorOrigin::kData &&
         !drained.empty()) {
       // A held event that drained may be the one whose data fails.
-      auto culprit =
-          FindHeldCulprit(events, invalid, options, drained, attempt.status());
+      auto culprit = FindHeldCulprit(events, invalid, options, drained,
+                                     attempt.status());
       if (!culprit.ok()) {
         attempt = culprit.status();
       } else if (culprit->has_value()) {
@@ -567,11 +565,10 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
           break;
         }
         refused_held_->Add();
-        spdlog::warn(
-            "consumer: held event {} failed as it drained ({}); it "
-            "stays held, charged with the failure, and its "
-            "predecessor applies",
-            id, StorableText(why, 2000));
+        spdlog::warn("consumer: held event {} failed as it drained ({}); it "
+                     "stays held, charged with the failure, and its "
+                     "predecessor applies",
+                     id, why);
         continue;
       }
     }
@@ -617,7 +614,8 @@ absl::StatusOr<std::vector<v1::EventResult>> Engine::ApplyValidated(
         }
         auto one = ApplyValidated({events[i]}, {invalid[i]}, origin, options);
         if (!one.ok()) return one.status();
-        if ((*one)[0].outcome() == v1::REJECTED) rejected.insert(ChainKeyOf(e));
+        if ((*one)[0].outcome() == v1::REJECTED)
+          rejected.insert(ChainKeyOf(e));
         each.push_back(std::move((*one)[0]));
       }
       return each;
@@ -689,20 +687,21 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
     Inserted inserted;
     // Written, it left nothing for the steps below to read: no cursor
     // was passed (no inbox question) and none holds (no held question).
-    const bool written = foreseen.has_value() &&
-                         LockCursorsAndWrite(tx, aggregates, events, *foreseen,
-                                             &snap, &inserted);
+    const bool written =
+        foreseen.has_value() && LockCursorsAndWrite(tx, aggregates, events,
+                                                    *foreseen, &snap,
+                                                    &inserted);
     if (!foreseen.has_value()) LockCursors(tx, aggregates, &snap);
     if (HeldQuery q = HeldQuestions(events, invalid, snap); !q.empty()) {
       if (absl::Status h = ReadHeld(tx, q, &snap); !h.ok()) return h;
       // A held row found by its event id may be of a chain this batch
       // does not touch (an id reused across chains): not the plan's.
-      snap.held.erase(
-          std::remove_if(snap.held.begin(), snap.held.end(),
-                         [&](const v1::Event& h) {
-                           return snap.aggregates.count(ChainKeyOf(h)) == 0;
-                         }),
-          snap.held.end());
+      snap.held.erase(std::remove_if(snap.held.begin(), snap.held.end(),
+                                     [&](const v1::Event& h) {
+                                       return snap.aggregates.count(
+                                                  ChainKeyOf(h)) == 0;
+                                     }),
+                      snap.held.end());
       if (!keep_held.empty()) {
         // Unseen, they are not drained: their chains stop before them.
         std::vector<v1::Event> seen;
@@ -712,16 +711,18 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
         snap.held = std::move(seen);
       }
     }
-    snap.in_inbox = InInbox(
-        tx, InboxQuestions(events, invalid, snap, options.ask_inbox_about_all));
+    snap.in_inbox =
+        InInbox(tx, InboxQuestions(events, invalid, snap,
+                                   options.ask_inbox_about_all));
     bool skip_done = false;
     if (!options.skip.empty()) {
       // An operator's skip, in the transaction that drains what follows:
       // the held event at its aggregate's cursor is done without its effect
       // (an inbox row, so a redelivery is a DUPLICATE).
-      auto it = std::find_if(
-          snap.held.begin(), snap.held.end(),
-          [&](const v1::Event& h) { return h.event_id() == options.skip; });
+      auto it = std::find_if(snap.held.begin(), snap.held.end(),
+                             [&](const v1::Event& h) {
+                               return h.event_id() == options.skip;
+                             });
       if (it != snap.held.end() &&
           it->prev_seq() == snap.aggregates[ChainKeyOf(*it)].cursor) {
         const v1::Event skipped = *it;
@@ -734,10 +735,9 @@ absl::StatusOr<Engine::Attempt> Engine::ApplyOnce(
           out.inbox_collision = true;
           return absl::OkStatus();  // rolled back
         }
-        ExecPrepared(
-            tx, "unhold",
-            "DELETE FROM held_events WHERE event_id = ANY($1::uuid[])",
-            ArrayLiteral(std::vector<std::string>{options.skip}).str());
+        ExecPrepared(tx, "unhold",
+                     "DELETE FROM held_events WHERE event_id = ANY($1::uuid[])",
+                     ArrayLiteral(std::vector<std::string>{options.skip}).str());
         AggregateState& st = snap.aggregates[ChainKeyOf(skipped)];
         st.cursor = skipped.seq();
         st.held_count = std::max<int64_t>(0, st.held_count - 1);
@@ -866,12 +866,13 @@ Engine::FindHeldCulprit(const std::vector<const v1::Event*>& events,
       lo = mid + 1;
     }
   }
-  return std::make_pair(
-      drained[lo - 1],
-      absl::StrCat("cannot apply as it drained: ", PublicMessage(at_hi)));
+  return std::make_pair(drained[lo - 1],
+                        absl::StrCat("cannot apply as it drained: ",
+                                     PublicMessage(at_hi)));
 }
 
-absl::Status Engine::ChargeHeld(const std::string& id, const std::string& why) {
+absl::Status Engine::ChargeHeld(const std::string& id,
+                                const std::string& why) {
   return db_->Run([&](pqxx::connection& c) -> absl::Status {
     pqxx::work tx(c);
     ApplyLimits(tx);
@@ -1004,10 +1005,8 @@ absl::StatusOr<HeldActionResult> Engine::NextHeld(const std::string& event_id,
         "held event ", event_id, " (seq ", r.seq, " of aggregate ",
         ChainLabel(r.chain()), ") waits for the event after seq ", prev,
         ", which has not arrived (the aggregate is applied through seq ",
-        r.cursor,
-        "): a gap, not a failure; only the next event of a chain "
-        "can be ",
-        what));
+        r.cursor, "): a gap, not a failure; only the next event of a chain "
+        "can be ", what));
   }
   return r;
 }
@@ -1062,8 +1061,9 @@ absl::StatusOr<HeldActionResult> Engine::ReleaseHeld(
   if (absl::Status s = FinishAction(&*r, "release", actor, reason); !s.ok()) {
     return s;
   }
-  spdlog::warn("consumer: {} released held event {} ({}): {}", actor, event_id,
-               reason, r->applied ? "applied" : "still held: " + r->last_error);
+  spdlog::warn("consumer: {} released held event {} ({}): {}", actor,
+               event_id, reason,
+               r->applied ? "applied" : "still held: " + r->last_error);
   return r;
 }
 
@@ -1085,10 +1085,9 @@ absl::StatusOr<HeldActionResult> Engine::SkipHeld(const std::string& event_id,
   if (absl::Status f = FinishAction(&*r, "skip", actor, reason); !f.ok()) {
     return f;
   }
-  spdlog::warn(
-      "consumer: {} skipped held event {} (seq {} of aggregate {}; "
-      "{}): its effect was never applied",
-      actor, event_id, r->seq, ChainLabel(r->chain()), reason);
+  spdlog::warn("consumer: {} skipped held event {} (seq {} of aggregate {}; "
+               "{}): its effect was never applied",
+               actor, event_id, r->seq, ChainLabel(r->chain()), reason);
   return r;
 }
 

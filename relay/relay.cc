@@ -634,10 +634,11 @@ void Relay::DropEverything(const std::string& why) {
   log_.Owed();
   try {
     auto tx = OpenUnit(*conn_);
-    RequestHeal(*tx, options_.subscription, why);
     // Behind a pooler no new session took it up: recorded here, the new
-    // identity requests every other subscription's heal as well.
+    // identity requests every subscription's heal (outbox_identity_changed);
+    // this one's then says what this relay saw.
     RecordIdentity(*tx, own_watch_->current());
+    RequestHeal(*tx, options_.subscription, why);
     tx->commit();
   } catch (const std::exception& e) {
     // The next change of identity, or an operator's replay, heals then.
