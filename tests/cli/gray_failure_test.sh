@@ -45,12 +45,16 @@ load() {
 }
 
 # 1. The consumer's inbox is locked: batches fail with lock timeouts, the
-# relay backs off and resends, the consumer's health tells.
+# relay backs off and resends, the consumer's health tells. The locks last
+# 10 s: a binary turns NOT_SERVING after 2 s of failing work
+# (--stall_timeout), once a batch reaches it, and each health probe starts
+# a client of its own; on a busy machine 6 s left too little of the lock
+# for a probe to see it.
 load 50
-lock_for "$billing_db" inbox 6
+lock_for "$billing_db" inbox 10
 load 50 &
 loader=$!
-saw_not_serving "$C" 6 || fail "consumer stayed SERVING while its inbox was locked"
+saw_not_serving "$C" 10 || fail "consumer stayed SERVING while its inbox was locked"
 pass "consumer NOT_SERVING while a rogue lock holds its inbox"
 wait "$LOCK_PID"
 wait "$loader" || fail "load gave up: $(tail -3 "$WORK/load.out")"
@@ -59,8 +63,8 @@ pass "consumer SERVING again once the lock is gone"
 
 # 2. The outbox is locked: the relay's claims and marks time out (and the
 # producer's writes); both report NOT_SERVING, then recover.
-lock_for "$orders_db" outbox 6
-saw_not_serving "$R" 6 || fail "relay stayed SERVING while the outbox was locked"
+lock_for "$orders_db" outbox 10
+saw_not_serving "$R" 10 || fail "relay stayed SERVING while the outbox was locked"
 pass "relay NOT_SERVING while a rogue lock holds the outbox"
 wait "$LOCK_PID"
 wait_serving "$R" 15
