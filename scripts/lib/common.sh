@@ -123,16 +123,17 @@ build() {
   [ "$target" != all ] || check_test_binaries build gtest
 }
 
-# build_in DIR TYPE TARGET [CMAKE_ARGS...]: configures DIR (once) and builds
+# build_in DIR TYPE TARGET [CMAKE_ARGS...]: configures DIR and builds
 # TARGET there.
 build_in() {
   local name="$1" type="$2" target="$3"
   local dir="$OUTBOX_ROOT/$name"
   shift 3
-  if [ ! -f "$dir/CMakeCache.txt" ]; then
-    log "configuring $name ($type${*:+ $*})"
-    cmake -S "$OUTBOX_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
-  fi
+  # Configured every time, not only the first: a flag these scripts pass
+  # (-O0 for the sanitized build, say) must reach a folder made before it
+  # changed. Nothing changed, nothing is rebuilt.
+  [ -f "$dir/CMakeCache.txt" ] || log "configuring $name ($type${*:+ $*})"
+  cmake -S "$OUTBOX_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
   log "building $name (this takes a few minutes the first time)"
   # The build's own exit status decides, not the filter's: the output goes
   # to a log first (a pipe's status would be grep's, or `true`'s), then the
