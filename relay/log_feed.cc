@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/db.h"
+#include "relay/fence.h"
+
 namespace outbox::relay {
 
 LogFeed::LogFeed(LogFeedOptions options) : options_(std::move(options)) {}
@@ -55,7 +58,19 @@ absl::StatusOr<LogSend> LogFeed::Read(pqxx::connection& conn,
   const absl::Time must_show = MustShow(absl::Now(), listening);
   absl::StatusOr<LogSend> read =
       reader_->Next(conn, partitions, limit, must_show);
-  if (read.ok()) Observe(*read, absl::Now());
+  if (!read.ok()) return read;
+  Observe(*read, absl::Now());
+  if (options_.fenced && !read->events.empty()) {
+    try {
+      auto unit = OpenUnit(conn);
+      read->lsn = WalPastVisibleCommits(*unit);
+      unit->commit();
+    } catch (const std::exception& e) {
+      // Its events would stay in flight with no batch to answer them.
+      Rewind();
+      return StatusFromException(e);
+    }
+  }
   return read;
 }
 

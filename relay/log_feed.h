@@ -39,6 +39,9 @@ struct LogFeedOptions {
   // means events read again after a crash and answered DUPLICATE, and
   // every statement less counts at a high rate.
   absl::Duration flush_interval = absl::Milliseconds(200);
+  // A read that found events also reads the WAL position past their
+  // commits (LogSend::lsn), which the replication fence holds them to.
+  bool fenced = false;
 };
 
 class LogFeed {
@@ -75,7 +78,9 @@ class LogFeed {
   // Reads up to `limit` events of `partitions` (LogReader::Next), showing
   // what MustShow says, and observes the result. A status with SQLSTATE
   // 55000 means the database's transaction ids went behind the log's:
-  // nothing may be read until it is rebased (RebaseLog), then Reset.
+  // nothing may be read until it is rebased (RebaseLog), then Reset. When
+  // fenced and the position cannot be read, what was read is read again
+  // (Rewind) and the error returned.
   absl::StatusOr<LogSend> Read(pqxx::connection& conn,
                                const std::vector<int>& partitions, int limit,
                                bool listening);

@@ -57,6 +57,9 @@ struct LogSend {
   int64_t diverted = 0;
   // A read stopped at its limit: more events are ready.
   bool more = false;
+  // With LogFeedOptions::fenced and events: a WAL position past their
+  // commits (WalPastVisibleCommits), for the replication fence.
+  std::string lsn;
   // The read was to show commits that the ticks it has may not, and the
   // newest tick was too young to make another: read again after this.
   absl::Duration retry_in;
@@ -172,7 +175,7 @@ class LogReader {
   int64_t next_span_ = 1;
   // Events in flight: seq -> (group, span).
   std::map<int64_t, std::pair<int, int64_t>> seq_group_;
-  std::map<int64_t, Tick> ticks_;      // of ranges being read
+  std::map<int64_t, Tick> ticks_;  // of ranges being read
   // The newest tick asked of the database, and a moment (the relay's
   // clock) no later than its snapshot: every commit before it shows.
   struct HeldTick {

@@ -49,9 +49,20 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
       log_({.reader = {.subscription = options_.subscription,
                        .member = ownership_.member(),
                        .payload_budget = kMaxDeliveryBatchBytes},
-            .poll_interval = options_.poll_interval}),
+            .poll_interval = options_.poll_interval,
+            .fenced = options_.fence.enabled()}),
       db_backoff_(options_.retry_initial, options_.retry_max),
-      consumer_(options_.subscription, &counters_) {
+      consumer_(options_.subscription, &counters_),
+      rows_(
+          {.subscription = options_.subscription,
+           .member = ownership_.member(),
+           .batch_size = options_.batch_size,
+           .poll_interval = options_.poll_interval,
+           .fenced = options_.fence.enabled(),
+           .claimed = [this](size_t rows,
+                             absl::Duration took) { ObserveClaim(rows, took); },
+           .settled = [this](const Settled& s) { Settle(s); }},
+          &settlement_) {
   session_.identity_watch = own_watch_.get();
   if (options_.fence.enabled()) {
     fence_ = std::make_unique<ReplicationFence>(options_.fence);
@@ -266,100 +277,33 @@ std::vector<Lane*> Relay::ServingLanes() {
 }
 
 absl::Status Relay::Claim(Lane& lane, int slot, int slots, ClaimRound* round) {
-  const std::vector<int> partitions = ownership_.ForSlot(slot, slots);
+  std::vector<int> partitions = ownership_.ForSlot(slot, slots);
   if (partitions.empty()) return absl::OkStatus();
-  try {
-    // Answered deliveries (only those: Settlement::RideWithClaim) are deleted
-    // by the next claim statement, which frees their aggregates unless more
-    // of their events are out: as if marked before this claim began.
-    std::map<std::string, int> riding = settlement_.Riding();
-    const BusyChains& busy = settlement_.busy();
-    ClaimWalk walk(
-        &lane.cursor,
-        {.outstanding = InFlightEvents() +
-                        static_cast<int64_t>(settlement_.marks().size()),
-         .batch_size = options_.batch_size,
-         .freed = busy.freed(),
-         .riding_frees = busy.Frees(riding),
-         .now = absl::Now(),
-         .poll_interval = options_.poll_interval});
-    for (;;) {
-      const int limit = LaneLimit(lane);
-      if (limit == 0) break;
-      round->ran = true;
-      // Only the first statement carries them: later ones of this round
-      // find no marks, or the rejections of rows it could not read, which
-      // FlushMarks writes.
-      const bool ride = !riding.empty();
-      ClaimQuery query{.subscription = options_.subscription,
-                       .partitions = partitions,
-                       .limit = limit,
-                       .after = walk.after(),
-                       .mark = ride,
-                       .member = ownership_.member(),
-                       .lsn = fence_ != nullptr};
-      if (ride) {
-        // Those from the log have no row: Written settles them.
-        MarkPlan marking = PlanMarks(settlement_.marks());
-        query.delivered = std::move(marking.delivered);
-        query.delivered_ids = std::move(marking.delivered_ids);
-      }
-      // By id: a busy chain keeps the other chains of its id (other types)
-      // out of this claim too, which only delays them.
-      for (const std::string& chain : busy.BusyAfter(riding)) {
-        query.excluded_ids.emplace_back(ChainIdOf(chain));
-      }
-      const absl::Time t0 = absl::Now();
-      if (ride) {
-        // As in FlushMarks: answered, not yet marked; nothing written.
-        MaybeCrash("relay.after_send_before_mark");
-        MaybeCrash("relay.before_mark_commit");
-      }
-      Claimed claimed;
-      {
-        auto tx = OpenUnit(*conn_);
-        claimed = ClaimPending(*tx, query);
-        tx->commit();
-      }
-      const size_t rows = claimed.candidates.size();
-      counters_.claim_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
-      if (ride) {
-        MaybeCrash("relay.after_mark_commit");
-        Settle(settlement_.Written({}));
-        riding.clear();
-      }
-      if (options_.after_claim) options_.after_claim(rows);
-      if (spdlog::should_log(spdlog::level::debug)) {
-        spdlog::debug("relay: claimed {} rows in {}", rows,
-                      absl::FormatDuration(absl::Now() - t0));
-      }
-      const ClaimWalk::Next next =
-          walk.Claimed(rows, claimed.last_seq, !query.excluded_ids.empty(),
-                       busy.freed(), absl::Now());
-      if (next == ClaimWalk::kDone) break;
-      if (next == ClaimWalk::kAgain) continue;
-      // A chain goes when its first row here is its first undelivered
-      // event; then all its rows here go, in chain order.
-      BuiltBatch built = BuildBatch(std::move(claimed.candidates),
-                                    {.batch_id = next_batch_id_++,
-                                     .source = source_,
-                                     .chain_from = chain_from_,
-                                     .max_bytes = kMaxDeliveryBatchBytes});
-      Take(lane, built);
-      const bool cut = built.cut_by_bytes;
-      if (!built.batch.seqs.empty()) {
-        MaybeCrash("relay.after_claim_before_send");
-        built.batch.full = cut || static_cast<int>(rows) >= limit;
-        round->full |= built.batch.full;
-        Dispatch(lane, std::move(built.batch), std::move(built.request),
-                 claimed.lsn);
-      }
-      if (!walk.Continue(rows, limit, cut, absl::Now())) break;
-    }
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    return Failed("claim", StatusFromException(e));
-  }
+  const absl::Status s = rows_.Round(
+      *conn_,
+      {.partitions = std::move(partitions),
+       .cursor = &lane.cursor,
+       .in_flight = InFlightEvents(),
+       .limit = [&] { return LaneLimit(lane); },
+       .send =
+           [&](Claimed claimed, int limit) {
+             const size_t rows = claimed.candidates.size();
+             // A chain goes when its first row here is its first
+             // undelivered event; then all its rows here go, in chain
+             // order.
+             BuiltBatch built =
+                 BuildBatch(std::move(claimed.candidates),
+                            {.batch_id = next_batch_id_++,
+                             .source = source_,
+                             .chain_from = chain_from_,
+                             .max_bytes = kMaxDeliveryBatchBytes});
+             const bool cut = built.cut_by_bytes;
+             Send(lane, built, cut || static_cast<int>(rows) >= limit,
+                  claimed.lsn, round);
+             return cut;
+           }},
+      &round->ran);
+  return s.ok() ? s : Failed("claim", s);
 }
 
 absl::Status Relay::SendFromLog(Lane& lane, int slot, int slots,
@@ -393,26 +337,12 @@ absl::Status Relay::SendFromLog(Lane& lane, int slot, int slots,
     return absl::OkStatus();
   }
   if (!read.ok()) return Failed("reading the outbox log", read.status());
-  counters_.claim_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
-  if (options_.after_claim) options_.after_claim(read->events.size());
+  ObserveClaim(read->events.size(), absl::Now() - t0);
   if (read->diverted > 0) {
     spdlog::debug("relay: {} events of chains with exceptions join them",
                   read->diverted);
   }
   if (read->events.empty()) return absl::OkStatus();
-  std::string lsn;
-  if (fence_ != nullptr) {
-    // Every event read had committed before this position.
-    try {
-      auto unit = OpenUnit(*conn_);
-      lsn = WalPastVisibleCommits(*unit);
-      unit->commit();
-    } catch (const std::exception& e) {
-      // Its events stay in flight until the stream is dropped: read again.
-      log_.Rewind();
-      return StatusFromException(e);
-    }
-  }
   // Chains this batch must not send: one of their events is unanswered
   // in an earlier batch (or a claim of their exceptions), or one here
   // cannot be sent. Their events become exceptions, delivered in chain
@@ -433,25 +363,34 @@ absl::Status Relay::SendFromLog(Lane& lane, int slot, int slots,
                                  .busy = [this](const std::string& chain) {
                                    return settlement_.busy().busy(chain);
                                  }});
-  Take(lane, built);
-  if (built.batch.seqs.empty()) return absl::OkStatus();
-  MaybeCrash("relay.after_claim_before_send");
-  built.batch.full = read->more;
-  round->full |= built.batch.full;
-  Dispatch(lane, std::move(built.batch), std::move(built.request), lsn);
+  Send(lane, built, read->more, read->lsn, round);
   return absl::OkStatus();
 }
 
-void Relay::Take(Lane& lane, BuiltBatch& built) {
+void Relay::ObserveClaim(size_t rows, absl::Duration took) {
+  counters_.claim_seconds->Observe(absl::ToDoubleSeconds(took));
+  if (options_.after_claim) options_.after_claim(rows);
+  if (spdlog::should_log(spdlog::level::debug)) {
+    spdlog::debug("relay: claimed {} rows in {}", rows,
+                  absl::FormatDuration(took));
+  }
+}
+
+void Relay::Send(Lane& lane, BuiltBatch& built, bool full,
+                 const std::string& lsn, ClaimRound* round) {
+  // What it set aside (exceptions, chains that wait) counts even when
+  // nothing of it goes.
   settlement_.Sent(built);
   if (!built.batch.from_log) {
     lane.cursor.sent_through =
         std::max(lane.cursor.sent_through, built.sent_through);
   }
-}
-
-void Relay::Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
-                     const std::string& lsn) {
+  if (built.batch.seqs.empty()) return;
+  MaybeCrash("relay.after_claim_before_send");
+  InFlight batch = std::move(built.batch);
+  v1::DeliverRequest req = std::move(built.request);
+  batch.full = full;
+  round->full |= full;
   counters_.batch_events->Observe(static_cast<double>(req.events_size()));
   batch.inbox_high_at_send = consumer_.inbox_high();
   if (fence_ != nullptr) {

@@ -75,6 +75,7 @@
 #include "relay/ownership.h"
 #include "relay/policy.h"
 #include "relay/relay_metrics.h"
+#include "relay/rows_claim.h"
 #include "relay/settlement.h"
 #include "relay/subscribe.h"
 #include "relay/subscriptions.h"
@@ -238,18 +239,20 @@ class Relay {
   // Events `lane`'s next claim may ask for (ClaimLimit); 0: it waits for
   // answers.
   int LaneLimit(const Lane& lane) const;
-  // Claims for the partitions of slot `slot` of `slots` and sends them on
-  // `lane`.
+  // Claims rows (RowsClaim) for the partitions of slot `slot` of `slots`
+  // and sends them on `lane`.
   absl::Status Claim(Lane& lane, int slot, int slots, ClaimRound* round);
   // The same from the outbox log (on_log_): reads the next events of those
   // partitions and sends them on `lane`.
   absl::Status SendFromLog(Lane& lane, int slot, int slots, ClaimRound* round);
-  // A built batch's events out: the settlement's, and the lane's cursor.
-  void Take(Lane& lane, BuiltBatch& built);
-  // Sends `req` (`batch` in flight) on `lane`, or holds it until the
-  // standbys flushed WAL position `lsn` (the fence).
-  void Dispatch(Lane& lane, InFlight batch, v1::DeliverRequest req,
-                const std::string& lsn);
+  // A built batch's events out (the settlement's, the lane's cursor), and
+  // its batch, if any, sent on `lane` (`full`: it took all the lane
+  // allowed), or held until the standbys flushed WAL position `lsn` (the
+  // fence).
+  void Send(Lane& lane, BuiltBatch& built, bool full, const std::string& lsn,
+            ClaimRound* round);
+  // A claim of rows, or a read of the log, found `rows` in `took`.
+  void ObserveClaim(size_t rows, absl::Duration took);
   // Stores the log positions that answers moved (written marks only), at
   // most every LogFeedOptions::flush_interval unless `now`.
   absl::Status FlushLog(bool now);
@@ -340,6 +343,7 @@ class Relay {
   Settlement settlement_;
   // What answers taught of the consumer's database, until WriteRepairs.
   ConsumerWatch consumer_;
+  RowsClaim rows_;  // after settlement_ and ownership_, which it uses
   // A backlog was seen and not yet worked off: the partitions are spread
   // over every open lane (see RelayOptions::lanes).
   bool spread_ = false;
