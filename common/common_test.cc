@@ -40,6 +40,7 @@
 
 ABSL_FLAG(int, test_pool_size, 3, "A flag for the environment test.");
 ABSL_FLAG(std::string, test_target, "a", "A flag for the environment test.");
+ABSL_FLAG(bool, test_bool, false, "A flag for the command line test.");
 
 namespace outbox {
 namespace {
@@ -123,6 +124,51 @@ TEST(Config, EnvironmentSetsFlagsAndBadValuesNameTheVariable) {
   EXPECT_NE(s.message().find("OUTBOX_TEST_POOL_SIZE"), std::string::npos) << s;
   unsetenv("OUTBOX_TEST_POOL_SIZE");
   unsetenv("OUTBOX_TEST_TARGET");
+}
+
+// CheckFlagArguments on a command line given as words.
+absl::Status CheckArgs(std::vector<std::string> words) {
+  words.insert(words.begin(), "binary");
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  return CheckFlagArguments(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(Config, FlagArgumentsAreCheckedAsAbseilReadsThem) {
+  EXPECT_TRUE(CheckArgs({}).ok());
+  EXPECT_TRUE(CheckArgs({"--test_pool_size=4", "-test_target", "x:1",
+                         "positional", "-", "--log_level", "debug"})
+                  .ok());
+  // What follows "--" is positional; abseil's own flags are abseil's.
+  EXPECT_TRUE(CheckArgs({"--", "--no_such_flag"}).ok());
+  EXPECT_TRUE(CheckArgs({"--helpfull"}).ok());
+  EXPECT_TRUE(CheckArgs({"--flagfile=/dev/null", "--no_such_flag"}).ok());
+
+  absl::Status s = CheckArgs({"--test_pool_size=4", "--test_poolsize=5"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "unknown flag --test_poolsize (--helpfull lists them)");
+  s = CheckArgs({"--test_pool_size", "many"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--test_pool_size=\"many\""), std::string::npos)
+      << s;
+  s = CheckArgs({"--test_target"});
+  EXPECT_EQ(s.message(), "--test_target needs a value");
+  // A bool flag takes no value after it, and its negation exists only for
+  // a bool.
+  EXPECT_EQ(CheckArgs({"--nono_such_flag"}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckArgs({"--test_bool", "positional", "--notest_bool"}).ok());
+  EXPECT_EQ(CheckArgs({"--notest_pool_size"}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckArgs({"--test_bool=perhaps"}).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Checking set the flags to what they will be parsed as, nothing else.
+  EXPECT_EQ(absl::GetFlag(FLAGS_test_pool_size), 4);
+  EXPECT_EQ(absl::GetFlag(FLAGS_test_target), "x:1");
+  absl::SetFlag(&FLAGS_test_pool_size, 3);
+  absl::SetFlag(&FLAGS_test_target, "a");
+  absl::SetFlag(&FLAGS_test_bool, false);
 }
 
 TEST(Ids, UuidsAreV4AndValidated) {

@@ -10,7 +10,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
 
@@ -43,6 +45,52 @@ absl::Status ApplyFlagsFromEnvironment() {
   return absl::OkStatus();
 }
 
+absl::Status CheckFlagArguments(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    if (!absl::StartsWith(a, "-") || a == "-") continue;  // positional
+    if (a == "--") break;
+    absl::string_view name = absl::StripPrefix(absl::StripPrefix(a, "-"), "-");
+    std::optional<absl::string_view> value;
+    if (const size_t eq = name.find('='); eq != absl::string_view::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    // Abseil's own: flags from elsewhere, and the usage flags (which it
+    // does not register).
+    for (absl::string_view own :
+         {"flagfile", "fromenv", "tryfromenv", "undefok", "help", "helpfull",
+          "helpshort", "helppackage", "helpon", "helpmatch", "version",
+          "only_check_args"}) {
+      if (name == own) return absl::OkStatus();
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && !value.has_value() && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated =
+          absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, " (--helpfull lists them)"));
+    }
+    if (!value.has_value()) {
+      if (flag->IsOfType<bool>()) continue;
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, " needs a value"));
+      }
+      value = argv[++i];
+    }
+    std::string error;
+    if (!flag->ParseFrom(*value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, "=\"", *value, "\": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 sigset_t TerminationSignals() {
   sigset_t set;
@@ -66,6 +114,11 @@ std::vector<char*> InitProcess(int argc, char** argv, const char* usage) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(usage);
   if (absl::Status s = ApplyFlagsFromEnvironment(); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], std::string(s.message()).c_str());
+    std::exit(2);
+  }
+  // Before abseil's parse, which exits 1 on a bad flag.
+  if (absl::Status s = CheckFlagArguments(argc, argv); !s.ok()) {
     std::fprintf(stderr, "%s: %s\n", argv[0], std::string(s.message()).c_str());
     std::exit(2);
   }

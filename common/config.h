@@ -21,9 +21,20 @@ std::string EnvNameForFlag(const std::string& flag);
 // Returns InvalidArgument naming the variable if a value does not parse.
 absl::Status ApplyFlagsFromEnvironment();
 
+// Checks the flags on a command line (argv[1..argc), up to "--") before
+// abseil parses it: each must be a registered flag, given a value it takes
+// (as absl::ParseCommandLine reads them: --name=value, --name value,
+// --name and --noname for a bool). Returns InvalidArgument naming the first
+// that is not. From one of abseil's own flags on (--flagfile, --fromenv,
+// --tryfromenv, --undefok, whose flags come from elsewhere, and the usage
+// flags such as --help) it checks nothing: abseil does. Setting a flag to
+// the value it checks is its only effect; the parse sets it again.
+absl::Status CheckFlagArguments(int argc, char** argv);
+
 // Everything a binary does first: blocks SIGINT/SIGTERM in every thread
 // (WaitForTerminationSignal picks them up), applies the environment, parses
-// the command line (exiting with a message on an unknown or bad flag) and
+// the command line (exiting 2 with a message naming an unknown or bad flag,
+// as a usage error: a tool's 1 means what it found, not a typo) and
 // sets up logging from --log_format and --log_level. Returns the positional
 // arguments (argv[0] first).
 std::vector<char*> InitProcess(int argc, char** argv, const char* usage);

@@ -2,7 +2,10 @@
 # outboxctl --help answers with exit 0; no command or an unknown one gets
 # the full usage and exit 2; it refuses a flag out of range before it
 # contacts anything: exit 2 and a message that names the flag. Nothing listens where it would call
-# (port 9 on loopback), so a flag let through fails differently.
+# (port 9 on loopback), so a flag let through fails differently. A flag
+# no binary knows, or a value its type refuses, is a usage error too (exit
+# 2 naming it) for outboxctl and each service: a check that reads exit 1
+# as "violations found" must not take a typo for them.
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 
@@ -63,3 +66,21 @@ refused --max_tries load --max_tries=0
 refused --sink conformance
 refused --protocol conformance --sink=$nowhere --protocol=3
 refused usage no-such-command
+
+# Misspelt or mistyped flags (abseil's own parse would exit 1).
+refused --wiat verify --wiat=10s
+refused --no_such_flag stats --no_such_flag
+refused --timeout stats --timeout
+refused --timeout stats --timeout=soon
+for b in outbox-producer outbox-relay outbox-consumer; do
+  for args in "--no_such_flag" "--db_pool_size=many" "--db_pool_size" "--nodb_pool_size"; do
+    rc=0
+    out=$(timeout 10 "$BIN/$b" --db=$db $args 2>&1) || rc=$?
+    flag=${args%%=*}
+    flag=${flag#--no}
+    flag=${flag#--}
+    [ "$rc" = 2 ] || fail "$b $args: exit $rc, not 2: $out"
+    grep -q -- "$flag" <<<"$out" || fail "$b $args: does not name $flag: $out"
+    pass "$b $args: $out"
+  done
+done
