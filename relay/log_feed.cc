@@ -1,10 +1,13 @@
 #include "relay/log_feed.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <utility>
 
 #include "common/db.h"
 #include "relay/fence.h"
+#include "relay/outbox_log.h"
 
 namespace outbox::relay {
 
@@ -72,6 +75,28 @@ absl::StatusOr<LogSend> LogFeed::Read(pqxx::connection& conn,
     }
   }
   return read;
+}
+
+absl::Status LogFeed::Rebase(pqxx::connection_base& conn) {
+  try {
+    pqxx::work tx(conn);
+    ApplyLimits(tx);
+    absl::StatusOr<Rebased> r = RebaseLog(tx);
+    if (!r.ok()) return r.status();
+    tx.commit();
+    if (r->rebased) {
+      spdlog::error(
+          "relay: the outbox's transaction ids lie behind its log's (a dump "
+          "restored into another cluster?): {} events the log had not "
+          "delivered are owed as exceptions, and the log restarts at tick {}",
+          r->owed, r->tick);
+    }
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+  Owed();
+  Reset();
+  return absl::OkStatus();
 }
 
 bool LogFeed::FlushDue(absl::Time now, bool force) {

@@ -85,6 +85,13 @@ class LogFeed {
                                const std::vector<int>& partitions, int limit,
                                bool listening);
 
+  // The database's transaction ids went behind the log's (a dump restored
+  // into another cluster; Read's SQLSTATE 55000): rebases the log
+  // (RebaseLog) in a transaction of its own, logs what that owed, and
+  // reads every position again, claiming what became exceptions. What is
+  // in flight is to be dropped by the caller: its answers settle nothing.
+  absl::Status Rebase(pqxx::connection_base& conn);
+
   // Whether positions moved and are to be stored now: `force`, or
   // flush_interval since the last store. Starts the interval anew.
   bool FlushDue(absl::Time now, bool force);

@@ -433,29 +433,12 @@ void Relay::FollowLogMove(bool on_log) {
 }
 
 absl::Status Relay::Rebase() {
-  try {
-    pqxx::work tx(*conn_);
-    ApplyLimits(tx);
-    absl::StatusOr<Rebased> r = RebaseLog(tx);
-    if (!r.ok()) throw std::runtime_error(r.status().ToString());
-    tx.commit();
-    if (r->rebased) {
-      spdlog::error(
-          "relay: the outbox's transaction ids lie behind its log's (a dump "
-          "restored into another cluster?): {} events the log had not "
-          "delivered are owed as exceptions, and the log restarts at tick {}",
-          r->owed, r->tick);
-    }
-  } catch (const std::exception& e) {
-    return Failed("rebasing the outbox log", StatusFromException(e));
+  if (absl::Status s = log_.Rebase(*conn_); !s.ok()) {
+    return Failed("rebasing the outbox log", s);
   }
-  // Every position moved: read them again, and claim what became
-  // exceptions.
-  log_.Owed();
   for (Lane& lane : lanes_) {
     if (lane.has_stream()) DropStream(lane, "the outbox log was rebased");
   }
-  log_.Reset();
   return absl::OkStatus();
 }
 
