@@ -126,13 +126,14 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
       }
       for (const auto& row : o.exec_params(
                absl::StrCat(
-                   "SELECT o.seq, o.event_id::text, o.aggregate_id, "
-                   "o.event_type, o.prev_seq, "
-                   "extract(epoch FROM now() - o.created_at)::float8, ",
+                   "SELECT o.seq, o.event_id::text AS event_id, "
+                   "o.aggregate_id, o.event_type, o.prev_seq, "
+                   "extract(epoch FROM now() - o.created_at)::float8 AS age, ",
                    kDeliveryStatusSql,
-                   ", coalesce(d.attempts, 0), coalesce(d.last_error, ''), "
+                   " AS status, coalesce(d.attempts, 0) AS attempts, "
+                   "coalesce(d.last_error, '') AS last_error, "
                    "coalesce(extract(epoch FROM d.available_at - now()), 0)"
-                   "::float8, o.aggregate_type FROM outbox o JOIN "
+                   "::float8 AS next_try, o.aggregate_type FROM outbox o JOIN "
                    "subscriptions s ON s.name = $1 "
                    "LEFT JOIN outbox_delivery d ON d.subscription = $1 AND "
                    "d.seq = o.seq",
@@ -144,27 +145,29 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
                options.subscription, absl::ToDoubleSeconds(options.window),
                absl::ToDoubleSeconds(options.grace))) {
         Committed c;
-        c.f.seq = row[0].as<int64_t>();
-        c.f.event_id = row[1].as<std::string>();
-        c.f.aggregate_id = row[2].as<std::string>();
-        c.f.event_type = row[3].as<std::string>();
-        c.prev_seq = row[4].as<int64_t>();
-        c.f.age = absl::Seconds(row[5].as<double>());
-        c.status = row[6].as<std::string>();
-        c.attempts = row[7].as<int64_t>();
-        c.last_error = row[8].as<std::string>();
-        c.next_try_s = row[9].as<double>();
-        c.aggregate_type = row[10].as<std::string>();
+        c.f.seq = row["seq"].as<int64_t>();
+        c.f.event_id = row["event_id"].as<std::string>();
+        c.f.aggregate_id = row["aggregate_id"].as<std::string>();
+        c.f.event_type = row["event_type"].as<std::string>();
+        c.prev_seq = row["prev_seq"].as<int64_t>();
+        c.f.age = absl::Seconds(row["age"].as<double>());
+        c.status = row["status"].as<std::string>();
+        c.attempts = row["attempts"].as<int64_t>();
+        c.last_error = row["last_error"].as<std::string>();
+        c.next_try_s = row["next_try"].as<double>();
+        c.aggregate_type = row["aggregate_type"].as<std::string>();
         events.push_back(std::move(c));
       }
       for (const auto& row : o.exec_params(
-               "SELECT o.aggregate_type, d.aggregate_id, min(d.seq) FROM "
+               "SELECT o.aggregate_type, d.aggregate_id, min(d.seq) AS seq "
+               "FROM "
                "outbox_delivery d JOIN outbox o ON o.seq = d.seq WHERE "
                "d.subscription = $1 AND d.status IN ('dead', 'diverged') "
                "GROUP BY 1, 2",
                options.subscription)) {
-        first_dead[ChainKey("", row[0].as<std::string>(),
-                            row[1].as<std::string>())] = row[2].as<int64_t>();
+        first_dead[ChainKey("", row["aggregate_type"].as<std::string>(),
+                            row["aggregate_id"].as<std::string>())] =
+            row["seq"].as<int64_t>();
       }
       source = OutboxSourceName(o);
       r.heal_due = DueHealText(o, options.subscription);
@@ -172,19 +175,21 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
               .as<bool>()) {
         for (const auto& row : o.exec_params(
                  "SELECT aggregate_id, kind, detail, extract(epoch FROM now() "
-                 "- detected_at)::float8, coalesce(consumer_event_id::text, "
-                 "''), coalesce(consumer_seq, 0) FROM outbox_divergences "
+                 "- detected_at)::float8 AS age, "
+                 "coalesce(consumer_event_id::text, '') AS consumer_event_id, "
+                 "coalesce(consumer_seq, 0) AS consumer_seq FROM "
+                 "outbox_divergences "
                  "WHERE subscription = $1 AND resolved_at IS NULL ORDER BY id",
                  options.subscription)) {
           Finding f;
-          f.aggregate_id = row[0].as<std::string>();
+          f.aggregate_id = row["aggregate_id"].as<std::string>();
           f.reason = "diverged aggregate";
-          f.detail = absl::StrCat(row[1].as<std::string>(), ": ",
-                                  row[2].as<std::string>(),
+          f.detail = absl::StrCat(row["kind"].as<std::string>(), ": ",
+                                  row["detail"].as<std::string>(),
                                   " (outboxctl resolve decides)");
-          f.age = absl::Seconds(row[3].as<double>());
-          f.event_id = row[4].as<std::string>();
-          f.seq = row[5].as<int64_t>();
+          f.age = absl::Seconds(row["age"].as<double>());
+          f.event_id = row["consumer_event_id"].as<std::string>();
+          f.seq = row["consumer_seq"].as<int64_t>();
           divergences.push_back(std::move(f));
         }
       }
@@ -220,23 +225,26 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
                            ids.str())) {
           applied.insert(row[0].as<std::string>());
         }
-        for (const auto& row : b.exec_params(
-                 "SELECT event_id::text, prev_seq FROM held_events WHERE "
-                 "event_id = ANY($1::uuid[])",
-                 ids.str())) {
-          held_prev[row[0].as<std::string>()] = row[1].as<int64_t>();
+        for (const auto& row :
+             b.exec_params("SELECT event_id::text AS event_id, prev_seq FROM "
+                           "held_events WHERE "
+                           "event_id = ANY($1::uuid[])",
+                           ids.str())) {
+          held_prev[row["event_id"].as<std::string>()] =
+              row["prev_seq"].as<int64_t>();
         }
         if (has_pruned) {
           for (const auto& row : b.exec_params(
-                   absl::StrCat("SELECT aggregate_id, pruned_through, ",
-                                by_source ? "aggregate_type" : "''",
-                                " FROM aggregate_cursors WHERE aggregate_id = "
-                                "ANY($1::text[]) AND pruned_through > 0 AND ",
-                                ours),
+                   absl::StrCat(
+                       "SELECT aggregate_id, pruned_through, ",
+                       by_source ? "aggregate_type" : "'' AS aggregate_type",
+                       " FROM aggregate_cursors WHERE aggregate_id = "
+                       "ANY($1::text[]) AND pruned_through > 0 AND ",
+                       ours),
                    aggs.str())) {
-            pruned_through[ChainKey("", row[2].as<std::string>(),
-                                    row[0].as<std::string>())] =
-                row[1].as<int64_t>();
+            pruned_through[ChainKey("", row["aggregate_type"].as<std::string>(),
+                                    row["aggregate_id"].as<std::string>())] =
+                row["pruned_through"].as<int64_t>();
           }
         }
       }
@@ -254,22 +262,23 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
         ApplyLimits(b);
         for (const auto& row : b.exec_params(
                  absl::StrCat(
-                     "SELECT event_id::text, aggregate_id, seq, event_type, "
-                     "extract(epoch FROM now() - applied_at)::float8 FROM "
+                     "SELECT event_id::text AS event_id, aggregate_id, seq, "
+                     "event_type, extract(epoch FROM now() - applied_at)"
+                     "::float8 AS age FROM "
                      "inbox WHERE applied_at >= now() - make_interval(secs => "
                      "$1::float8) AND applied_at < now() - make_interval(secs "
                      "=> $2::float8) AND ",
                      ours, " ORDER BY applied_at"),
                  absl::ToDoubleSeconds(options.window),
                  absl::ToDoubleSeconds(options.grace))) {
-          if (in_window.count(row[0].as<std::string>())) continue;
-          if (row[2].as<int64_t>() < min_retained) continue;  // retention
           Finding f;
-          f.event_id = row[0].as<std::string>();
-          f.aggregate_id = row[1].as<std::string>();
-          f.seq = row[2].as<int64_t>();
-          f.event_type = row[3].as<std::string>();
-          f.age = absl::Seconds(row[4].as<double>());
+          f.event_id = row["event_id"].as<std::string>();
+          f.seq = row["seq"].as<int64_t>();
+          if (in_window.count(f.event_id)) continue;
+          if (f.seq < min_retained) continue;  // retention
+          f.aggregate_id = row["aggregate_id"].as<std::string>();
+          f.event_type = row["event_type"].as<std::string>();
+          f.age = absl::Seconds(row["age"].as<double>());
           unknown.push_back(std::move(f));
         }
       }
