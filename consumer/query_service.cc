@@ -45,22 +45,25 @@ grpc::Status BillingQueryImpl::GetOrderView(grpc::ServerContext* ctx,
                                               " has no applied events here"));
     }
     v1::OrderView* v = resp->mutable_order();
-    v->set_order_id(r[0][0].as<std::string>());
-    v->set_customer_id(r[0][1].as<std::string>());
+    const pqxx::row order = r[0];
+    v->set_order_id(order["order_id"].as<std::string>());
+    v->set_customer_id(order["customer_id"].as<std::string>());
     v1::OrderStatus status = v1::ORDER_STATUS_UNSPECIFIED;
-    v1::OrderStatus_Parse("ORDER_STATUS_" + r[0][2].as<std::string>(), &status);
+    v1::OrderStatus_Parse("ORDER_STATUS_" + order["status"].as<std::string>(),
+                          &status);
     v->set_status(status);
-    v->set_total_cents(r[0][3].as<int64_t>());
-    v->set_currency(r[0][4].as<std::string>());
-    v->set_last_seq(r[0][5].as<int64_t>());
+    v->set_total_cents(order["total_cents"].as<int64_t>());
+    v->set_currency(order["currency"].as<std::string>());
+    v->set_last_seq(order["last_seq"].as<int64_t>());
     for (const auto& row : tx.exec_params(
-             "SELECT event_id::text, kind, amount_cents FROM charges "
+             "SELECT event_id::text AS event_id, kind, amount_cents FROM "
+             "charges "
              "WHERE order_id = $1 ORDER BY created_at",
              req->order_id())) {
       v1::Charge* ch = v->add_charges();
-      ch->set_event_id(row[0].as<std::string>());
-      ch->set_kind(row[1].as<std::string>());
-      ch->set_amount_cents(row[2].as<int64_t>());
+      ch->set_event_id(row["event_id"].as<std::string>());
+      ch->set_kind(row["kind"].as<std::string>());
+      ch->set_amount_cents(row["amount_cents"].as<int64_t>());
     }
     return absl::OkStatus();
   });
@@ -79,14 +82,15 @@ grpc::Status BillingQueryImpl::GetStats(grpc::ServerContext* ctx,
     pqxx::read_transaction tx(c);
     ApplyLimits(tx);
     pqxx::row r = tx.exec1(
-        "SELECT (SELECT count(*) FROM inbox), (SELECT count(*) FROM "
-        "held_events), coalesce((SELECT extract(epoch FROM now() - "
-        "min(received_at)) FROM held_events), 0)::float8, "
-        "(SELECT count(*) FROM aggregate_cursors)");
-    resp->set_applied(r[0].as<int64_t>());
-    resp->set_held(r[1].as<int64_t>());
-    resp->set_oldest_held_seconds(r[2].as<double>());
-    resp->set_aggregates(r[3].as<int64_t>());
+        "SELECT (SELECT count(*) FROM inbox) AS applied, (SELECT count(*) "
+        "FROM held_events) AS held, coalesce((SELECT extract(epoch FROM "
+        "now() - min(received_at)) FROM held_events), 0)::float8 AS "
+        "oldest_held, (SELECT count(*) FROM aggregate_cursors) AS "
+        "aggregates");
+    resp->set_applied(r["applied"].as<int64_t>());
+    resp->set_held(r["held"].as<int64_t>());
+    resp->set_oldest_held_seconds(r["oldest_held"].as<double>());
+    resp->set_aggregates(r["aggregates"].as<int64_t>());
     return absl::OkStatus();
   });
   if (!s.ok()) return ToGrpcStatus(s);
@@ -121,29 +125,30 @@ grpc::Status BillingQueryImpl::ListHeldEvents(
     pqxx::read_transaction tx(c);
     ApplyLimits(tx);
     for (const auto& row : tx.exec_params(
-             "SELECT h.event_id::text, h.aggregate_id, h.seq, h.prev_seq, "
-             "coalesce(c.last_seq, 0), "
-             "(extract(epoch FROM h.received_at) * 1000000)::bigint, "
-             "h.attempts, coalesce(h.last_error, ''), "
-             "coalesce((extract(epoch FROM h.failed_at) * 1000000)::bigint, "
-             "0), h.aggregate_type, h.source FROM held_events h LEFT JOIN "
+             "SELECT h.event_id::text AS event_id, h.aggregate_id, h.seq, "
+             "h.prev_seq, coalesce(c.last_seq, 0) AS cursor, "
+             "(extract(epoch FROM h.received_at) * 1000000)::bigint AS "
+             "received_us, h.attempts, coalesce(h.last_error, '') AS "
+             "last_error, coalesce((extract(epoch FROM h.failed_at) * "
+             "1000000)::bigint, 0) AS failed_us, h.aggregate_type, h.source "
+             "FROM held_events h LEFT JOIN "
              "aggregate_cursors c USING (source, aggregate_type, aggregate_id) "
              "WHERE h.attempts > 0 OR NOT $2 "
              "ORDER BY h.received_at LIMIT $1",
              limit, req->failed_only())) {
       v1::HeldEvent* h = resp->add_events();
-      h->set_event_id(row[0].as<std::string>());
-      h->set_aggregate_id(row[1].as<std::string>());
-      h->set_aggregate_type(row[9].as<std::string>());
-      h->set_source(row[10].as<std::string>());
-      h->set_seq(row[2].as<int64_t>());
-      h->set_prev_seq(row[3].as<int64_t>());
-      h->set_cursor(row[4].as<int64_t>());
-      ToTimestamp(absl::FromUnixMicros(row[5].as<int64_t>()),
+      h->set_event_id(row["event_id"].as<std::string>());
+      h->set_aggregate_id(row["aggregate_id"].as<std::string>());
+      h->set_aggregate_type(row["aggregate_type"].as<std::string>());
+      h->set_source(row["source"].as<std::string>());
+      h->set_seq(row["seq"].as<int64_t>());
+      h->set_prev_seq(row["prev_seq"].as<int64_t>());
+      h->set_cursor(row["cursor"].as<int64_t>());
+      ToTimestamp(absl::FromUnixMicros(row["received_us"].as<int64_t>()),
                   h->mutable_received_at());
-      h->set_attempts(row[6].as<int>());
-      h->set_last_error(row[7].as<std::string>());
-      if (const int64_t at = row[8].as<int64_t>(); at != 0) {
+      h->set_attempts(row["attempts"].as<int>());
+      h->set_last_error(row["last_error"].as<std::string>());
+      if (const int64_t at = row["failed_us"].as<int64_t>(); at != 0) {
         ToTimestamp(absl::FromUnixMicros(at), h->mutable_failed_at());
       }
     }

@@ -133,8 +133,8 @@ absl::StatusOr<RewindResult> InboxRepair::Rewind(RewindRequest req) {
             req.aggregate_id, " are here; name the type to rewind"));
       }
       if (types.size() == 1) {
-        req.aggregate_type = types[0][0].as<std::string>();
-        req.source = types[0][1].as<std::string>();
+        req.aggregate_type = types[0]["aggregate_type"].as<std::string>();
+        req.source = types[0]["source"].as<std::string>();
       }
     }
     chain = ChainKey(req.source, req.aggregate_type, req.aggregate_id);
@@ -147,8 +147,9 @@ absl::StatusOr<RewindResult> InboxRepair::Rewind(RewindRequest req) {
       pruned_through = cur[0][0].as<int64_t>();
     }
     const pqxx::result rows = tx.exec_params(
-        "SELECT event_id::text, seq, event_type, "
-        "(extract(epoch FROM applied_at) * 1000000)::bigint FROM inbox "
+        "SELECT event_id::text AS event_id, seq, event_type, "
+        "(extract(epoch FROM applied_at) * 1000000)::bigint AS applied_us "
+        "FROM inbox "
         "WHERE source = $2 AND aggregate_type = $3 AND aggregate_id = $1 "
         "ORDER BY seq",
         req.aggregate_id, req.source, req.aggregate_type);
@@ -156,26 +157,29 @@ absl::StatusOr<RewindResult> InboxRepair::Rewind(RewindRequest req) {
     // events the producer holds, or held until its retention deleted them
     // (up to shared_through_seq); rows below pruned_through are gone and
     // count as shared (retention deletes only old, settled rows).
+    auto seq_of = [&](size_t i) { return rows[i]["seq"].as<int64_t>(); };
+    auto id_of = [&](size_t i) {
+      return rows[i]["event_id"].as<std::string>();
+    };
     size_t k = 0;
     while (k < rows.size() &&
-           (rows[k][1].as<int64_t>() <= req.shared_through_seq ||
-            keep.count(rows[k][0].as<std::string>()))) {
+           (seq_of(k) <= req.shared_through_seq || keep.count(id_of(k)))) {
       ++k;
     }
-    out.applied_seq = k > 0 ? rows[k - 1][1].as<int64_t>() : pruned_through;
+    out.applied_seq = k > 0 ? seq_of(k - 1) : pruned_through;
     std::vector<AppliedEvent> kept, gone;
     for (size_t i = 0; i < rows.size(); ++i) {
       (i < k ? kept : gone)
-          .push_back({rows[i][0].as<std::string>(), rows[i][1].as<int64_t>(),
-                      rows[i][2].as<std::string>()});
+          .push_back(
+              {id_of(i), seq_of(i), rows[i]["event_type"].as<std::string>()});
     }
     ArrayLiteral ids;
     for (size_t i = k; i < rows.size(); ++i) {
       Superseded e;
-      e.event_id = rows[i][0].as<std::string>();
-      e.seq = rows[i][1].as<int64_t>();
-      e.event_type = rows[i][2].as<std::string>();
-      e.applied_at = absl::FromUnixMicros(rows[i][3].as<int64_t>());
+      e.event_id = id_of(i);
+      e.seq = seq_of(i);
+      e.event_type = rows[i]["event_type"].as<std::string>();
+      e.applied_at = absl::FromUnixMicros(rows[i]["applied_us"].as<int64_t>());
       ids.Add(e.event_id);
       out.superseded.push_back(std::move(e));
     }
