@@ -51,7 +51,7 @@ Relay::Relay(RelayOptions options, Metrics* metrics, Watchdog* watchdog)
                        .payload_budget = kMaxDeliveryBatchBytes},
             .poll_interval = options_.poll_interval,
             .fenced = options_.fence.enabled()}),
-      db_backoff_(options_.retry_initial, options_.retry_max),
+      attempts_(Backoff(options_.retry_initial, options_.retry_max)),
       consumer_(options_.subscription, &counters_),
       rows_(
           {.subscription = options_.subscription,
@@ -161,35 +161,21 @@ std::string Relay::source() const {
 absl::Status Relay::EnsureConnection() {
   if (conn_ != nullptr && conn_->is_open()) return absl::OkStatus();
   conn_.reset();
-  if (absl::Now() < next_db_attempt_) return connect_failed_;
-  absl::StatusOr<WorkerSession> opened =
-      OpenWorkerSession(options_.db_url, session_name_, session_,
-                        {.subscription = options_.subscription,
-                         .source = options_.source,
-                         .start_from = options_.start_from,
-                         .resubscribe = options_.resubscribe,
-                         .actor = replica_id_,
-                         .stopping =
-                             [this] {
-                               absl::MutexLock lock(&mu_);
-                               return stopping_;
-                             }},
-                        options_.log_delivery);
-  if (opened.ok() && !opened->up.subscription.refused.empty()) {
-    if (opened->up.subscription.refused != subscription_refused_) {
-      spdlog::error("relay: {}", opened->up.subscription.refused);
-    }
-    subscription_refused_ = opened->up.subscription.refused;
-    opened = absl::FailedPreconditionError(subscription_refused_);
-  }
-  if (!opened.ok()) {
-    connect_failed_ = opened.status();
-    spdlog::warn("relay: connecting: {}; retrying",
-                 std::string(connect_failed_.message()));
-    next_db_attempt_ = absl::Now() + db_backoff_.Next();
-    return connect_failed_;
-  }
-  subscription_refused_.clear();
+  absl::StatusOr<WorkerSession> opened = attempts_.Open(absl::Now(), [&] {
+    return OpenWorkerSession(options_.db_url, session_name_, session_,
+                             {.subscription = options_.subscription,
+                              .source = options_.source,
+                              .start_from = options_.start_from,
+                              .resubscribe = options_.resubscribe,
+                              .actor = replica_id_,
+                              .stopping =
+                                  [this] {
+                                    absl::MutexLock lock(&mu_);
+                                    return stopping_;
+                                  }},
+                             options_.log_delivery);
+  });
+  if (!opened.ok()) return opened.status();
   const TakenUp& up = opened->up;
   subscription_id_ = up.subscription.id;
   chain_from_ = up.subscription.chain_from;
@@ -213,7 +199,6 @@ absl::Status Relay::EnsureConnection() {
   if (up.recorded.has_value()) own_watch_->ObserveRecorded(*up.recorded);
   consumer_.Stored(up.consumer);
   conn_ = std::move(opened->conn);
-  db_backoff_.Reset();
   log_.Reset();  // positions are read again in this session
   ownership_.Forget();
   next_rebalance_ = absl::InfinitePast();

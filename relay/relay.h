@@ -326,15 +326,10 @@ class Relay {
   // it), as last logged.
   bool log_refused_ = false;
 
-  // Why the last connection attempt failed, until one succeeds.
-  absl::Status connect_failed_;
-  // Why TakeUpSubscription refused (it was dropped, or --source names
-  // another), as last logged.
-  std::string subscription_refused_;
+  // The session's attempts, backing off after a failure.
+  SessionAttempts attempts_;
   std::string source_;  // state_.source is the copy for other threads
   std::vector<Lane> lanes_;
-  absl::Time next_db_attempt_ = absl::InfinitePast();
-  Backoff db_backoff_;
   absl::Time next_rebalance_ = absl::InfinitePast();
   uint64_t next_batch_id_ = 1;
 

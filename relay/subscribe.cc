@@ -320,4 +320,32 @@ absl::StatusOr<WorkerSession> OpenWorkerSession(
   return WorkerSession{.conn = *std::move(conn), .up = *std::move(up)};
 }
 
+SessionAttempts::SessionAttempts(Backoff backoff)
+    : backoff_(std::move(backoff)) {}
+
+absl::StatusOr<WorkerSession> SessionAttempts::Open(
+    absl::Time now,
+    const std::function<absl::StatusOr<WorkerSession>()>& open) {
+  if (now < next_) return failed_;
+  absl::StatusOr<WorkerSession> opened = open();
+  if (opened.ok() && !opened->up.subscription.refused.empty()) {
+    if (opened->up.subscription.refused != refused_) {
+      spdlog::error("relay: {}", opened->up.subscription.refused);
+    }
+    refused_ = opened->up.subscription.refused;
+    opened = absl::FailedPreconditionError(refused_);
+  }
+  if (!opened.ok()) {
+    failed_ = opened.status();
+    spdlog::warn("relay: connecting: {}; retrying",
+                 std::string(failed_.message()));
+    next_ = now + backoff_.Next();
+    return failed_;
+  }
+  refused_.clear();
+  backoff_.Reset();
+  next_ = absl::InfinitePast();
+  return opened;
+}
+
 }  // namespace outbox::relay

@@ -22,8 +22,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/db.h"
 #include "common/db_identity.h"
+#include "relay/policy.h"
 
 namespace outbox::relay {
 
@@ -118,5 +120,36 @@ absl::StatusOr<WorkerSession> OpenWorkerSession(
     const std::string& url, const std::string& application_name,
     const DbSession& session, const SubscribeOptions& options,
     bool move_onto_log);
+
+// A relay worker's attempts at its session: after a failure, the next waits
+// its step of `backoff`; each failure is logged, a refused subscription
+// once until the reason changes.
+//
+// Example (relay.cc):
+//   SessionAttempts attempts(Backoff(absl::Milliseconds(100),
+//                                    absl::Seconds(5)));
+//   absl::StatusOr<WorkerSession> s = attempts.Open(absl::Now(), [&] {
+//     return OpenWorkerSession(url, name, session, options, true);
+//   });
+//
+// Not thread-safe: the worker alone calls it.
+class SessionAttempts {
+ public:
+  explicit SessionAttempts(Backoff backoff);
+
+  // Runs `open` unless the last attempt failed and the next is not due at
+  // `now`: then its failure again, `open` not run. A refusal of the
+  // subscription (TakenUp::subscription.refused) is FailedPrecondition
+  // with the reason; its session is closed.
+  absl::StatusOr<WorkerSession> Open(
+      absl::Time now,
+      const std::function<absl::StatusOr<WorkerSession>()>& open);
+
+ private:
+  Backoff backoff_;
+  absl::Status failed_;  // the last attempt's, while it is repeated
+  std::string refused_;  // the last refusal logged
+  absl::Time next_ = absl::InfinitePast();
+};
 
 }  // namespace outbox::relay

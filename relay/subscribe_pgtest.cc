@@ -3,7 +3,8 @@
 // retained event (or none from now) and waits for the writers in flight
 // when it was made, an operator's drop is respected unless resubscribed, a
 // read-only database serves what is there, and the log is entered on
-// request only.
+// request only. And the worker's attempts at a session (pure): a failure
+// waits its backoff, a refusal is an error, a success starts it anew.
 
 #include <gtest/gtest.h>
 
@@ -329,6 +330,45 @@ TEST_F(SubscribeTest, ItsStateIsWhatOperatorsAndTheLogMadeIt) {
   EXPECT_TRUE(state()->on_log);
   act(SubscriptionAction::kDrop);
   EXPECT_FALSE(state().has_value());
+}
+
+// SessionAttempts with a fixed backoff of 1 s, 2 s, 4 s...
+TEST(SessionAttempts, AFailureWaitsItsBackoffARefusalIsAnErrorASuccessResets) {
+  SessionAttempts attempts(
+      Backoff(absl::Seconds(1), absl::Seconds(60), [] { return 1.0; }));
+  int opens = 0;
+  absl::StatusOr<WorkerSession> next = absl::UnavailableError("down");
+  auto open = [&] {
+    ++opens;
+    return std::move(next);
+  };
+  const absl::Time t = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(attempts.Open(t, open).status().message(), "down");
+  // Not due: the same failure, nothing opened.
+  EXPECT_EQ(attempts.Open(t + absl::Milliseconds(900), open).status().message(),
+            "down");
+  EXPECT_EQ(opens, 1);
+  WorkerSession refused;
+  refused.up.subscription.refused = "subscription billing was dropped";
+  next = std::move(refused);
+  absl::StatusOr<WorkerSession> s = attempts.Open(t + absl::Seconds(1), open);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.status().message(), "subscription billing was dropped");
+  EXPECT_EQ(opens, 2);
+  // The second failure waits twice as long.
+  next = absl::UnavailableError("down");
+  EXPECT_FALSE(attempts.Open(t + absl::Seconds(2.9), open).ok());
+  EXPECT_EQ(opens, 2);
+  next = WorkerSession{};
+  EXPECT_TRUE(attempts.Open(t + absl::Seconds(3), open).ok());
+  EXPECT_EQ(opens, 3);
+  // A success starts the backoff anew: the next failure waits 1 s.
+  next = absl::UnavailableError("down again");
+  const absl::Time u = t + absl::Seconds(10);
+  EXPECT_FALSE(attempts.Open(u, open).ok());
+  next = WorkerSession{};
+  EXPECT_TRUE(attempts.Open(u + absl::Seconds(1), open).ok());
+  EXPECT_EQ(opens, 5);
 }
 
 }  // namespace
