@@ -12,7 +12,7 @@ PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 # psycopg2 for examples/python-consumer; kubectl, which renders the
 # manifests, is not a Debian package and must be on the machine).
 OUTBOX_PACKAGES=(
-  build-essential cmake pkg-config git ca-certificates ccache
+  build-essential cmake pkg-config git ca-certificates ccache lld
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libpqxx-dev libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   prometheus-cpp-dev
