@@ -8,7 +8,6 @@
 #include <optional>
 #include <pqxx/pqxx>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/db.h"
