@@ -411,6 +411,21 @@ void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
       subscription, StorableText(reason, 2000));
 }
 
+absl::Status RecordIdentityAndRequestHeal(pqxx::connection_base& conn,
+                                          const DatabaseIdentity& identity,
+                                          const std::string& subscription,
+                                          const std::string& reason) {
+  try {
+    auto unit = OpenUnit(conn);
+    RecordIdentity(*unit, identity);
+    RequestHeal(*unit, subscription, reason);
+    unit->commit();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+}
+
 void HealDone(pqxx::transaction_base& tx, const std::string& subscription,
               const HealDue& due) {
   tx.exec_params(

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/db_identity.h"
 #include "common/ids.h"
@@ -184,6 +185,13 @@ DatabaseIdentity ConsumerIdentity(pqxx::transaction_base& tx,
 // what was delivered (relay/heal.h), for `reason`.
 void RequestHeal(pqxx::transaction_base& tx, const std::string& subscription,
                  const std::string& reason);
+// In a unit of its own on `conn`, committed: records `identity` as the
+// outbox database's own (common/db_identity.h RecordIdentity), then
+// RequestHeal. A failure is returned, nothing of it written.
+absl::Status RecordIdentityAndRequestHeal(pqxx::connection_base& conn,
+                                          const DatabaseIdentity& identity,
+                                          const std::string& subscription,
+                                          const std::string& reason);
 
 // Closes the request `due` (common/schema.h's DueHeal), unless a newer one
 // came meanwhile.

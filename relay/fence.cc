@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/db.h"
 
 namespace outbox::relay {
 
@@ -82,6 +83,18 @@ FenceState ReplicationFence::Read(pqxx::transaction_base& tx) const {
     standbys.push_back(std::move(s));
   }
   return FenceOf(standbys, options_);
+}
+
+absl::StatusOr<FenceState> ReplicationFence::Read(
+    pqxx::connection_base& conn) const {
+  try {
+    auto unit = OpenUnit(conn);
+    FenceState state = Read(*unit);
+    unit->commit();
+    return state;
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
 }
 
 bool ReplicationFence::Note(const FenceState& state, bool holding,

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -75,6 +76,8 @@ class ReplicationFence {
 
   // Reads pg_stat_replication. Throws as libpqxx does.
   FenceState Read(pqxx::transaction_base& tx) const;
+  // Read in a unit of its own on `conn`; a failure is returned.
+  absl::StatusOr<FenceState> Read(pqxx::connection_base& conn) const;
 
   const FenceOptions& options() const { return options_; }
 

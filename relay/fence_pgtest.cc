@@ -6,6 +6,7 @@
 #include <pqxx/pqxx>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "relay/fence.h"
 #include "tests/testing/pg.h"
 
@@ -43,6 +44,21 @@ TEST(WalPastVisibleCommits, LiesPastAnAsynchronousCommit) {
     ASSERT_EQ(read.exec1("SELECT count(*) FROM t")[0].as<int>(), i + 1);
     EXPECT_GE(Lsn(WalPastVisibleCommits(read)), Lsn(committed)) << "row " << i;
   }
+}
+
+// Read on a connection: a server without standbys makes delivery wait,
+// saying why; a lost connection is a status, not an exception.
+TEST(ReplicationFence, ReadsOnAConnectionAndReturnsAFailure) {
+  testing::TestDatabase db("fence_read", {});
+  const ReplicationFence fence({.standbys = 1});
+  pqxx::connection conn(db.url());
+  const absl::StatusOr<FenceState> state = fence.Read(conn);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->eligible, 0);
+  EXPECT_NE(state->why_waiting, "");
+  pqxx::connection lost(db.url());
+  db.Exec(absl::StrCat("SELECT pg_terminate_backend(", lost.backendpid(), ")"));
+  EXPECT_FALSE(fence.Read(lost).ok());
 }
 
 }  // namespace

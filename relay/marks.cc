@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/db.h"
+#include "common/fault.h"
 #include "common/ids.h"
 #include "common/schema.h"
 #include "common/text.h"
@@ -232,6 +233,31 @@ WrittenMarks WriteMarks(pqxx::transaction_base& tx,
     }
   }
   return written;
+}
+
+absl::StatusOr<WrittenMarks> StoreMarks(pqxx::connection_base& conn,
+                                        const std::string& subscription,
+                                        const std::vector<Mark>& marks,
+                                        const MarkPlan& plan,
+                                        const RejectPolicy& policy) {
+  try {
+    std::unique_ptr<pqxx::transaction_base> tx;
+    if (plan.only_deliveries) {
+      MaybeCrash("relay.before_mark_commit");  // nothing written yet
+      tx = OpenUnit(conn);
+    } else {
+      tx = std::make_unique<pqxx::work>(conn);
+      ApplyLimits(*tx);
+    }
+    const WrittenMarks written =
+        WriteMarks(*tx, subscription, marks, plan, policy);
+    if (!plan.only_deliveries) MaybeCrash("relay.before_mark_commit");
+    tx->commit();
+    MaybeCrash("relay.after_mark_commit");
+    return written;
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
 }
 
 }  // namespace outbox::relay

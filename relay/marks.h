@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "outbox/v1/sink.pb.h"
@@ -124,5 +125,16 @@ WrittenMarks WriteMarks(pqxx::transaction_base& tx,
                         const std::string& subscription,
                         const std::vector<Mark>& marks, const MarkPlan& plan,
                         const RejectPolicy& policy);
+
+// WriteMarks on `conn`, committed: deliveries alone in one statement in
+// autocommit (one round trip instead of three: BEGIN, DELETE, COMMIT),
+// anything else in one transaction under the session's limits. Its crash
+// points are relay.before_mark_commit and relay.after_mark_commit. A
+// failure is returned, nothing of it written.
+absl::StatusOr<WrittenMarks> StoreMarks(pqxx::connection_base& conn,
+                                        const std::string& subscription,
+                                        const std::vector<Mark>& marks,
+                                        const MarkPlan& plan,
+                                        const RejectPolicy& policy);
 
 }  // namespace outbox::relay

@@ -207,6 +207,31 @@ TEST_F(MarksTest, ADeliveredRowGoesOnlyWhileItHoldsTheEventAnswered) {
   EXPECT_EQ(Row(b.seq), "pending 0");
 }
 
+TEST_F(MarksTest, StoredMarksAreCommittedAndAFailureIsReturnedNotThrown) {
+  const Mark delivered = Event("a", Mark::kDelivered);
+  const Mark rejected = Event("b", Mark::kRejected);
+  const RejectPolicy policy{.max_attempts = 3};
+  // Deliveries alone: one statement in autocommit.
+  absl::StatusOr<WrittenMarks> w =
+      StoreMarks(conn_, "billing", {delivered}, PlanMarks({delivered}), policy);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(Row(delivered.seq), "none");
+  // With a rejection: one transaction.
+  const Mark again = Event("c", Mark::kDelivered);
+  const std::vector<Mark> both = {again, rejected};
+  w = StoreMarks(conn_, "billing", both, PlanMarks(both), policy);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(Row(again.seq), "none");
+  EXPECT_EQ(Row(rejected.seq), "pending 1");
+  // A lost connection is a status for the caller to act on.
+  pqxx::connection lost(db_.url());
+  db_.Exec(
+      absl::StrCat("SELECT pg_terminate_backend(", lost.backendpid(), ")"));
+  w = StoreMarks(lost, "billing", both, PlanMarks(both), policy);
+  EXPECT_FALSE(w.ok());
+  EXPECT_EQ(Row(rejected.seq), "pending 1");
+}
+
 TEST_F(MarksTest, ARejectionBacksOffAndTheLastAttemptMakesADeadLetter) {
   const Mark m = Event("a", Mark::kRejected);
   EXPECT_EQ(Write({m}, 2).dead, 0);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/random/random.h"
+#include "common/db.h"
 #include "relay/policy.h"
 
 namespace outbox::relay {
@@ -93,6 +94,17 @@ std::vector<int> PartitionOwnership::Round(
 void PartitionOwnership::ReleaseAll(pqxx::transaction_base& tx) {
   leases_.ReleaseAll(tx);
   Forget();
+}
+
+absl::Status PartitionOwnership::ReleaseAll(pqxx::connection_base& conn) {
+  try {
+    auto unit = OpenUnit(conn);
+    ReleaseAll(*unit);
+    unit->commit();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
 }
 
 void PartitionOwnership::Forget() {

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/ids.h"
 #include "relay/leases.h"
@@ -63,6 +64,9 @@ class PartitionOwnership {
   // them over at once instead of when the leases expire (a clean stop, or
   // a consumer this replica cannot reach).
   void ReleaseAll(pqxx::transaction_base& tx);
+  // ReleaseAll in a unit of its own on `conn`, committed; a failure is
+  // returned (the leases then expire by themselves).
+  absl::Status ReleaseAll(pqxx::connection_base& conn);
 
   // Forgets what it holds without a word to the database (the session was
   // lost): the leases stay its own until they expire, and the next round

@@ -158,11 +158,7 @@ TEST_F(OwnershipTest, ACleanStopHandsEverythingOverAtOnce) {
   PartitionOwnership b = Replica("b");
   Round(a);
   Round(b);
-  {
-    auto tx = OpenUnit(conn_);
-    a.ReleaseAll(*tx);
-    tx->commit();
-  }
+  ASSERT_TRUE(a.ReleaseAll(conn_).ok());
   EXPECT_TRUE(a.owned().empty());
   EXPECT_TRUE(LeasedTo("a").empty());
   // b alone now (a left the members too), within one round, not a ttl.

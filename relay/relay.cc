@@ -470,33 +470,18 @@ absl::Status Relay::FlushMarks() {
     return absl::OkStatus();
   }
   if (!plan.owed.empty()) log_.Owed();
-  WrittenMarks written;
   const absl::Time t0 = absl::Now();
-  try {
-    // Only deliveries: one statement in autocommit, one round trip instead
-    // of three (BEGIN, DELETE, COMMIT). Rejections are written together in
-    // one transaction.
-    std::unique_ptr<pqxx::transaction_base> tx;
-    if (plan.only_deliveries) {
-      MaybeCrash("relay.before_mark_commit");  // nothing written yet
-      tx = OpenUnit(*conn_);
-    } else {
-      tx = std::make_unique<pqxx::work>(*conn_);
-      ApplyLimits(*tx);
-    }
-    written = WriteMarks(*tx, options_.subscription, marks, plan,
-                         {.max_attempts = options_.max_attempts,
-                          .backoff = options_.reject_backoff,
-                          .backoff_max = options_.reject_backoff_max});
-    if (!plan.only_deliveries) MaybeCrash("relay.before_mark_commit");
-    tx->commit();
-    MaybeCrash("relay.after_mark_commit");
-    counters_.mark_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
-  } catch (const std::exception& e) {
+  const absl::StatusOr<WrittenMarks> written =
+      StoreMarks(*conn_, options_.subscription, marks, plan,
+                 {.max_attempts = options_.max_attempts,
+                  .backoff = options_.reject_backoff,
+                  .backoff_max = options_.reject_backoff_max});
+  if (!written.ok()) {
     return Failed(absl::StrCat("marking ", marks.size(), " rows"),
-                  StatusFromException(e));
+                  written.status());
   }
-  Settle(settlement_.Written(written));
+  counters_.mark_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+  Settle(settlement_.Written(*written));
   return absl::OkStatus();
 }
 
@@ -538,18 +523,14 @@ void Relay::DropEverything(const std::string& why) {
   consumer_.DropLacking();
   log_.Reset();  // positions are read again
   log_.Owed();
-  try {
-    auto tx = OpenUnit(*conn_);
-    // Behind a pooler no new session took it up: recorded here, the new
-    // identity requests every subscription's heal (outbox_identity_changed);
-    // this one's then says what this relay saw.
-    RecordIdentity(*tx, own_watch_->current());
-    RequestHeal(*tx, options_.subscription, why);
-    tx->commit();
-  } catch (const std::exception& e) {
+  // Behind a pooler no new session took the identity up: recorded here,
+  // the new one requests every subscription's heal
+  // (outbox_identity_changed); this one's then says what this relay saw.
+  if (absl::Status s = RecordIdentityAndRequestHeal(
+          *conn_, own_watch_->current(), options_.subscription, why);
+      !s.ok()) {
     // The next change of identity, or an operator's replay, heals then.
-    spdlog::warn("relay: cannot request a heal: {}",
-                 std::string(StatusFromException(e).message()));
+    spdlog::warn("relay: cannot request a heal: {}", std::string(s.message()));
   }
 }
 
@@ -557,13 +538,9 @@ absl::Status Relay::ReleaseFenced() {
   if (fence_ == nullptr) return absl::OkStatus();
   FenceState state;
   if (AnyHeld()) {
-    try {
-      auto tx = OpenUnit(*conn_);
-      state = fence_->Read(*tx);
-      tx->commit();
-    } catch (const std::exception& e) {
-      return StatusFromException(e);
-    }
+    absl::StatusOr<FenceState> read = fence_->Read(*conn_);
+    if (!read.ok()) return read.status();
+    state = *std::move(read);
     if (state.why_waiting.empty()) {
       for (Lane& lane : lanes_) {
         counters_.batches->Add(lane.Release(state.flushed, absl::Now()));
@@ -683,15 +660,11 @@ void Relay::Finish() {
   if (conn_ != nullptr) {
     // A failure is logged; what it would have written is delivered again.
     if (FlushMarks().ok()) FlushLog(true).IgnoreError();
-    try {
-      // The others take the partitions over now, not when the leases
-      // would expire.
-      auto tx = OpenUnit(*conn_);
-      ownership_.ReleaseAll(*tx);
-      tx->commit();
-    } catch (const std::exception& e) {
+    // The others take the partitions over now, not when the leases would
+    // expire.
+    if (absl::Status s = ownership_.ReleaseAll(*conn_); !s.ok()) {
       spdlog::warn("relay: releasing its partitions: {}",
-                   std::string(StatusFromException(e).message()));
+                   std::string(s.message()));
     }
   }
   conn_.reset();
