@@ -232,6 +232,18 @@ std::unique_ptr<pqxx::transaction_base> OpenUnit(pqxx::connection_base& conn) {
   return tx;
 }
 
+absl::Status InUnit(pqxx::connection_base& conn,
+                    const std::function<void(pqxx::transaction_base&)>& fn) {
+  try {
+    auto unit = OpenUnit(conn);
+    fn(*unit);
+    unit->commit();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return StatusFromException(e);
+  }
+}
+
 absl::Status StatusFromException(const std::exception& e) {
   if (const auto* in_doubt = dynamic_cast<const pqxx::in_doubt_error*>(&e)) {
     return absl::UnavailableError(

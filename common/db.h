@@ -137,6 +137,10 @@ void ApplyLimits(pqxx::transaction_base& tx);
 // applies the limits first, so that no statement runs without them. Call
 // commit() at the end either way.
 std::unique_ptr<pqxx::transaction_base> OpenUnit(pqxx::connection_base& conn);
+// Runs `fn` in a unit of `conn` (OpenUnit) and commits it. What `fn` or the
+// commit throws is returned as a status (StatusFromException).
+absl::Status InUnit(pqxx::connection_base& conn,
+                    const std::function<void(pqxx::transaction_base&)>& fn);
 
 // Opens a connection, reads the identity of the database it reached (and
 // tells session.identity_watch), finds out whether a pooler is in between

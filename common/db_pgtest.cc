@@ -70,5 +70,21 @@ TEST(DbSession, ASessionIdleInATransactionIsEnded) {
   tx.reset();
 }
 
+// InUnit commits what its function wrote; what the function throws is a
+// status.
+TEST(InUnit, CommitsOrReturnsWhatWasThrown) {
+  testing::TestDatabase tdb("db_in_unit", {});
+  tdb.Exec("CREATE TABLE t (v int)");
+  pqxx::connection conn(tdb.url());
+  EXPECT_TRUE(InUnit(conn, [](pqxx::transaction_base& tx) {
+                tx.exec("INSERT INTO t VALUES (1)");
+              }).ok());
+  const absl::Status s =
+      InUnit(conn, [](pqxx::transaction_base& tx) { tx.exec("SELECT 1/0"); });
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("division by zero"), absl::string_view::npos) << s;
+  EXPECT_EQ(tdb.Scalar("SELECT count(*) FROM t"), 1);
+}
+
 }  // namespace
 }  // namespace outbox

@@ -415,15 +415,10 @@ absl::Status RecordIdentityAndRequestHeal(pqxx::connection_base& conn,
                                           const DatabaseIdentity& identity,
                                           const std::string& subscription,
                                           const std::string& reason) {
-  try {
-    auto unit = OpenUnit(conn);
-    RecordIdentity(*unit, identity);
-    RequestHeal(*unit, subscription, reason);
-    unit->commit();
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    return StatusFromException(e);
-  }
+  return InUnit(conn, [&](pqxx::transaction_base& tx) {
+    RecordIdentity(tx, identity);
+    RequestHeal(tx, subscription, reason);
+  });
 }
 
 void HealDone(pqxx::transaction_base& tx, const std::string& subscription,

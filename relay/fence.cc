@@ -87,14 +87,11 @@ FenceState ReplicationFence::Read(pqxx::transaction_base& tx) const {
 
 absl::StatusOr<FenceState> ReplicationFence::Read(
     pqxx::connection_base& conn) const {
-  try {
-    auto unit = OpenUnit(conn);
-    FenceState state = Read(*unit);
-    unit->commit();
-    return state;
-  } catch (const std::exception& e) {
-    return StatusFromException(e);
-  }
+  FenceState state;
+  absl::Status s =
+      InUnit(conn, [&](pqxx::transaction_base& tx) { state = Read(tx); });
+  if (!s.ok()) return s;
+  return state;
 }
 
 bool ReplicationFence::Note(const FenceState& state, bool holding,

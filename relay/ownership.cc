@@ -97,14 +97,7 @@ void PartitionOwnership::ReleaseAll(pqxx::transaction_base& tx) {
 }
 
 absl::Status PartitionOwnership::ReleaseAll(pqxx::connection_base& conn) {
-  try {
-    auto unit = OpenUnit(conn);
-    ReleaseAll(*unit);
-    unit->commit();
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    return StatusFromException(e);
-  }
+  return InUnit(conn, [this](pqxx::transaction_base& tx) { ReleaseAll(tx); });
 }
 
 void PartitionOwnership::Forget() {
