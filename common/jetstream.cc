@@ -66,6 +66,10 @@ namespace {
 
 using internal::NatsMsgPtr;
 
+// What a publish no server took says after the client's words.
+constexpr absl::string_view kNoRespondersNote =
+    "no stream binds the subject, or its stream has no leader now";
+
 int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 int64_t Nanos(absl::Duration d) { return absl::ToInt64Nanoseconds(d); }
 
@@ -152,9 +156,7 @@ absl::Status ToStatus(natsStatus s, jsErrCode code, absl::string_view what) {
   if (s == NATS_NO_RESPONDERS) {
     // libnats reports it as JetStream error 10076 (not enabled); for a
     // publish it means that no stream leader took the subject.
-    absl::StrAppend(&message,
-                    ": no stream binds the subject, or its stream has no "
-                    "leader now");
+    absl::StrAppend(&message, ": ", kNoRespondersNote);
   }
   return absl::Status(CodeFor(s, code), message);
 }
@@ -201,6 +203,11 @@ StoredMessage ToStored(natsMsg* msg) {
 }
 
 }  // namespace
+
+bool IsNoResponders(const absl::Status& status) {
+  return absl::IsUnavailable(status) &&
+         absl::StrContains(status.message(), kNoRespondersNote);
+}
 
 bool IsWrongLastSequence(const absl::Status& status) {
   return absl::IsFailedPrecondition(status) &&

@@ -59,6 +59,11 @@ inline constexpr int kWrongLastSequenceErrCode = 10071;
 // sequence was not the expected one.
 bool IsWrongLastSequence(const absl::Status& status);
 
+// Whether `status` is a publish that no server took ("no responders"): no
+// stream binds the subject, its stream has no leader, or the server the
+// client reached has not learnt the leader's interest in the subject.
+bool IsNoResponders(const absl::Status& status);
+
 struct ConnectOptions {
   // Client URLs, e.g. "nats://127.0.0.1:4222"; the client picks among them
   // and learns the rest of the cluster from the server it reaches.

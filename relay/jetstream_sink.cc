@@ -1,5 +1,6 @@
 #include "relay/jetstream_sink.h"
 
+#include <algorithm>
 #include <deque>
 #include <utility>
 #include <vector>
@@ -62,8 +63,12 @@ struct Shared {
 class Publisher {
  public:
   Publisher(std::shared_ptr<jetstream::Connection> conn,
-            const JetStreamSinkOptions& options, std::shared_ptr<Shared> shared)
-      : conn_(std::move(conn)), options_(options), shared_(std::move(shared)) {}
+            const JetStreamSinkOptions& options, std::shared_ptr<Shared> shared,
+            std::shared_ptr<UntakenPublishes> untaken)
+      : conn_(std::move(conn)),
+        options_(options),
+        shared_(std::move(shared)),
+        untaken_(std::move(untaken)) {}
 
   void Run() {
     for (;;) {
@@ -185,6 +190,12 @@ class Publisher {
       if (round.empty()) continue;
       std::vector<absl::StatusOr<jetstream::PublishAck>> acks =
           conn_->PublishAll(messages);
+      if (std::any_of(acks.begin(), acks.end(),
+                      [](const auto& ack) { return ack.ok(); })) {
+        untaken_->Taken();
+      } else if (jetstream::IsNoResponders(acks.front().status())) {
+        untaken_->Untaken(absl::Now());
+      }
       absl::Status world;
       for (size_t k = 0; k < round.size(); ++k) {
         const int i = round[k];
@@ -340,6 +351,7 @@ class Publisher {
   const std::shared_ptr<jetstream::Connection> conn_;
   const JetStreamSinkOptions options_;
   const std::shared_ptr<Shared> shared_;
+  const std::shared_ptr<UntakenPublishes> untaken_;
   absl::flat_hash_map<std::string, SubjectTip> tips_;
 };
 
@@ -347,6 +359,7 @@ class JetStreamBatches : public BatchStream {
  public:
   JetStreamBatches(std::shared_ptr<jetstream::Connection> conn,
                    const JetStreamSinkOptions& options,
+                   std::shared_ptr<UntakenPublishes> untaken,
                    std::function<void()> wake)
       : shared_(std::make_shared<Shared>()) {
     {
@@ -361,7 +374,7 @@ class JetStreamBatches : public BatchStream {
     // relay's loop when it drops this stream; the thread ends at its next
     // step (at most the request timeout) and owns what it uses.
     std::thread([p = std::make_shared<Publisher>(std::move(conn), options,
-                                                 shared_)] {
+                                                 shared_, std::move(untaken))] {
       p->Run();
     }).detach();
   }
@@ -483,6 +496,14 @@ absl::StatusOr<std::unique_ptr<JetStreamSink>> JetStreamSink::Create(
   return std::unique_ptr<JetStreamSink>(new JetStreamSink(std::move(options)));
 }
 
+void UntakenPublishes::Untaken(absl::Time now) {
+  if (in_a_row_.fetch_add(1) == 0) first_ns_ = absl::ToUnixNanos(now);
+}
+
+bool UntakenPublishes::Persistent(absl::Time now) const {
+  return in_a_row_ >= kInARow && now - absl::FromUnixNanos(first_ns_) >= kFor;
+}
+
 JetStreamSink::JetStreamSink(JetStreamSinkOptions options)
     : options_(std::move(options)) {}
 
@@ -521,7 +542,7 @@ std::unique_ptr<BatchStream> JetStreamSink::Open(std::function<void()> wake) {
     absl::MutexLock lock(&mu_);
     conn = conn_;
   }
-  return std::make_unique<JetStreamBatches>(std::move(conn), options_,
+  return std::make_unique<JetStreamBatches>(std::move(conn), options_, untaken_,
                                             std::move(wake));
 }
 
@@ -553,7 +574,11 @@ void JetStreamSink::Watch() {
     if (conn == nullptr) {
       absl::StatusOr<std::unique_ptr<jetstream::Connection>> c =
           jetstream::Connection::Connect(options_.connect);
-      if (c.ok()) conn = std::shared_ptr<jetstream::Connection>(*std::move(c));
+      if (c.ok()) {
+        conn = std::shared_ptr<jetstream::Connection>(*std::move(c));
+        ++connections_;
+        untaken_->Taken();  // the count is the last connection's
+      }
       status = c.status();
     }
     if (conn != nullptr && !ready) {
@@ -579,6 +604,18 @@ void JetStreamSink::Watch() {
       if (info.ok() && info->leader.empty() && options_.replicas > 1) {
         status = absl::UnavailableError(
             absl::StrCat("stream ", options_.stream, " has no leader"));
+      }
+      if (status.ok() && untaken_->Persistent(absl::Now())) {
+        status = absl::UnavailableError(absl::StrCat(
+            "publishes through ", conn->ConnectedUrl(),
+            " find no responder while stream ", options_.stream, " has leader ",
+            info->leader,
+            ": that server has not learnt the leader's subjects, or the "
+            "stream's subjects do not cover ",
+            jetstream::AllEventsUnder(options_.subject_prefix),
+            "; connecting anew"));
+        conn.reset();
+        ready = false;
       }
       if (status.ok()) Answered();
       // Deleted under us: make it again (or wait for the operator's).

@@ -106,6 +106,28 @@ Placement Place(const SubjectTip& tip, const v1::Event& event);
 // relay's headers (something else published on the subject).
 absl::StatusOr<SubjectTip> TipOf(const jetstream::StoredMessage& message);
 
+// Publishes that no server took ("no responders") in a row, while the
+// stream's info still answers with a leader: the server this connection
+// reached has not learnt the leader's interest in the stream's subjects
+// (nats-server 2.9 can lose it when a whole cluster restarts and its
+// routes form anew; the broker does not mend it), or the stream's subjects
+// do not cover the relay's. Only a connection to another server gets past
+// the first. Written by the streams' threads, read by the sink's watcher.
+class UntakenPublishes {
+ public:
+  // In a row, over at least this long: the server will not learn it.
+  static constexpr int kInARow = 3;
+  static constexpr absl::Duration kFor = absl::Seconds(5);
+
+  void Taken() { in_a_row_ = 0; }  // a publish acknowledged
+  void Untaken(absl::Time now);    // one found no responder
+  bool Persistent(absl::Time now) const;
+
+ private:
+  std::atomic<int> in_a_row_{0};
+  std::atomic<int64_t> first_ns_{0};
+};
+
 class JetStreamSink : public Sink {
  public:
   // InvalidArgument for a bad prefix, stream name or replica count.
@@ -124,12 +146,19 @@ class JetStreamSink : public Sink {
   std::optional<std::string> Unreachable() const override;
   v1::EventSink::Stub* consumer() const override { return nullptr; }
 
+  // Connections made so far (the client's own reconnects to the same
+  // connection not counted).
+  int64_t connections() const { return connections_; }
+
  private:
   explicit JetStreamSink(JetStreamSinkOptions options);
   void Watch();
 
   const JetStreamSinkOptions options_;
   std::atomic<int64_t> answered_ns_{0};
+  std::atomic<int64_t> connections_{0};
+  const std::shared_ptr<UntakenPublishes> untaken_ =
+      std::make_shared<UntakenPublishes>();
   mutable absl::Mutex mu_;
   std::shared_ptr<jetstream::Connection> conn_ ABSL_GUARDED_BY(mu_);
   bool stream_ready_ ABSL_GUARDED_BY(mu_) = false;

@@ -316,12 +316,44 @@ TEST_F(JetStreamSinkTest, ConnectsAnewAfterTheClientGaveUp) {
         return r.ok();
       },
       absl::Seconds(60)))
-      << r.status();
+      << r.status() << "\n"
+      << cluster()->Logs();
   ASSERT_EQ(r->results_size(), 1);
   EXPECT_EQ(r->results(0).outcome(), v1::APPLIED) << r->results(0).reason();
   // conn_ (the test's own, reconnecting for ever) is back too.
   ASSERT_TRUE(WaitFor([&] { return conn_->GetStreamInfo(stream_).ok(); },
                       absl::Seconds(30)));
+}
+
+// Every publish finds no responder while the stream's info answers with a
+// leader: what a server that missed the leader's interest in the stream's
+// subjects answers (nats-server 2.9, after a whole cluster restarted), made
+// here by a stream whose subjects do not cover the sink's. The sink gives
+// that connection up and connects anew, to any server of the cluster.
+TEST_F(JetStreamSinkTest, ConnectsAnewWhenNoServerTakesItsPublishes) {
+  ASSERT_TRUE(
+      conn_
+          ->EnsureStream(
+              {.name = stream_, .subjects = {"elsewhere.>"}, .replicas = 3})
+          .ok());
+  JetStreamSinkOptions o = SinkOptions();
+  o.ensure_stream = false;
+  std::shared_ptr<JetStreamSink> sink = ReadySink(o);
+  ASSERT_NE(sink, nullptr);
+  ASSERT_EQ(sink->connections(), 1);
+  absl::Status last;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::DeliverResponse> r =
+            TryDeliver(*sink, {Event("n", 1, 0)}, 1);
+        EXPECT_FALSE(r.ok()) << "no stream binds " << prefix_ << ".>";
+        if (!r.ok()) last = r.status();
+        return sink->connections() >= 2;
+      },
+      absl::Seconds(30)))
+      << last;
+  EXPECT_TRUE(jetstream::IsNoResponders(last)) << last;
+  sink->Stop();
 }
 
 // The relay, delivering a PostgreSQL outbox to JetStream.

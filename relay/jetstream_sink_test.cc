@@ -120,5 +120,24 @@ TEST(JetStreamSinkTest, CreateRefusesBadSettingsByName) {
   EXPECT_TRUE(JetStreamSink::Create(o).ok());
 }
 
+TEST(UntakenPublishesTest, PersistentOnlyInARowAndOverTime) {
+  UntakenPublishes u;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_FALSE(u.Persistent(t0));
+  for (int i = 0; i < UntakenPublishes::kInARow; ++i) u.Untaken(t0);
+  EXPECT_FALSE(
+      u.Persistent(t0 + UntakenPublishes::kFor - absl::Milliseconds(1)));
+  EXPECT_TRUE(u.Persistent(t0 + UntakenPublishes::kFor));
+  // One publish taken: the server has the interest after all.
+  u.Taken();
+  EXPECT_FALSE(u.Persistent(t0 + absl::Hours(1)));
+  // Fewer than kInARow, however long ago the first.
+  for (int i = 1; i < UntakenPublishes::kInARow; ++i) u.Untaken(t0);
+  EXPECT_FALSE(u.Persistent(t0 + absl::Hours(1)));
+  // The time runs from the first of the row, not the last.
+  u.Untaken(t0 + UntakenPublishes::kFor);
+  EXPECT_TRUE(u.Persistent(t0 + UntakenPublishes::kFor));
+}
+
 }  // namespace
 }  // namespace outbox::relay
