@@ -5,11 +5,14 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -99,6 +102,34 @@ sigset_t TerminationSignals() {
   sigaddset(&set, SIGTERM);
   return set;
 }
+
+// A flag's file as the usage shows it: "relay/main.cc", not the build's
+// path to it ("/src/outbox/relay/main.cc", "../../relay/main.cc").
+std::string SourceFile(absl::string_view file) {
+  constexpr absl::string_view kThis = __FILE__;
+  constexpr absl::string_view kHere = "common/config.cc";
+  if (absl::EndsWith(kThis, kHere) &&
+      absl::ConsumePrefix(&file,
+                          kThis.substr(0, kThis.size() - kHere.size()))) {
+    return std::string(file);
+  }
+  while (absl::ConsumePrefix(&file, "../") ||
+         absl::ConsumePrefix(&file, "./") || absl::ConsumePrefix(&file, "/")) {
+  }
+  return std::string(file);
+}
+
+void SetUsage(const char* usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  // --help lists the binary's own flags (abseil's default: those of a file
+  // named after the binary, which none is); --helpfull adds abseil's.
+  config.contains_help_flags = [](absl::string_view file) {
+    return !absl::StrContains(file, "absl/");
+  };
+  config.normalize_filename = SourceFile;
+  absl::SetFlagsUsageConfig(config);
+}
 }  // namespace
 
 std::vector<char*> InitProcess(int argc, char** argv, const char* usage) {
@@ -112,7 +143,7 @@ std::vector<char*> InitProcess(int argc, char** argv, const char* usage) {
   // Abseil checks every mutex acquisition for lock-order cycles unless told
   // not to: a cost on every lock in gRPC's hot paths, for a debugging aid.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  absl::SetProgramUsageMessage(usage);
+  SetUsage(usage);
   if (absl::Status s = ApplyFlagsFromEnvironment(); !s.ok()) {
     std::fprintf(stderr, "%s: %s\n", argv[0], std::string(s.message()).c_str());
     std::exit(2);
@@ -122,7 +153,18 @@ std::vector<char*> InitProcess(int argc, char** argv, const char* usage) {
     std::fprintf(stderr, "%s: %s\n", argv[0], std::string(s.message()).c_str());
     std::exit(2);
   }
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  // As absl::ParseCommandLine, but the usage flags (--help, --helpfull,
+  // --version ...) end the process with 0 rather than abseil's 1: help
+  // that was asked for is not a failure.
+  std::vector<char*> positional = absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  if (absl::flags_internal::HandleUsageFlags(
+          std::cout, absl::ProgramUsageMessage()) != -1) {
+    std::cout.flush();
+    std::exit(0);
+  }
   if (absl::Status s = InitLogging(absl::GetFlag(FLAGS_log_format),
                                    absl::GetFlag(FLAGS_log_level));
       !s.ok()) {

@@ -34,7 +34,8 @@ absl::Status CheckFlagArguments(int argc, char** argv);
 // Everything a binary does first: blocks SIGINT/SIGTERM in every thread
 // (WaitForTerminationSignal picks them up), applies the environment, parses
 // the command line (exiting 2 with a message naming an unknown or bad flag,
-// as a usage error: a tool's 1 means what it found, not a typo) and
+// as a usage error: a tool's 1 means what it found, not a typo; exiting 0
+// after the help that --help, --helpfull and the like ask for) and
 // sets up logging from --log_format and --log_level. Returns the positional
 // arguments (argv[0] first).
 std::vector<char*> InitProcess(int argc, char** argv, const char* usage);

@@ -62,7 +62,7 @@ ABSL_FLAG(int64_t, max_held_per_aggregate, 1000,
 
 int main(int argc, char** argv) {
   outbox::InitProcess(argc, argv,
-                      "outbox-consumer: applies delivered events exactly once, "
+                      "applies delivered events exactly once, "
                       "in order.\nFlags also come from OUTBOX_<FLAG>.");
   if (absl::Status s = outbox::CheckCrashPoints(outbox::kConsumerCrashPoints);
       !s.ok()) {

@@ -47,7 +47,7 @@ ABSL_FLAG(bool, print_statements, false,
 int main(int argc, char** argv) {
   outbox::InitProcess(
       argc, argv,
-      "outbox-producer: the order service with a "
+      "the order service with a "
       "transactional outbox.\nFlags also come from OUTBOX_<FLAG>.");
   if (absl::GetFlag(FLAGS_print_statements)) {
     std::string json = "{";

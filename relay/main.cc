@@ -120,7 +120,7 @@ ABSL_FLAG(absl::Duration, jetstream_duplicate_window, absl::Minutes(2),
 
 int main(int argc, char** argv) {
   outbox::InitProcess(argc, argv,
-                      "outbox-relay: delivers outbox events to the consumer.\n"
+                      "delivers outbox events to the consumer.\n"
                       "Flags also come from OUTBOX_<FLAG>.");
   if (absl::Status s = outbox::CheckCrashPoints(outbox::kRelayCrashPoints);
       !s.ok()) {

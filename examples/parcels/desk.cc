@@ -35,7 +35,7 @@ CREATE TABLE parcels (
 }  // namespace
 
 int main(int argc, char** argv) {
-  outbox::InitProcess(argc, argv, "parcel-desk: ships and delivers parcels.");
+  outbox::InitProcess(argc, argv, "ships and delivers parcels.");
   const std::string url = absl::GetFlag(FLAGS_db);
   const outbox::DbSession session = outbox::DbSessionFromFlags();
   // The outbox's tables live next to the desk's own, in the same database.

@@ -99,8 +99,7 @@ CREATE TABLE tracking (
 }  // namespace
 
 int main(int argc, char** argv) {
-  outbox::InitProcess(argc, argv,
-                      "parcel-tracker: tracks parcels from their events.");
+  outbox::InitProcess(argc, argv, "tracks parcels from their events.");
   const std::string url = absl::GetFlag(FLAGS_db);
   const outbox::DbSession session = outbox::DbSessionFromFlags();
   TrackingHandler handler;

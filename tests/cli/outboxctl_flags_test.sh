@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# outboxctl --help answers with exit 0; no command or an unknown one gets
+# outboxctl --help answers with exit 0, and so do the services' --help and
+# --helpfull; no command or an unknown one gets
 # the full usage and exit 2; it refuses a flag out of range before it
 # contacts anything: exit 2 and a message that names the flag. Nothing listens where it would call
 # (port 9 on loopback), so a flag let through fails differently. A flag
@@ -72,6 +73,22 @@ refused --wiat verify --wiat=10s
 refused --no_such_flag stats --no_such_flag
 refused --timeout stats --timeout
 refused --timeout stats --timeout=soon
+# The services' help, asked for, is not a failure either (abseil's own
+# parse exits 1): exit 0 and their flags.
+for b in outbox-producer outbox-relay outbox-consumer; do
+  for ask in --help --helpfull; do
+    rc=0
+    out=$(timeout 10 "$BIN/$b" $ask 2>&1) || rc=$?
+    [ "$rc" = 0 ] || fail "$b $ask: exit $rc, not 0: $out"
+    grep -q -- "$b" <<<"$out" || fail "$b $ask: does not name the binary: $out"
+    grep -q -- "--db_pool_size" <<<"$out" || fail "$b $ask does not list --db_pool_size: $out"
+    grep -q -- "--log_level" <<<"$out" || fail "$b $ask does not list --log_level: $out"
+    pass "$b $ask: exit 0 and its flags"
+  done
+  # --help leaves abseil's own flags to --helpfull.
+  out=$(timeout 10 "$BIN/$b" --help 2>&1) || :
+  if grep -q -- "--flagfile" <<<"$out"; then fail "$b --help lists abseil's --flagfile: $out"; fi
+done
 for b in outbox-producer outbox-relay outbox-consumer; do
   for args in "--no_such_flag" "--db_pool_size=many" "--db_pool_size" "--nodb_pool_size"; do
     rc=0

@@ -36,7 +36,7 @@ function helpfullText(bin) {
   return text;
 }
 
-// Runs `BIN --helpfull` (abseil exits 1 after printing) and returns
+// Runs `BIN --helpfull` (the exit status is not looked at) and returns
 // Map(flag name -> { dflt, help }): the default as printed (e.g.
 // '"127.0.0.1:50051"', '10s', 'true', '8', '') and the description, on one
 // line; or null when the binary printed no flags (or does not run).
