@@ -17,8 +17,6 @@
 namespace outbox::relay {
 namespace {
 
-constexpr int kPage = 1000;
-
 absl::Status FromGrpc(const grpc::Status& s, const char* what) {
   return absl::UnavailableError(
       absl::StrCat(what, ": ", s.error_message(), " (gRPC code ",
@@ -36,10 +34,11 @@ std::string HealReport::Summary() const {
 }
 
 Healer::Healer(std::string subscription, v1::EventSink::Stub* stub,
-               absl::Duration rpc_timeout)
+               absl::Duration rpc_timeout, int page)
     : subscription_(std::move(subscription)),
       stub_(stub),
-      rpc_timeout_(rpc_timeout) {}
+      rpc_timeout_(rpc_timeout),
+      page_(page) {}
 
 absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
                                        const std::string& source) {
@@ -90,7 +89,7 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
     // 1. From the consumer back: an applied event the outbox does not hold
     //    (and retention did not delete: it deletes below min_retained).
     v1::GetCursorsRequest page_req;
-    page_req.set_limit(kPage);
+    page_req.set_limit(page_);
     for (int pages = 0; pages < 100000; ++pages) {
       auto page = cursors(page_req);
       if (!page.ok()) return page.status();
@@ -201,7 +200,7 @@ absl::StatusOr<HealReport> Healer::Run(pqxx::connection& conn,
             "SELECT aggregate_type, aggregate_id, last_seq FROM outbox_heads "
             "WHERE (aggregate_type, aggregate_id) > ($1, $2) ORDER BY "
             "aggregate_type, aggregate_id LIMIT $3",
-            after_type, after_id, kPage);
+            after_type, after_id, page_);
         if (heads.empty()) break;
         after_type =
             heads[heads.size() - 1]["aggregate_type"].as<std::string>();

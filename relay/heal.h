@@ -41,8 +41,9 @@ class Healer {
  public:
   // `stub` (the relay's channel to the consumer, with its identity) must
   // outlive the healer.
+  // `page`: cursors asked of the consumer, and heads read, at a time.
   Healer(std::string subscription, v1::EventSink::Stub* stub,
-         absl::Duration rpc_timeout = absl::Seconds(15));
+         absl::Duration rpc_timeout = absl::Seconds(15), int page = 1000);
 
   // One full comparison. Unavailable when the consumer or the database
   // cannot be reached (try again later); nothing half done matters, as
@@ -54,6 +55,7 @@ class Healer {
   const std::string subscription_;
   v1::EventSink::Stub* const stub_;
   const absl::Duration rpc_timeout_;
+  const int page_;
 };
 
 }  // namespace outbox::relay
