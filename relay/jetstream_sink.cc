@@ -538,12 +538,14 @@ Sink::Readiness JetStreamSink::readiness() {
 
 std::unique_ptr<BatchStream> JetStreamSink::Open(std::function<void()> wake) {
   std::shared_ptr<jetstream::Connection> conn;
+  std::shared_ptr<UntakenPublishes> untaken;
   {
     absl::MutexLock lock(&mu_);
     conn = conn_;
+    untaken = untaken_;
   }
-  return std::make_unique<JetStreamBatches>(std::move(conn), options_, untaken_,
-                                            std::move(wake));
+  return std::make_unique<JetStreamBatches>(
+      std::move(conn), options_, std::move(untaken), std::move(wake));
 }
 
 std::optional<std::string> JetStreamSink::Unreachable() const {
@@ -561,6 +563,9 @@ std::optional<std::string> JetStreamSink::Unreachable() const {
 void JetStreamSink::Watch() {
   Backoff backoff(absl::Milliseconds(250), absl::Seconds(5));
   std::shared_ptr<jetstream::Connection> conn;
+  // The publishes through `conn` that no server took: each connection
+  // counts its own, so a stream of an earlier one counts for nothing.
+  std::shared_ptr<UntakenPublishes> untaken;
   bool ready = false;
   for (;;) {
     absl::Status status;
@@ -576,8 +581,8 @@ void JetStreamSink::Watch() {
           jetstream::Connection::Connect(options_.connect);
       if (c.ok()) {
         conn = std::shared_ptr<jetstream::Connection>(*std::move(c));
+        untaken = std::make_shared<UntakenPublishes>();
         ++connections_;
-        untaken_->Taken();  // the count is the last connection's
       }
       status = c.status();
     }
@@ -605,7 +610,7 @@ void JetStreamSink::Watch() {
         status = absl::UnavailableError(
             absl::StrCat("stream ", options_.stream, " has no leader"));
       }
-      if (status.ok() && untaken_->Persistent(absl::Now())) {
+      if (status.ok() && untaken->Persistent(absl::Now())) {
         status = absl::UnavailableError(absl::StrCat(
             "publishes through ", conn->ConnectedUrl(),
             " find no responder while stream ", options_.stream, " has leader ",
@@ -625,6 +630,7 @@ void JetStreamSink::Watch() {
     {
       absl::MutexLock lock(&mu_);
       conn_ = conn;
+      untaken_ = untaken;
       stream_ready_ = ready;
       if (!status.ok()) {
         if (last_error_ != status.message()) {

@@ -112,7 +112,8 @@ absl::StatusOr<SubjectTip> TipOf(const jetstream::StoredMessage& message);
 // (nats-server 2.9 can lose it when a whole cluster restarts and its
 // routes form anew; the broker does not mend it), or the stream's subjects
 // do not cover the relay's. Only a connection to another server gets past
-// the first. Written by the streams' threads, read by the sink's watcher.
+// the first. One per connection: written by its streams' threads, read by
+// the sink's watcher.
 class UntakenPublishes {
  public:
   // In a row, over at least this long: the server will not learn it.
@@ -157,10 +158,9 @@ class JetStreamSink : public Sink {
   const JetStreamSinkOptions options_;
   std::atomic<int64_t> answered_ns_{0};
   std::atomic<int64_t> connections_{0};
-  const std::shared_ptr<UntakenPublishes> untaken_ =
-      std::make_shared<UntakenPublishes>();
   mutable absl::Mutex mu_;
   std::shared_ptr<jetstream::Connection> conn_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<UntakenPublishes> untaken_ ABSL_GUARDED_BY(mu_);  // conn_'s
   bool stream_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
