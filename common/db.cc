@@ -256,6 +256,17 @@ absl::Status StatusFromException(const std::exception& e) {
       sql != nullptr && !sql->sqlstate().empty()) {
     state = sql->sqlstate();
   }
+  if (state == "23514" &&
+      absl::StrContains(e.what(), "no partition of relation \"outbox\"")) {
+    // A partitioned outbox without a child for the next seq: no fault of
+    // the events (a relay makes children ahead, and will), so none of the
+    // data classes. Without the SQLSTATE payload it counts as the world's.
+    return absl::UnavailableError(absl::StrCat(
+        FirstLine(e.what()), " [SQLSTATE ", state,
+        "]: the partitioned outbox has no child for the next events; the "
+        "relay that owns partition 0 makes them ahead "
+        "(outbox_partition_seqs_left)"));
+  }
   if (!state.empty()) {
     absl::Status s(
         CodeForSqlState(state),

@@ -595,6 +595,156 @@ CREATE TRIGGER outbox_identity_changed AFTER UPDATE OF identity
   EXECUTE FUNCTION outbox_identity_changed();
 )sql";
 
+// Rotation (relay/retention.h): an operator may make the outbox a table
+// partitioned by seq range (outbox_partition_outbox, run by `outboxctl
+// partition-outbox`); retention then empties and drops whole children
+// instead of deleting rows. The migration only adds what that needs; a
+// plain outbox stays as it is.
+//
+// outbox_rotation: the children's span (seqs), how many spans stay made
+// ahead of the sequence, and the upper bound of the newest child made.
+// PostgreSQL keeps a unique key on a partitioned table only with the
+// partition column, so event_id is unique per child; ids the writer makes
+// are time-ordered UUIDs (48 bits of milliseconds, 74 random), and an id a
+// caller gives is checked by outbox_event_ids_free before the append.
+constexpr char kOutboxV15[] = R"sql(
+CREATE TABLE IF NOT EXISTS outbox_rotation (
+  id      int PRIMARY KEY CHECK (id = 1),
+  span    bigint NOT NULL CHECK (span > 0),
+  ahead   int NOT NULL CHECK (ahead > 0),
+  made_to bigint NOT NULL
+);
+
+-- Makes children until `ahead` spans lie beyond the sequence; returns how
+-- many seqs can still be drawn before an insert finds no child (NULL on a
+-- plain outbox). CREATE TABLE and ATTACH (SHARE UPDATE EXCLUSIVE on the
+-- parent) hold up no writer and no reader, as CREATE ... PARTITION OF
+-- (ACCESS EXCLUSIVE) would.
+CREATE OR REPLACE FUNCTION outbox_extend_partitions() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  r outbox_rotation;
+  drawn bigint;
+  child text;
+BEGIN
+  SELECT * INTO r FROM outbox_rotation WHERE id = 1;
+  IF NOT FOUND THEN RETURN NULL; END IF;
+  SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
+    INTO drawn FROM outbox_seq_seq;
+  IF r.made_to - 1 - drawn >= r.ahead::bigint * r.span THEN
+    RETURN r.made_to - 1 - drawn;
+  END IF;
+  SELECT * INTO r FROM outbox_rotation WHERE id = 1 FOR UPDATE;
+  WHILE r.made_to - 1 - drawn < r.ahead::bigint * r.span LOOP
+    child := 'outbox_s' || r.made_to;
+    EXECUTE format('CREATE TABLE %I (LIKE outbox INCLUDING DEFAULTS '
+                   'INCLUDING CONSTRAINTS)', child);
+    EXECUTE format('ALTER TABLE outbox ATTACH PARTITION %I FOR VALUES FROM '
+                   '(%s) TO (%s)', child, r.made_to, r.made_to + r.span);
+    r.made_to := r.made_to + r.span;
+  END LOOP;
+  UPDATE outbox_rotation SET made_to = r.made_to WHERE id = 1;
+  RETURN r.made_to - 1 - drawn;
+END $$;
+
+-- Makes the plain outbox the first child of a parent partitioned by seq
+-- range, in one transaction that holds the outbox exclusively (a moment:
+-- nothing is copied). seq then draws from a plain sequence of the same
+-- name (PostgreSQL 15 has no identity column on a partitioned table);
+-- the views that read the outbox and the delivery trigger are made again
+-- on the parent. The old table keeps its own indexes, event_id's unique
+-- one among them; each new child has the parent's: seq (the key),
+-- (xid, seq) and event_id.
+CREATE OR REPLACE FUNCTION outbox_partition_outbox(span bigint, ahead int)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  next bigint;
+  v record;
+  views text[] := '{}';
+  defs text[] := '{}';
+BEGIN
+  IF span IS NULL OR span < 1 THEN
+    RAISE invalid_parameter_value USING
+      MESSAGE = format('span must be at least 1 seq, not %s', span);
+  END IF;
+  IF ahead IS NULL OR ahead < 1 THEN
+    RAISE invalid_parameter_value USING
+      MESSAGE = format('ahead must be at least 1 span, not %s', ahead);
+  END IF;
+  IF EXISTS (SELECT 1 FROM outbox_rotation) THEN
+    RETURN 'the outbox is partitioned already';
+  END IF;
+  LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE;
+  FOR v IN SELECT DISTINCT c.oid::regclass::text AS name,
+                  pg_get_viewdef(c.oid) AS def
+             FROM pg_depend d JOIN pg_rewrite w ON w.oid = d.objid
+             JOIN pg_class c ON c.oid = w.ev_class
+            WHERE d.refobjid = 'outbox'::regclass AND c.relkind = 'v' LOOP
+    views := views || v.name;
+    defs := defs || v.def;
+  END LOOP;
+  SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END
+    INTO next FROM outbox_seq_seq;
+  next := greatest(next, coalesce((SELECT max(seq) FROM outbox), 0) + 1);
+  ALTER TABLE outbox RENAME TO outbox_s0;
+  DROP TRIGGER IF EXISTS outbox_fan_out ON outbox_s0;
+  ALTER TABLE outbox_s0 ALTER COLUMN seq DROP IDENTITY;
+  EXECUTE format('CREATE SEQUENCE outbox_seq_seq START %s', next);
+  CREATE TABLE outbox (LIKE outbox_s0 INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    PARTITION BY RANGE (seq);
+  ALTER TABLE outbox ALTER COLUMN seq SET DEFAULT nextval('outbox_seq_seq');
+  ALTER SEQUENCE outbox_seq_seq OWNED BY outbox.seq;
+  ALTER TABLE outbox ADD PRIMARY KEY (seq);
+  CREATE INDEX outbox_parent_xid_idx ON outbox (xid, seq);
+  CREATE INDEX outbox_parent_event_id_idx ON outbox (event_id);
+  EXECUTE format('ALTER TABLE outbox ATTACH PARTITION outbox_s0 FOR VALUES '
+                 'FROM (MINVALUE) TO (%s)', next);
+  CREATE TRIGGER outbox_fan_out AFTER INSERT ON outbox
+    REFERENCING NEW TABLE AS new_events
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox_fan_out();
+  FOR i IN 1 .. coalesce(array_length(views, 1), 0) LOOP
+    EXECUTE format('CREATE OR REPLACE VIEW %s AS %s', views[i], defs[i]);
+  END LOOP;
+  INSERT INTO outbox_rotation (id, span, ahead, made_to)
+    VALUES (1, span, ahead, next);
+  PERFORM outbox_extend_partitions();
+  RETURN format('the outbox is partitioned: seqs below %s in outbox_s0, '
+                'then children of %s seqs, %s made ahead', next, span, ahead);
+END $$;
+
+-- Refuses an id a caller gives that an event the outbox retains carries:
+-- the unique key does that on a plain outbox, and on a partitioned one
+-- (unique per child only) this check, made before the append. It locks
+-- each id (an advisory lock on its hash, held to the transaction's end),
+-- then looks for it in a snapshot taken after the lock (each statement
+-- of this VOLATILE function takes its own in READ COMMITTED): of two
+-- writers of one id the second waits and sees the first's commit. A
+-- snapshot older than the lock (REPEATABLE READ, SERIALIZABLE) could
+-- miss it, so given ids are refused there.
+CREATE OR REPLACE FUNCTION outbox_event_ids_free(ids uuid[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  taken uuid;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM outbox_rotation) THEN RETURN; END IF;
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE feature_not_supported USING MESSAGE = format(
+      'event_id given by the caller needs a READ COMMITTED transaction on '
+      'a partitioned outbox, not %s (or leave event_id empty for a new one)',
+      current_setting('transaction_isolation'));
+  END IF;
+  PERFORM pg_advisory_xact_lock(2835, h)
+     FROM (SELECT DISTINCT hashtext(id::text) AS h FROM unnest(ids) id
+            ORDER BY 1) locks;
+  SELECT o.event_id INTO taken FROM outbox o
+   WHERE o.event_id = ANY(ids) LIMIT 1;
+  IF FOUND THEN
+    RAISE unique_violation USING MESSAGE = format(
+      'event_id %s is taken: an event the outbox retains carries it', taken);
+  END IF;
+END $$;
+)sql";
+
 const std::vector<Migration>& OutboxMigrations() {
   // The view derives each event's state as the admin API does.
   static const std::string kOutboxV1 = absl::StrCat(
@@ -921,6 +1071,7 @@ $$;
        kOutboxV12},
       {13, "retention records how far it deleted", kOutboxV13},
       {14, "a changed identity requests every subscription's heal", kOutboxV14},
+      {15, "the outbox may be partitioned for rotation", kOutboxV15},
   };
   return kMigrations;
 }

@@ -117,6 +117,19 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
       "it runs, what the consumer lost is not delivered again and retention "
       "deletes nothing.",
       [this] { return SecondsSince(heal_due_since_ms_); });
+  metrics->AddGaugeFamily(
+      "outbox_partition_seqs_left",
+      "On a partitioned outbox (outboxctl partition-outbox): how many seqs "
+      "the writers may still draw before an insert finds no child, as the "
+      "replica that makes children ahead (the owner of partition 0) last "
+      "made them. At 0 every append fails until a child is made; absent on "
+      "a plain outbox and on the other replicas.",
+      [this] {
+        std::vector<std::pair<Labels, double>> out;
+        const int64_t left = partition_seqs_left_.load();
+        if (left >= 0) out.push_back({{}, static_cast<double>(left)});
+        return out;
+      });
   metrics->AddGauge(
       "outbox_retention_held_back_seconds",
       "How long this replica's --retention has been held back, with "
@@ -269,10 +282,13 @@ bool Housekeeping::Run() {
       }
     }
     if (!owned.empty() && owned.front() == 0 && !stop_) {
+      step = "partitions";
+      ExtendPartitions(conn);
       step = "heal";
       HealIfDue(conn);
     } else {
-      SetHealDue(std::nullopt);  // another replica runs heals
+      SetHealDue(std::nullopt);   // another replica runs heals
+      partition_seqs_left_ = -1;  // and keeps the children
     }
     step = "vacuum";
     if (!stop_ && !conn.info().pooled) VacuumDeliveries(conn);
@@ -358,6 +374,18 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
                  options_.subscription, report->Summary());
   }
   if (report->redelivered > 0) options_.wake();
+}
+
+void Housekeeping::ExtendPartitions(pqxx::connection& conn) {
+  auto tx = OpenUnit(conn);
+  const pqxx::field left = tx->exec1("SELECT outbox_extend_partitions()")[0];
+  tx->commit();
+  const int64_t now = left.is_null() ? -1 : left.as<int64_t>();
+  if (now >= 0 && partition_seqs_left_.load() >= 0 &&
+      now > partition_seqs_left_.load() + 1) {
+    spdlog::info("relay: outbox children made ahead: {} seqs left", now);
+  }
+  partition_seqs_left_ = now;
 }
 
 void Housekeeping::FollowHeldBack(const std::string& held_back) {

@@ -8,7 +8,8 @@
 //     database), read every backlog_refresh and whenever the owned
 //     partitions change, and the gauges that show them;
 //   - retention's deletes, in small batches, by the replica that owns
-//     partition 0;
+//     partition 0; on a partitioned outbox, that replica empties and drops
+//     whole children instead, and keeps new ones made ahead;
 //   - a heal when one is due (relay/heal.h), by that replica too;
 //   - a vacuum of outbox_delivery after many deletes (Deleted()).
 //
@@ -120,6 +121,9 @@ class Housekeeping {
   // Keeps the held-back gauge; warns once when it passes 5 minutes.
   void FollowHeldBack(const std::string& held_back);
   void HealIfDue(pqxx::connection& conn);
+  // On a partitioned outbox: keeps children made ahead of the sequence
+  // (outbox_extend_partitions) and the gauge of the seqs left in them.
+  void ExtendPartitions(pqxx::connection& conn);
   // Keeps the heal gauge's start: `due`'s request time, or none.
   void SetHealDue(const std::optional<HealDue>& due);
   void VacuumDeliveries(pqxx::connection& conn);
@@ -137,6 +141,10 @@ class Housekeeping {
   // Since when the heal this replica runs has been due (Unix ms, 0: none,
   // or this replica runs none).
   std::atomic<int64_t> heal_due_since_ms_{0};
+  // Seqs the writers may still draw before an insert finds no child of a
+  // partitioned outbox, as this replica last made them; -1: the outbox is
+  // not partitioned, or another replica keeps them.
+  std::atomic<int64_t> partition_seqs_left_{-1};
   std::atomic<bool> stop_{false};
   std::atomic<bool> busy_{false};  // a Run is in progress
   // Stop reads the connection's pointer to cancel its statement; every

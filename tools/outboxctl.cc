@@ -21,6 +21,9 @@
 //   outboxctl conformance --sink HOST:PORT [--cases a,b] [--wrong_cert F
 //                     --wrong_key F]     drive any EventSink through the
 //                                        delivery protocol's cases
+//   outboxctl partition-outbox [--span N] [--ahead K]
+//                                        partition the outbox by seq range:
+//                                        retention then drops whole children
 //
 // verify, demo and reconcile take each database's password from
 // OUTBOX_ORDERS_PASSWORD and OUTBOX_BILLING_PASSWORD (--orders_password,
@@ -51,8 +54,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config.h"
+#include "common/db.h"
 #include "common/db_flags.h"
 #include "common/ids.h"
+#include "common/schema.h"
 #include "common/tls.h"
 #include "outbox/v1/billing.grpc.pb.h"
 #include "outbox/v1/relay.grpc.pb.h"
@@ -134,6 +139,13 @@ ABSL_FLAG(absl::Duration, until, absl::ZeroDuration(),
 ABSL_FLAG(std::string, event, "", "replay: one event, by its event_id.");
 ABSL_FLAG(bool, all, false,
           "diverged: resolved ones too; resolve: every open divergence.");
+ABSL_FLAG(int64_t, span, 1000000,
+          "partition-outbox: seqs per child of the partitioned outbox; a "
+          "child goes whole, once all its events may (so they outlive "
+          "--retention by up to the time the writers take to fill one).");
+ABSL_FLAG(int, ahead, 2,
+          "partition-outbox: children the relay keeps made ahead of the "
+          "sequence.");
 ABSL_FLAG(int, parallel, 4,
           "resolve --all: aggregates resolved at once (1-64); each is a "
           "rewind at the consumer and a transaction at the outbox.");
@@ -190,6 +202,12 @@ void Deadline(grpc::ClientContext* ctx) {
 int Fail(const std::string& what, const grpc::Status& s) {
   std::fprintf(stderr, "outboxctl: %s: %s (%d)\n", what.c_str(),
                s.error_message().c_str(), s.error_code());
+  return 1;
+}
+
+int Fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "outboxctl: %s: %s\n", what.c_str(),
+               std::string(s.message()).c_str());
   return 1;
 }
 
@@ -810,6 +828,46 @@ int Load() {
   return r.gave_up == 0 ? 0 : 1;
 }
 
+// Makes the orders database's outbox partitioned by seq range, so that
+// --retention empties whole children (rotation) instead of deleting rows.
+// Exit 0: partitioned (now or before); 1: the database refused or is
+// away; 2: a bad flag.
+int PartitionOutbox() {
+  const int64_t span = absl::GetFlag(FLAGS_span);
+  const int ahead = absl::GetFlag(FLAGS_ahead);
+  if (span < 1000 || ahead < 1) {
+    std::fprintf(stderr,
+                 "outboxctl: partition-outbox: need --span of at least 1000 "
+                 "seqs and --ahead of at least 1, not %lld and %d\n",
+                 static_cast<long long>(span), ahead);
+    return 2;
+  }
+  const outbox::DbSession session = outbox::DbSessionFromFlags();
+  // The function comes with the outbox's migrations.
+  absl::Status s = outbox::Migrate(OrdersDb(), outbox::OutboxSchema().name,
+                                   *outbox::OutboxSchema().migrations,
+                                   absl::GetFlag(FLAGS_timeout), session);
+  if (!s.ok()) return Fail("partition-outbox", s);
+  auto conn = outbox::Connect(OrdersDb(), "outboxctl", session);
+  if (!conn.ok()) return Fail("partition-outbox", conn.status());
+  try {
+    pqxx::work tx(**conn);
+    // The conversion holds the outbox exclusively for a moment: it waits
+    // for the writers and readers of the moment, not for ever.
+    tx.exec("SET LOCAL lock_timeout = '10s'");
+    tx.exec("SET LOCAL statement_timeout = 0");
+    const std::string said =
+        tx.exec_params1("SELECT outbox_partition_outbox($1, $2)", span,
+                        ahead)[0]
+            .as<std::string>();
+    tx.commit();
+    std::printf("partition-outbox: %s\n", said.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    return Fail("partition-outbox", outbox::StatusFromException(e));
+  }
+}
+
 // Exit 0: every case passed (or was skipped); 1: a case failed or the sink
 // was unreachable; 2: a bad flag.
 int Conformance() {
@@ -902,7 +960,8 @@ int main(int argc, char** argv) {
       "subscriptions, subscriptions pause|resume|drop|log|rows NAME --reason "
       "TEXT "
       "[--force],\n  conformance --sink HOST:PORT [--cases C,...] "
-      "[--wrong_cert F --wrong_key F]";
+      "[--wrong_cert F --wrong_key F],\n  partition-outbox [--span N] "
+      "[--ahead K]";
   // Asking for help is not a mistake: the usage and outboxctl's own flags,
   // exit 0 (abseil's --help exits 1).
   for (int i = 1; i < argc; ++i) {
@@ -942,6 +1001,7 @@ int main(int argc, char** argv) {
   if (cmd == "held") return Held(args);
   if (cmd == "subscriptions") return Subscriptions(args);
   if (cmd == "conformance") return Conformance();
+  if (cmd == "partition-outbox") return PartitionOutbox();
   std::fprintf(
       stderr,
       "usage: outboxctl stats | dead-letters | requeue EVENT_ID | "
@@ -952,6 +1012,7 @@ int main(int argc, char** argv) {
       "diverged | resolve --aggregate ID|--all [--parallel N] --reason TEXT | "
       "held [--failed] | held release|skip EVENT_ID --reason "
       "TEXT | subscriptions | subscriptions pause|resume|drop|log|rows NAME "
-      "--reason TEXT [--force] | conformance --sink HOST:PORT\n");
+      "--reason TEXT [--force] | conformance --sink HOST:PORT | "
+      "partition-outbox [--span N] [--ahead K]\n");
   return 2;
 }

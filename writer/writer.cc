@@ -160,12 +160,24 @@ EventRows Writer::RowsOf(const std::vector<const NewEvent*>& events) {
   return rows;
 }
 
+void Writer::CheckGivenIds(pqxx::transaction_base& tx,
+                           const std::vector<const NewEvent*>& events) {
+  ArrayLiteral given;
+  for (const NewEvent* e : events) {
+    if (!e->event_id.empty()) given.Add(e->event_id);
+  }
+  if (given.empty()) return;
+  ExecPrepared(tx, "outbox_writer_ids_free",
+               "SELECT outbox_event_ids_free($1::uuid[])", given.str());
+}
+
 absl::StatusOr<std::vector<Appended>> Writer::AppendMany(
     pqxx::transaction_base& tx, const std::vector<NewEvent>& events) {
   std::vector<const NewEvent*> all;
   all.reserve(events.size());
   for (const NewEvent& e : events) all.push_back(&e);
   if (absl::Status s = ValidateEach(all); !s.ok()) return s;
+  CheckGivenIds(tx, all);
   std::vector<Appended> out(events.size());
   // Rounds: an aggregate at most once per statement (a head row can move
   // once per statement), its events in input order across rounds.

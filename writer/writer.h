@@ -47,7 +47,9 @@ struct NewEvent {
   // Optional UUID; a new one (time-ordered) when empty. One given must
   // never have been used before: the outbox refuses a repeat only while
   // it still holds the first (--retention deletes it), and consumers know
-  // an event by its id.
+  // an event by its id. On a partitioned outbox (rotation) a given id is
+  // checked by a statement of its own before the append, and needs a READ
+  // COMMITTED transaction.
   std::string event_id;
   absl::Time occurred_at = absl::InfinitePast();  // now when unset
 
@@ -137,12 +139,22 @@ class Writer {
   // soon (one NOTIFY per burst). Never blocks.
   void Committed();
 
+  // Refuses, as the outbox's unique key does (pqxx::unique_violation,
+  // thrown), an event_id among `events` that a retained event carries; on
+  // a partitioned outbox that key holds per child only, and this check
+  // (outbox_event_ids_free) holds for all of them until `tx` ends. Append
+  // and AppendMany call it; no statement when no event gives its id.
+  static void CheckGivenIds(pqxx::transaction_base& tx,
+                            const std::vector<const NewEvent*>& events);
+
   // The checks Append makes, without a database.
   static absl::Status Validate(const NewEvent& event);
 
   // `events` as the parameters of OUTBOX_WRITER_APPEND_CTES's input; the
   // checks of Append, and each aggregate at most once (InvalidArgument
-  // naming the event otherwise). Call Committed() after the commit.
+  // naming the event otherwise). Call Committed() after the commit. When
+  // an event carries a given event_id, call CheckGivenIds in `tx` before
+  // the appending statement.
   static absl::StatusOr<EventRows> Rows(const std::vector<NewEvent>& events);
   // The same, without copying the events.
   static absl::StatusOr<EventRows> Rows(

@@ -1,0 +1,328 @@
+// Rotation against a real PostgreSQL: an outbox made partitioned by seq
+// range keeps its events, its views and its writers; retention then
+// empties a whole child, and only once every event in it may go (old
+// enough, delivered, no transaction that may still commit below its
+// bound, no read of it in progress); an id a caller
+// gives stays unique across children; an insert past the last child is
+// the world's fault, not the event's; a replay across a dropped child
+// owes again what is retained.
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/db.h"
+#include "common/schema.h"
+#include "common/sql_state.h"
+#include "relay/delivery_store.h"
+#include "relay/log_testing.h"
+#include "relay/retention.h"
+#include "tests/testing/pg.h"
+#include "writer/writer.h"
+
+namespace outbox::relay {
+namespace {
+
+class RotationTest : public ::testing::Test {
+ protected:
+  RotationTest() : db_("rotation", {OutboxSchema()}), conn_(db_.url()) {}
+
+  // Partitions the outbox in children of `span` seqs, `ahead` made ahead.
+  std::string Partition(int64_t span, int ahead) {
+    pqxx::work tx(conn_);
+    const std::string said =
+        tx.exec_params1("SELECT outbox_partition_outbox($1, $2)", span,
+                        ahead)[0]
+            .as<std::string>();
+    tx.commit();
+    return said;
+  }
+
+  int64_t AppendCommitted(const std::string& aggregate) {
+    pqxx::work tx(conn_);
+    const int64_t seq = Append(tx, aggregate);
+    tx.commit();
+    return seq;
+  }
+
+  // One step of retention (none kept for age unless `retention`), with a
+  // mark of its own; checks that what is gone lies below all that is
+  // retained.
+  int64_t Rotate(absl::Duration retention = absl::ZeroDuration(),
+                 std::string* held_back = nullptr) {
+    absl::SleepFor(absl::Milliseconds(55));
+    const std::set<int64_t> before = Seqs();
+    int64_t n;
+    {
+      pqxx::work tx(conn_);
+      n = PruneOutbox(tx, retention, 1000, held_back);
+      tx.commit();
+    }
+    const std::set<int64_t> after = Seqs();
+    for (int64_t seq : before) {
+      if (after.count(seq) == 0 && !after.empty()) {
+        EXPECT_LT(seq, *after.begin())
+            << "rotation removed an event above a retained one";
+      }
+    }
+    return n;
+  }
+
+  std::set<int64_t> Seqs() {
+    std::set<int64_t> seqs;
+    for (const auto& row : db_.Query("SELECT seq FROM outbox")) {
+      seqs.insert(row[0].as<int64_t>());
+    }
+    return seqs;
+  }
+
+  // The children, oldest first, as "name [lo, hi)".
+  std::vector<std::string> Children() {
+    std::vector<std::string> out;
+    for (const auto& row :
+         db_.Query("SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM "
+                   "pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE "
+                   "i.inhparent = 'outbox'::regclass ORDER BY c.relname")) {
+      out.push_back(absl::StrCat(row[0].as<std::string>(), " ",
+                                 row[1].as<std::string>()));
+    }
+    return out;
+  }
+
+  int64_t DeletedThrough() {
+    return db_.Scalar("SELECT deleted_through FROM outbox_retention_state");
+  }
+
+  testing::TestDatabase db_;
+  pqxx::connection conn_;
+};
+
+NewEvent EventOf(const std::string& aggregate, const std::string& id = "") {
+  NewEvent e;
+  e.aggregate_type = "order";
+  e.aggregate_id = aggregate;
+  e.event_type = "OrderCreated";
+  e.event_id = id;
+  return e;
+}
+
+// The events written before stay where they are (the old table becomes the
+// first child), the writer appends on, the operators' view reads the
+// parent, and a second call changes nothing.
+TEST_F(RotationTest, PartitioningKeepsEventsViewsAndWriters) {
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  Writer writer;
+  std::vector<int64_t> seqs;
+  for (int i = 0; i < 3; ++i) {
+    pqxx::work tx(conn_);
+    auto a = writer.Append(tx, EventOf("a"));
+    ASSERT_TRUE(a.ok()) << a.status();
+    tx.commit();
+    seqs.push_back(a->seq);
+  }
+  // The writer may draw more seqs than it writes (an aggregate's head
+  // moved draws one more).
+  const int64_t next = db_.Scalar(
+      "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END "
+      "FROM outbox_seq_seq");
+  const std::string said = Partition(10, 2);
+  EXPECT_TRUE(absl::StrContains(
+      said, absl::StrCat("seqs below ", next, " in outbox_s0")))
+      << said;
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM pg_partitioned_table WHERE "
+                       "partrelid = 'outbox'::regclass"),
+            1);
+  const auto bound = [](int64_t lo) {
+    return absl::StrCat("outbox_s", lo, " FOR VALUES FROM ('", lo, "') TO ('",
+                        lo + 10, "')");
+  };
+  EXPECT_EQ(Children(),
+            (std::vector<std::string>{
+                absl::StrCat("outbox_s0 FOR VALUES FROM (MINVALUE) TO ('", next,
+                             "')"),
+                bound(next + 10), bound(next)}));
+  pqxx::work tx(conn_);
+  auto b = writer.Append(tx, EventOf("a"));
+  ASSERT_TRUE(b.ok()) << b.status();
+  tx.commit();
+  EXPECT_GE(b->seq, next);
+  EXPECT_EQ(b->prev_seq, seqs.back());
+  // The view was made again on the parent: it shows the new event too.
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_deliveries WHERE "
+                       "subscription = 'billing'"),
+            4);
+  // The delivery trigger fires on the parent.
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_delivery"), 4);
+  EXPECT_EQ(Partition(10, 2), "the outbox is partitioned already");
+}
+
+// A child goes whole: not while the writers may still draw a seq in it,
+// nor while any event in it is younger than the retention; then at once,
+// dropped, with what retention records as deleted. New children are made
+// ahead as the sequence moves on.
+TEST_F(RotationTest, AChildGoesWholeOnceEveryEventInItMay) {
+  Partition(10, 2);  // outbox_s0 below 1 (empty), [1, 11), [11, 21)
+  for (int i = 0; i < 15; ++i) AppendCommitted(absl::StrCat("a", i));
+  EXPECT_EQ(Rotate(absl::Hours(1)), 0);  // all too young
+  EXPECT_EQ(Seqs().size(), 15u);
+  EXPECT_EQ(Rotate(), 10);
+  EXPECT_EQ(*Seqs().begin(), 11);
+  EXPECT_EQ(DeletedThrough(), 10);
+  // The empty first child and the full one are dropped.
+  EXPECT_EQ(Children(), (std::vector<std::string>{
+                            "outbox_s11 FOR VALUES FROM ('11') TO ('21')"}));
+  // [11, 21) is not full: a writer may still draw a seq in it.
+  EXPECT_EQ(Rotate(), 0);
+  EXPECT_EQ(Seqs().size(), 5u);
+  // Children ahead: 15 drawn, two spans beyond.
+  EXPECT_EQ(db_.Scalar("SELECT outbox_extend_partitions()"), 25);
+  EXPECT_EQ(Children().size(), 3u);
+  for (int i = 0; i < 5; ++i) AppendCommitted(absl::StrCat("b", i));
+  EXPECT_EQ(Rotate(), 10);
+  EXPECT_EQ(DeletedThrough(), 20);
+  EXPECT_TRUE(Seqs().empty());
+}
+
+// A transaction that drew a seq in the child and has not committed holds
+// the whole child, however old the rest: its event may still commit.
+TEST_F(RotationTest, ATransactionThatMayStillCommitHoldsItsChild) {
+  Partition(10, 2);
+  pqxx::connection late_conn(db_.url());
+  pqxx::work late(late_conn);
+  const int64_t late_seq = Append(late, "late");
+  EXPECT_EQ(late_seq, 1);
+  for (int i = 0; i < 12; ++i) AppendCommitted(absl::StrCat("a", i));
+  EXPECT_EQ(Rotate(), 0);
+  EXPECT_EQ(Rotate(), 0);
+  late.commit();
+  EXPECT_EQ(Rotate(), 10);
+  EXPECT_EQ(*Seqs().begin(), 11);
+}
+
+// An event a subscription has not been given (its delivery row) holds its
+// child; once answered, the child goes.
+TEST_F(RotationTest, AnUndeliveredEventHoldsItsChild) {
+  Partition(10, 2);
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  for (int i = 0; i < 12; ++i) AppendCommitted(absl::StrCat("a", i));
+  db_.Exec("DELETE FROM outbox_delivery WHERE seq <> 7");
+  EXPECT_EQ(Rotate(), 0);
+  EXPECT_EQ(Seqs().size(), 12u);
+  db_.Exec("DELETE FROM outbox_delivery WHERE seq = 7");
+  EXPECT_EQ(Rotate(), 10);
+}
+
+// A read of the outbox in progress holds the child (its rows stay readable
+// to it): rotation waits a moment, says what held it, changes nothing, and
+// drops the child at a later step once the read has ended.
+TEST_F(RotationTest, ARotationDuringAReadWaitsForIt) {
+  Partition(10, 2);
+  for (int i = 0; i < 12; ++i) AppendCommitted(absl::StrCat("a", i));
+  pqxx::connection reader_conn(db_.url());
+  {
+    pqxx::work reader(reader_conn, "reader");
+    reader.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+    EXPECT_EQ(reader.exec1("SELECT count(*) FROM outbox")[0].as<int64_t>(), 12);
+    std::string held_back;
+    const absl::Time t0 = absl::Now();
+    EXPECT_EQ(Rotate(absl::ZeroDuration(), &held_back), 0);
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+    EXPECT_TRUE(absl::StrContains(held_back, "reads or writes of the outbox"))
+        << held_back;
+    EXPECT_EQ(DeletedThrough(), 0);
+    // The read goes on seeing what it saw.
+    EXPECT_EQ(reader.exec1("SELECT count(*) FROM outbox")[0].as<int64_t>(), 12);
+    reader.commit();
+  }
+  EXPECT_EQ(Rotate(), 10);
+  EXPECT_EQ(DeletedThrough(), 10);
+}
+
+// A replay whose range spans a dropped child owes again the events that
+// are retained, and matches nothing below them.
+TEST_F(RotationTest, AReplayAcrossARotationOwesWhatIsRetained) {
+  Partition(10, 2);
+  db_.Exec("INSERT INTO subscriptions (name) VALUES ('billing')");
+  for (int i = 0; i < 15; ++i) AppendCommitted(absl::StrCat("a", i));
+  db_.Exec("DELETE FROM outbox_delivery");  // all delivered
+  EXPECT_EQ(Rotate(), 10);
+  pqxx::work tx(conn_);
+  ReplaySelector sel;
+  sel.by_seq = true;
+  sel.from_seq = 1;
+  sel.to_seq = 15;
+  const Replayed r = Replay(tx, "billing", sel);
+  tx.commit();
+  EXPECT_EQ(r.matched, 5);
+  EXPECT_EQ(r.owed, 5);
+  EXPECT_EQ(db_.Scalar("SELECT min(seq) FROM outbox_delivery"), 11);
+}
+
+// event_id is unique per child only in PostgreSQL; the writer keeps an id
+// a caller gives unique across all of them, and refuses one in a snapshot
+// that could miss another writer's.
+TEST_F(RotationTest, AGivenIdIsRefusedInAnotherChild) {
+  Partition(10, 2);
+  Writer writer;
+  const std::string id = "0190f3a4-1111-7000-8000-000000000001";
+  {
+    pqxx::work tx(conn_);
+    ASSERT_TRUE(writer.Append(tx, EventOf("a", id)).ok());
+    tx.commit();
+  }
+  for (int i = 0; i < 12; ++i) AppendCommitted(absl::StrCat("b", i));
+  {
+    pqxx::work tx(conn_);
+    EXPECT_THROW((void)writer.Append(tx, EventOf("c", id)),
+                 pqxx::unique_violation);
+  }
+  {
+    pqxx::work tx(conn_);
+    tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+    try {
+      (void)writer.Append(tx,
+                          EventOf("c", "0190f3a4-1111-7000-8000-000000000002"));
+      ADD_FAILURE() << "a given id in REPEATABLE READ was taken";
+    } catch (const pqxx::sql_error& e) {
+      EXPECT_EQ(e.sqlstate(), "0A000");
+      EXPECT_TRUE(absl::StrContains(e.what(), "READ COMMITTED")) << e.what();
+    }
+  }
+  // Ids the writer makes need no check, in any isolation.
+  pqxx::work tx(conn_);
+  tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+  EXPECT_TRUE(writer.Append(tx, EventOf("c")).ok());
+  tx.commit();
+  EXPECT_EQ(db_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox WHERE event_id = '", id, "'")),
+            1);
+}
+
+// With no child made for the next seq (no relay made them ahead), the
+// append fails as the world's fault: retried later, never blamed on the
+// event. Once a child is made, it succeeds.
+TEST_F(RotationTest, AnInsertPastTheLastChildIsTheWorldsFault) {
+  Partition(10, 1);  // [1, 11) only
+  EXPECT_EQ(db_.Scalar("SELECT outbox_extend_partitions()"), 10);
+  for (int i = 0; i < 10; ++i) AppendCommitted(absl::StrCat("a", i));
+  try {
+    AppendCommitted("over");
+    ADD_FAILURE() << "an event past the last child was written";
+  } catch (const std::exception& e) {
+    const absl::Status s = StatusFromException(e);
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+    EXPECT_EQ(OriginOf(s), ErrorOrigin::kWorld) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "outbox_partition_seqs_left"))
+        << s;
+  }
+  EXPECT_GT(db_.Scalar("SELECT outbox_extend_partitions()"), 0);
+  EXPECT_GT(AppendCommitted("over"), 10);
+}
+
+}  // namespace
+}  // namespace outbox::relay
