@@ -675,6 +675,11 @@ BEGIN
     RETURN 'the outbox is partitioned already';
   END IF;
   LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE;
+  -- Another call may have partitioned it while this one waited.
+  LOCK TABLE outbox_rotation IN SHARE MODE;
+  IF EXISTS (SELECT 1 FROM outbox_rotation) THEN
+    RETURN 'the outbox is partitioned already';
+  END IF;
   FOR v IN SELECT DISTINCT c.oid::regclass::text AS name,
                   pg_get_viewdef(c.oid) AS def
              FROM pg_depend d JOIN pg_rewrite w ON w.oid = d.objid

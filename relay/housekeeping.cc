@@ -29,6 +29,13 @@ double SecondsSince(const std::atomic<int64_t>& since_ms) {
   return std::max(0.0, (absl::ToUnixMillis(absl::Now()) - since) / 1000.0);
 }
 
+// A gauge's one series when `value` is known (>= 0), else none.
+std::vector<std::pair<Labels, double>> IfPartitioned(int64_t value) {
+  std::vector<std::pair<Labels, double>> out;
+  if (value >= 0) out.push_back({{}, static_cast<double>(value)});
+  return out;
+}
+
 }  // namespace
 
 Housekeeping::Housekeeping(Options options, Metrics* metrics)
@@ -120,16 +127,16 @@ void Housekeeping::RegisterGauges(Metrics* metrics) {
   metrics->AddGaugeFamily(
       "outbox_partition_seqs_left",
       "On a partitioned outbox (outboxctl partition-outbox): how many seqs "
-      "the writers may still draw before an insert finds no child, as the "
-      "replica that makes children ahead (the owner of partition 0) last "
-      "made them. At 0 every append fails until a child is made; absent on "
-      "a plain outbox and on the other replicas.",
-      [this] {
-        std::vector<std::pair<Labels, double>> out;
-        const int64_t left = partition_seqs_left_.load();
-        if (left >= 0) out.push_back({{}, static_cast<double>(left)});
-        return out;
-      });
+      "the writers may still draw before an insert finds no child, as this "
+      "replica last made children ahead (every replica does, every "
+      "second). At 0 every append fails until a child is made; absent on a "
+      "plain outbox.",
+      [this] { return IfPartitioned(partition_seqs_left_.load()); });
+  metrics->AddGaugeFamily(
+      "outbox_partition_span_seqs",
+      "On a partitioned outbox: the seqs of each child (outboxctl "
+      "partition-outbox --span).",
+      [this] { return IfPartitioned(partition_span_.load()); });
   metrics->AddGauge(
       "outbox_retention_held_back_seconds",
       "How long this replica's --retention has been held back, with "
@@ -281,14 +288,16 @@ bool Housekeeping::Run() {
                                          : options_.retention_interval);
       }
     }
+    // Every replica: children made ahead matter to every writer, and one
+    // replica killed must not leave them to run out while its partitions
+    // wait for their leases to lapse.
+    step = "partitions";
+    if (!stop_) ExtendPartitions(conn);
     if (!owned.empty() && owned.front() == 0 && !stop_) {
-      step = "partitions";
-      ExtendPartitions(conn);
       step = "heal";
       HealIfDue(conn);
     } else {
-      SetHealDue(std::nullopt);   // another replica runs heals
-      partition_seqs_left_ = -1;  // and keeps the children
+      SetHealDue(std::nullopt);  // another replica runs heals
     }
     step = "vacuum";
     if (!stop_ && !conn.info().pooled) VacuumDeliveries(conn);
@@ -378,9 +387,12 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
 
 void Housekeeping::ExtendPartitions(pqxx::connection& conn) {
   auto tx = OpenUnit(conn);
-  const pqxx::field left = tx->exec1("SELECT outbox_extend_partitions()")[0];
+  const pqxx::row r = tx->exec1(
+      "SELECT outbox_extend_partitions() AS left, (SELECT span FROM "
+      "outbox_rotation) AS span");
   tx->commit();
-  const int64_t now = left.is_null() ? -1 : left.as<int64_t>();
+  const int64_t now = r["left"].is_null() ? -1 : r["left"].as<int64_t>();
+  partition_span_ = r["span"].is_null() ? -1 : r["span"].as<int64_t>();
   if (now >= 0 && partition_seqs_left_.load() >= 0 &&
       now > partition_seqs_left_.load() + 1) {
     spdlog::info("relay: outbox children made ahead: {} seqs left", now);

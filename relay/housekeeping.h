@@ -8,8 +8,8 @@
 //     database), read every backlog_refresh and whenever the owned
 //     partitions change, and the gauges that show them;
 //   - retention's deletes, in small batches, by the replica that owns
-//     partition 0; on a partitioned outbox, that replica empties and drops
-//     whole children instead, and keeps new ones made ahead;
+//     partition 0; on a partitioned outbox, that replica drops whole
+//     children instead, and every replica keeps new ones made ahead;
 //   - a heal when one is due (relay/heal.h), by that replica too;
 //   - a vacuum of outbox_delivery after many deletes (Deleted()).
 //
@@ -143,8 +143,9 @@ class Housekeeping {
   std::atomic<int64_t> heal_due_since_ms_{0};
   // Seqs the writers may still draw before an insert finds no child of a
   // partitioned outbox, as this replica last made them; -1: the outbox is
-  // not partitioned, or another replica keeps them.
+  // not partitioned.
   std::atomic<int64_t> partition_seqs_left_{-1};
+  std::atomic<int64_t> partition_span_{-1};  // its children's, or -1
   std::atomic<bool> stop_{false};
   std::atomic<bool> busy_{false};  // a Run is in progress
   // Stop reads the connection's pointer to cancel its statement; every

@@ -2,7 +2,9 @@
 // follow the partitions the relay owns at once, only the owner of
 // partition 0 deletes old events, a stop cancels a delete waiting on a
 // lock, many deletes by the worker bring a vacuum of the delivery table,
-// a heal nobody can run is closed, and one that cannot run yet shows.
+// a heal nobody can run is closed, and one that cannot run yet shows; on
+// a partitioned outbox, every replica keeps children made ahead and that
+// owner drops the oldest whole.
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -95,6 +97,41 @@ TEST_F(HousekeepingTest, TheFiguresFollowTheOwnedPartitionsAtOnce) {
       << "an owned partition without events shows as 0";
   hk->Stop();
   hk->Stop();  // again: nothing
+}
+
+// On a partitioned outbox every replica keeps children made ahead as the
+// sequence moves (the gauge says how many seqs are left), and the owner
+// of partition 0 drops the oldest whole once its events are old enough.
+TEST_F(HousekeepingTest, AReplicaKeepsChildrenAheadTheOwnerOfZeroDropsThem) {
+  Own({1});
+  std::unique_ptr<Housekeeping> hk = Make(absl::Milliseconds(1));
+  hk->Start();
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_EQ(metrics_.Render().find("\noutbox_partition_seqs_left "),
+            std::string::npos)
+      << "a gauge on a plain outbox: " << metrics_.Render();
+  db_.Exec("SELECT outbox_partition_outbox(100, 2)");  // [1, 101), [101, 201)
+  Append("a", 1, 150);
+  ASSERT_TRUE(testing::WaitFor([&] {
+    return SumOf(metrics_, "outbox_partition_seqs_left") == 250;
+  })) << metrics_.Render();
+  EXPECT_EQ(db_.Scalar("SELECT made_to FROM outbox_rotation"), 401);
+  EXPECT_EQ(SumOf(metrics_, "outbox_partition_span_seqs"), 100);
+  // Not the owner of partition 0: nothing dropped.
+  absl::SleepFor(absl::Milliseconds(1200));
+  EXPECT_EQ(db_.Scalar("SELECT min(seq) FROM outbox"), 1);
+  Own({0, 1});
+  // The first child (all 100 events old enough) goes within a step.
+  ASSERT_TRUE(testing::WaitFor([&] {
+    return db_.Scalar("SELECT deleted_through FROM outbox_retention_state") ==
+           100;
+  })) << metrics_.Render();
+  EXPECT_EQ(db_.Scalar("SELECT min(seq) FROM outbox"), 101);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = "
+                       "'outbox'::regclass"),
+            3);  // [101, 201) with 50 events, and two ahead
+  EXPECT_EQ(SumOf(metrics_, "outbox_relay_pruned_total"), 100);
+  hk->Stop();
 }
 
 // A sink without cursors (a broker) cannot be healed: the request is

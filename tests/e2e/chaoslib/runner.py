@@ -461,6 +461,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
             self.pg_of(db).drop_db(db)
             self.pg_of(db).create_db(db)
         scn = self.scn
+        if scn.partition_span:
+            self.partition_outbox(scn.partition_span)
         for i in range(1, scn.consumers + 1):
             self.consumers.append(self._proc("consumer", i, []))
         for i in range(1, scn.relays + 1):
@@ -494,6 +496,19 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         self.wait_ready(self.sup.procs, 60)
         self.log("all processes serving: " + ", ".join(
             f"{p.name}=:{p.listen_port}" for p in self.sup.procs))
+
+    def partition_outbox(self, span):
+        """outboxctl partition-outbox on the orders database (it applies the
+        outbox's migrations first): children of `span` seqs, 8 ahead."""
+        argv = [os.path.join(self.suite.bin, "outboxctl"), "partition-outbox",
+                f"--orders_db={self.suite.pg.db_url(self.orders_db)}",
+                f"--span={span}", "--ahead=8"]
+        out = subprocess.run(argv, capture_output=True, text=True,
+                             env=P.clean_env({}), timeout=60)
+        if out.returncode != 0:
+            raise HarnessError(f"outboxctl partition-outbox failed (rc "
+                               f"{out.returncode}): {out.stderr.strip()}")
+        self.log(out.stdout.strip())
 
     def buf(self):
         """buf (for `buf curl`): the platform's binary of the npm package

@@ -69,6 +69,10 @@ class Scenario:
     # consumer (--handler=audit) and a database of its own
     # (chaoslib/fanout.py; run.audit)
     audit_relays: int = 0
+    # the orders database's outbox partitioned by seq range in children of
+    # this many seqs before the services start (outboxctl partition-outbox):
+    # retention then drops whole children (rotation)
+    partition_span: int = 0
 
 
 # -- injectors ---------------------------------------------------------------
@@ -438,6 +442,30 @@ def check_retention(run, report):
     return bad
 
 
+def check_rotation(run, report):
+    """check_retention on a partitioned outbox: what went, went as whole
+    children (what is left starts at a child's bound), and the relays made
+    children ahead of the sequence as it moved on."""
+    bad = check_retention(run, report)
+    row = run.sql_orders(
+        "SELECT r.made_to, r.span, (SELECT count(*) FROM pg_inherits WHERE "
+        "inhparent = 'outbox'::regclass), (SELECT deleted_through FROM "
+        "outbox_retention_state WHERE id = 1), (SELECT last_value FROM "
+        "outbox_seq_seq) FROM outbox_rotation r").strip()
+    if not row:
+        return bad + ["rotation: the outbox is not partitioned"]
+    made_to, span, children, through, drawn = (int(x) for x in row.split("|"))
+    run.log(f"rotation: {children} children of {span} seqs left, made up to "
+            f"{made_to}, the sequence at {drawn}, deleted through {through}")
+    if made_to - 1 <= drawn:
+        bad.append(f"rotation: no child made ahead of the sequence ({drawn}) "
+                   f"beyond {made_to - 1}")
+    # Partitioned while empty: the children's bounds are 1 + k * span.
+    if through % span != 0:
+        bad.append(f"rotation: deleted through {through}, not a child's bound")
+    return bad
+
+
 def check_poison(run, report):
     """I6: exactly the poisoned row is dead, the events behind it on its
     aggregate stay pending and unapplied, every other event is applied."""
@@ -526,6 +554,14 @@ SCENARIOS = [
              # prefix): short leases let it delete between the kills.
              relay_flags={**RETENTION_FLAGS, "lease_ttl": "2s"},
              check=check_retention),
+    Scenario("rotation",
+             "the outbox partitioned in children of 1,000 seqs: "
+             "--retention=300ms drops whole children as their events age "
+             "while relays are SIGKILLed, SIGTERMed, SIGSTOPped and now and "
+             "then the consumer SIGKILLed; 2 relays",
+             kill_relays_and_consumer, relays=2,
+             relay_flags={**RETENTION_FLAGS, "lease_ttl": "2s"},
+             partition_span=1000, check=check_rotation),
     Scenario("crash-points",
              "OUTBOX_FAULT armed on every binary: each crashes (SIGKILL to "
              "itself) at its crash points; 3 relays, 2 consumers",
