@@ -566,13 +566,13 @@ TEST(DbSession, SettingsNameEveryTimeoutInMilliseconds) {
   EXPECT_EQ(SessionSettingsSql(s),
             "SET synchronous_commit = on; SET statement_timeout = 3000; "
             "SET lock_timeout = 250; "
-            "SET idle_in_transaction_session_timeout = 0; "
+            "SET idle_in_transaction_session_timeout = 0; SET jit = off; "
             "SET default_transaction_isolation = 'read committed'");
   s.generic_plans = true;
   EXPECT_EQ(SessionSettingsSql(s),
             "SET synchronous_commit = on; SET statement_timeout = 3000; "
             "SET lock_timeout = 250; "
-            "SET idle_in_transaction_session_timeout = 0; "
+            "SET idle_in_transaction_session_timeout = 0; SET jit = off; "
             "SET default_transaction_isolation = 'read committed'; "
             "SET plan_cache_mode = force_generic_plan");
   // For one transaction (behind a transaction pooler): SET LOCAL, and no
@@ -580,7 +580,8 @@ TEST(DbSession, SettingsNameEveryTimeoutInMilliseconds) {
   EXPECT_EQ(SessionSettingsSql(s, /*local=*/true),
             "SET LOCAL synchronous_commit = on; SET LOCAL statement_timeout = "
             "3000; SET LOCAL lock_timeout = 250; "
-            "SET LOCAL idle_in_transaction_session_timeout = 0");
+            "SET LOCAL idle_in_transaction_session_timeout = 0; SET LOCAL jit = "
+            "off");
   // A server that waits longer already (remote_apply for a synchronous
   // standby) keeps its setting.
   EXPECT_EQ(SessionSettingsSql(s, /*local=*/false, /*durable_already=*/true)
