@@ -653,12 +653,13 @@ END $$;
 -- name (PostgreSQL 15 has no identity column on a partitioned table);
 -- the views that read the outbox and the delivery trigger are made again
 -- on the parent. The old table keeps its own indexes, event_id's unique
--- one among them; each new child has the parent's: seq (the key),
--- (xid, seq) and event_id.
+-- one among them (an empty one is dropped); each new child has the
+-- parent's: seq (the key), (xid, seq) and event_id.
 CREATE OR REPLACE FUNCTION outbox_partition_outbox(span bigint, ahead int)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
   next bigint;
+  empty boolean;
   v record;
   views text[] := '{}';
   defs text[] := '{}';
@@ -691,6 +692,7 @@ BEGIN
   SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END
     INTO next FROM outbox_seq_seq;
   next := greatest(next, coalesce((SELECT max(seq) FROM outbox), 0) + 1);
+  empty := NOT EXISTS (SELECT 1 FROM outbox);
   ALTER TABLE outbox RENAME TO outbox_s0;
   DROP TRIGGER IF EXISTS outbox_fan_out ON outbox_s0;
   ALTER TABLE outbox_s0 ALTER COLUMN seq DROP IDENTITY;
@@ -702,19 +704,27 @@ BEGIN
   ALTER TABLE outbox ADD PRIMARY KEY (seq);
   CREATE INDEX outbox_parent_xid_idx ON outbox (xid, seq);
   CREATE INDEX outbox_parent_event_id_idx ON outbox (event_id);
-  EXECUTE format('ALTER TABLE outbox ATTACH PARTITION outbox_s0 FOR VALUES '
-                 'FROM (MINVALUE) TO (%s)', next);
+  IF NOT empty THEN
+    EXECUTE format('ALTER TABLE outbox ATTACH PARTITION outbox_s0 FOR VALUES '
+                   'FROM (MINVALUE) TO (%s)', next);
+  END IF;
   CREATE TRIGGER outbox_fan_out AFTER INSERT ON outbox
     REFERENCING NEW TABLE AS new_events
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_fan_out();
   FOR i IN 1 .. coalesce(array_length(views, 1), 0) LOOP
     EXECUTE format('CREATE OR REPLACE VIEW %s AS %s', views[i], defs[i]);
   END LOOP;
+  -- An empty outbox needs no child below the next seq: one kept would
+  -- cost every read a lock until retention dropped it.
+  IF empty THEN DROP TABLE outbox_s0; END IF;
   INSERT INTO outbox_rotation (id, span, ahead, made_to)
     VALUES (1, span, ahead, next);
   PERFORM outbox_extend_partitions();
-  RETURN format('the outbox is partitioned: seqs below %s in outbox_s0, '
-                'then children of %s seqs, %s made ahead', next, span, ahead);
+  RETURN format('the outbox is partitioned: %s, then children of %s seqs, '
+                '%s made ahead',
+                CASE WHEN empty THEN 'empty'
+                     ELSE format('seqs below %s in outbox_s0', next) END,
+                span, ahead);
 END $$;
 
 -- Refuses an id a caller gives that an event the outbox retains carries:

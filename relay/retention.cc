@@ -31,77 +31,68 @@ constexpr char kOldestChildSql[] =
     "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = "
     "'outbox'::regclass) k ORDER BY hi LIMIT 1";
 
-// PruneOutbox on a partitioned outbox: drops its oldest children, whole,
-// up to `limit` events, each once every event in it may go (by the same rules
-// as a row's delete) and every seq below its bound is at or below the horizon
-// `below` (so no transaction that may still commit holds one, and no writer
-// draws one any more). Returns the events it held. DROP needs the parent alone
-// (ACCESS EXCLUSIVE): it waits 100 ms at most for the reads and writes
-// in progress, since those that come meanwhile queue behind it, and
-// tries again at the next step. An empty child kept would still cost
-// every read with a generic plan a lock.
+// PruneOutbox on a partitioned outbox: drops its oldest child, whole,
+// once every event in it may go (by the same rules as a row's delete) and
+// every seq below its bound is at or below the horizon `below` (so no
+// transaction that may still commit holds one, and no writer draws one
+// any more). Returns the events it held. One child a call: the drop holds
+// the parent alone (ACCESS EXCLUSIVE) until the commit, so nothing else
+// (the next child's scan) runs under it. It waits 100 ms at most for the
+// reads and writes in progress, since those that come meanwhile queue
+// behind it, and tries again at the next step. An empty child kept would
+// still cost every read with a generic plan a lock, so none is kept.
 int64_t RotateOutbox(pqxx::transaction_base& tx, absl::Duration retention,
-                     int limit, int64_t below, std::string* held_back) {
-  int64_t dropped = 0, through = 0;
-  bool locked = false;
-  while (dropped < limit) {
-    const pqxx::result oldest = tx.exec(kOldestChildSql);
-    if (oldest.empty()) break;
-    const std::string child = oldest[0]["child"].as<std::string>();
-    const int64_t hi = oldest[0]["hi"].as<int64_t>();
-    // Seqs up to the bound all drawn by transactions that ended; none of
-    // them owed by a delivery row; the newest row old enough (a cheap
-    // first look before reading the whole child).
-    const pqxx::row ready = tx.exec_params1(
-        absl::StrCat("SELECT $1::bigint - 1 <= $2::bigint AND NOT EXISTS "
-                     "(SELECT 1 FROM subscriptions s WHERE EXISTS (SELECT 1 "
-                     "FROM outbox_delivery d WHERE d.subscription = s.name "
-                     "AND d.seq < $1)) AND coalesce((SELECT o.created_at < "
-                     "now() - make_interval(secs => $3::float8) FROM ",
-                     child, " o ORDER BY o.seq DESC LIMIT 1), true)"),
-        hi, below, absl::ToDoubleSeconds(retention));
-    if (!ready[0].as<bool>()) break;
-    // Every event old enough, and shown by the oldest tick the log's
-    // subscriptions need.
-    const pqxx::row rows = tx.exec_params1(
-        absl::StrCat(
-            "WITH f AS (SELECT fl, (SELECT t.snapshot FROM outbox_ticks t "
-            "WHERE t.id = fl) AS snap FROM outbox_log_floor($2) fl) "
-            "SELECT count(*) AS n, count(*) FILTER (WHERE o.created_at >= "
-            "now() - make_interval(secs => $1::float8) OR ((SELECT fl FROM "
-            "f) IS NOT NULL AND o.xid IS NOT NULL AND NOT "
-            "coalesce(pg_visible_in_snapshot(o.xid, (SELECT snap FROM f)), "
-            "false))) AS young FROM ",
-            child, " o"),
-        absl::ToDoubleSeconds(retention), kPartitionCount);
-    if (rows["young"].as<int64_t>() > 0) break;
-    if (!locked) {
-      try {
-        auto* outer = dynamic_cast<pqxx::dbtransaction*>(&tx);
-        if (outer == nullptr) {
-          throw std::logic_error("rotation needs a transaction");
-        }
-        pqxx::subtransaction lock(*outer, "rotate");
-        lock.exec("SET LOCAL lock_timeout = '100ms'");
-        lock.exec("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE");
-        lock.commit();
-      } catch (const pqxx::sql_error& e) {
-        if (e.sqlstate() != "55P03") throw;
-        if (held_back != nullptr) {
-          *held_back = absl::StrCat(
-              "reads or writes of the outbox in progress while rotation "
-              "waited 100 ms to drop its oldest child, ",
-              child);
-        }
-        break;
-      }
-      locked = true;
+                     int64_t below, std::string* held_back) {
+  const pqxx::result oldest = tx.exec(kOldestChildSql);
+  if (oldest.empty()) return 0;
+  const std::string child = oldest[0]["child"].as<std::string>();
+  const int64_t hi = oldest[0]["hi"].as<int64_t>();
+  // Seqs up to the bound all drawn by transactions that ended; none of
+  // them owed by a delivery row; the newest row old enough (a cheap first
+  // look before reading the whole child).
+  const pqxx::row ready = tx.exec_params1(
+      absl::StrCat("SELECT $1::bigint - 1 <= $2::bigint AND NOT EXISTS "
+                   "(SELECT 1 FROM subscriptions s WHERE EXISTS (SELECT 1 "
+                   "FROM outbox_delivery d WHERE d.subscription = s.name "
+                   "AND d.seq < $1)) AND coalesce((SELECT o.created_at < "
+                   "now() - make_interval(secs => $3::float8) FROM ",
+                   child, " o ORDER BY o.seq DESC LIMIT 1), true)"),
+      hi, below, absl::ToDoubleSeconds(retention));
+  if (!ready[0].as<bool>()) return 0;
+  // Every event old enough, and shown by the oldest tick the log's
+  // subscriptions need.
+  const pqxx::row rows = tx.exec_params1(
+      absl::StrCat(
+          "WITH f AS (SELECT fl, (SELECT t.snapshot FROM outbox_ticks t "
+          "WHERE t.id = fl) AS snap FROM outbox_log_floor($2) fl) "
+          "SELECT count(*) AS n, count(*) FILTER (WHERE o.created_at >= "
+          "now() - make_interval(secs => $1::float8) OR ((SELECT fl FROM "
+          "f) IS NOT NULL AND o.xid IS NOT NULL AND NOT "
+          "coalesce(pg_visible_in_snapshot(o.xid, (SELECT snap FROM f)), "
+          "false))) AS young FROM ",
+          child, " o"),
+      absl::ToDoubleSeconds(retention), kPartitionCount);
+  if (rows["young"].as<int64_t>() > 0) return 0;
+  try {
+    auto* outer = dynamic_cast<pqxx::dbtransaction*>(&tx);
+    if (outer == nullptr) {
+      throw std::logic_error("rotation needs a transaction");
     }
-    tx.exec(absl::StrCat("DROP TABLE ", child));
-    dropped += rows["n"].as<int64_t>();
-    through = hi - 1;
+    pqxx::subtransaction lock(*outer, "rotate");
+    lock.exec("SET LOCAL lock_timeout = '100ms'");
+    lock.exec("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE");
+    lock.commit();
+  } catch (const pqxx::sql_error& e) {
+    if (e.sqlstate() != "55P03") throw;
+    if (held_back != nullptr) {
+      *held_back = absl::StrCat(
+          "reads or writes of the outbox in progress while rotation waited "
+          "100 ms to drop its oldest child, ",
+          child);
+    }
+    return 0;
   }
-  if (through == 0) return 0;
+  tx.exec(absl::StrCat("DROP TABLE ", child));
   tx.exec_params(
       "WITH old AS (DELETE FROM outbox_retention_marks WHERE last_seq <= $1) "
       "INSERT INTO outbox_retention_marks (last_seq, open_xacts) "
@@ -110,8 +101,8 @@ int64_t RotateOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   tx.exec_params(
       "UPDATE outbox_retention_state SET deleted_through = "
       "greatest(deleted_through, $1) WHERE id = 1",
-      through);
-  return dropped;
+      hi - 1);
+  return rows["n"].as<int64_t>();
 }
 
 }  // namespace
@@ -224,7 +215,7 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   if (horizon["horizon"].is_null()) return 0;
   const int64_t below = horizon["horizon"].as<int64_t>();
   if (first["partitioned"].as<bool>()) {
-    return RotateOutbox(tx, retention, limit, below, held_back);
+    return RotateOutbox(tx, retention, below, held_back);
   }
   // f: the oldest tick the log's subscriptions need (none when the log
   // delivers to none) and its snapshot: an event it does not show (every

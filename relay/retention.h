@@ -42,9 +42,10 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
                     int limit, std::string* held_back = nullptr);
 
 // On a partitioned outbox (outbox_partition_outbox, common/schema.cc)
-// PruneOutbox drops the oldest child whole once every event in it may go:
-// up to `limit` events or more at once, none before all of them may (a
-// child's span sets how long its events outlive `retention`).
+// PruneOutbox drops the oldest child whole once every event in it may go,
+// one child a call whatever `limit`, and returns the events it held: none
+// go before all of them may (a child's span sets how long its events
+// outlive `retention`). Call it again while it returns more than 0.
 
 // Holds PruneOutbox back until `tx` ends (the lock above, shared): for
 // whoever owes retained events again (ReOwe, Replay). Call it before

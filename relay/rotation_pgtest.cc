@@ -166,14 +166,14 @@ TEST_F(RotationTest, PartitioningKeepsEventsViewsAndWriters) {
 // dropped, with what retention records as deleted. New children are made
 // ahead as the sequence moves on.
 TEST_F(RotationTest, AChildGoesWholeOnceEveryEventInItMay) {
-  Partition(10, 2);  // outbox_s0 below 1 (empty), [1, 11), [11, 21)
+  Partition(10, 2);  // [1, 11), [11, 21): an empty outbox keeps no child below
   for (int i = 0; i < 15; ++i) AppendCommitted(absl::StrCat("a", i));
   EXPECT_EQ(Rotate(absl::Hours(1)), 0);  // all too young
   EXPECT_EQ(Seqs().size(), 15u);
   EXPECT_EQ(Rotate(), 10);
   EXPECT_EQ(*Seqs().begin(), 11);
   EXPECT_EQ(DeletedThrough(), 10);
-  // The empty first child and the full one are dropped.
+  // The full child is dropped.
   EXPECT_EQ(Children(), (std::vector<std::string>{
                             "outbox_s11 FOR VALUES FROM ('11') TO ('21')"}));
   // [11, 21) is not full: a writer may still draw a seq in it.

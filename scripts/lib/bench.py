@@ -817,6 +817,20 @@ def cmd_report(a):
                   "TRUNCATE of partitions", None)
         ratio_row(name, ["retention"], cost, unit, g("retention.write_" + key), unit,
                   "the producer writing them", None)
+    # Rotation as the relay does it (outboxctl partition-outbox, then
+    # --retention dropping whole children), against the row deletes above,
+    # and the drain on that outbox against the plain one's.
+    for what, key, unit in (("database CPU", "cpu_us", " µs"), ("WAL", "wal_b", " B")):
+        ratio_row("Rotation by the relay: %s per event dropped" % what, ["retention"],
+                  g("retention.rotate_" + key), unit, total("retention.prune_" + key,
+                                                            "retention.vacuum_" + key),
+                  unit, "the relay's deletes + VACUUM", None)
+    ratio_row("Rotation: the relay's drop rate (events/s)", ["retention"],
+              g("retention.rotate_rate"), "/s", g("retention.prune_rate"), "/s",
+              "the relay's delete rate", None)
+    ratio_row("Drain of the retention phase's backlog on a partitioned outbox (events/s)",
+              ["retention"], g("retention.drain_rotated"), "/s", g("retention.drain_plain"), "/s",
+              "the same on a plain outbox", None)
     # What rotation's partitions would cost every write, against what it
     # saves: CreateOrder's server CPU per call (pgbench) on a partitioned
     # outbox, then with a caller-given event_id's check, against a plain one.
