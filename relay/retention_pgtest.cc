@@ -19,6 +19,7 @@
 #include "common/schema.h"
 #include "relay/log_testing.h"
 #include "relay/retention.h"
+#include "relay/retention_testing.h"
 #include "tests/testing/pg.h"
 
 namespace outbox::relay {
@@ -39,29 +40,7 @@ class RetentionTest : public ::testing::Test {
   // One step of retention with none kept for age, with a mark of its own
   // (at most one per 50 ms is taken); checks after it that what is gone
   // lies below all that is retained.
-  int64_t Prune() {
-    absl::SleepFor(absl::Milliseconds(55));
-    const std::set<int64_t> before = Seqs();
-    pqxx::work tx(conn_);
-    const int64_t n = PruneOutbox(tx, absl::ZeroDuration(), 1000);
-    tx.commit();
-    const std::set<int64_t> after = Seqs();
-    for (int64_t seq : before) {
-      if (after.count(seq) == 0 && !after.empty()) {
-        EXPECT_LT(seq, *after.begin())
-            << "retention deleted an event above a retained one";
-      }
-    }
-    return n;
-  }
-
-  std::set<int64_t> Seqs() {
-    std::set<int64_t> seqs;
-    for (const auto& row : db_.Query("SELECT seq FROM outbox")) {
-      seqs.insert(row[0].as<int64_t>());
-    }
-    return seqs;
-  }
+  int64_t Prune() { return RetentionStep(conn_, absl::ZeroDuration()); }
 
   int64_t Retained() { return db_.Scalar("SELECT count(*) FROM outbox"); }
   int64_t DeletedThrough() {

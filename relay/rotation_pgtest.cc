@@ -22,6 +22,7 @@
 #include "relay/delivery_store.h"
 #include "relay/log_testing.h"
 #include "relay/retention.h"
+#include "relay/retention_testing.h"
 #include "tests/testing/pg.h"
 #include "writer/writer.h"
 
@@ -50,36 +51,14 @@ class RotationTest : public ::testing::Test {
     return seq;
   }
 
-  // One step of retention (none kept for age unless `retention`), with a
-  // mark of its own; checks that what is gone lies below all that is
-  // retained.
+  // One step of retention (none kept for age unless `retention`),
+  // checked to leave what went a prefix.
   int64_t Rotate(absl::Duration retention = absl::ZeroDuration(),
                  std::string* held_back = nullptr) {
-    absl::SleepFor(absl::Milliseconds(55));
-    const std::set<int64_t> before = Seqs();
-    int64_t n;
-    {
-      pqxx::work tx(conn_);
-      n = PruneOutbox(tx, retention, 1000, held_back);
-      tx.commit();
-    }
-    const std::set<int64_t> after = Seqs();
-    for (int64_t seq : before) {
-      if (after.count(seq) == 0 && !after.empty()) {
-        EXPECT_LT(seq, *after.begin())
-            << "rotation removed an event above a retained one";
-      }
-    }
-    return n;
+    return RetentionStep(conn_, retention, held_back);
   }
 
-  std::set<int64_t> Seqs() {
-    std::set<int64_t> seqs;
-    for (const auto& row : db_.Query("SELECT seq FROM outbox")) {
-      seqs.insert(row[0].as<int64_t>());
-    }
-    return seqs;
-  }
+  std::set<int64_t> Seqs() { return OutboxSeqs(conn_); }
 
   // The children, oldest first, as "name [lo, hi)".
   std::vector<std::string> Children() {
