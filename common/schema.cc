@@ -625,6 +625,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
   r outbox_rotation;
   drawn bigint;
+  hi bigint;
   child text;
 BEGIN
   SELECT * INTO r FROM outbox_rotation WHERE id = 1;
@@ -637,11 +638,15 @@ BEGIN
   SELECT * INTO r FROM outbox_rotation WHERE id = 1 FOR UPDATE;
   WHILE r.made_to - 1 - drawn < r.ahead::bigint * r.span LOOP
     child := 'outbox_s' || r.made_to;
+    -- After the children ran out, the seqs the failed inserts drew are
+    -- gone: the next child takes them in, rather than a child of them
+    -- each, empty.
+    hi := greatest(r.made_to, drawn + 1) + r.span;
     EXECUTE format('CREATE TABLE %I (LIKE outbox INCLUDING DEFAULTS '
                    'INCLUDING CONSTRAINTS)', child);
     EXECUTE format('ALTER TABLE outbox ATTACH PARTITION %I FOR VALUES FROM '
-                   '(%s) TO (%s)', child, r.made_to, r.made_to + r.span);
-    r.made_to := r.made_to + r.span;
+                   '(%s) TO (%s)', child, r.made_to, hi);
+    r.made_to := hi;
   END LOOP;
   UPDATE outbox_rotation SET made_to = r.made_to WHERE id = 1;
   RETURN r.made_to - 1 - drawn;

@@ -386,11 +386,26 @@ void Housekeeping::HealIfDue(pqxx::connection& conn) {
 }
 
 void Housekeeping::ExtendPartitions(pqxx::connection& conn) {
-  auto tx = OpenUnit(conn);
-  const pqxx::row r = tx->exec1(
-      "SELECT outbox_extend_partitions() AS left, (SELECT span FROM "
-      "outbox_rotation) AS span");
-  tx->commit();
+  pqxx::result result;
+  try {
+    auto tx = OpenUnit(conn);
+    result = tx->exec(
+        "SELECT outbox_extend_partitions() AS left, (SELECT span FROM "
+        "outbox_rotation) AS span");
+    tx->commit();
+  } catch (const pqxx::sql_error& e) {
+    // Refused (no CREATE on the schema, a lock not granted in time): the
+    // rest of the round (figures, retention, heals) goes on, and the
+    // gauge keeps what was left when it last succeeded.
+    if (absl::Now() >= next_partitions_warning_) {
+      next_partitions_warning_ = absl::Now() + absl::Minutes(1);
+      spdlog::warn(
+          "relay: partitions: cannot make the outbox's children ahead: {}",
+          std::string(StatusFromException(e).message()));
+    }
+    return;
+  }
+  const pqxx::row r = result[0];
   const int64_t now = r["left"].is_null() ? -1 : r["left"].as<int64_t>();
   partition_span_ = r["span"].is_null() ? -1 : r["span"].as<int64_t>();
   if (now >= 0 && partition_seqs_left_.load() >= 0 &&
@@ -432,15 +447,13 @@ bool Housekeeping::PruneDelivered(pqxx::connection& conn,
     // short, so vacuum is never held back.
     pqxx::work tx(conn);
     ApplyLimits(tx);
+    bool dropped_child = false;
     const int64_t deleted =
-        PruneOutbox(tx, options_.retention, kBatch, held_back);
+        PruneOutbox(tx, options_.retention, kBatch, held_back, &dropped_child);
     tx.commit();
     pruned_->Add(deleted);
     // A rotation drops one child a call, of any size.
-    const bool rotating = partition_span_.load() >= 0;
-    if (static_cast<int>(deleted) < kBatch && !(rotating && deleted > 0)) {
-      return false;
-    }
+    if (static_cast<int>(deleted) < kBatch && !dropped_child) return false;
     if (stop_ || absl::Now() >= until) return true;
   }
 }

@@ -158,6 +158,8 @@ class Housekeeping {
   absl::Time next_backlog_refresh_ = absl::InfinitePast();
   absl::Time next_prune_ = absl::InfinitePast();
   absl::Time next_heal_check_ = absl::InfinitePast();
+  // When a failure to make children ahead may be logged again.
+  absl::Time next_partitions_warning_ = absl::InfinitePast();
   std::unique_ptr<Healer> healer_;
   bool held_back_warned_ = false;  // logged once per hold
 

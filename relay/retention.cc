@@ -42,7 +42,8 @@ constexpr char kOldestChildSql[] =
 // behind it, and tries again at the next step. An empty child kept would
 // still cost every read with a generic plan a lock, so none is kept.
 int64_t RotateOutbox(pqxx::transaction_base& tx, absl::Duration retention,
-                     int64_t below, std::string* held_back) {
+                     int64_t below, std::string* held_back,
+                     bool* dropped_child) {
   const pqxx::result oldest = tx.exec(kOldestChildSql);
   if (oldest.empty()) return 0;
   const std::string child = oldest[0]["child"].as<std::string>();
@@ -93,6 +94,7 @@ int64_t RotateOutbox(pqxx::transaction_base& tx, absl::Duration retention,
     return 0;
   }
   tx.exec(absl::StrCat("DROP TABLE ", child));
+  if (dropped_child != nullptr) *dropped_child = true;
   tx.exec_params(
       "WITH old AS (DELETE FROM outbox_retention_marks WHERE last_seq <= $1) "
       "INSERT INTO outbox_retention_marks (last_seq, open_xacts) "
@@ -112,8 +114,9 @@ void HoldRetentionBack(pqxx::transaction_base& tx) {
 }
 
 int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
-                    int limit, std::string* held_back) {
+                    int limit, std::string* held_back, bool* dropped_child) {
   if (held_back != nullptr) held_back->clear();
+  if (dropped_child != nullptr) *dropped_child = false;
   // Operators' replays and heals owe events again (ReOwe, Replay) under
   // this lock shared: taken exclusive in a statement of its own, before
   // the delete, whose snapshot then shows every delivery row they owed.
@@ -215,7 +218,7 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   if (horizon["horizon"].is_null()) return 0;
   const int64_t below = horizon["horizon"].as<int64_t>();
   if (first["partitioned"].as<bool>()) {
-    return RotateOutbox(tx, retention, below, held_back);
+    return RotateOutbox(tx, retention, below, held_back, dropped_child);
   }
   // f: the oldest tick the log's subscriptions need (none when the log
   // delivers to none) and its snapshot: an event it does not show (every

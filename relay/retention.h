@@ -39,13 +39,15 @@ namespace outbox::relay {
 // transaction that may still commit below it (worth another step soon),
 // or a due heal.
 int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
-                    int limit, std::string* held_back = nullptr);
+                    int limit, std::string* held_back = nullptr,
+                    bool* dropped_child = nullptr);
 
 // On a partitioned outbox (outbox_partition_outbox, common/schema.cc)
 // PruneOutbox drops the oldest child whole once every event in it may go,
 // one child a call whatever `limit`, and returns the events it held: none
 // go before all of them may (a child's span sets how long its events
-// outlive `retention`). Call it again while it returns more than 0.
+// outlive `retention`). With `dropped_child`, says whether it dropped one
+// (perhaps empty): call it again while it does.
 
 // Holds PruneOutbox back until `tx` ends (the lock above, shared): for
 // whoever owes retained events again (ReOwe, Replay). Call it before

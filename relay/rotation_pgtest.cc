@@ -299,8 +299,50 @@ TEST_F(RotationTest, AnInsertPastTheLastChildIsTheWorldsFault) {
     EXPECT_TRUE(absl::StrContains(s.message(), "outbox_partition_seqs_left"))
         << s;
   }
-  EXPECT_GT(db_.Scalar("SELECT outbox_extend_partitions()"), 0);
-  EXPECT_GT(AppendCommitted("over"), 10);
+  // Three more fail; the seqs they drew are gone.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THROW(AppendCommitted("over"), pqxx::sql_error);
+  }
+  // The next child takes the seqs the failures drew in (not a child of
+  // them, empty), and keeps a span beyond the sequence.
+  EXPECT_EQ(db_.Scalar("SELECT outbox_extend_partitions()"), 10);
+  EXPECT_EQ(Children().back(), "outbox_s11 FOR VALUES FROM ('11') TO ('25')");
+  EXPECT_EQ(AppendCommitted("over"), 15);
+}
+
+// A child that holds no event (its seqs drawn by inserts that failed or
+// rolled back) is dropped once its bound is passed, and the step says so:
+// the relay then takes the next step at once instead of waiting its
+// interval.
+TEST_F(RotationTest, AnEmptyChildIsDroppedAndTheStepSaysSo) {
+  Partition(10, 2);  // [1, 11), [11, 21)
+  {
+    pqxx::work tx(conn_);
+    for (int i = 0; i < 12; ++i) Append(tx, absl::StrCat("a", i));
+    // rolled back
+  }
+  AppendCommitted("b");  // 13
+  absl::SleepFor(absl::Milliseconds(55));
+  bool dropped = false;
+  {
+    pqxx::work tx(conn_);
+    EXPECT_EQ(PruneOutbox(tx, absl::ZeroDuration(), 1000, nullptr, &dropped),
+              0);
+    tx.commit();
+  }
+  EXPECT_TRUE(dropped);
+  EXPECT_EQ(Children(), (std::vector<std::string>{
+                            "outbox_s11 FOR VALUES FROM ('11') TO ('21')"}));
+  EXPECT_EQ(DeletedThrough(), 10);
+  // [11, 21) is not full yet: nothing goes, and the step says so.
+  absl::SleepFor(absl::Milliseconds(55));
+  {
+    pqxx::work tx(conn_);
+    EXPECT_EQ(PruneOutbox(tx, absl::ZeroDuration(), 1000, nullptr, &dropped),
+              0);
+    EXPECT_FALSE(dropped);
+  }
+  EXPECT_EQ(Seqs(), (std::set<int64_t>{13}));
 }
 
 }  // namespace
