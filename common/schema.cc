@@ -609,10 +609,18 @@ CREATE TRIGGER outbox_identity_changed AFTER UPDATE OF identity
 // caller gives is checked by outbox_event_ids_free before the append.
 constexpr char kOutboxV15[] = R"sql(
 CREATE TABLE IF NOT EXISTS outbox_rotation (
-  id      int PRIMARY KEY CHECK (id = 1),
-  span    bigint NOT NULL CHECK (span > 0),
-  ahead   int NOT NULL CHECK (ahead > 0),
-  made_to bigint NOT NULL
+  id         int PRIMARY KEY CHECK (id = 1),
+  -- The newest child's span, and the least any child spans.
+  span       bigint NOT NULL CHECK (span > 0),
+  min_span   bigint NOT NULL CHECK (min_span > 0),
+  ahead      int NOT NULL CHECK (ahead > 0),
+  made_to    bigint NOT NULL,
+  -- Children sized to what the writers draw in this long at the rate seen
+  -- since the last was made (at least min_span, at most 100 times it);
+  -- NULL: min_span each.
+  span_time  interval CHECK (span_time > interval '0'),
+  made_at    timestamptz NOT NULL DEFAULT now(),
+  drawn_then bigint NOT NULL DEFAULT 0
 );
 
 -- Makes children until `ahead` spans lie beyond the sequence; returns how
@@ -626,6 +634,7 @@ DECLARE
   r outbox_rotation;
   drawn bigint;
   hi bigint;
+  elapsed float8;
   child text;
 BEGIN
   SELECT * INTO r FROM outbox_rotation WHERE id = 1;
@@ -636,6 +645,12 @@ BEGIN
     RETURN r.made_to - 1 - drawn;
   END IF;
   SELECT * INTO r FROM outbox_rotation WHERE id = 1 FOR UPDATE;
+  elapsed := extract(epoch FROM now() - r.made_at);
+  IF r.span_time IS NOT NULL AND elapsed >= 1 THEN
+    r.span := least(r.min_span * 100, greatest(r.min_span,
+      ceil((drawn - r.drawn_then) / elapsed
+           * extract(epoch FROM r.span_time))::bigint));
+  END IF;
   WHILE r.made_to - 1 - drawn < r.ahead::bigint * r.span LOOP
     child := 'outbox_s' || r.made_to;
     -- After the children ran out, the seqs the failed inserts drew are
@@ -648,7 +663,8 @@ BEGIN
                    '(%s) TO (%s)', child, r.made_to, hi);
     r.made_to := hi;
   END LOOP;
-  UPDATE outbox_rotation SET made_to = r.made_to WHERE id = 1;
+  UPDATE outbox_rotation SET made_to = r.made_to, span = r.span,
+         made_at = now(), drawn_then = drawn WHERE id = 1;
   RETURN r.made_to - 1 - drawn;
 END $$;
 
@@ -660,7 +676,9 @@ END $$;
 -- on the parent. The old table keeps its own indexes, event_id's unique
 -- one among them (an empty one is dropped); each new child has the
 -- parent's: seq (the key), (xid, seq) and event_id.
-CREATE OR REPLACE FUNCTION outbox_partition_outbox(span bigint, ahead int)
+CREATE OR REPLACE FUNCTION outbox_partition_outbox(span bigint, ahead int,
+                                                   span_time interval
+                                                     DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
   next bigint;
@@ -676,6 +694,10 @@ BEGIN
   IF ahead IS NULL OR ahead < 1 THEN
     RAISE invalid_parameter_value USING
       MESSAGE = format('ahead must be at least 1 span, not %s', ahead);
+  END IF;
+  IF span_time <= interval '0' THEN
+    RAISE invalid_parameter_value USING
+      MESSAGE = format('span_time must be positive, not %s', span_time);
   END IF;
   IF EXISTS (SELECT 1 FROM outbox_rotation) THEN
     RETURN 'the outbox is partitioned already';
@@ -722,14 +744,17 @@ BEGIN
   -- An empty outbox needs no child below the next seq: one kept would
   -- cost every read a lock until retention dropped it.
   IF empty THEN DROP TABLE outbox_s0; END IF;
-  INSERT INTO outbox_rotation (id, span, ahead, made_to)
-    VALUES (1, span, ahead, next);
+  INSERT INTO outbox_rotation (id, span, min_span, ahead, made_to,
+                               span_time, drawn_then)
+    VALUES (1, span, span, ahead, next, span_time, next - 1);
   PERFORM outbox_extend_partitions();
-  RETURN format('the outbox is partitioned: %s, then children of %s seqs, '
+  RETURN format('the outbox is partitioned: %s, then children of %s seqs%s, '
                 '%s made ahead',
                 CASE WHEN empty THEN 'empty'
                      ELSE format('seqs below %s in outbox_s0', next) END,
-                span, ahead);
+                span, CASE WHEN span_time IS NULL THEN '' ELSE format(
+                  ' or what the writers draw in %s, at most %s',
+                  span_time, span * 100) END, ahead);
 END $$;
 
 -- Refuses an id a caller gives that an event the outbox retains carries:

@@ -310,6 +310,41 @@ TEST_F(RotationTest, AnInsertPastTheLastChildIsTheWorldsFault) {
   EXPECT_EQ(AppendCommitted("over"), 15);
 }
 
+// With span_time, each child made spans what the writers drew in that
+// long at the rate seen since the one before: never less than the span
+// given, never more than 100 times it.
+TEST_F(RotationTest, ChildrenAreSizedByTheRateWithinBounds) {
+  db_.Exec("SELECT outbox_partition_outbox(10, 1, interval '10 seconds')");
+  EXPECT_EQ(
+      Children(),
+      (std::vector<std::string>{"outbox_s1 FOR VALUES FROM ('1') TO ('11')"}));
+  for (int i = 0; i < 5; ++i) AppendCommitted(absl::StrCat("a", i));
+  // 5 seqs in 5 s: 10 s of them is 10, the least.
+  db_.Exec("UPDATE outbox_rotation SET made_at = now() - interval '5 s'");
+  EXPECT_EQ(db_.Scalar("SELECT outbox_extend_partitions()"), 15);
+  EXPECT_EQ(db_.Scalar("SELECT span FROM outbox_rotation"), 10);
+  // A child is made once less than `ahead` spans are left: 9 here.
+  for (int i = 0; i < 6; ++i) AppendCommitted(absl::StrCat("b", i));
+  // 40 seqs in 2 s: 10 s of them is 200.
+  db_.Exec(
+      "UPDATE outbox_rotation SET made_at = now() - interval '2 s', "
+      "drawn_then = 11 - 40");
+  EXPECT_EQ(db_.Scalar("SELECT outbox_extend_partitions()"), 209);
+  EXPECT_EQ(db_.Scalar("SELECT span FROM outbox_rotation"), 200);
+  EXPECT_EQ(Children().back(), "outbox_s21 FOR VALUES FROM ('21') TO ('221')");
+  for (int i = 0; i < 10; ++i) AppendCommitted(absl::StrCat("c", i));
+  // 100,000 seqs in a second: 100 times the least, no more.
+  db_.Exec(
+      "UPDATE outbox_rotation SET made_at = now() - interval '1 s', "
+      "drawn_then = 21 - 100000");
+  EXPECT_EQ(db_.Scalar("SELECT outbox_extend_partitions()"), 1199);
+  EXPECT_EQ(db_.Scalar("SELECT span FROM outbox_rotation"), 1000);
+  // A span_time of 0 or less is refused.
+  EXPECT_THROW(
+      db_.Exec("SELECT outbox_partition_outbox(10, 1, interval '-1 s')"),
+      std::exception);
+}
+
 // A child that holds no event (its seqs drawn by inserts that failed or
 // rolled back) is dropped once its bound is passed, and the step says so:
 // the relay then takes the next step at once instead of waiting its

@@ -21,7 +21,7 @@
 //   outboxctl conformance --sink HOST:PORT [--cases a,b] [--wrong_cert F
 //                     --wrong_key F]     drive any EventSink through the
 //                                        delivery protocol's cases
-//   outboxctl partition-outbox [--span N] [--ahead K]
+//   outboxctl partition-outbox [--span N] [--ahead K] [--span_time D]
 //                                        partition the outbox by seq range:
 //                                        retention then drops whole children
 //
@@ -140,9 +140,15 @@ ABSL_FLAG(std::string, event, "", "replay: one event, by its event_id.");
 ABSL_FLAG(bool, all, false,
           "diverged: resolved ones too; resolve: every open divergence.");
 ABSL_FLAG(int64_t, span, 1000000,
-          "partition-outbox: seqs per child of the partitioned outbox; a "
-          "child goes whole, once all its events may (so they outlive "
-          "--retention by up to the time the writers take to fill one).");
+          "partition-outbox: seqs per child of the partitioned outbox (with "
+          "--span_time, the least); a child goes whole, once all its events "
+          "may (so they outlive --retention by up to the time the writers "
+          "take to fill one).");
+ABSL_FLAG(absl::Duration, span_time, absl::ZeroDuration(),
+          "partition-outbox: size each child made to hold what the writers "
+          "draw in this long, at the rate seen since the one before (at "
+          "least --span, at most 100 times it); 0: --span each. A fraction "
+          "of the relays' --retention.");
 ABSL_FLAG(int, ahead, 2,
           "partition-outbox: children the relay keeps made ahead of the "
           "sequence.");
@@ -835,11 +841,14 @@ int Load() {
 int PartitionOutbox() {
   const int64_t span = absl::GetFlag(FLAGS_span);
   const int ahead = absl::GetFlag(FLAGS_ahead);
-  if (span < 1000 || ahead < 1) {
+  const absl::Duration span_time = absl::GetFlag(FLAGS_span_time);
+  if (span < 1000 || ahead < 1 || span_time < absl::ZeroDuration()) {
     std::fprintf(stderr,
                  "outboxctl: partition-outbox: need --span of at least 1000 "
-                 "seqs and --ahead of at least 1, not %lld and %d\n",
-                 static_cast<long long>(span), ahead);
+                 "seqs, --ahead of at least 1 and --span_time of 0 or more, "
+                 "not %lld, %d and %s\n",
+                 static_cast<long long>(span), ahead,
+                 absl::FormatDuration(span_time).c_str());
     return 2;
   }
   const outbox::DbSession session = outbox::DbSessionFromFlags();
@@ -857,8 +866,10 @@ int PartitionOutbox() {
     tx.exec("SET LOCAL lock_timeout = '10s'");
     tx.exec("SET LOCAL statement_timeout = 0");
     const std::string said =
-        tx.exec_params1("SELECT outbox_partition_outbox($1, $2)", span,
-                        ahead)[0]
+        tx.exec_params1(
+              "SELECT outbox_partition_outbox($1, $2, NULLIF($3::float8, 0) "
+              "* interval '1 second')",
+              span, ahead, absl::ToDoubleSeconds(span_time))[0]
             .as<std::string>();
     tx.commit();
     std::printf("partition-outbox: %s\n", said.c_str());
@@ -961,7 +972,7 @@ int main(int argc, char** argv) {
       "TEXT "
       "[--force],\n  conformance --sink HOST:PORT [--cases C,...] "
       "[--wrong_cert F --wrong_key F],\n  partition-outbox [--span N] "
-      "[--ahead K]";
+      "[--ahead K] [--span_time D]";
   // Asking for help is not a mistake: the usage and outboxctl's own flags,
   // exit 0 (abseil's --help exits 1).
   for (int i = 1; i < argc; ++i) {
