@@ -11,6 +11,7 @@
 
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -318,27 +319,28 @@ TEST_F(RotationTest, ChildrenAreSizedByTheRateWithinBounds) {
   EXPECT_EQ(
       Children(),
       (std::vector<std::string>{"outbox_s1 FOR VALUES FROM ('1') TO ('11')"}));
-  for (int i = 0; i < 5; ++i) AppendCommitted(absl::StrCat("a", i));
+  // `n` more events, then the rate as if the writers had drawn `seqs` in
+  // the last `seconds`: the seqs left after the children made, and the
+  // span chosen.
+  int appended = 0;
+  const auto extend_at = [&](int n, int64_t seqs, int seconds) {
+    for (int i = 0; i < n; ++i) AppendCommitted(absl::StrCat("a", appended++));
+    db_.Exec(absl::StrCat(
+        "UPDATE outbox_rotation SET made_at = now() - make_interval(secs => ",
+        seconds, "), drawn_then = (SELECT last_value FROM outbox_seq_seq) - ",
+        seqs));
+    const int64_t left = db_.Scalar("SELECT outbox_extend_partitions()");
+    return std::make_pair(left, db_.Scalar("SELECT span FROM outbox_rotation"));
+  };
+  using Made = std::pair<int64_t, int64_t>;
   // 5 seqs in 5 s: 10 s of them is 10, the least.
-  db_.Exec("UPDATE outbox_rotation SET made_at = now() - interval '5 s'");
-  EXPECT_EQ(db_.Scalar("SELECT outbox_extend_partitions()"), 15);
-  EXPECT_EQ(db_.Scalar("SELECT span FROM outbox_rotation"), 10);
-  // A child is made once less than `ahead` spans are left: 9 here.
-  for (int i = 0; i < 6; ++i) AppendCommitted(absl::StrCat("b", i));
-  // 40 seqs in 2 s: 10 s of them is 200.
-  db_.Exec(
-      "UPDATE outbox_rotation SET made_at = now() - interval '2 s', "
-      "drawn_then = 11 - 40");
-  EXPECT_EQ(db_.Scalar("SELECT outbox_extend_partitions()"), 209);
-  EXPECT_EQ(db_.Scalar("SELECT span FROM outbox_rotation"), 200);
+  EXPECT_EQ(extend_at(5, 5, 5), Made(15, 10));
+  // A child is made once less than `ahead` spans are left (9 after 6
+  // more); 40 seqs in 2 s: 10 s of them is 200.
+  EXPECT_EQ(extend_at(6, 40, 2), Made(209, 200));
   EXPECT_EQ(Children().back(), "outbox_s21 FOR VALUES FROM ('21') TO ('221')");
-  for (int i = 0; i < 10; ++i) AppendCommitted(absl::StrCat("c", i));
   // 100,000 seqs in a second: 100 times the least, no more.
-  db_.Exec(
-      "UPDATE outbox_rotation SET made_at = now() - interval '1 s', "
-      "drawn_then = 21 - 100000");
-  EXPECT_EQ(db_.Scalar("SELECT outbox_extend_partitions()"), 1199);
-  EXPECT_EQ(db_.Scalar("SELECT span FROM outbox_rotation"), 1000);
+  EXPECT_EQ(extend_at(10, 100000, 1), Made(1199, 1000));
   // A span_time of 0 or less is refused.
   EXPECT_THROW(
       db_.Exec("SELECT outbox_partition_outbox(10, 1, interval '-1 s')"),
