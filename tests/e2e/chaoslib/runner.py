@@ -501,7 +501,8 @@ CREATE TRIGGER chaos_poison BEFORE INSERT ON outbox
         """outboxctl partition-outbox on the orders database (it applies the
         outbox's migrations first): children of `span` seqs, 8 ahead."""
         argv = [os.path.join(self.suite.bin, "outboxctl"), "partition-outbox",
-                f"--orders_db={self.suite.pg.db_url(self.orders_db)}",
+                "--orders_db="
+                + self.pg_of(self.orders_db).db_url(self.orders_db),
                 f"--span={span}", "--ahead=8"]
         out = subprocess.run(argv, capture_output=True, text=True,
                              env=P.clean_env({}), timeout=60)

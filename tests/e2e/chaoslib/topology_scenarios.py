@@ -29,7 +29,7 @@ from .observe import scrape
 from .pg import SqlError
 from .runner import HarnessError, Run, SHUTDOWN_TIMEOUT
 from .scenarios import (ACK_TIMEOUT, RETENTION_FLAGS, Scenario, check_gray,
-                        check_retention, on_rows)
+                        check_retention, check_rotation, on_rows)
 from .tls import HARNESS
 from .topology import (Cluster, PgBouncer, StandbyPair, TopologyError,
                        UUID_RE, dump, replace_from_dump, restore)
@@ -1055,7 +1055,7 @@ def kill_relays_now_and_then(run):
     """Behind the pooler: one relay or the other SIGKILLed every 2-4 s and
     kept down 0.5-1.5 s (its partitions change hands; a pooler's server
     connection it held goes back to the pool)."""
-    if run.scn.name == "pgbouncer-transaction":
+    if run.scn.name.startswith("pgbouncer-transaction"):
         run.leak_sampler = LeakSampler(run, run.bouncer).start()
     while run.sleep(run.rng.uniform(2.0, 4.0)):
         run.kill(run.rng.choice(run.relays), signal.SIGKILL,
@@ -1070,14 +1070,14 @@ LEAK_SQL = ("SELECT pg_backend_pid(), current_setting('synchronous_commit'), "
             "current_setting('statement_timeout'), "
             "current_setting('lock_timeout'), "
             "current_setting('idle_in_transaction_session_timeout'), "
-            "current_setting('plan_cache_mode'), "
+            "current_setting('plan_cache_mode'), current_setting('jit'), "
             "(SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND "
             "locktype = 'advisory'), "
             "(SELECT count(*) FROM pg_listening_channels()), "
             "(SELECT count(*) FROM pg_prepared_statements)")
 LEAK_FIELDS = ("synchronous_commit", "statement_timeout", "lock_timeout",
                "idle_in_transaction_session_timeout", "plan_cache_mode",
-               "advisory locks", "LISTEN channels", "prepared statements")
+               "jit", "advisory locks", "LISTEN channels", "prepared statements")
 
 
 class LeakSampler:
@@ -1404,6 +1404,16 @@ SCENARIOS = [
         restore_orders(in_place=False), relays=2, build=build_restore_pair,
         before_verify=orders_listing, check=check_restore_orders),
     TopologyScenario(
+        "restore-orders-rotation",
+        "restore-orders on an outbox partitioned in children of 1,000 seqs "
+        "(the dump holds the children, outbox_rotation and the sequence); "
+        "--retention drops whole children before and after the restore",
+        restore_orders(in_place=False), relays=2, build=build_restore_pair,
+        before_verify=orders_listing,
+        check=lambda run, report: (check_restore_orders(run, report)
+                                   + check_rotation(run, report)),
+        relay_flags=RETENTION_FLAGS, partition_span=1000),
+    TopologyScenario(
         "restore-orders-in-place",
         "the orders database dropped (FORCE) and restored on its server "
         "from a pg_dump taken under load 1.5-2.5 s earlier; the relays down "
@@ -1424,6 +1434,17 @@ SCENARIOS = [
         check=lambda run, report: (check_pgbouncer(run, report)
                                    + check_retention(run, report)),
         relay_flags=RETENTION_FLAGS, min_seconds=12.0),
+    TopologyScenario(
+        "pgbouncer-transaction-rotation",
+        "the same on an outbox partitioned in children of 1,000 seqs: "
+        "--retention drops whole children (a savepoint, a lock with "
+        "lock_timeout and a DROP in one pooled transaction) and every relay "
+        "makes children ahead through the pooler",
+        kill_relays_now_and_then, relays=2,
+        build=build_bouncer("transaction", pool_size=TRANSACTION_POOL),
+        check=lambda run, report: (check_pgbouncer(run, report)
+                                   + check_rotation(run, report)),
+        relay_flags=RETENTION_FLAGS, partition_span=1000, min_seconds=12.0),
     TopologyScenario(
         "pgbouncer-session",
         "every service through PgBouncer in session mode "
