@@ -22,6 +22,40 @@ std::string RetentionLock(bool shared) {
                       "(", kRetentionLockKey, ", 0)");
 }
 
+// What the row delete and rotation share, as SQL. `p`: a parameter's
+// number.
+//
+// The CTE f: the oldest tick the log's subscriptions need (none when the
+// log delivers to none) and its snapshot; the partition count is $p.
+std::string FloorCte(int p) {
+  return absl::StrCat(
+      "f AS (SELECT fl, (SELECT t.snapshot FROM outbox_ticks t WHERE t.id = "
+      "fl) AS snap FROM outbox_log_floor($",
+      p, ") fl)");
+}
+
+// Whether an event (columns created_at and xid, after `alias`) must stay,
+// with f in scope: younger than the retention ($p, seconds), or not shown
+// by f's tick (every event written since the log began, if the tick is
+// missing). Events from before the log have no xid.
+std::string MustStay(const std::string& alias, int p) {
+  return absl::StrCat(alias, "created_at >= now() - make_interval(secs => $", p,
+                      "::float8) OR ((SELECT fl FROM f) IS NOT NULL AND ",
+                      alias, "xid IS NOT NULL AND NOT coalesce(",
+                      "pg_visible_in_snapshot(", alias,
+                      "xid, (SELECT snap FROM f)), false))");
+}
+
+// The CTEs that fold the marks up to the horizon $p into one, of no open
+// transaction, which holds what they showed.
+std::string FoldMarksCtes(int p) {
+  return absl::StrCat(
+      "old AS (DELETE FROM outbox_retention_marks WHERE last_seq <= $", p,
+      "), kept AS (INSERT INTO outbox_retention_marks (last_seq, "
+      "open_xacts) VALUES ($",
+      p, ", '{}'))");
+}
+
 // The oldest child of a partitioned outbox: its name and upper bound
 // (exclusive), as the catalog gives them.
 constexpr char kOldestChildSql[] =
@@ -63,15 +97,9 @@ int64_t RotateOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   // Every event old enough, and shown by the oldest tick the log's
   // subscriptions need.
   const pqxx::row rows = tx.exec_params1(
-      absl::StrCat(
-          "WITH f AS (SELECT fl, (SELECT t.snapshot FROM outbox_ticks t "
-          "WHERE t.id = fl) AS snap FROM outbox_log_floor($2) fl) "
-          "SELECT count(*) AS n, count(*) FILTER (WHERE o.created_at >= "
-          "now() - make_interval(secs => $1::float8) OR ((SELECT fl FROM "
-          "f) IS NOT NULL AND o.xid IS NOT NULL AND NOT "
-          "coalesce(pg_visible_in_snapshot(o.xid, (SELECT snap FROM f)), "
-          "false))) AS young FROM ",
-          child, " o"),
+      absl::StrCat("WITH ", FloorCte(2),
+                   " SELECT count(*) AS n, count(*) FILTER (WHERE ",
+                   MustStay("o.", 1), ") AS young FROM ", child, " o"),
       absl::ToDoubleSeconds(retention), kPartitionCount);
   if (rows["young"].as<int64_t>() > 0) return 0;
   try {
@@ -95,15 +123,11 @@ int64_t RotateOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   }
   tx.exec(absl::StrCat("DROP TABLE ", child));
   if (dropped_child != nullptr) *dropped_child = true;
-  tx.exec_params(
-      "WITH old AS (DELETE FROM outbox_retention_marks WHERE last_seq <= $1) "
-      "INSERT INTO outbox_retention_marks (last_seq, open_xacts) "
-      "VALUES ($1, '{}')",
-      below);
-  tx.exec_params(
-      "UPDATE outbox_retention_state SET deleted_through = "
-      "greatest(deleted_through, $1) WHERE id = 1",
-      hi - 1);
+  static const std::string kDroppedSql =
+      absl::StrCat("WITH ", FoldMarksCtes(1),
+                   " UPDATE outbox_retention_state SET deleted_through = "
+                   "greatest(deleted_through, $2) WHERE id = 1");
+  tx.exec_params(kDroppedSql, below, hi - 1);
   return rows["n"].as<int64_t>();
 }
 
@@ -220,32 +244,25 @@ int64_t PruneOutbox(pqxx::transaction_base& tx, absl::Duration retention,
   if (first["partitioned"].as<bool>()) {
     return RotateOutbox(tx, retention, below, held_back, dropped_child);
   }
-  // f: the oldest tick the log's subscriptions need (none when the log
-  // delivers to none) and its snapshot: an event it does not show (every
-  // event written since the log began, if the tick is missing) stops the
-  // prefix. Events from before the log have no xid and are judged by their
-  // delivery rows alone. The marks up to the horizon become one, of no
-  // open transaction, which holds what they showed; outbox_retention_state
-  // records the newest seq deleted.
-  static const std::string kSql =
-      "WITH f AS (SELECT fl, (SELECT t.snapshot FROM outbox_ticks t WHERE "
-      "t.id = fl) AS snap FROM outbox_log_floor($3) fl), "
+  // The first event that must stay (MustStay) stops the prefix; events
+  // from before the log have no xid and are judged by their delivery rows
+  // alone. The marks up to the horizon are folded into one;
+  // outbox_retention_state records the newest seq deleted.
+  static const std::string kSql = absl::StrCat(
+      "WITH ", FloorCte(3), ", ",
       "c AS (SELECT seq, created_at, xid FROM outbox WHERE seq <= $4 AND seq "
       "< coalesce((SELECT min((SELECT min(d.seq) FROM outbox_delivery d "
       "WHERE d.subscription = s.name)) FROM subscriptions s), "
-      "9223372036854775807) ORDER BY seq LIMIT $2), "
-      "old AS (DELETE FROM outbox_retention_marks WHERE last_seq <= $4), "
-      "kept AS (INSERT INTO outbox_retention_marks (last_seq, open_xacts) "
-      "VALUES ($4, '{}')), "
+      "9223372036854775807) ORDER BY seq LIMIT $2), ",
+      FoldMarksCtes(4), ", ",
       "d AS (DELETE FROM outbox WHERE seq IN (SELECT seq FROM c WHERE seq < "
-      "coalesce((SELECT min(seq) FROM c WHERE created_at >= now() - "
-      "make_interval(secs => $1::float8) OR ((SELECT fl FROM f) IS NOT NULL "
-      "AND xid IS NOT NULL AND NOT coalesce(pg_visible_in_snapshot(xid, "
-      "(SELECT snap FROM f)), false))), 9223372036854775807)) RETURNING seq), "
+      "coalesce((SELECT min(seq) FROM c WHERE ",
+      MustStay("", 1),
+      "), 9223372036854775807)) RETURNING seq), "
       "u AS (UPDATE outbox_retention_state SET deleted_through = "
       "greatest(deleted_through, (SELECT max(seq) FROM d)) WHERE id = 1 AND "
       "EXISTS (SELECT 1 FROM d)) "
-      "SELECT count(*) FROM d";
+      "SELECT count(*) FROM d");
   return tx
       .exec_params1(kSql, absl::ToDoubleSeconds(retention), limit,
                     kPartitionCount, below)[0]

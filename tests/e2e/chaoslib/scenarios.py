@@ -443,10 +443,15 @@ def check_retention(run, report):
 
 
 def check_rotation(run, report):
-    """check_retention on a partitioned outbox: what went, went as whole
-    children (what is left starts at a child's bound), and the relays made
-    children ahead of the sequence as it moved on."""
-    bad = check_retention(run, report)
+    """check_retention on a partitioned outbox, and check_children."""
+    return check_retention(run, report) + check_children(run, report)
+
+
+def check_children(run, report):
+    """On a partitioned outbox: what went, went as whole children (what is
+    left starts at a child's bound), and the relays made children ahead of
+    the sequence as it moved on."""
+    bad = []
     row = run.sql_orders(
         "SELECT r.made_to, r.span, (SELECT count(*) FROM pg_inherits WHERE "
         "inhparent = 'outbox'::regclass), (SELECT deleted_through FROM "
@@ -614,6 +619,24 @@ def on_rows(s):
     return replace(s, name=f"rows-{s.name}",
                    summary=f"{s.summary}; delivered by rows, one per event",
                    relay_flags={**s.relay_flags, "log_delivery": "false"})
+
+
+def on_partitioned(s, how):
+    """Scenario `s` as <name>-rotation: the outbox partitioned in children
+    of 1,000 seqs before the services start, its relays with --retention
+    (RETENTION_FLAGS unless it has its own), `how` what rotation meets
+    there; besides its own checks, check_children (and check_retention if
+    it ran without retention)."""
+    extra = check_children if "retention" in s.relay_flags else check_rotation
+
+    def check(run, report):
+        return (s.check(run, report) if s.check else []) + extra(run, report)
+
+    return replace(s, name=f"{s.name}-rotation",
+                   summary=f"{s.summary}; on an outbox partitioned in "
+                   f"children of 1,000 seqs: {how}",
+                   relay_flags={**RETENTION_FLAGS, **s.relay_flags},
+                   partition_span=1000, check=check)
 
 
 ROWS_SCENARIOS = [on_rows(s) for s in SCENARIOS]

@@ -29,7 +29,7 @@ from .observe import scrape
 from .pg import SqlError
 from .runner import HarnessError, Run, SHUTDOWN_TIMEOUT
 from .scenarios import (ACK_TIMEOUT, RETENTION_FLAGS, Scenario, check_gray,
-                        check_retention, check_rotation, on_rows)
+                        check_retention, on_partitioned, on_rows)
 from .tls import HARNESS
 from .topology import (Cluster, PgBouncer, StandbyPair, TopologyError,
                        UUID_RE, dump, replace_from_dump, restore)
@@ -1404,16 +1404,6 @@ SCENARIOS = [
         restore_orders(in_place=False), relays=2, build=build_restore_pair,
         before_verify=orders_listing, check=check_restore_orders),
     TopologyScenario(
-        "restore-orders-rotation",
-        "restore-orders on an outbox partitioned in children of 1,000 seqs "
-        "(the dump holds the children, outbox_rotation and the sequence); "
-        "--retention drops whole children before and after the restore",
-        restore_orders(in_place=False), relays=2, build=build_restore_pair,
-        before_verify=orders_listing,
-        check=lambda run, report: (check_restore_orders(run, report)
-                                   + check_rotation(run, report)),
-        relay_flags=RETENTION_FLAGS, partition_span=1000),
-    TopologyScenario(
         "restore-orders-in-place",
         "the orders database dropped (FORCE) and restored on its server "
         "from a pg_dump taken under load 1.5-2.5 s earlier; the relays down "
@@ -1434,17 +1424,6 @@ SCENARIOS = [
         check=lambda run, report: (check_pgbouncer(run, report)
                                    + check_retention(run, report)),
         relay_flags=RETENTION_FLAGS, min_seconds=12.0),
-    TopologyScenario(
-        "pgbouncer-transaction-rotation",
-        "the same on an outbox partitioned in children of 1,000 seqs: "
-        "--retention drops whole children (a savepoint, a lock with "
-        "lock_timeout and a DROP in one pooled transaction) and every relay "
-        "makes children ahead through the pooler",
-        kill_relays_now_and_then, relays=2,
-        build=build_bouncer("transaction", pool_size=TRANSACTION_POOL),
-        check=lambda run, report: (check_pgbouncer(run, report)
-                                   + check_rotation(run, report)),
-        relay_flags=RETENTION_FLAGS, partition_span=1000, min_seconds=12.0),
     TopologyScenario(
         "pgbouncer-session",
         "every service through PgBouncer in session mode "
@@ -1473,6 +1452,20 @@ SCENARIOS = [
         health_after_heal=True,
         min_seconds=FREEZE_SECONDS + 8),
 ]
+
+# Two of them on a partitioned outbox (rotation): through the pooler, and
+# a restore, whose dump carries the children.
+_ROTATED = {
+    "pgbouncer-transaction":
+        "retention drops whole children (a savepoint, a lock with "
+        "lock_timeout and a DROP in one pooled transaction) and every relay "
+        "makes children ahead through the pooler",
+    "restore-orders":
+        "the dump holds the children, outbox_rotation and the sequence; "
+        "--retention drops whole children before and after the restore",
+}
+SCENARIOS += [on_partitioned(s, _ROTATED[s.name]) for s in list(SCENARIOS)
+              if s.name in _ROTATED]
 
 # The topologies above run with the subscription on the outbox log (the
 # relays' default): its ticks and positions live in the orders database and
