@@ -9,7 +9,7 @@
 // higher seq was sent, which a claim above misses; it runs at least once
 // per poll_interval. Pure.
 //
-// Example (one round on a lane; relay.cc):
+// Example (one round on a lane; relay/dispatcher.cc):
 //   ClaimWalk walk(&lane.cursor, {.outstanding = n, .batch_size = 512,
 //                                 .freed = busy.freed(), .now = now,
 //                                 .poll_interval = poll});

@@ -8,7 +8,7 @@
 // who sends it as a batch before the next claim asks how many more events
 // the lane takes.
 //
-// Example (relay.cc):
+// Example (relay/dispatcher.cc):
 //   RowsClaim rows({.subscription = "billing", .member = ownership.member(),
 //                   .batch_size = 512, .poll_interval = absl::Seconds(1),
 //                   .settled = [&](const Settled& s) { ...count s... }},

@@ -67,7 +67,7 @@ LEVEL_RE = re.compile(r'^\S+Z\s+(\w+)\s|"level":"(\w+)"')
 POOLER_RE = re.compile(r"(?i)pgbouncer|pooler")
 STATEMENT_RE = re.compile(r"(?i)statement")
 # The relay that finds the outbox's transaction ids behind its log's
-# (relay/relay.cc, Rebase).
+# (relay/dispatcher.cc, Rebase).
 REBASE_RE = re.compile(r"(?i)transaction ids lie behind")
 REDELIVERY_METRIC_RE = re.compile(
     r"^(outbox_relay_\w*(?:redeliver|failover|rewind|diverg|identity)\w*)"
