@@ -1453,9 +1453,19 @@ SCENARIOS = [
         min_seconds=FREEZE_SECONDS + 8),
 ]
 
-# Two of them on a partitioned outbox (rotation): through the pooler, and
-# a restore, whose dump carries the children.
+# Four of them on a partitioned outbox (rotation): a promotion, whose
+# standby may lack the children the old primary made last; through the
+# pooler; a restore, whose dump carries the children; and a hung server,
+# whose drop waits on its lock and children ahead.
 _ROTATED = {
+    "failover-orders":
+        "the standby holds the children, outbox_rotation and the sequence "
+        "as far as it replayed them; the new primary's relays make the "
+        "children it lacks and retention drops whole children after the "
+        "heal",
+    "hung-db":
+        "children are made ahead and dropped by relays whose server stops "
+        "answering mid-statement and then goes on",
     "pgbouncer-transaction":
         "retention drops whole children (a savepoint, a lock with "
         "lock_timeout and a DROP in one pooled transaction) and every relay "
