@@ -18,7 +18,8 @@ namespace outbox::relay {
 
 // What a stream was sent, and the answers it is to bring.
 struct Wire {
-  std::vector<uint64_t> sent;  // batch ids in send order
+  std::vector<uint64_t> sent;                // batch ids in send order
+  std::vector<v1::DeliverRequest> requests;  // what was sent, in order
   std::vector<v1::DeliverResponse> answers;
   bool broken = false;
   bool cancelled = false;
@@ -30,6 +31,7 @@ class FakeStream : public BatchStream {
   explicit FakeStream(std::shared_ptr<Wire> wire) : wire_(std::move(wire)) {}
   void Send(v1::DeliverRequest request) override {
     wire_->sent.push_back(request.batch_id());
+    wire_->requests.push_back(std::move(request));
   }
   std::vector<v1::DeliverResponse> TakeResponses() override {
     return std::exchange(wire_->answers, {});
