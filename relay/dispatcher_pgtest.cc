@@ -88,18 +88,6 @@ class DispatcherTest : public ::testing::Test {
     return seqs;
   }
 
-  static v1::DeliverResponse Applied(const v1::DeliverRequest& request) {
-    v1::DeliverResponse r;
-    r.set_batch_id(request.batch_id());
-    for (const v1::Event& e : request.events()) {
-      v1::EventResult* x = r.add_results();
-      x->set_event_id(e.event_id());
-      x->set_seq(e.seq());
-      x->set_outcome(v1::APPLIED);
-    }
-    return r;
-  }
-
   testing::TestDatabase db_;
   const RelayOptions options_ = OneLane();
   Metrics metrics_;
@@ -120,7 +108,7 @@ TEST_F(DispatcherTest, WhatWasAnsweredAndStoredIsNotSentAgain) {
   EXPECT_FALSE(dispatcher_->settled());
   EXPECT_EQ(dispatcher_->lanes().events_in_flight(), 3);
 
-  sink_.wire->answers.push_back(Applied(sink_.wire->requests[0]));
+  sink_.wire->answers.push_back(AllApplied(sink_.wire->requests[0]));
   dispatcher_->TakeAnswers();
   ASSERT_TRUE(dispatcher_->FlushMarks(*conn_).ok());
   ASSERT_TRUE(dispatcher_->FlushLog(*conn_, /*now=*/true).ok());

@@ -89,6 +89,19 @@ inline v1::DeliverRequest Request(uint64_t id) {
   return r;
 }
 
+// The consumer's answer that applied every event of `request`.
+inline v1::DeliverResponse AllApplied(const v1::DeliverRequest& request) {
+  v1::DeliverResponse r;
+  r.set_batch_id(request.batch_id());
+  for (const v1::Event& e : request.events()) {
+    v1::EventResult* x = r.add_results();
+    x->set_event_id(e.event_id());
+    x->set_seq(e.seq());
+    x->set_outcome(v1::APPLIED);
+  }
+  return r;
+}
+
 inline v1::DeliverResponse Response(uint64_t id) {
   v1::DeliverResponse r;
   r.set_batch_id(id);

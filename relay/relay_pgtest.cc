@@ -36,6 +36,7 @@
 #include "relay/admin_service.h"
 #include "relay/delivery_store.h"
 #include "relay/heal.h"
+#include "relay/lane_testing.h"
 #include "relay/relay.h"
 #include "relay/retention.h"
 #include "tests/testing/grpc.h"
@@ -160,15 +161,7 @@ class GatedSink final : public v1::EventSink::Service {
         req = received_[next++].request;
         ++answered_;
       }
-      v1::DeliverResponse resp;
-      resp.set_batch_id(req.batch_id());
-      for (const v1::Event& e : req.events()) {
-        v1::EventResult* r = resp.add_results();
-        r->set_event_id(e.event_id());
-        r->set_seq(e.seq());
-        r->set_outcome(v1::APPLIED);
-      }
-      if (!stream->Write(resp)) break;
+      if (!stream->Write(AllApplied(req))) break;
     }
     ctx->TryCancel();  // ends the reader's Read
     reader.join();
