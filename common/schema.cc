@@ -596,10 +596,10 @@ CREATE TRIGGER outbox_identity_changed AFTER UPDATE OF identity
 )sql";
 
 // Rotation (relay/retention.h): an operator may make the outbox a table
-// partitioned by seq range (outbox_partition_outbox, run by `outboxctl
-// partition-outbox`); retention then empties and drops whole children
-// instead of deleting rows. The migration only adds what that needs; a
-// plain outbox stays as it is.
+// partitioned by seq range (outbox_partition_outbox, made again by
+// version 16, run by `outboxctl partition-outbox`); retention then empties
+// and drops whole children instead of deleting rows. The migration only
+// adds what that needs; a plain outbox stays as it is.
 //
 // outbox_rotation: the children's span (seqs), how many spans stay made
 // ahead of the sequence, and the upper bound of the newest child made.
@@ -668,12 +668,95 @@ BEGIN
   RETURN r.made_to - 1 - drawn;
 END $$;
 
+-- Refuses an id a caller gives that an event the outbox retains carries:
+-- the unique key does that on a plain outbox, and on a partitioned one
+-- (unique per child only) this check, made before the append. It locks
+-- each id (an advisory lock on its hash, held to the transaction's end),
+-- then looks for it in a snapshot taken after the lock (each statement
+-- of this VOLATILE function takes its own in READ COMMITTED): of two
+-- writers of one id the second waits and sees the first's commit. A
+-- snapshot older than the lock (REPEATABLE READ, SERIALIZABLE) could
+-- miss it, so given ids are refused there.
+CREATE OR REPLACE FUNCTION outbox_event_ids_free(ids uuid[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  taken uuid;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM outbox_rotation) THEN RETURN; END IF;
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE feature_not_supported USING MESSAGE = format(
+      'event_id given by the caller needs a READ COMMITTED transaction on '
+      'a partitioned outbox, not %s (or leave event_id empty for a new one)',
+      current_setting('transaction_isolation'));
+  END IF;
+  PERFORM pg_advisory_xact_lock(2835, h)
+     FROM (SELECT DISTINCT hashtext(id::text) AS h FROM unnest(ids) id
+            ORDER BY 1) locks;
+  SELECT o.event_id INTO taken FROM outbox o
+   WHERE o.event_id = ANY(ids) LIMIT 1;
+  IF FOUND THEN
+    RAISE unique_violation USING MESSAGE = format(
+      'event_id %s is taken: an event the outbox retains carries it', taken);
+  END IF;
+END $$;
+)sql";
+
+// The outbox's grants survive partitioning. The parent is a new table:
+// without them a role other than the owner that wrote or read the outbox
+// (a producer's own role, a reader's) was refused from then on, and one
+// that could insert also needs USAGE on the new sequence (an identity
+// column needed none). Version 15 made outbox_partition_outbox without
+// this; a database partitioned under it gets the grants of outbox_s0 if
+// that child is still there, and USAGE for those that may insert now.
+constexpr char kOutboxV16[] = R"sql(
+-- Grants table `src`'s privileges again on the outbox, each to its
+-- grantee (PUBLIC too) with its grant option, and USAGE on outbox_seq_seq
+-- to every grantee that may insert into the outbox then. `src` NULL: the
+-- sequence's only. Returns how many grants it gave.
+CREATE OR REPLACE FUNCTION outbox_partition_grants(src regclass)
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  g record;
+  n int := 0;
+BEGIN
+  FOR g IN
+    SELECT a.privilege_type, a.is_grantable,
+           CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS who
+      FROM pg_class c, aclexplode(c.relacl) a
+     WHERE c.oid = src
+       AND a.grantee <> (SELECT relowner FROM pg_class
+                          WHERE oid = 'outbox'::regclass)
+  LOOP
+    EXECUTE format('GRANT %s ON TABLE outbox TO %s%s', g.privilege_type,
+                   g.who, CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION'
+                               ELSE '' END);
+    n := n + 1;
+  END LOOP;
+  IF to_regclass('outbox_seq_seq') IS NOT NULL THEN
+    FOR g IN
+      SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                           ELSE quote_ident(pg_get_userbyid(a.grantee))
+                      END AS who
+        FROM pg_class c, aclexplode(c.relacl) a
+       WHERE c.oid = 'outbox'::regclass AND a.privilege_type = 'INSERT'
+         AND a.grantee <> c.relowner
+    LOOP
+      EXECUTE format('GRANT USAGE ON SEQUENCE outbox_seq_seq TO %s', g.who);
+      n := n + 1;
+    END LOOP;
+  END IF;
+  RETURN n;
+END $$;
+
 -- Makes the plain outbox the first child of a parent partitioned by seq
 -- range, in one transaction that holds the outbox exclusively (a moment:
 -- nothing is copied). seq then draws from a plain sequence of the same
 -- name (PostgreSQL 15 has no identity column on a partitioned table);
 -- the views that read the outbox and the delivery trigger are made again
--- on the parent. The old table keeps its own indexes, event_id's unique
+-- on the parent, and the old table's grants are given on it (with USAGE
+-- on the sequence to those that may insert). The old table keeps its own
+-- indexes, event_id's unique
 -- one among them (an empty one is dropped); each new child has the
 -- parent's: seq (the key), (xid, seq) and event_id.
 CREATE OR REPLACE FUNCTION outbox_partition_outbox(span bigint, ahead int,
@@ -731,6 +814,7 @@ BEGIN
   ALTER TABLE outbox ADD PRIMARY KEY (seq);
   CREATE INDEX outbox_parent_xid_idx ON outbox (xid, seq);
   CREATE INDEX outbox_parent_event_id_idx ON outbox (event_id);
+  PERFORM outbox_partition_grants('outbox_s0');
   IF NOT empty THEN
     EXECUTE format('ALTER TABLE outbox ATTACH PARTITION outbox_s0 FOR VALUES '
                    'FROM (MINVALUE) TO (%s)', next);
@@ -757,36 +841,14 @@ BEGIN
                   span_time, span * 100) END, ahead);
 END $$;
 
--- Refuses an id a caller gives that an event the outbox retains carries:
--- the unique key does that on a plain outbox, and on a partitioned one
--- (unique per child only) this check, made before the append. It locks
--- each id (an advisory lock on its hash, held to the transaction's end),
--- then looks for it in a snapshot taken after the lock (each statement
--- of this VOLATILE function takes its own in READ COMMITTED): of two
--- writers of one id the second waits and sees the first's commit. A
--- snapshot older than the lock (REPEATABLE READ, SERIALIZABLE) could
--- miss it, so given ids are refused there.
-CREATE OR REPLACE FUNCTION outbox_event_ids_free(ids uuid[]) RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-  taken uuid;
+DO $$
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM outbox_rotation) THEN RETURN; END IF;
-  IF current_setting('transaction_isolation') <> 'read committed' THEN
-    RAISE feature_not_supported USING MESSAGE = format(
-      'event_id given by the caller needs a READ COMMITTED transaction on '
-      'a partitioned outbox, not %s (or leave event_id empty for a new one)',
-      current_setting('transaction_isolation'));
+  IF EXISTS (SELECT 1 FROM outbox_rotation) THEN
+    PERFORM outbox_partition_grants(to_regclass('outbox_s0'));
   END IF;
-  PERFORM pg_advisory_xact_lock(2835, h)
-     FROM (SELECT DISTINCT hashtext(id::text) AS h FROM unnest(ids) id
-            ORDER BY 1) locks;
-  SELECT o.event_id INTO taken FROM outbox o
-   WHERE o.event_id = ANY(ids) LIMIT 1;
-  IF FOUND THEN
-    RAISE unique_violation USING MESSAGE = format(
-      'event_id %s is taken: an event the outbox retains carries it', taken);
-  END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+  RAISE WARNING 'the partitioned outbox''s grants were not given again (%); its owner can give them: SELECT outbox_partition_grants(to_regclass(''outbox_s0''))',
+    SQLERRM;
 END $$;
 )sql";
 
@@ -1117,6 +1179,7 @@ $$;
       {13, "retention records how far it deleted", kOutboxV13},
       {14, "a changed identity requests every subscription's heal", kOutboxV14},
       {15, "the outbox may be partitioned for rotation", kOutboxV15},
+      {16, "the outbox's grants survive partitioning", kOutboxV16},
   };
   return kMigrations;
 }

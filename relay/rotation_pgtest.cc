@@ -14,10 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/db.h"
+#include "common/ids.h"
 #include "common/schema.h"
 #include "common/sql_state.h"
 #include "relay/delivery_store.h"
@@ -139,6 +141,76 @@ TEST_F(RotationTest, PartitioningKeepsEventsViewsAndWriters) {
   // The delivery trigger fires on the parent.
   EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_delivery"), 4);
   EXPECT_EQ(Partition(10, 2), "the outbox is partitioned already");
+}
+
+// Roles other than the owner keep what they were granted on the outbox,
+// and no more: the parent is a new table, and the sequence that seq draws
+// from a new one, which a role that may insert needs USAGE on.
+TEST_F(RotationTest, PartitioningKeepsTheOutboxsGrants) {
+  const std::string suffix = NewUuid().substr(0, 8);  // roles are the server's
+  const std::string writes = "rotation_writer_" + suffix;
+  const std::string reads = "rotation_reader_" + suffix;
+  db_.Exec(absl::StrCat(
+      "CREATE ROLE ", writes, " LOGIN; CREATE ROLE ", reads,
+      " LOGIN; GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO ",
+      writes, "; GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ", writes,
+      "; GRANT SELECT ON outbox TO ", reads, " WITH GRANT OPTION"));
+  struct DropRoles {
+    testing::TestDatabase& db;
+    std::vector<std::string> roles;
+    ~DropRoles() {
+      for (const std::string& r : roles) {
+        db.Exec(absl::StrCat("DROP OWNED BY ", r, "; DROP ROLE ", r));
+      }
+    }
+  } drop{db_, {writes, reads}};
+  const auto url_of = [&](const std::string& role) {
+    std::string url = db_.url();
+    url.replace(url.find("postgres@"), 9, role + "@");
+    return url;
+  };
+  const auto append_as_writer = [&]() -> absl::StatusOr<int64_t> {
+    try {
+      pqxx::connection c(url_of(writes));
+      pqxx::work tx(c);
+      absl::StatusOr<Appended> a = Writer().Append(tx, EventOf("g"));
+      if (!a.ok()) return a.status();
+      tx.commit();
+      return a->seq;
+    } catch (const std::exception& e) {
+      return StatusFromException(e);
+    }
+  };
+  const auto privilege = [&](const std::string& role, const std::string& what) {
+    return db_.Scalar(absl::StrCat("SELECT has_table_privilege('", role,
+                                   "', 'outbox', '", what, "')::int"));
+  };
+  absl::StatusOr<int64_t> before = append_as_writer();
+  ASSERT_TRUE(before.ok()) << before.status();
+  Partition(10, 2);
+  absl::StatusOr<int64_t> after = append_as_writer();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_GT(*after, *before);
+  {
+    pqxx::connection c(url_of(reads));
+    pqxx::work tx(c);
+    EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox")[0].as<int>(), 2);
+  }
+  EXPECT_EQ(privilege(reads, "SELECT WITH GRANT OPTION"), 1);
+  EXPECT_EQ(privilege(reads, "INSERT"), 0);
+  EXPECT_EQ(privilege(writes, "INSERT"), 1);
+  EXPECT_EQ(privilege(writes, "DELETE"), 0);
+  EXPECT_EQ(privilege(writes, "SELECT WITH GRANT OPTION"), 0);
+  // What version 16 runs on an outbox partitioned without them.
+  db_.Exec(absl::StrCat("REVOKE ALL ON outbox FROM ", writes,
+                        "; REVOKE ALL ON SEQUENCE outbox_seq_seq FROM ",
+                        writes));
+  EXPECT_FALSE(append_as_writer().ok());
+  EXPECT_GE(db_.Scalar("SELECT outbox_partition_grants(to_regclass("
+                       "'outbox_s0'))"),
+            4);
+  absl::StatusOr<int64_t> again = append_as_writer();
+  EXPECT_TRUE(again.ok()) << again.status();
 }
 
 // A child goes whole: not while the writers may still draw a seq in it,
