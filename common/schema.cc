@@ -710,9 +710,10 @@ END $$;
 // that child is still there, and USAGE for those that may insert now.
 constexpr char kOutboxV16[] = R"sql(
 -- Grants table `src`'s privileges again on the outbox, each to its
--- grantee (PUBLIC too) with its grant option, and USAGE on outbox_seq_seq
--- to every grantee that may insert into the outbox then. `src` NULL: the
--- sequence's only. Returns how many grants it gave.
+-- grantee (PUBLIC too) with its grant option, those on columns too, and
+-- USAGE on outbox_seq_seq to every grantee that may insert into the
+-- outbox then. `src` NULL: the sequence's only. Returns how many grants
+-- it gave.
 CREATE OR REPLACE FUNCTION outbox_partition_grants(src regclass)
 RETURNS int LANGUAGE plpgsql AS $$
 DECLARE
@@ -731,6 +732,20 @@ BEGIN
     EXECUTE format('GRANT %s ON TABLE outbox TO %s%s', g.privilege_type,
                    g.who, CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION'
                                ELSE '' END);
+    n := n + 1;
+  END LOOP;
+  FOR g IN
+    SELECT a.privilege_type, a.is_grantable, quote_ident(t.attname) AS col,
+           CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS who
+      FROM pg_attribute t, aclexplode(t.attacl) a
+     WHERE t.attrelid = src AND t.attacl IS NOT NULL AND NOT t.attisdropped
+       AND a.grantee <> (SELECT relowner FROM pg_class
+                          WHERE oid = 'outbox'::regclass)
+  LOOP
+    EXECUTE format('GRANT %s (%s) ON TABLE outbox TO %s%s', g.privilege_type,
+                   g.col, g.who, CASE WHEN g.is_grantable
+                                      THEN ' WITH GRANT OPTION' ELSE '' END);
     n := n + 1;
   END LOOP;
   IF to_regclass('outbox_seq_seq') IS NOT NULL THEN

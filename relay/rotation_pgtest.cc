@@ -143,9 +143,10 @@ TEST_F(RotationTest, PartitioningKeepsEventsViewsAndWriters) {
   EXPECT_EQ(Partition(10, 2), "the outbox is partitioned already");
 }
 
-// Roles other than the owner keep what they were granted on the outbox,
-// and no more: the parent is a new table, and the sequence that seq draws
-// from a new one, which a role that may insert needs USAGE on.
+// Roles other than the owner keep what they were granted on the outbox
+// (on the table and on columns), and no more: the parent is a new table, and
+// the sequence that seq draws from a new one, which a role that may insert
+// needs USAGE on.
 TEST_F(RotationTest, PartitioningKeepsTheOutboxsGrants) {
   const std::string suffix = NewUuid().substr(0, 8);  // roles are the server's
   const std::string writes = "rotation_writer_" + suffix;
@@ -154,7 +155,8 @@ TEST_F(RotationTest, PartitioningKeepsTheOutboxsGrants) {
       "CREATE ROLE ", writes, " LOGIN; CREATE ROLE ", reads,
       " LOGIN; GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO ",
       writes, "; GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ", writes,
-      "; GRANT SELECT ON outbox TO ", reads, " WITH GRANT OPTION"));
+      "; GRANT SELECT (seq, event_id) ON outbox TO ", reads,
+      " WITH GRANT OPTION"));
   struct DropRoles {
     testing::TestDatabase& db;
     std::vector<std::string> roles;
@@ -194,9 +196,15 @@ TEST_F(RotationTest, PartitioningKeepsTheOutboxsGrants) {
   {
     pqxx::connection c(url_of(reads));
     pqxx::work tx(c);
-    EXPECT_EQ(tx.exec1("SELECT count(*) FROM outbox")[0].as<int>(), 2);
+    EXPECT_EQ(tx.exec1("SELECT count(event_id) FROM outbox")[0].as<int>(), 2);
   }
-  EXPECT_EQ(privilege(reads, "SELECT WITH GRANT OPTION"), 1);
+  EXPECT_EQ(db_.Scalar(absl::StrCat(
+                "SELECT has_column_privilege('", reads,
+                "', 'outbox', 'event_id', 'SELECT WITH GRANT OPTION')::int")),
+            1);
+  EXPECT_EQ(db_.Scalar(absl::StrCat("SELECT has_column_privilege('", reads,
+                                    "', 'outbox', 'payload', 'SELECT')::int")),
+            0);
   EXPECT_EQ(privilege(reads, "INSERT"), 0);
   EXPECT_EQ(privilege(writes, "INSERT"), 1);
   EXPECT_EQ(privilege(writes, "DELETE"), 0);
