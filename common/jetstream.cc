@@ -460,6 +460,11 @@ absl::StatusOr<StreamInfo> Connection::GetStreamInfo(const std::string& name) {
   out.messages = si->State.Msgs;
   out.first_seq = si->State.FirstSeq;
   out.last_seq = si->State.LastSeq;
+  if (si->Config != nullptr) {
+    for (int i = 0; i < si->Config->SubjectsLen; ++i) {
+      out.subjects.push_back(si->Config->Subjects[i]);
+    }
+  }
   if (si->Cluster != nullptr) {
     if (si->Cluster->Leader != nullptr) out.leader = si->Cluster->Leader;
     for (int i = 0; i < si->Cluster->ReplicasLen; ++i) {

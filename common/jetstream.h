@@ -112,6 +112,7 @@ struct StreamInfo {
   std::string leader;                 // server name; empty while electing
   std::vector<std::string> replicas;  // the other peers' server names
   std::vector<std::string> current_replicas;  // those caught up
+  std::vector<std::string> subjects;          // the stream binds
 };
 
 using Headers = std::vector<std::pair<std::string, std::string>>;

@@ -110,4 +110,27 @@ std::string AllEventsUnder(absl::string_view prefix) {
   return absl::StrCat(prefix, ".>");
 }
 
+bool FilterCovers(absl::string_view filter, absl::string_view pattern) {
+  const std::vector<absl::string_view> f = absl::StrSplit(filter, '.');
+  const std::vector<absl::string_view> p = absl::StrSplit(pattern, '.');
+  for (size_t i = 0; i < f.size(); ++i) {
+    // The rest of the pattern is one token or more, whatever they are.
+    if (f[i] == ">") return i + 1 == f.size() && i < p.size();
+    if (i >= p.size()) return false;
+    // The pattern goes on for any number of tokens; the filter does not.
+    if (p[i] == ">") return false;
+    if (f[i] != "*" && f[i] != p[i]) return false;  // "*" or another literal
+  }
+  return f.size() == p.size();
+}
+
+bool StoresEventsUnder(const std::vector<std::string>& stream_subjects,
+                       absl::string_view prefix) {
+  const std::string events = absl::StrCat(prefix, ".*.*");
+  for (const std::string& s : stream_subjects) {
+    if (FilterCovers(s, events)) return true;
+  }
+  return false;
+}
+
 }  // namespace outbox::jetstream

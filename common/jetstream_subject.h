@@ -14,6 +14,7 @@
 // (type, id) pairs never share a subject.
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -49,5 +50,17 @@ absl::StatusOr<std::string> EventSubject(absl::string_view prefix,
 // The subjects of every aggregate under `prefix`: "<prefix>.>" (what a
 // stream binds, a consumer filters).
 std::string AllEventsUnder(absl::string_view prefix);
+
+// Whether every subject that `pattern` matches is one that `filter`
+// matches (both may hold wildcards: `*` one token, `>` one or more at the
+// end). "a.>" covers "a.*.*" and "a.b.>"; "a.*" covers neither.
+bool FilterCovers(absl::string_view filter, absl::string_view pattern);
+
+// Whether a stream that binds `stream_subjects` stores every subject
+// EventSubject makes under `prefix` ("<prefix>.<type>.<id>"): one of them
+// covers "<prefix>.*.*" (a set of filters with a literal type or id among
+// them covers no more than the others do).
+bool StoresEventsUnder(const std::vector<std::string>& stream_subjects,
+                       absl::string_view prefix);
 
 }  // namespace outbox::jetstream

@@ -168,5 +168,38 @@ TEST(AllEventsUnder, IsTheFullWildcard) {
   EXPECT_EQ(AllEventsUnder("outbox.billing"), "outbox.billing.>");
 }
 
+TEST(FilterCovers, WildcardsOnEitherSide) {
+  EXPECT_TRUE(FilterCovers("a.>", "a.*.*"));
+  EXPECT_TRUE(FilterCovers("a.>", "a.b.>"));
+  EXPECT_TRUE(FilterCovers("a.>", "a.>"));
+  EXPECT_TRUE(FilterCovers(">", "a.b"));
+  EXPECT_TRUE(FilterCovers("*.*.*", "a.b.*"));
+  EXPECT_TRUE(FilterCovers("a.*.>", "a.*.*"));
+  EXPECT_TRUE(FilterCovers("a.b", "a.b"));
+  // Fewer subjects than the pattern's.
+  EXPECT_FALSE(FilterCovers("a.*", "a.*.*"));
+  EXPECT_FALSE(FilterCovers("a.b.>", "a.*.*"));    // one type only
+  EXPECT_FALSE(FilterCovers("a.*.*", "a.>"));      // three tokens only
+  EXPECT_FALSE(FilterCovers("a.*.*.>", "a.*.*"));  // four or more
+  EXPECT_FALSE(FilterCovers("b.>", "a.*.*"));
+  EXPECT_FALSE(FilterCovers("a.>", "a"));        // ">" is one token or more
+  EXPECT_FALSE(FilterCovers("a.>.b", "a.x.b"));  // ">" only at the end
+  EXPECT_FALSE(FilterCovers("a", "a.b"));
+}
+
+TEST(StoresEventsUnder, OneSubjectMustCoverEveryAggregate) {
+  EXPECT_TRUE(StoresEventsUnder({"outbox.>"}, "outbox"));
+  EXPECT_TRUE(StoresEventsUnder({"x.>", "outbox.*.*"}, "outbox"));
+  EXPECT_TRUE(StoresEventsUnder({">"}, "outbox.billing"));
+  EXPECT_TRUE(StoresEventsUnder({"outbox.*.>"}, "outbox.billing"));
+  EXPECT_FALSE(StoresEventsUnder({}, "outbox"));
+  EXPECT_FALSE(StoresEventsUnder({"elsewhere.>"}, "outbox"));
+  EXPECT_FALSE(StoresEventsUnder({"outbox.billing.>"}, "outbox"));
+  // Types named one by one never cover them all.
+  EXPECT_FALSE(
+      StoresEventsUnder({"outbox.order.>", "outbox.invoice.>"}, "outbox"));
+  EXPECT_FALSE(StoresEventsUnder({"outbox.*"}, "outbox"));
+}
+
 }  // namespace
 }  // namespace outbox::jetstream

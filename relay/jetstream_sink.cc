@@ -560,6 +560,27 @@ std::optional<std::string> JetStreamSink::Unreachable() const {
       last_error_.empty() ? "" : ": ", last_error_);
 }
 
+absl::Status JetStreamSink::OperatorsStreamTakesEvents(
+    jetstream::Connection& conn) const {
+  absl::StatusOr<jetstream::StreamInfo> info =
+      conn.GetStreamInfo(options_.stream);
+  if (!info.ok()) return info.status();
+  if (jetstream::StoresEventsUnder(info->subjects, options_.subject_prefix)) {
+    return absl::OkStatus();
+  }
+  // Its publishes would find no stream ("no responders"), which looks
+  // like a server that has not learnt the stream's subjects: say which.
+  return absl::FailedPreconditionError(absl::StrCat(
+      "stream ", options_.stream, " binds ",
+      info->subjects.empty() ? "no subject"
+                             : absl::StrJoin(info->subjects, ", "),
+      ", not every event subject under the prefix ", options_.subject_prefix,
+      " (", options_.subject_prefix, ".<aggregate type>.<aggregate id>): add ",
+      jetstream::AllEventsUnder(options_.subject_prefix),
+      " to its subjects, or set the relay's subject prefix to one it binds; "
+      "nothing is sent until then"));
+}
+
 void JetStreamSink::Watch() {
   Backoff backoff(absl::Milliseconds(250), absl::Seconds(5));
   std::shared_ptr<jetstream::Connection> conn;
@@ -595,7 +616,7 @@ void JetStreamSink::Watch() {
                           .replicas = options_.replicas,
                           .duplicate_window = options_.duplicate_window,
                           .max_msgs_per_subject = options_.max_per_aggregate})
-                   : conn->GetStreamInfo(options_.stream).status();
+                   : OperatorsStreamTakesEvents(*conn);
       if (status.ok()) {
         ready = true;
         Answered();

@@ -63,7 +63,9 @@ struct JetStreamSinkOptions {
   // Subjects are "<prefix>.<aggregate type>.<aggregate id>", escaped.
   std::string subject_prefix = "outbox";
   // The relay creates the stream (or updates it to these settings) once
-  // connected; false: it must exist, made by an operator.
+  // connected; false: it must exist, made by an operator, and bind every
+  // subject under the prefix (the sink is not ready until it does, and
+  // says which subjects it binds).
   bool ensure_stream = true;
   int replicas = 3;
   absl::Duration duplicate_window = absl::Minutes(2);
@@ -154,6 +156,10 @@ class JetStreamSink : public Sink {
  private:
   explicit JetStreamSink(JetStreamSinkOptions options);
   void Watch();
+  // With ensure_stream false: OK when the operator's stream exists and
+  // binds every subject the relay publishes to (FailedPrecondition
+  // naming its subjects when not).
+  absl::Status OperatorsStreamTakesEvents(jetstream::Connection& conn) const;
 
   const JetStreamSinkOptions options_;
   std::atomic<int64_t> answered_ns_{0};

@@ -9,9 +9,11 @@
 
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/jetstream_subject.h"
@@ -333,14 +335,23 @@ TEST_F(JetStreamSinkTest, ConnectsAnewAfterTheClientGaveUp) {
 TEST_F(JetStreamSinkTest, ConnectsAnewWhenNoServerTakesItsPublishes) {
   ASSERT_TRUE(
       conn_
-          ->EnsureStream(
-              {.name = stream_, .subjects = {"elsewhere.>"}, .replicas = 3})
+          ->EnsureStream({.name = stream_,
+                          .subjects = {jetstream::AllEventsUnder(prefix_)},
+                          .replicas = 3})
           .ok());
   JetStreamSinkOptions o = SinkOptions();
   o.ensure_stream = false;
   std::shared_ptr<JetStreamSink> sink = ReadySink(o);
   ASSERT_NE(sink, nullptr);
   ASSERT_EQ(sink->connections(), 1);
+  // The stream stops binding the relay's subjects under the ready sink:
+  // publishes find no responder, as through a server that has not learnt
+  // the leader's subjects.
+  ASSERT_TRUE(
+      conn_
+          ->EnsureStream(
+              {.name = stream_, .subjects = {"elsewhere.>"}, .replicas = 3})
+          .ok());
   // The first failure, through the first connection (a later stream may
   // open while the sink is between connections: "not connected").
   absl::Status first;
@@ -356,6 +367,50 @@ TEST_F(JetStreamSinkTest, ConnectsAnewWhenNoServerTakesItsPublishes) {
       << first;
   EXPECT_TRUE(jetstream::IsNoResponders(first)) << first;
   sink->Stop();
+}
+
+// An operator's stream that does not bind every subject under the prefix
+// (one aggregate type of it, here) is named for what it binds, and nothing
+// is sent to it; once it binds them all, the sink is ready and delivers.
+TEST_F(JetStreamSinkTest, AnOperatorsStreamBindingTooLittleIsNamed) {
+  ASSERT_TRUE(
+      conn_
+          ->EnsureStream({.name = stream_,
+                          .subjects = {"elsewhere.>", prefix_ + ".order.>"},
+                          .replicas = 3})
+          .ok());
+  JetStreamSinkOptions o = SinkOptions();
+  o.ensure_stream = false;
+  absl::StatusOr<std::unique_ptr<JetStreamSink>> sink =
+      JetStreamSink::Create(o);
+  ASSERT_TRUE(sink.ok()) << sink.status();
+  (*sink)->Start();
+  std::optional<std::string> why;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        why = (*sink)->Unreachable();
+        return (*sink)->readiness() == Sink::Readiness::kFailing &&
+               why.has_value() &&
+               absl::StrContains(*why, "not every event subject under");
+      },
+      absl::Seconds(30)))
+      << why.value_or("(reachable)");
+  EXPECT_TRUE(absl::StrContains(
+      why.value_or(""),
+      absl::StrCat("binds elsewhere.>, ", prefix_, ".order.>")))
+      << why.value_or("");
+  ASSERT_TRUE(
+      conn_
+          ->EnsureStream({.name = stream_,
+                          .subjects = {jetstream::AllEventsUnder(prefix_)},
+                          .replicas = 3})
+          .ok());
+  EXPECT_TRUE(
+      WaitFor([&] { return (*sink)->readiness() == Sink::Readiness::kReady; },
+              absl::Seconds(30)));
+  EXPECT_EQ(Outcomes(Deliver(**sink, {Event("n", 1, 0)})),
+            (std::vector<v1::DeliveryOutcome>{v1::APPLIED}));
+  (*sink)->Stop();
 }
 
 // The relay, delivering a PostgreSQL outbox to JetStream.

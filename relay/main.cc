@@ -109,7 +109,9 @@ ABSL_FLAG(int, jetstream_replicas, 3,
           "of one node).");
 ABSL_FLAG(bool, jetstream_create_stream, true,
           "With --jetstream: create the stream, or update it to "
-          "--jetstream_replicas; false: it must exist.");
+          "--jetstream_replicas; false: it must exist and bind every "
+          "subject under --jetstream_subjects (the relay sends nothing "
+          "until it does).");
 ABSL_FLAG(int64_t, jetstream_keep_per_aggregate, 0,
           "With --jetstream_create_stream: events the stream keeps per "
           "aggregate, the oldest removed first (its retention: the newest, "
