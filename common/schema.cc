@@ -623,51 +623,6 @@ CREATE TABLE IF NOT EXISTS outbox_rotation (
   drawn_then bigint NOT NULL DEFAULT 0
 );
 
--- Makes children until `ahead` spans lie beyond the sequence; returns how
--- many seqs can still be drawn before an insert finds no child (NULL on a
--- plain outbox). CREATE TABLE and ATTACH (SHARE UPDATE EXCLUSIVE on the
--- parent) hold up no writer and no reader, as CREATE ... PARTITION OF
--- (ACCESS EXCLUSIVE) would.
-CREATE OR REPLACE FUNCTION outbox_extend_partitions() RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-  r outbox_rotation;
-  drawn bigint;
-  hi bigint;
-  elapsed float8;
-  child text;
-BEGIN
-  SELECT * INTO r FROM outbox_rotation WHERE id = 1;
-  IF NOT FOUND THEN RETURN NULL; END IF;
-  SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
-    INTO drawn FROM outbox_seq_seq;
-  IF r.made_to - 1 - drawn >= r.ahead::bigint * r.span THEN
-    RETURN r.made_to - 1 - drawn;
-  END IF;
-  SELECT * INTO r FROM outbox_rotation WHERE id = 1 FOR UPDATE;
-  elapsed := extract(epoch FROM now() - r.made_at);
-  IF r.span_time IS NOT NULL AND elapsed >= 1 THEN
-    r.span := least(r.min_span * 100, greatest(r.min_span,
-      ceil((drawn - r.drawn_then) / elapsed
-           * extract(epoch FROM r.span_time))::bigint));
-  END IF;
-  WHILE r.made_to - 1 - drawn < r.ahead::bigint * r.span LOOP
-    child := 'outbox_s' || r.made_to;
-    -- After the children ran out, the seqs the failed inserts drew are
-    -- gone: the next child takes them in, rather than a child of them
-    -- each, empty.
-    hi := greatest(r.made_to, drawn + 1) + r.span;
-    EXECUTE format('CREATE TABLE %I (LIKE outbox INCLUDING DEFAULTS '
-                   'INCLUDING CONSTRAINTS)', child);
-    EXECUTE format('ALTER TABLE outbox ATTACH PARTITION %I FOR VALUES FROM '
-                   '(%s) TO (%s)', child, r.made_to, hi);
-    r.made_to := hi;
-  END LOOP;
-  UPDATE outbox_rotation SET made_to = r.made_to, span = r.span,
-         made_at = now(), drawn_then = drawn WHERE id = 1;
-  RETURN r.made_to - 1 - drawn;
-END $$;
-
 -- Refuses an id a caller gives that an event the outbox retains carries:
 -- the unique key does that on a plain outbox, and on a partitioned one
 -- (unique per child only) this check, made before the append. It locks
@@ -708,6 +663,12 @@ END $$;
 // column needed none). Version 15 made outbox_partition_outbox without
 // this; a database partitioned under it gets the grants of outbox_s0 if
 // that child is still there, and USAGE for those that may insert now.
+//
+// And the conversion need not scan the old table under its exclusive
+// lock (ATTACH checks that every row lies within the partition's bound:
+// seconds for tens of millions of rows, every writer waiting): a bound
+// prepared and validated before (outbox_partition_prepare, `outboxctl
+// partition-outbox`'s first steps) already says so.
 constexpr char kOutboxV16[] = R"sql(
 -- Grants table `src`'s privileges again on the outbox, each to its
 -- grantee (PUBLIC too) with its grant option, those on columns too, and
@@ -764,6 +725,143 @@ BEGIN
   RETURN n;
 END $$;
 
+-- A bound prepared for the old table (outbox_partition_prepare): every
+-- seq of the plain outbox lies below `bound` (the CHECK constraint
+-- outbox_s0_bound says so, validated by a scan that holds up no writer),
+-- so that ATTACH, under the exclusive lock, need not scan it again (nor
+-- build its event_id index, made before as well). Once
+-- the writers draw past `expires` without the outbox partitioned, the
+-- bound goes (outbox_partition_bound_expire), long before an insert could
+-- meet it.
+CREATE TABLE IF NOT EXISTS outbox_partition_bound (
+  id      int PRIMARY KEY CHECK (id = 1),
+  bound   bigint NOT NULL,
+  expires bigint NOT NULL,
+  made_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Puts a bound `margin` seqs beyond the next one on the plain outbox, as
+-- the constraint outbox_s0_bound NOT VALID (a moment's exclusive lock, no
+-- scan), unless one is there with at least a quarter of `margin` left;
+-- returns it (NULL: partitioned already, or empty: nothing to check). The caller then runs ALTER
+-- TABLE outbox VALIDATE CONSTRAINT outbox_s0_bound (SHARE UPDATE
+-- EXCLUSIVE: writers and readers go on), builds the index the parent's
+-- event_id index will want of the old table (CREATE INDEX CONCURRENTLY
+-- outbox_s0_event_id_idx ON outbox (event_id): ATTACH would build it under
+-- the lock) and calls outbox_partition_outbox. An unused bound takes that
+-- index with it.
+CREATE OR REPLACE FUNCTION outbox_partition_prepare(margin bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  next_seq bigint;
+  b outbox_partition_bound;
+BEGIN
+  IF margin IS NULL OR margin < 1000 THEN
+    RAISE invalid_parameter_value USING
+      MESSAGE = format('margin must be at least 1000 seqs, not %s', margin);
+  END IF;
+  IF EXISTS (SELECT 1 FROM outbox_rotation) OR
+     NOT EXISTS (SELECT 1 FROM outbox) THEN
+    RETURN NULL;
+  END IF;
+  LOCK TABLE outbox_partition_bound IN EXCLUSIVE MODE;
+  SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END
+    INTO next_seq FROM outbox_seq_seq;
+  SELECT * INTO b FROM outbox_partition_bound WHERE id = 1;
+  IF FOUND AND b.expires - next_seq >= margin / 4 AND EXISTS (
+       SELECT 1 FROM pg_constraint c
+        WHERE c.conrelid = 'outbox'::regclass
+          AND c.conname = 'outbox_s0_bound') THEN
+    RETURN b.bound;
+  END IF;
+  ALTER TABLE outbox DROP CONSTRAINT IF EXISTS outbox_s0_bound;
+  EXECUTE format('ALTER TABLE outbox ADD CONSTRAINT outbox_s0_bound '
+                 'CHECK (seq < %s) NOT VALID', next_seq + margin);
+  INSERT INTO outbox_partition_bound (id, bound, expires)
+    VALUES (1, next_seq + margin, next_seq + margin / 2)
+    ON CONFLICT (id) DO UPDATE SET bound = EXCLUDED.bound,
+                                   expires = EXCLUDED.expires,
+                                   made_at = now();
+  RETURN next_seq + margin;
+END $$;
+
+-- Drops a prepared bound the writers drew past its `expires` while the
+-- outbox stayed plain (the operator's command was stopped between its
+-- steps), or any with `force`, waiting 100 ms at most for the exclusive
+-- lock (the next call tries again).
+CREATE OR REPLACE FUNCTION outbox_partition_bound_expire(
+    force boolean DEFAULT false)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  b outbox_partition_bound;
+  drawn bigint;
+  waited text := current_setting('lock_timeout');
+BEGIN
+  SELECT * INTO b FROM outbox_partition_bound WHERE id = 1;
+  IF NOT FOUND OR EXISTS (SELECT 1 FROM outbox_rotation) THEN RETURN; END IF;
+  SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
+    INTO drawn FROM outbox_seq_seq;
+  IF drawn < b.expires AND NOT force THEN RETURN; END IF;
+  PERFORM set_config('lock_timeout', '100ms', true);
+  BEGIN
+    ALTER TABLE outbox DROP CONSTRAINT IF EXISTS outbox_s0_bound;
+    DROP INDEX IF EXISTS outbox_s0_event_id_idx;
+    DELETE FROM outbox_partition_bound WHERE id = 1;
+  EXCEPTION WHEN lock_not_available THEN
+    NULL;
+  END;
+  PERFORM set_config('lock_timeout', waited, true);
+END $$;
+
+-- Makes children until `ahead` spans lie beyond the sequence; returns how
+-- many seqs can still be drawn before an insert finds no child (NULL on a
+-- plain outbox, where it drops a bound prepared and not used in time:
+-- outbox_partition_bound_expire). CREATE TABLE and ATTACH (SHARE UPDATE EXCLUSIVE on the
+-- parent) hold up no writer and no reader, as CREATE ... PARTITION OF
+-- (ACCESS EXCLUSIVE) would.
+CREATE OR REPLACE FUNCTION outbox_extend_partitions() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  r outbox_rotation;
+  drawn bigint;
+  hi bigint;
+  elapsed float8;
+  child text;
+BEGIN
+  SELECT * INTO r FROM outbox_rotation WHERE id = 1;
+  IF NOT FOUND THEN
+    PERFORM outbox_partition_bound_expire();
+    RETURN NULL;
+  END IF;
+  SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
+    INTO drawn FROM outbox_seq_seq;
+  IF r.made_to - 1 - drawn >= r.ahead::bigint * r.span THEN
+    RETURN r.made_to - 1 - drawn;
+  END IF;
+  SELECT * INTO r FROM outbox_rotation WHERE id = 1 FOR UPDATE;
+  elapsed := extract(epoch FROM now() - r.made_at);
+  IF r.span_time IS NOT NULL AND elapsed >= 1 THEN
+    r.span := least(r.min_span * 100, greatest(r.min_span,
+      ceil((drawn - r.drawn_then) / elapsed
+           * extract(epoch FROM r.span_time))::bigint));
+  END IF;
+  WHILE r.made_to - 1 - drawn < r.ahead::bigint * r.span LOOP
+    child := 'outbox_s' || r.made_to;
+    -- After the children ran out, the seqs the failed inserts drew are
+    -- gone: the next child takes them in, rather than a child of them
+    -- each, empty.
+    hi := greatest(r.made_to, drawn + 1) + r.span;
+    EXECUTE format('CREATE TABLE %I (LIKE outbox INCLUDING DEFAULTS '
+                   'INCLUDING CONSTRAINTS)', child);
+    EXECUTE format('ALTER TABLE outbox ATTACH PARTITION %I FOR VALUES FROM '
+                   '(%s) TO (%s)', child, r.made_to, hi);
+    r.made_to := hi;
+  END LOOP;
+  UPDATE outbox_rotation SET made_to = r.made_to, span = r.span,
+         made_at = now(), drawn_then = drawn WHERE id = 1;
+  RETURN r.made_to - 1 - drawn;
+END $$;
+
 -- Makes the plain outbox the first child of a parent partitioned by seq
 -- range, in one transaction that holds the outbox exclusively (a moment:
 -- nothing is copied). seq then draws from a plain sequence of the same
@@ -773,13 +871,18 @@ END $$;
 -- on the sequence to those that may insert). The old table keeps its own
 -- indexes, event_id's unique
 -- one among them (an empty one is dropped); each new child has the
--- parent's: seq (the key), (xid, seq) and event_id.
+-- parent's: seq (the key), (xid, seq) and event_id. With a validated bound
+-- prepared (outbox_partition_prepare) the old table holds the seqs below
+-- it, new ones too until the writers reach it, and ATTACH does not scan
+-- it under the lock; without one, ATTACH scans it to check that every seq
+-- lies below the next.
 CREATE OR REPLACE FUNCTION outbox_partition_outbox(span bigint, ahead int,
                                                    span_time interval
                                                      DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
   next bigint;
+  upper_bound bigint;
   empty boolean;
   v record;
   views text[] := '{}';
@@ -818,12 +921,20 @@ BEGIN
     INTO next FROM outbox_seq_seq;
   next := greatest(next, coalesce((SELECT max(seq) FROM outbox), 0) + 1);
   empty := NOT EXISTS (SELECT 1 FROM outbox);
+  SELECT b.bound INTO upper_bound FROM outbox_partition_bound b
+   WHERE b.bound > next AND EXISTS (
+           SELECT 1 FROM pg_constraint c
+            WHERE c.conrelid = 'outbox'::regclass
+              AND c.conname = 'outbox_s0_bound' AND c.convalidated);
+  IF upper_bound IS NULL OR empty THEN upper_bound := next; END IF;
   ALTER TABLE outbox RENAME TO outbox_s0;
   DROP TRIGGER IF EXISTS outbox_fan_out ON outbox_s0;
   ALTER TABLE outbox_s0 ALTER COLUMN seq DROP IDENTITY;
   EXECUTE format('CREATE SEQUENCE outbox_seq_seq START %s', next);
   CREATE TABLE outbox (LIKE outbox_s0 INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
     PARTITION BY RANGE (seq);
+  -- LIKE copied the prepared bound: the parent must not have it.
+  ALTER TABLE outbox DROP CONSTRAINT IF EXISTS outbox_s0_bound;
   ALTER TABLE outbox ALTER COLUMN seq SET DEFAULT nextval('outbox_seq_seq');
   ALTER SEQUENCE outbox_seq_seq OWNED BY outbox.seq;
   ALTER TABLE outbox ADD PRIMARY KEY (seq);
@@ -832,8 +943,11 @@ BEGIN
   PERFORM outbox_partition_grants('outbox_s0');
   IF NOT empty THEN
     EXECUTE format('ALTER TABLE outbox ATTACH PARTITION outbox_s0 FOR VALUES '
-                   'FROM (MINVALUE) TO (%s)', next);
+                   'FROM (MINVALUE) TO (%s)', upper_bound);
   END IF;
+  -- The partition's bound says it now.
+  ALTER TABLE outbox_s0 DROP CONSTRAINT IF EXISTS outbox_s0_bound;
+  DELETE FROM outbox_partition_bound;
   CREATE TRIGGER outbox_fan_out AFTER INSERT ON outbox
     REFERENCING NEW TABLE AS new_events
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_fan_out();
@@ -845,11 +959,14 @@ BEGIN
   IF empty THEN DROP TABLE outbox_s0; END IF;
   INSERT INTO outbox_rotation (id, span, min_span, ahead, made_to,
                                span_time, drawn_then)
-    VALUES (1, span, span, ahead, next, span_time, next - 1);
+    VALUES (1, span, span, ahead, upper_bound, span_time, next - 1);
   PERFORM outbox_extend_partitions();
   RETURN format('the outbox is partitioned: %s, then children of %s seqs%s, '
                 '%s made ahead',
                 CASE WHEN empty THEN 'empty'
+                     WHEN upper_bound > next THEN format(
+                       'seqs below %s in outbox_s0 (its bound checked '
+                       'before, not under the lock)', upper_bound)
                      ELSE format('seqs below %s in outbox_s0', next) END,
                 span, CASE WHEN span_time IS NULL THEN '' ELSE format(
                   ' or what the writers draw in %s, at most %s',
@@ -1194,7 +1311,8 @@ $$;
       {13, "retention records how far it deleted", kOutboxV13},
       {14, "a changed identity requests every subscription's heal", kOutboxV14},
       {15, "the outbox may be partitioned for rotation", kOutboxV15},
-      {16, "the outbox's grants survive partitioning", kOutboxV16},
+      {16, "partitioning keeps the outbox's grants, and need not scan it",
+       kOutboxV16},
   };
   return kMigrations;
 }

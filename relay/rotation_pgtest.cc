@@ -221,6 +221,122 @@ TEST_F(RotationTest, PartitioningKeepsTheOutboxsGrants) {
   EXPECT_TRUE(again.ok()) << again.status();
 }
 
+// What the writers draw next.
+int64_t NextSeq(testing::TestDatabase& db) {
+  return db.Scalar(
+      "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END "
+      "FROM outbox_seq_seq");
+}
+
+// The server's messages to a connection (notices, and debug ones when its
+// client_min_messages asks for them).
+class Notices : public pqxx::errorhandler {
+ public:
+  explicit Notices(pqxx::connection_base& c) : pqxx::errorhandler(c) {}
+  bool operator()(const char msg[]) noexcept override {
+    seen.emplace_back(msg);
+    return true;
+  }
+  std::vector<std::string> seen;
+};
+
+// With a bound prepared and validated (a scan that holds up no writer),
+// the conversion does not scan the old table under its exclusive lock:
+// the old table holds the seqs below the bound, new ones too, and no
+// constraint of it is left behind.
+TEST_F(RotationTest, APreparedBoundSparesTheScanUnderTheLock) {
+  for (int i = 0; i < 3; ++i) AppendCommitted(absl::StrCat("a", i));
+  const int64_t next = NextSeq(db_);
+  const int64_t bound = db_.Scalar("SELECT outbox_partition_prepare(1000)");
+  EXPECT_EQ(bound, next + 1000);
+  // Prepared again: the same bound while it has room.
+  EXPECT_EQ(db_.Scalar("SELECT outbox_partition_prepare(1000)"), bound);
+  const int64_t during = AppendCommitted("b");
+  db_.Exec("ALTER TABLE outbox VALIDATE CONSTRAINT outbox_s0_bound");
+  Notices notices(conn_);
+  std::string said;
+  {
+    pqxx::work tx(conn_);
+    tx.exec("SET LOCAL client_min_messages = debug1");
+    said =
+        tx.exec1("SELECT outbox_partition_outbox(10, 2)")[0].as<std::string>();
+    tx.commit();
+  }
+  EXPECT_TRUE(absl::StrContains(
+      said, absl::StrCat("seqs below ", bound,
+                         " in outbox_s0 (its bound checked before")))
+      << said;
+  bool implied = false;
+  for (const std::string& n : notices.seen) {
+    implied |= absl::StrContains(n,
+                                 "partition constraint for table \"outbox_s0\" "
+                                 "is implied by existing constraints");
+  }
+  EXPECT_TRUE(implied) << "ATTACH scanned the old table";
+  // The old table takes the seqs up to the bound: no child yet.
+  const std::string first =
+      absl::StrCat("outbox_s0 FOR VALUES FROM (MINVALUE) TO ('", bound, "')");
+  EXPECT_EQ(Children(), std::vector<std::string>{first});
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM pg_constraint WHERE conname = "
+                       "'outbox_s0_bound'"),
+            0);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_partition_bound"), 0);
+  const int64_t after = AppendCommitted("c");
+  EXPECT_GT(after, during);
+  EXPECT_LT(after, bound);
+  EXPECT_EQ(db_.Scalar(absl::StrCat(
+                "SELECT count(*) FROM outbox_s0 WHERE seq = ", after)),
+            1);
+  // Children begin at the bound, once the writers near it.
+  db_.Exec(absl::StrCat("SELECT setval('outbox_seq_seq', ", bound - 15, ")"));
+  db_.Exec("SELECT outbox_extend_partitions()");
+  EXPECT_EQ(Children(),
+            (std::vector<std::string>{
+                first, absl::StrCat("outbox_s", bound, " FOR VALUES FROM ('",
+                                    bound, "') TO ('", bound + 10, "')")}));
+}
+
+// A bound prepared and never used (the command was stopped between its
+// steps) goes once the writers draw past half its margin, long before an
+// insert could meet it; one prepared and not validated is not used, and
+// goes with the conversion.
+TEST_F(RotationTest, AnUnusedBoundGoesBeforeAWriterCouldMeetIt) {
+  AppendCommitted("a");
+  const int64_t bound = db_.Scalar("SELECT outbox_partition_prepare(1000)");
+  const auto constraints = [&] {
+    return db_.Scalar(
+        "SELECT count(*) FROM pg_constraint WHERE conname = "
+        "'outbox_s0_bound'");
+  };
+  // What `outboxctl partition-outbox` builds next (concurrently).
+  db_.Exec("CREATE INDEX outbox_s0_event_id_idx ON outbox (event_id)");
+  const auto index = [&] {
+    return db_.Scalar(
+        "SELECT count(*) FROM pg_class WHERE relname = "
+        "'outbox_s0_event_id_idx'");
+  };
+  db_.Exec("SELECT outbox_extend_partitions()");
+  EXPECT_EQ(constraints(), 1);  // room left: it stays
+  EXPECT_EQ(index(), 1);
+  db_.Exec(absl::StrCat("SELECT setval('outbox_seq_seq', ", bound - 500, ")"));
+  db_.Exec("SELECT outbox_extend_partitions()");
+  EXPECT_EQ(constraints(), 0);
+  EXPECT_EQ(index(), 0);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_partition_bound"), 0);
+  db_.Exec(absl::StrCat("SELECT setval('outbox_seq_seq', ", bound + 5, ")"));
+  EXPECT_GT(AppendCommitted("past"), bound);
+
+  const int64_t again = db_.Scalar("SELECT outbox_partition_prepare(1000)");
+  EXPECT_GT(again, bound);
+  const int64_t next = NextSeq(db_);
+  const std::string said = Partition(10, 1);
+  EXPECT_TRUE(absl::StrContains(
+      said, absl::StrCat("seqs below ", next, " in outbox_s0")))
+      << said;
+  EXPECT_EQ(constraints(), 0);
+  EXPECT_EQ(db_.Scalar("SELECT count(*) FROM outbox_partition_bound"), 0);
+}
+
 // A child goes whole: not while the writers may still draw a seq in it,
 // nor while any event in it is younger than the retention; then at once,
 // dropped, with what retention records as deleted. New children are made

@@ -859,7 +859,60 @@ int PartitionOutbox() {
   if (!s.ok()) return Fail("partition-outbox", s);
   auto conn = outbox::Connect(OrdersDb(), "outboxctl", session);
   if (!conn.ok()) return Fail("partition-outbox", conn.status());
+  bool bounded = false;  // a bound prepared by this run, not used yet
   try {
+    // First a bound on the old table's seqs, checked by a scan that holds
+    // up nobody, so that the conversion need not scan it under its lock.
+    // The old table takes one span more. If the writers draw half of it
+    // before the conversion, the relays drop the bound and the conversion
+    // scans instead (a span of seqs drawn during a scan of the table: a
+    // span far too small for the outbox's size).
+    std::optional<int64_t> bound;
+    {
+      pqxx::work tx(**conn);
+      tx.exec("SET LOCAL lock_timeout = '10s'");
+      const pqxx::row r =
+          tx.exec_params1("SELECT outbox_partition_prepare($1)", span);
+      if (!r[0].is_null()) bound = r[0].as<int64_t>();
+      tx.commit();
+    }
+    if (bound.has_value()) {
+      bounded = true;
+      std::printf(
+          "partition-outbox: checking that every seq of the outbox lies "
+          "below %lld (a scan; writers and readers go on)...\n",
+          static_cast<long long>(*bound));
+      std::fflush(stdout);
+      pqxx::work tx(**conn);
+      tx.exec("SET LOCAL lock_timeout = '10s'");
+      tx.exec("SET LOCAL statement_timeout = 0");
+      tx.exec("ALTER TABLE outbox VALIDATE CONSTRAINT outbox_s0_bound");
+      tx.commit();
+      // The parent's event_id index (not unique: a partitioned table's
+      // unique keys must hold the partition column) wants one like it on
+      // each child: built here, without a lock that stops anyone, ATTACH
+      // takes it instead of building it under its own.
+      std::printf(
+          "partition-outbox: indexing event_id as a child of the new outbox "
+          "has it (concurrently)...\n");
+      std::fflush(stdout);
+      pqxx::nontransaction index(**conn);
+      // Not in a transaction block, so not SET LOCAL: a session of its own
+      // when direct (behind a pooler the session's limits are per
+      // transaction, and this statement has none).
+      if (!outbox::IsPooled(**conn)) index.exec("SET statement_timeout = 0");
+      if (index
+              .exec1("SELECT coalesce((SELECT NOT indisvalid FROM pg_index "
+                     "WHERE indexrelid = "
+                     "to_regclass('outbox_s0_event_id_idx')), false)")[0]
+              .as<bool>()) {
+        // Left invalid by a build that was stopped: ATTACH would not use it.
+        index.exec("DROP INDEX CONCURRENTLY outbox_s0_event_id_idx");
+      }
+      index.exec(
+          "CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_s0_event_id_idx ON "
+          "outbox (event_id)");
+    }
     pqxx::work tx(**conn);
     // The conversion holds the outbox exclusively for a moment: it waits
     // for the writers and readers of the moment, not for ever.
@@ -875,7 +928,22 @@ int PartitionOutbox() {
     std::printf("partition-outbox: %s\n", said.c_str());
     return 0;
   } catch (const std::exception& e) {
-    return Fail("partition-outbox", outbox::StatusFromException(e));
+    const absl::Status failed = outbox::StatusFromException(e);
+    if (bounded) {
+      // Not left for a writer to meet: the next run prepares another.
+      absl::Status dropped =
+          outbox::InUnit(**conn, [](pqxx::transaction_base& tx) {
+            tx.exec("SELECT outbox_partition_bound_expire(true)");
+          });
+      if (!dropped.ok()) {
+        std::fprintf(stderr,
+                     "outboxctl: partition-outbox: the bound it put on the "
+                     "outbox stays (the relays drop it before a writer could "
+                     "reach it): %s\n",
+                     std::string(dropped.message()).c_str());
+      }
+    }
+    return Fail("partition-outbox", failed);
   }
 }
 
