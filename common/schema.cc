@@ -729,10 +729,9 @@ END $$;
 -- seq of the plain outbox lies below `bound` (the CHECK constraint
 -- outbox_s0_bound says so, validated by a scan that holds up no writer),
 -- so that ATTACH, under the exclusive lock, need not scan it again (nor
--- build its event_id index, made before as well). Once
--- the writers draw past `expires` without the outbox partitioned, the
--- bound goes (outbox_partition_bound_expire), long before an insert could
--- meet it.
+-- build its event_id index, made before as well). Once the writers draw
+-- past `expires` without the outbox partitioned, the bound goes
+-- (outbox_partition_bound_expire), long before an insert could meet it.
 CREATE TABLE IF NOT EXISTS outbox_partition_bound (
   id      int PRIMARY KEY CHECK (id = 1),
   bound   bigint NOT NULL,
@@ -743,13 +742,13 @@ CREATE TABLE IF NOT EXISTS outbox_partition_bound (
 -- Puts a bound `margin` seqs beyond the next one on the plain outbox, as
 -- the constraint outbox_s0_bound NOT VALID (a moment's exclusive lock, no
 -- scan), unless one is there with at least a quarter of `margin` left;
--- returns it (NULL: partitioned already, or empty: nothing to check). The caller then runs ALTER
--- TABLE outbox VALIDATE CONSTRAINT outbox_s0_bound (SHARE UPDATE
--- EXCLUSIVE: writers and readers go on), builds the index the parent's
--- event_id index will want of the old table (CREATE INDEX CONCURRENTLY
--- outbox_s0_event_id_idx ON outbox (event_id): ATTACH would build it under
--- the lock) and calls outbox_partition_outbox. An unused bound takes that
--- index with it.
+-- returns it (NULL: partitioned already, or empty: nothing to check).
+-- The caller then runs ALTER TABLE outbox VALIDATE CONSTRAINT
+-- outbox_s0_bound (SHARE UPDATE EXCLUSIVE: writers and readers go on),
+-- builds the index the parent's event_id index will want of the old table
+-- (CREATE INDEX CONCURRENTLY outbox_s0_event_id_idx ON outbox (event_id):
+-- ATTACH would build it under the lock) and calls
+-- outbox_partition_outbox. An unused bound takes that index with it.
 CREATE OR REPLACE FUNCTION outbox_partition_prepare(margin bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -816,9 +815,9 @@ END $$;
 -- Makes children until `ahead` spans lie beyond the sequence; returns how
 -- many seqs can still be drawn before an insert finds no child (NULL on a
 -- plain outbox, where it drops a bound prepared and not used in time:
--- outbox_partition_bound_expire). CREATE TABLE and ATTACH (SHARE UPDATE EXCLUSIVE on the
--- parent) hold up no writer and no reader, as CREATE ... PARTITION OF
--- (ACCESS EXCLUSIVE) would.
+-- outbox_partition_bound_expire). CREATE TABLE and ATTACH (SHARE UPDATE
+-- EXCLUSIVE on the parent) hold up no writer and no reader, as CREATE ...
+-- PARTITION OF (ACCESS EXCLUSIVE) would.
 CREATE OR REPLACE FUNCTION outbox_extend_partitions() RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -11,7 +11,9 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -48,6 +50,16 @@ class JetStreamSinkTest : public ::outbox::testing::NatsClusterTest {
   }
   void TearDown() override {
     if (conn_ != nullptr) (void)conn_->DeleteStream(stream_);
+  }
+
+  // The stream as an operator makes it (the sink with ensure_stream
+  // false), binding `subjects`; made again with them if it is there.
+  void OperatorsStream(std::vector<std::string> subjects) {
+    ASSERT_TRUE(conn_
+                    ->EnsureStream({.name = stream_,
+                                    .subjects = std::move(subjects),
+                                    .replicas = 3})
+                    .ok());
   }
 
   JetStreamSinkOptions SinkOptions() {
@@ -333,12 +345,8 @@ TEST_F(JetStreamSinkTest, ConnectsAnewAfterTheClientGaveUp) {
 // here by a stream whose subjects do not cover the sink's. The sink gives
 // that connection up and connects anew, to any server of the cluster.
 TEST_F(JetStreamSinkTest, ConnectsAnewWhenNoServerTakesItsPublishes) {
-  ASSERT_TRUE(
-      conn_
-          ->EnsureStream({.name = stream_,
-                          .subjects = {jetstream::AllEventsUnder(prefix_)},
-                          .replicas = 3})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(
+      OperatorsStream({jetstream::AllEventsUnder(prefix_)}));
   JetStreamSinkOptions o = SinkOptions();
   o.ensure_stream = false;
   std::shared_ptr<JetStreamSink> sink = ReadySink(o);
@@ -347,11 +355,7 @@ TEST_F(JetStreamSinkTest, ConnectsAnewWhenNoServerTakesItsPublishes) {
   // The stream stops binding the relay's subjects under the ready sink:
   // publishes find no responder, as through a server that has not learnt
   // the leader's subjects.
-  ASSERT_TRUE(
-      conn_
-          ->EnsureStream(
-              {.name = stream_, .subjects = {"elsewhere.>"}, .replicas = 3})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(OperatorsStream({"elsewhere.>"}));
   // The first failure, through the first connection (a later stream may
   // open while the sink is between connections: "not connected").
   absl::Status first;
@@ -373,12 +377,8 @@ TEST_F(JetStreamSinkTest, ConnectsAnewWhenNoServerTakesItsPublishes) {
 // (one aggregate type of it, here) is named for what it binds, and nothing
 // is sent to it; once it binds them all, the sink is ready and delivers.
 TEST_F(JetStreamSinkTest, AnOperatorsStreamBindingTooLittleIsNamed) {
-  ASSERT_TRUE(
-      conn_
-          ->EnsureStream({.name = stream_,
-                          .subjects = {"elsewhere.>", prefix_ + ".order.>"},
-                          .replicas = 3})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(
+      OperatorsStream({"elsewhere.>", prefix_ + ".order.>"}));
   JetStreamSinkOptions o = SinkOptions();
   o.ensure_stream = false;
   absl::StatusOr<std::unique_ptr<JetStreamSink>> sink =
@@ -399,12 +399,8 @@ TEST_F(JetStreamSinkTest, AnOperatorsStreamBindingTooLittleIsNamed) {
       why.value_or(""),
       absl::StrCat("binds elsewhere.>, ", prefix_, ".order.>")))
       << why.value_or("");
-  ASSERT_TRUE(
-      conn_
-          ->EnsureStream({.name = stream_,
-                          .subjects = {jetstream::AllEventsUnder(prefix_)},
-                          .replicas = 3})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(
+      OperatorsStream({jetstream::AllEventsUnder(prefix_)}));
   EXPECT_TRUE(
       WaitFor([&] { return (*sink)->readiness() == Sink::Readiness::kReady; },
               absl::Seconds(30)));
