@@ -61,11 +61,11 @@ std::string ReconcileReport::Summary() const {
                     "delivered again and not every divergence is recorded; "
                     "run reconcile again once it is done\n");
   }
-  absl::StrAppend(
-      &s, ok()                ? "RESULT: OK, every event of the window is applied\n"
-          : not_applied() > 0 ? "RESULT: NOT APPLIED, see above\n"
-          : listed() > 0      ? "RESULT: DIVERGED, see above\n"
-                              : "RESULT: INCOMPLETE, a heal is due\n");
+  absl::StrAppend(&s, ok()
+                          ? "RESULT: OK, every event of the window is applied\n"
+                      : not_applied() > 0 ? "RESULT: NOT APPLIED, see above\n"
+                      : listed() > 0      ? "RESULT: DIVERGED, see above\n"
+                                     : "RESULT: INCOMPLETE, a heal is due\n");
   return s;
 }
 
@@ -284,28 +284,33 @@ absl::StatusOr<ReconcileReport> Reconcile(const std::string& outbox_url,
       }
       pqxx::read_transaction o(**outbox_conn);
       ApplyLimits(o);
+      std::set<std::string> held_there;
       for (size_t i = 0; i < unknown.size(); i += kChunk) {
         ArrayLiteral ids;
         for (size_t j = i; j < std::min(unknown.size(), i + kChunk); ++j) {
           ids.Add(unknown[j].event_id);
         }
-        std::set<std::string> held_there;
         for (const auto& row :
              o.exec_params("SELECT event_id::text FROM outbox WHERE event_id "
                            "= ANY($1::uuid[])",
                            ids.str())) {
           held_there.insert(row[0].as<std::string>());
         }
-        for (size_t j = i; j < std::min(unknown.size(), i + kChunk); ++j) {
-          if (held_there.count(unknown[j].event_id)) continue;
-          Finding f = std::move(unknown[j]);
-          f.reason = "applied, not in the outbox";
-          f.detail =
-              "the consumer applied it (its effects stand), but the outbox "
-              "does not hold it: committed and then lost by a failover of "
-              "the outbox database, or never committed";
-          orphans.push_back(std::move(f));
-        }
+      }
+      // Retention may have deleted some of them since min_retained was
+      // read: it records how far in the statement that deletes, so a
+      // statement after the lookups (READ COMMITTED: a newer snapshot)
+      // knows every deletion they missed.
+      const int64_t retained_now =
+          o.exec(absl::StrCat("SELECT ", kMinRetainedSql))[0][0].as<int64_t>();
+      for (Finding& f : unknown) {
+        if (held_there.count(f.event_id) || f.seq < retained_now) continue;
+        f.reason = "applied, not in the outbox";
+        f.detail =
+            "the consumer applied it (its effects stand), but the outbox "
+            "does not hold it: committed and then lost by a failover of "
+            "the outbox database, or never committed";
+        orphans.push_back(std::move(f));
       }
     }
     r.orphaned = static_cast<int64_t>(orphans.size());
