@@ -893,8 +893,9 @@ int PartitionOutbox() {
       // each child: built here, without a lock that stops anyone, ATTACH
       // takes it instead of building it under its own.
       std::printf(
-          "partition-outbox: indexing event_id as a child of the new outbox "
-          "has it (concurrently)...\n");
+          "partition-outbox: building the index of event_id the new outbox "
+          "wants on each child (concurrently; writers and readers go "
+          "on)...\n");
       std::fflush(stdout);
       pqxx::nontransaction index(**conn);
       // Not in a transaction block, so not SET LOCAL: a session of its own
