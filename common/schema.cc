@@ -670,6 +670,13 @@ END $$;
 // prepared and validated before (outbox_partition_prepare, `outboxctl
 // partition-outbox`'s first steps) already says so.
 constexpr char kOutboxV16[] = R"sql(
+-- A grantee as GRANT names it (aclexplode's 0: PUBLIC).
+CREATE OR REPLACE FUNCTION outbox_grantee(role oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+  SELECT CASE WHEN role = 0 THEN 'PUBLIC'
+              ELSE quote_ident(pg_get_userbyid(role)) END
+$$;
+
 -- Grants table `src`'s privileges again on the outbox, each to its
 -- grantee (PUBLIC too) with its grant option, those on columns too, and
 -- USAGE on outbox_seq_seq to every grantee that may insert into the
@@ -681,44 +688,35 @@ DECLARE
   g record;
   n int := 0;
 BEGIN
+  -- The table's grants (col NULL) and its columns', one per row.
   FOR g IN
-    SELECT a.privilege_type, a.is_grantable,
-           CASE WHEN a.grantee = 0 THEN 'PUBLIC'
-                ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS who
+    SELECT a.privilege_type, a.is_grantable, a.grantee, NULL::text AS col
       FROM pg_class c, aclexplode(c.relacl) a
      WHERE c.oid = src
-       AND a.grantee <> (SELECT relowner FROM pg_class
-                          WHERE oid = 'outbox'::regclass)
-  LOOP
-    EXECUTE format('GRANT %s ON TABLE outbox TO %s%s', g.privilege_type,
-                   g.who, CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION'
-                               ELSE '' END);
-    n := n + 1;
-  END LOOP;
-  FOR g IN
-    SELECT a.privilege_type, a.is_grantable, quote_ident(t.attname) AS col,
-           CASE WHEN a.grantee = 0 THEN 'PUBLIC'
-                ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS who
+    UNION ALL
+    SELECT a.privilege_type, a.is_grantable, a.grantee, t.attname::text
       FROM pg_attribute t, aclexplode(t.attacl) a
      WHERE t.attrelid = src AND t.attacl IS NOT NULL AND NOT t.attisdropped
-       AND a.grantee <> (SELECT relowner FROM pg_class
-                          WHERE oid = 'outbox'::regclass)
   LOOP
-    EXECUTE format('GRANT %s (%s) ON TABLE outbox TO %s%s', g.privilege_type,
-                   g.col, g.who, CASE WHEN g.is_grantable
-                                      THEN ' WITH GRANT OPTION' ELSE '' END);
+    CONTINUE WHEN g.grantee = (SELECT relowner FROM pg_class
+                                WHERE oid = 'outbox'::regclass);
+    EXECUTE format('GRANT %s%s ON TABLE outbox TO %s%s', g.privilege_type,
+                   CASE WHEN g.col IS NULL THEN ''
+                        ELSE format(' (%I)', g.col) END,
+                   outbox_grantee(g.grantee),
+                   CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION'
+                        ELSE '' END);
     n := n + 1;
   END LOOP;
   IF to_regclass('outbox_seq_seq') IS NOT NULL THEN
     FOR g IN
-      SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC'
-                           ELSE quote_ident(pg_get_userbyid(a.grantee))
-                      END AS who
+      SELECT DISTINCT a.grantee
         FROM pg_class c, aclexplode(c.relacl) a
        WHERE c.oid = 'outbox'::regclass AND a.privilege_type = 'INSERT'
          AND a.grantee <> c.relowner
     LOOP
-      EXECUTE format('GRANT USAGE ON SEQUENCE outbox_seq_seq TO %s', g.who);
+      EXECUTE format('GRANT USAGE ON SEQUENCE outbox_seq_seq TO %s',
+                     outbox_grantee(g.grantee));
       n := n + 1;
     END LOOP;
   END IF;

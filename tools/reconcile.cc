@@ -61,11 +61,11 @@ std::string ReconcileReport::Summary() const {
                     "delivered again and not every divergence is recorded; "
                     "run reconcile again once it is done\n");
   }
-  absl::StrAppend(&s, ok()
-                          ? "RESULT: OK, every event of the window is applied\n"
-                      : not_applied() > 0 ? "RESULT: NOT APPLIED, see above\n"
-                      : listed() > 0      ? "RESULT: DIVERGED, see above\n"
-                                     : "RESULT: INCOMPLETE, a heal is due\n");
+  absl::StrAppend(
+      &s, ok()                ? "RESULT: OK, every event of the window is applied\n"
+          : not_applied() > 0 ? "RESULT: NOT APPLIED, see above\n"
+          : listed() > 0      ? "RESULT: DIVERGED, see above\n"
+                              : "RESULT: INCOMPLETE, a heal is due\n");
   return s;
 }
 
